@@ -1,0 +1,45 @@
+# omnicache — a bare `make` prints the targets.
+GO      ?= go
+PKGS    ?= ./...
+FUZZTIME ?= 30s
+BENCH   ?= .
+COUNT   ?= 6
+
+.PHONY: help test race vet check bench fuzz generate check-generate gpu-test profile replay
+
+help: ## print the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+test: ## run the tests (the README's test command; what CI runs)
+	$(GO) test -race -count=1 $(PKGS)
+
+vet: ## go vet and gofmt
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l . | tee /dev/stderr)"
+
+check: vet test check-generate ## everything CI checks
+
+bench: ## run the benchmarks (BENCH=regexp COUNT=n), e.g. for benchstat
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(COUNT) $(PKGS)
+
+fuzz: ## run every fuzz target for FUZZTIME each
+	@for t in $$($(GO) test -list '^Fuzz' ./fuzz/ | grep ^Fuzz); do \
+		echo "== $$t"; $(GO) test -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) ./fuzz/ || exit 1; done
+
+generate: ## regenerate the avo assembly
+	cd slots/_asm && $(GO) run . -out ../slots_amd64.s -stubs ../slots_stubs_amd64.go -pkg slots
+
+check-generate: ## regenerate and fail on any drift
+	@tmp=$$(mktemp -d); cp slots/slots_amd64.s slots/slots_stubs_amd64.go $$tmp/; \
+	$(MAKE) --no-print-directory generate >/dev/null; \
+	diff -u $$tmp/slots_amd64.s slots/slots_amd64.s && diff -u $$tmp/slots_stubs_amd64.go slots/slots_stubs_amd64.go; \
+	rc=$$?; rm -rf $$tmp; [ $$rc -eq 0 ] || { echo "generated assembly drifted: run make generate"; exit 1; }
+
+gpu-test: ## build the CUDA tests (needs cuda.h and libcuda; see README)
+	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
+
+profile: ## CPU-profile the default replay into cpu.pprof
+	$(GO) run ./cmd/omnicache replay --cpuprofile cpu.pprof
+
+replay: ## the main job on embedded defaults
+	$(GO) run ./cmd/omnicache replay

@@ -1,0 +1,169 @@
+// Package omnicache is the prefix-cache core of a multimodal inference
+// engine: it keeps stage 0's per-token outputs (hidden states, per-token
+// multimodal tensors) in a host mirror keyed by KV slot, and when the
+// engine's KV prefix cache skips a prefix it hands back
+// `cached prefix rows ++ this step's rows`, exactly as if nothing had hit.
+//
+// The engine contract, once per real step:
+//
+//	Begin(plan)             before the engine drops finished requests
+//	  ...forward...
+//	id := Save(outputs)     after the forward
+//	Materialize(id, reqs)   or Discard(id): exactly one, once per id
+//
+// Goroutines: Begin, Save and Close are called by one goroutine (the engine
+// goroutine). Materialize and Discard may be called from any goroutine,
+// concurrently with the engine goroutine and with each other (a step late is
+// normal). Stats may be called from any goroutine. The cache runs one
+// background goroutine of its own, the committer (pprof label
+// omnicache=committer), which moves host-ready rows into the mirror.
+//
+// Plans and outputs are borrowed for the call only: the cache copies what it
+// keeps. Outputs marked Owned are handed to the cache and must not be touched
+// by the engine afterwards.
+package omnicache
+
+import (
+	"time"
+
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// Key describes one per-token output the cache keeps.
+type Key struct {
+	// Name identifies the key (unique).
+	Name string
+	// RowBytes is the size of one token's row.
+	RowBytes int
+	// Deferred keys keep their rows on the device clone and write them when
+	// the request finishes or aborts (or earlier under budget pressure).
+	Deferred bool
+	// Optional keys read absent rows as exact zeros. Required keys (the
+	// default, e.g. the hidden state) fail a hit over absent rows.
+	Optional bool
+}
+
+// NoWait as Config.StagingClaimTimeout makes a Save that finds no free
+// staging page fail at once.
+const NoWait time.Duration = -1
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultStagingDepth          = 4
+	DefaultStagingCapacityTokens = 1024
+	DefaultStagingClaimTimeout   = 30 * time.Second
+	DefaultDeviceBudgetBytes     = 512 << 20
+	DefaultDeferredChunkBytes    = 16 << 20
+)
+
+// Config configures a Cache. Zero fields take the defaults above.
+type Config struct {
+	// NumBlocks and BlockSize size the KV slot space: slots are
+	// [0, NumBlocks*BlockSize).
+	NumBlocks int
+	BlockSize int
+	// Keys are the per-token outputs kept, in the order Outputs.Tensors
+	// supplies them.
+	Keys []Key
+	// StagingDepth is the number of staging pages; every saved step id
+	// holds one until it is materialized or discarded.
+	StagingDepth int
+	// StagingCapacityTokens is the number of token rows one page holds: the
+	// largest step, and the largest decode-buffer flush.
+	StagingCapacityTokens int
+	// StagingClaimTimeout bounds a Save's wait for a free page (NoWait: fail
+	// at once).
+	StagingClaimTimeout time.Duration
+	// DeviceBudgetBytes bounds every device-side copy the cache holds (step
+	// clones, deferred clones, parked decode rows).
+	DeviceBudgetBytes int64
+	// DeferredChunkBytes bounds one device→host copy of deferred rows.
+	DeferredChunkBytes int64
+	// DisableDecodeBuffer writes every step at once instead of parking
+	// pure-decode steps.
+	DisableDecodeBuffer bool
+	// Device stages copies; nil means the host device (gpu.NewHost()).
+	Device gpu.Device
+}
+
+// Plan is one real step's schedule, struct-of-arrays, borrowed for the
+// duration of Begin.
+type Plan struct {
+	// The batch in token order: per scheduled request its id, its row in the
+	// block table, its first scheduled position (num_computed) and its
+	// scheduled token count.
+	IDs   []int64
+	Rows  []int32
+	Start []int32
+	Count []int32
+	// Table is the engine's block table, row-major [rows][Stride].
+	Table  []int32
+	Stride int
+
+	// Arrivals are requests seen for the first time this step, with their
+	// hit length (= num_computed at arrival, block aligned) and the hit's
+	// block ids: HitBlocks concatenates HitTokens[i]/BlockSize ids per
+	// arrival, in arrival order. A live id arriving again is a streamed
+	// continuation, not a hit.
+	Arrivals  []int64
+	HitTokens []int32
+	HitBlocks []int32
+
+	// Finished holds finished and aborted request ids: their open writes
+	// still land. Preempted and Resumed name requests preempted (their
+	// blocks may be freed) and resumed this step.
+	Finished  []int64
+	Preempted []int64
+	Resumed   []int64
+}
+
+// Tensor is one key's output rows for a step.
+type Tensor struct {
+	// Host holds the rows when they are in host memory; otherwise Dev.
+	Host []byte
+	Dev  gpu.Buffer
+	// Rows is the number of rows the tensor holds (≥ Outputs.Tokens).
+	Rows int
+	// Owned marks a tensor private to the cache: it is kept without a
+	// defensive clone and must not be touched by the engine afterwards.
+	Owned bool
+}
+
+// Outputs are one step's per-token outputs, borrowed for Save.
+type Outputs struct {
+	// Tokens is the step's token count n; Padded the padded count (≥ n).
+	Tokens int
+	Padded int
+	// Tensors holds one tensor per Config.Keys entry, in that order.
+	Tensors []Tensor
+}
+
+// StepID names a saved step. Ids are never reused.
+type StepID uint64
+
+// Stats are cumulative counters and gauges.
+type Stats struct {
+	Steps          int64 // Save calls that succeeded
+	WriteTasks     int64 // write tasks handed to the committer
+	RowsWritten    int64 // rows scattered into the mirror (all keys)
+	BytesWritten   int64 // bytes scattered into the mirror
+	RowsSkipped    int64 // rows a task skipped because a newer write stole the slot
+	BufferedSteps  int64 // steps parked in the decode buffer
+	BufferFlushes  int64 // decode-buffer flushes
+	DeferredWrites int64 // deferred write tasks
+	BudgetFlushes  int64 // writes forced out by budget pressure
+	HitRequests    int64 // arrivals with a hit
+	HitTokens      int64 // tokens covered by hits
+	HitRowsRead    int64 // prefix rows served by Materialize
+	// CommitterNanos is CPU-side time the committer spent moving rows.
+	CommitterNanos int64
+	// MirrorResidentBytes is host memory really backing the mirror.
+	MirrorResidentBytes int64
+	// BudgetCharged / BudgetLimit: device bytes held now / allowed.
+	BudgetCharged int64
+	BudgetLimit   int64
+	// PagesInUse is the number of staging pages held now.
+	PagesInUse int
+	// LiveRequests is the number of requests the cache tracks.
+	LiveRequests int
+}

@@ -1,0 +1,3 @@
+module github.com/omnicache/omnicache
+
+go 1.26

@@ -1,0 +1,142 @@
+// Package gpu is the device interface the cache core stages through: device
+// buffers, asynchronous device→host copies into staging pages, completion
+// events and allocation.
+//
+// Two implementations exist. Host (the default, always built) keeps "device"
+// memory in ordinary Go memory and completes every copy before it returns;
+// it is what the tests, the replay and engines without CUDA use. A CUDA
+// driver API implementation on gorgonia.org/cu is built with the `cuda` tag
+// (see cuda.go); without the tag, NewCUDA returns ErrNoCUDA.
+//
+// Goroutines: a Device is used by the cache's engine goroutine (allocation,
+// clones, copies, Record) and by its committer (Wait); implementations must
+// allow that. Buffers are plain values and carry no finalizers: whoever
+// allocates one frees it.
+package gpu
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors of the device layer.
+var (
+	// ErrNoCUDA is returned by NewCUDA in builds without the `cuda` tag.
+	ErrNoCUDA = errors.New("gpu: built without the cuda tag")
+	// ErrCopy reports a failed device copy (wrapped with the cause).
+	ErrCopy = errors.New("gpu: device copy failed")
+	// ErrAlloc reports a failed device or staging allocation.
+	ErrAlloc = errors.New("gpu: allocation failed")
+	// ErrRange reports an offset or length outside a buffer.
+	ErrRange = errors.New("gpu: range outside buffer")
+)
+
+// Buffer is a span of device memory. For the host device Host holds the
+// bytes; for CUDA Ptr is the device address. Size is the length in bytes.
+type Buffer struct {
+	Ptr  uintptr
+	Host []byte
+	Size int
+}
+
+// IsZero reports whether b names no memory.
+func (b Buffer) IsZero() bool { return b.Size == 0 && b.Host == nil && b.Ptr == 0 }
+
+// HostBuffer wraps Go memory as a host-device Buffer.
+func HostBuffer(p []byte) Buffer { return Buffer{Host: p, Size: len(p)} }
+
+// Event marks a point in the device's stream; Wait blocks until every copy
+// issued before the Record that made it has completed.
+type Event uint64
+
+// Device is what the cache needs from an accelerator.
+type Device interface {
+	// Name names the implementation ("host", "cuda").
+	Name() string
+	// Alloc returns n bytes of device memory (contents undefined).
+	Alloc(n int) (Buffer, error)
+	// Free returns memory from Alloc.
+	Free(b Buffer)
+	// AllocHost returns n bytes of host staging memory (pinned for CUDA).
+	AllocHost(n int) ([]byte, error)
+	// FreeHost returns memory from AllocHost.
+	FreeHost(p []byte)
+	// CopyDtoD copies n bytes device→device, asynchronously on the stream.
+	CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff int, n int) error
+	// CopyDtoH copies len(dst) bytes from src at srcOff into staging memory,
+	// asynchronously on the stream.
+	CopyDtoH(dst []byte, src Buffer, srcOff int) error
+	// CopyHtoD copies host bytes into device memory, asynchronously.
+	CopyHtoD(dst Buffer, dstOff int, src []byte) error
+	// Record marks the stream's current end.
+	Record() (Event, error)
+	// Wait blocks until e has completed.
+	Wait(e Event) error
+	// Close releases the device's own resources.
+	Close() error
+}
+
+// Host is the default device: "device" memory is Go memory and copies are
+// synchronous memmoves, so events are complete when recorded.
+type Host struct{}
+
+// NewHost returns the host device.
+func NewHost() *Host { return &Host{} }
+
+func (*Host) Name() string { return "host" }
+
+func (*Host) Alloc(n int) (Buffer, error) {
+	if n < 0 {
+		return Buffer{}, fmt.Errorf("%w: negative size %d", ErrAlloc, n)
+	}
+	return HostBuffer(make([]byte, n)), nil
+}
+
+func (*Host) Free(Buffer) {}
+
+func (*Host) AllocHost(n int) ([]byte, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("%w: negative size %d", ErrAlloc, n)
+	}
+	return make([]byte, n), nil
+}
+
+func (*Host) FreeHost([]byte) {}
+
+func (*Host) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff int, n int) error {
+	if err := span(dst, dstOff, n); err != nil {
+		return err
+	}
+	if err := span(src, srcOff, n); err != nil {
+		return err
+	}
+	copy(dst.Host[dstOff:dstOff+n], src.Host[srcOff:srcOff+n])
+	return nil
+}
+
+func (*Host) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
+	if err := span(src, srcOff, len(dst)); err != nil {
+		return err
+	}
+	copy(dst, src.Host[srcOff:srcOff+len(dst)])
+	return nil
+}
+
+func (*Host) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
+	if err := span(dst, dstOff, len(src)); err != nil {
+		return err
+	}
+	copy(dst.Host[dstOff:], src)
+	return nil
+}
+
+func (*Host) Record() (Event, error) { return 0, nil }
+func (*Host) Wait(Event) error       { return nil }
+func (*Host) Close() error           { return nil }
+
+func span(b Buffer, off, n int) error {
+	if off < 0 || n < 0 || off+n > len(b.Host) {
+		return fmt.Errorf("%w: [%d,%d) of %d bytes", ErrRange, off, off+n, len(b.Host))
+	}
+	return nil
+}

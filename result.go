@@ -1,0 +1,77 @@
+package omnicache
+
+// Result receives what Materialize returns: per request and key the rows
+// `[hit prefix rows | this step's rows]` (the prefix only on the request's
+// first step after a hit). A Result is reusable: Materialize overwrites it,
+// keeping its buffers, so steady-state use allocates nothing. The slices it
+// hands out stay valid until the Result is reused.
+type Result struct {
+	ids      []int64
+	prefix   []int32
+	tokens   []int32
+	off      []int32 // row offset of request i within every key's buffer
+	rowBytes []int
+	keys     [][]byte
+}
+
+// Len is the number of requests in the result, in the order asked for.
+func (r *Result) Len() int { return len(r.ids) }
+
+// ID is the i-th request's id.
+func (r *Result) ID(i int) int64 { return r.ids[i] }
+
+// Prefix is the number of hit-prefix rows at the start of request i's rows.
+func (r *Result) Prefix(i int) int { return int(r.prefix[i]) }
+
+// Tokens is the number of rows request i has (prefix included).
+func (r *Result) Tokens(i int) int { return int(r.tokens[i]) }
+
+// Rows returns request i's rows of key k (Config.Keys order),
+// Tokens(i)*RowBytes bytes.
+func (r *Result) Rows(i, k int) []byte {
+	rb := r.rowBytes[k]
+	lo := int(r.off[i]) * rb
+	return r.keys[k][lo : lo+int(r.tokens[i])*rb : lo+int(r.tokens[i])*rb]
+}
+
+// reset sizes the result for n requests and the given key widths.
+func (r *Result) reset(rowBytes []int) {
+	r.ids = r.ids[:0]
+	r.prefix = r.prefix[:0]
+	r.tokens = r.tokens[:0]
+	r.off = r.off[:0]
+	r.rowBytes = append(r.rowBytes[:0], rowBytes...)
+	if cap(r.keys) < len(rowBytes) {
+		r.keys = make([][]byte, len(rowBytes))
+	}
+	r.keys = r.keys[:len(rowBytes)]
+}
+
+// add appends request id with prefix and total token counts and returns its
+// row offset.
+func (r *Result) add(id int64, prefix, tokens int32) int32 {
+	off := int32(0)
+	if n := len(r.off); n > 0 {
+		off = r.off[n-1] + r.tokens[n-1]
+	}
+	r.ids = append(r.ids, id)
+	r.prefix = append(r.prefix, prefix)
+	r.tokens = append(r.tokens, tokens)
+	r.off = append(r.off, off)
+	return off
+}
+
+// size grows every key buffer to hold the rows added so far.
+func (r *Result) size() {
+	total := 0
+	if n := len(r.off); n > 0 {
+		total = int(r.off[n-1] + r.tokens[n-1])
+	}
+	for k, rb := range r.rowBytes {
+		need := total * rb
+		if cap(r.keys[k]) < need {
+			r.keys[k] = make([]byte, need)
+		}
+		r.keys[k] = r.keys[k][:need]
+	}
+}

@@ -162,6 +162,10 @@ type Stats struct {
 	// BudgetCharged / BudgetLimit: device bytes held now / allowed.
 	BudgetCharged int64
 	BudgetLimit   int64
+	// BudgetPeak is the highest charge ever held (never above BudgetLimit).
+	BudgetPeak int64
+	// ClonedBytes counts bytes copied defensively out of non-owned outputs.
+	ClonedBytes int64
 	// PagesInUse is the number of staging pages held now.
 	PagesInUse int
 	// LiveRequests is the number of requests the cache tracks.

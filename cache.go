@@ -23,6 +23,16 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error { return
 // Discard consumes step id without reading it.
 func (c *Cache) Discard(id StepID) error { return errTODO }
 
+// Sync writes out the decode buffer and waits until every write handed to
+// the committer has landed in the mirror. Deferred rows of live requests stay
+// pending (they land when their request finishes). Engine goroutine only.
+func (c *Cache) Sync() error { return errTODO }
+
+// Peek reads the committed mirror rows of key k (Config.Keys order) for
+// slots into dst (len(slots)*RowBytes bytes); slots never written read as
+// zeros. A diagnostic for tests and verification: call it after Sync.
+func (c *Cache) Peek(k int, slots []int32, dst []byte) error { return errTODO }
+
 // Close stops the committer and releases pages and budget.
 func (c *Cache) Close() error { return nil }
 

@@ -1,0 +1,584 @@
+// Package sim is the engine simulator behind the replay: a vLLM-v1-like
+// scheduler with continuous batching, chunked prefill under a token budget,
+// a KV block manager with chained prefix hashes and least-recently-freed
+// reuse, and preemption by recompute. It produces, per engine step, the
+// omnicache.Plan an engine would hand the cache.
+//
+// One step's life, driven by the caller (the engine goroutine):
+//
+//	st, err := s.Next()  // admit client requests, schedule, build st.Plan
+//	cache.Begin(&st.Plan)
+//	s.Release()          // now drop the requests st.Plan.Finished names
+//	...forward, cache.Save...
+//	s.Advance()          // the forward ran: advance positions, sample tokens
+//
+// Next calls Release and Advance itself when the caller skipped them (cache
+// off). Tokens are a deterministic function of the prefix: the simulator
+// keeps per request the rolling hash H[p] of tokens[0..p] and a sampled
+// output token is derived from H[p-1], so equal prefixes continue equally and
+// a row oracle keyed by H[p] is exact.
+package sim
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/omnicache/omnicache"
+)
+
+// Config sizes the simulated engine.
+type Config struct {
+	// BlockSize is the KV block size in tokens (default 16).
+	BlockSize int
+	// NumBlocks is the KV pool size in blocks.
+	NumBlocks int
+	// MaxBatchedTokens is the per-step token budget (default 8192).
+	MaxBatchedTokens int
+	// Concurrency is the number of requests the client keeps in flight and
+	// the most the engine runs at once.
+	Concurrency int
+	// MaxModelLen bounds prompt+output tokens of any request; it sizes the
+	// block table stride.
+	MaxModelLen int
+	// Vocab is the vocabulary sampled tokens are drawn from (default 151936).
+	Vocab int
+}
+
+// Request is one prompt the client sends.
+type Request struct {
+	Prompt    []int32
+	OutputLen int
+}
+
+// Source yields requests in admission order.
+type Source interface {
+	// Next returns the next request; ok is false when the source is done.
+	Next() (r Request, ok bool, err error)
+}
+
+// ErrTooLarge reports a request that cannot fit the KV pool or the model
+// length even alone.
+var ErrTooLarge = errors.New("sim: request larger than the KV pool or model length")
+
+// Req is a request inside the simulator. Tokens and H grow as tokens are
+// sampled and never change once written, so a step's record of a *Req stays
+// valid for its positions after later steps.
+type Req struct {
+	ID        int64
+	PromptLen int
+	OutputLen int
+	// Tokens are the prompt and the tokens sampled so far.
+	Tokens []int32
+	// H[p] is the rolling hash of Tokens[:p+1].
+	H []uint64
+	// ArrivalHit is the prefix hit (tokens) at the request's first step.
+	ArrivalHit int
+
+	computed  int
+	generated int
+	blocks    []int32
+	hashed    int
+	row       int32
+	state     uint8
+	seen      bool
+	preempted bool
+}
+
+const (
+	stWaiting uint8 = iota
+	stRunning
+	stFinishing // last token sampled; reported in the next step's Finished
+	stDone
+)
+
+// Computed is the number of positions whose KV exists.
+func (r *Req) Computed() int { return r.computed }
+
+// Generated is the number of output tokens sampled so far.
+func (r *Req) Generated() int { return r.generated }
+
+// Blocks returns the request's KV blocks in position order (borrowed).
+func (r *Req) Blocks() []int32 { return r.blocks }
+
+// Step is one scheduled engine step. Everything in it is reused by the next
+// call to Next.
+type Step struct {
+	// Index counts steps from 0.
+	Index int
+	// Plan is what the engine hands to Cache.Begin.
+	Plan omnicache.Plan
+	// Reqs are the scheduled requests, parallel to Plan.IDs.
+	Reqs []*Req
+	// Prefix is, parallel to Plan.IDs, the hit prefix Materialize returns
+	// for the request this step: its arrival hit on its first step, else 0.
+	Prefix []int32
+	// Tokens is the number of scheduled tokens.
+	Tokens int
+	// PureDecode: every request computes one token and nothing arrives,
+	// finishes, is preempted or resumed.
+	PureDecode bool
+	// Queried and Hit are the prompt tokens looked up at arrival this step
+	// and the tokens that hit.
+	Queried, Hit int
+}
+
+// Sim is the simulated engine. Not safe for concurrent use.
+type Sim struct {
+	cfg    Config
+	src    Source
+	blocks *Blocks
+	stride int
+	table  []int32
+	rows   []int32 // free block-table rows (stack)
+
+	waiting   []*Req // FIFO; preempted requests go to the front
+	running   []*Req // admission order; preemption takes the last
+	finishing []*Req // finished in the last step, reported in the next
+	reported  []*Req // reported in the current step's Finished, dropped by Release
+	inFlight  int
+	srcDone   bool
+	nextID    int64
+
+	step      Step
+	stepValid bool
+	advanced  bool
+	released  bool
+	hitBuf    []int32
+
+	// Counters over the whole run.
+	Steps       int
+	TokensTotal int64
+	Queried     int64
+	Hit         int64
+	Preemptions int64
+	Finished    int64
+	Arrived     int64
+}
+
+// New returns a simulator reading requests from src.
+func New(cfg Config, src Source) (*Sim, error) {
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 16
+	}
+	if cfg.MaxBatchedTokens == 0 {
+		cfg.MaxBatchedTokens = 8192
+	}
+	if cfg.Vocab == 0 {
+		cfg.Vocab = 151936
+	}
+	if cfg.BlockSize <= 0 || cfg.NumBlocks <= 0 || cfg.MaxBatchedTokens <= 0 ||
+		cfg.Concurrency <= 0 || cfg.MaxModelLen <= 0 || cfg.Vocab <= 0 {
+		return nil, fmt.Errorf("sim: bad config %+v", cfg)
+	}
+	s := &Sim{
+		cfg:    cfg,
+		src:    src,
+		blocks: NewBlocks(cfg.NumBlocks),
+		stride: (cfg.MaxModelLen + cfg.BlockSize - 1) / cfg.BlockSize,
+	}
+	nrows := 2 * cfg.Concurrency
+	s.table = make([]int32, nrows*s.stride)
+	for i := nrows - 1; i >= 0; i-- {
+		s.rows = append(s.rows, int32(i))
+	}
+	s.released, s.advanced = true, true
+	return s, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (s *Sim) Config() Config { return s.cfg }
+
+// KV returns the block manager (for tests and reports).
+func (s *Sim) KV() *Blocks { return s.blocks }
+
+// Stride is the block table's row stride (max blocks per request).
+func (s *Sim) Stride() int { return s.stride }
+
+// Table returns the block table, row-major [2*Concurrency][Stride].
+func (s *Sim) Table() []int32 { return s.table }
+
+// Slot returns the KV slot of position pos of a request in table row row.
+func (s *Sim) Slot(row int32, pos int) int32 {
+	bs := s.cfg.BlockSize
+	return s.table[int(row)*s.stride+pos/bs]*int32(bs) + int32(pos%bs)
+}
+
+// Live is the number of requests in flight (waiting, running or finishing).
+func (s *Sim) Live() int {
+	return len(s.waiting) + len(s.running) + len(s.finishing) + len(s.reported)
+}
+
+// Next schedules the next step. It returns nil when every request has
+// finished.
+func (s *Sim) Next() (*Step, error) {
+	if s.stepValid {
+		s.Release()
+		s.Advance()
+	}
+	if err := s.topUp(); err != nil {
+		return nil, err
+	}
+	if len(s.waiting) == 0 && len(s.running) == 0 {
+		// Done; requests finished in the last step are dropped unreported
+		// (an engine with nothing to schedule runs no step).
+		s.dropAll(&s.reported)
+		s.dropAll(&s.finishing)
+		s.stepValid = false
+		return nil, nil
+	}
+	if err := s.schedule(); err != nil {
+		return nil, err
+	}
+	s.stepValid, s.released, s.advanced = true, false, false
+	return &s.step, nil
+}
+
+// Release frees the blocks of the requests the current step reports in
+// Plan.Finished. Call it after Cache.Begin: Begin runs before the engine
+// drops finished requests.
+func (s *Sim) Release() {
+	if !s.stepValid || s.released {
+		return
+	}
+	s.released = true
+	s.dropAll(&s.reported)
+}
+
+// Advance applies the current step's forward: positions advance, a request
+// whose known tokens are all computed samples its next token, and one that
+// sampled its last output token finishes (reported in the next step).
+func (s *Sim) Advance() {
+	if !s.stepValid || s.advanced {
+		return
+	}
+	s.advanced = true
+	st := &s.step
+	finished := 0
+	for i, r := range st.Reqs {
+		r.computed += int(st.Plan.Count[i])
+		if r.computed < len(r.Tokens) {
+			continue
+		}
+		// Sample: the next token is a function of the prefix.
+		p := len(r.Tokens)
+		t := int32(SplitMix64(r.H[p-1]) % uint64(s.cfg.Vocab))
+		r.Tokens = append(r.Tokens, t)
+		r.H = append(r.H, Mix(r.H[p-1], t))
+		r.generated++
+		if r.generated >= r.OutputLen {
+			r.state = stFinishing
+			s.finishing = append(s.finishing, r)
+			s.Finished++
+			s.inFlight-- // the client sees the last token now and sends the next request
+			finished++
+		}
+	}
+	if finished > 0 {
+		k := 0
+		for _, r := range s.running {
+			if r.state == stRunning {
+				s.running[k] = r
+				k++
+			}
+		}
+		clear(s.running[k:])
+		s.running = s.running[:k]
+	}
+}
+
+// topUp lets the client send requests until Concurrency are in flight.
+func (s *Sim) topUp() error {
+	for !s.srcDone && s.inFlight < s.cfg.Concurrency {
+		rq, ok, err := s.src.Next()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			s.srcDone = true
+			break
+		}
+		if len(rq.Prompt) == 0 || rq.OutputLen <= 0 {
+			return fmt.Errorf("sim: request %d: empty prompt or output", s.nextID+1)
+		}
+		total := len(rq.Prompt) + rq.OutputLen
+		if total > s.cfg.MaxModelLen || s.blocksFor(total) > s.cfg.NumBlocks {
+			return fmt.Errorf("%w: request %d has %d tokens (model length %d, pool %d blocks of %d)",
+				ErrTooLarge, s.nextID+1, total, s.cfg.MaxModelLen, s.cfg.NumBlocks, s.cfg.BlockSize)
+		}
+		s.nextID++
+		r := &Req{
+			ID:        s.nextID,
+			PromptLen: len(rq.Prompt),
+			OutputLen: rq.OutputLen,
+			Tokens:    rq.Prompt,
+			H:         make([]uint64, len(rq.Prompt), total),
+			row:       -1,
+		}
+		h := RootHash
+		for p, t := range rq.Prompt {
+			h = Mix(h, t)
+			r.H[p] = h
+		}
+		s.waiting = append(s.waiting, r)
+		s.inFlight++
+	}
+	return nil
+}
+
+func (s *Sim) blocksFor(tokens int) int {
+	return (tokens + s.cfg.BlockSize - 1) / s.cfg.BlockSize
+}
+
+// schedule builds s.step: running requests first (preempting from the back
+// when blocks run out), then waiting requests if nothing was preempted.
+func (s *Sim) schedule() error {
+	st := &s.step
+	st.Index = s.Steps
+	p := &st.Plan
+	p.IDs, p.Rows, p.Start, p.Count = p.IDs[:0], p.Rows[:0], p.Start[:0], p.Count[:0]
+	p.Arrivals, p.HitTokens, p.HitBlocks = p.Arrivals[:0], p.HitTokens[:0], p.HitBlocks[:0]
+	p.Finished, p.Preempted, p.Resumed = p.Finished[:0], p.Preempted[:0], p.Resumed[:0]
+	p.Table, p.Stride = s.table, s.stride
+	clear(st.Reqs)
+	st.Reqs, st.Prefix = st.Reqs[:0], st.Prefix[:0]
+	st.Tokens, st.Queried, st.Hit = 0, 0, 0
+	s.dropAll(&s.reported) // not released by the caller: release now
+	s.reported, s.finishing = s.finishing, s.reported
+	for _, r := range s.reported {
+		p.Finished = append(p.Finished, r.ID)
+	}
+
+	budget := s.cfg.MaxBatchedTokens
+	preempted := false
+	for i := 0; i < len(s.running) && budget > 0; {
+		r := s.running[i]
+		n := min(len(r.Tokens)-r.computed, budget)
+		ok := false
+		for {
+			if s.grow(r, r.computed+n) {
+				ok = true
+				break
+			}
+			if s.releaseEarly() {
+				continue
+			}
+			victim := s.running[len(s.running)-1]
+			s.running[len(s.running)-1] = nil
+			s.running = s.running[:len(s.running)-1]
+			s.preempt(victim)
+			preempted = true
+			if victim == r {
+				break
+			}
+		}
+		if !ok {
+			break // r itself was preempted; it was the last running request
+		}
+		s.cache(r, r.computed+n)
+		s.add(r, n, 0)
+		budget -= n
+		i++
+	}
+
+	for !preempted && budget > 0 && len(s.waiting) > 0 && len(s.running) < s.cfg.Concurrency {
+		r := s.waiting[0]
+		hit := s.lookup(r)
+		hitTokens := len(hit) * s.cfg.BlockSize
+		n := min(len(r.Tokens)-hitTokens, budget)
+		need := s.blocksFor(hitTokens+n) - len(hit)
+		evictable := 0
+		for _, b := range hit {
+			if s.blocks.Ref(b) == 0 {
+				evictable++
+			}
+		}
+		if need > s.blocks.NumFree()-evictable {
+			if s.releaseEarly() {
+				continue
+			}
+			break
+		}
+		s.waiting[0] = nil
+		s.waiting = s.waiting[1:]
+		for _, b := range hit {
+			s.blocks.Touch(b)
+		}
+		s.takeRow(r)
+		r.blocks = append(r.blocks[:0], hit...)
+		copy(s.table[int(r.row)*s.stride:], hit)
+		r.hashed = len(hit)
+		r.computed = hitTokens
+		if !s.grow(r, hitTokens+n) {
+			panic("sim: allocation failed after the free check")
+		}
+		s.cache(r, hitTokens+n)
+		r.state = stRunning
+		s.running = append(s.running, r)
+		prefix := 0
+		switch {
+		case !r.seen:
+			r.seen = true
+			r.ArrivalHit = hitTokens
+			prefix = hitTokens
+			p.Arrivals = append(p.Arrivals, r.ID)
+			p.HitTokens = append(p.HitTokens, int32(hitTokens))
+			p.HitBlocks = append(p.HitBlocks, hit...)
+			st.Queried += r.PromptLen
+			st.Hit += hitTokens
+			s.Arrived++
+		case r.preempted:
+			r.preempted = false
+			p.Resumed = append(p.Resumed, r.ID)
+		}
+		s.add(r, n, prefix)
+		budget -= n
+	}
+
+	st.PureDecode = len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
+		len(p.Preempted) == 0 && len(p.Resumed) == 0 && st.Tokens == len(p.IDs)
+	if st.Tokens == 0 {
+		return fmt.Errorf("sim: step %d scheduled nothing (%d waiting, %d running, %d free blocks)",
+			st.Index, len(s.waiting), len(s.running), s.blocks.NumFree())
+	}
+	s.Steps++
+	s.TokensTotal += int64(st.Tokens)
+	s.Queried += int64(st.Queried)
+	s.Hit += int64(st.Hit)
+	return nil
+}
+
+// add appends r's scheduled span to the plan.
+func (s *Sim) add(r *Req, n, prefix int) {
+	st := &s.step
+	st.Plan.IDs = append(st.Plan.IDs, r.ID)
+	st.Plan.Rows = append(st.Plan.Rows, r.row)
+	st.Plan.Start = append(st.Plan.Start, int32(r.computed))
+	st.Plan.Count = append(st.Plan.Count, int32(n))
+	st.Reqs = append(st.Reqs, r)
+	st.Prefix = append(st.Prefix, int32(prefix))
+	st.Tokens += n
+}
+
+// lookup returns the longest run of cached full blocks of r's known tokens,
+// capped so that at least one token is computed.
+func (s *Sim) lookup(r *Req) []int32 {
+	bs := s.cfg.BlockSize
+	maxBlocks := (len(r.Tokens) - 1) / bs
+	hit := s.hitBuf[:0]
+	for i := range maxBlocks {
+		b, ok := s.blocks.Lookup(r.H[(i+1)*bs-1])
+		if !ok {
+			break
+		}
+		hit = append(hit, b)
+	}
+	s.hitBuf = hit
+	return hit
+}
+
+// grow gives r blocks for its first upto tokens; false when the pool is
+// short (nothing is allocated then).
+func (s *Sim) grow(r *Req, upto int) bool {
+	need := s.blocksFor(upto) - len(r.blocks)
+	if need <= 0 {
+		return true
+	}
+	if need > s.blocks.NumFree() {
+		return false
+	}
+	if r.row < 0 {
+		s.takeRow(r)
+		copy(s.table[int(r.row)*s.stride:], r.blocks)
+	}
+	base := int(r.row) * s.stride
+	for range need {
+		b := s.blocks.Alloc()
+		s.table[base+len(r.blocks)] = b
+		r.blocks = append(r.blocks, b)
+	}
+	return true
+}
+
+// cache registers the hashes of r's full blocks within its first upto
+// tokens (at allocation, as vLLM does: a request scheduled later in the
+// same step may hit them).
+func (s *Sim) cache(r *Req, upto int) {
+	bs := s.cfg.BlockSize
+	full := min(upto, len(r.Tokens)) / bs
+	for i := r.hashed; i < full; i++ {
+		s.blocks.Register(r.blocks[i], r.H[(i+1)*bs-1])
+	}
+	if full > r.hashed {
+		r.hashed = full
+	}
+}
+
+// preempt frees r's blocks and puts it at the front of the waiting queue; it
+// will recompute from its next prefix lookup.
+func (s *Sim) preempt(r *Req) {
+	s.freeBlocks(r)
+	s.putRow(r)
+	r.computed = 0
+	r.hashed = 0
+	r.state = stWaiting
+	r.preempted = true
+	s.waiting = append(s.waiting, nil)
+	copy(s.waiting[1:], s.waiting)
+	s.waiting[0] = r
+	s.step.Plan.Preempted = append(s.step.Plan.Preempted, r.ID)
+	s.Preemptions++
+}
+
+// releaseEarly frees the finishing requests' blocks before Begin when the
+// pool is otherwise exhausted (vLLM's own order: the cache still sees them in
+// this step's Finished, in the same Begin that may reuse their blocks).
+func (s *Sim) releaseEarly() bool {
+	if len(s.reported) == 0 {
+		return false
+	}
+	s.dropAll(&s.reported)
+	return true
+}
+
+func (s *Sim) dropAll(list *[]*Req) {
+	for _, r := range *list {
+		s.drop(r)
+	}
+	clear(*list)
+	*list = (*list)[:0]
+}
+
+// drop ends a finished request: its blocks and row are released.
+func (s *Sim) drop(r *Req) {
+	if r.state == stDone {
+		return
+	}
+	s.freeBlocks(r)
+	s.putRow(r)
+	r.state = stDone
+	r.blocks = nil
+}
+
+func (s *Sim) freeBlocks(r *Req) {
+	// Tail first, so a request's last blocks are reused before its prefix.
+	for i := len(r.blocks) - 1; i >= 0; i-- {
+		s.blocks.Free(r.blocks[i])
+	}
+	r.blocks = r.blocks[:0]
+}
+
+func (s *Sim) takeRow(r *Req) {
+	if r.row >= 0 {
+		return
+	}
+	r.row = s.rows[len(s.rows)-1]
+	s.rows = s.rows[:len(s.rows)-1]
+}
+
+func (s *Sim) putRow(r *Req) {
+	if r.row < 0 {
+		return
+	}
+	s.rows = append(s.rows, r.row)
+	r.row = -1
+}

@@ -1,0 +1,363 @@
+package bench
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/omnicache/omnicache"
+)
+
+const tracePath = "testdata/mooncake/synthetic_trace.jsonl"
+
+// raceEnabled is set under -race, where the whole-trace replay is too slow.
+var raceEnabled bool
+
+func fakeWith(setup func(*fakeCache)) func(omnicache.Config) (Cache, error) {
+	return func(cfg omnicache.Config) (Cache, error) {
+		f, err := newFakeCache(cfg)
+		if err == nil && setup != nil {
+			setup(f)
+		}
+		return f, err
+	}
+}
+
+// small is a quick workload with a shared prefix (hits), chunked prefill and
+// decode.
+func small() Workload {
+	return Workload{Model: "test", Name: "P96_h50_c4", SharedPrefix: 48, InputLen: 48, OutputLen: 20,
+		RangeRatio: 0.5, Concurrency: 4, Prompts: 24, RefReqPerSec: 10,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 24}, {Name: "extra", RowBytes: 13, Optional: true}}}
+}
+
+func TestDefaultTable(t *testing.T) {
+	ws := DefaultWorkloads()
+	if len(ws) != 19 {
+		t.Fatalf("%d workloads, want 19", len(ws))
+	}
+	byName := map[string]Workload{}
+	for _, w := range ws {
+		byName[w.FullName()] = w
+	}
+	q := byName["Qwen3-Omni/DECV_c64"]
+	if q.InputLen != 100 || q.OutputLen != 100 || q.RangeRatio != 0.5 || q.Concurrency != 64 || q.Prompts != 512 || q.RefReqPerSec != 22.41 {
+		t.Fatalf("Qwen3-Omni/DECV_c64: %+v", q)
+	}
+	if got := FormatWidths(q.Keys); got != "hidden=4096,layer_a=4096:opt,layer_b=4096:opt" {
+		t.Fatalf("Qwen keys %s", got)
+	}
+	m := byName["MiniCPM-o/P16384_h0_c64"]
+	if m.InputLen != 16384 || m.OutputLen != 8 || m.Concurrency != 64 || m.Prompts != 512 || m.RefReqPerSec != 0.44 {
+		t.Fatalf("MiniCPM-o/P16384_h0_c64: %+v", m)
+	}
+	if got := FormatWidths(m.Keys); got != "hidden=8192" {
+		t.Fatalf("MiniCPM keys %s", got)
+	}
+	if h := byName["Qwen3-Omni/P1024_h50_c64"]; h.SharedPrefix+h.InputLen != 1024 {
+		t.Fatalf("h50 row %+v", h)
+	}
+	if got := byName["Qwen3-Omni/P1024_h0_c8"].Scaled(0.125).Prompts; got != 32 {
+		t.Fatalf("scaled prompts %d, want 32", got)
+	}
+	if got := byName["Qwen3-Omni/DEC100_c64"].Scaled(0.125).Prompts; got != 128 {
+		t.Fatalf("scaled prompts %d, want 2*concurrency", got)
+	}
+	if _, err := ParseWidths("a=1,a=2"); err == nil {
+		t.Fatal("duplicate key accepted")
+	}
+	k, err := ParseWidths("h=64,x=8:req:deferred,y=4")
+	if err != nil || k[0].Optional || k[1].Optional || !k[1].Deferred || !k[2].Optional {
+		t.Fatalf("ParseWidths: %+v %v", k, err)
+	}
+}
+
+func TestRandomSourceLengths(t *testing.T) {
+	w := small()
+	src := NewRandomSource(w, 1)
+	var first []int32
+	n := 0
+	for {
+		r, ok, err := src.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		n++
+		in := len(r.Prompt) - w.SharedPrefix
+		if in < 24 || in > 72 || r.OutputLen < 10 || r.OutputLen > 30 {
+			t.Fatalf("lengths %d/%d outside the range", in, r.OutputLen)
+		}
+		if first == nil {
+			first = r.Prompt
+		} else if !reflect.DeepEqual(first[:48], r.Prompt[:48]) {
+			t.Fatal("shared prefix differs")
+		}
+	}
+	if n != w.Prompts {
+		t.Fatalf("%d prompts", n)
+	}
+}
+
+func TestReplayCacheOffMakesNoCall(t *testing.T) {
+	rep, err := Replay(small().Spec(1), Options{NewCache: func(omnicache.Config) (Cache, error) {
+		t.Fatal("cache created with the cache off")
+		return nil, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Cache != "off" || rep.ProjectedChange != 0 || rep.EngineNsTotal != 0 || rep.Steps == 0 {
+		t.Fatalf("%+v", rep)
+	}
+	if rep.HitRate <= 0.2 {
+		t.Fatalf("hit rate %.2f with a half shared prefix", rep.HitRate)
+	}
+}
+
+func TestReplayVerifyFake(t *testing.T) {
+	for _, owned := range []bool{true, false} {
+		for _, kv := range []int{0, 24} { // auto, and a small pool that preempts and reuses slots
+			rep, err := Replay(small().Spec(3), Options{Cache: true, Verify: true, NotOwned: !owned,
+				KVBlocks: kv, MaxBatchedTokens: 128, NewCache: fakeWith(nil), KeepSamples: true})
+			if err != nil {
+				t.Fatalf("owned=%v kv=%d: %v", owned, kv, err)
+			}
+			if rep.VerifiedRows == 0 || rep.VerifyFailures != 0 || rep.Materialized != rep.Steps {
+				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
+			}
+			if rep.HitRate == 0 || rep.FirstRequestNs <= 0 || rep.ProjectedChange >= 0 || len(rep.Samples) != rep.Steps {
+				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
+			}
+			if kv == 40 && rep.Preemptions == 0 {
+				t.Fatalf("no preemption with a 24-block pool")
+			}
+		}
+	}
+}
+
+func TestReplayVerifyCatchesFaults(t *testing.T) {
+	faults := map[string]func(*fakeCache){
+		"corrupt row":     func(f *fakeCache) { f.corruptStep = 5 },
+		"mirror not kept": func(f *fakeCache) { f.skipMirror = true },
+		"wrong hit block": func(f *fakeCache) { f.shiftHits = true },
+	}
+	for name, setup := range faults {
+		_, err := Replay(small().Spec(3), Options{Cache: true, Verify: true, KVBlocks: 24,
+			MaxBatchedTokens: 128, NewCache: fakeWith(setup)})
+		if !errors.Is(err, ErrVerify) {
+			t.Errorf("%s: err %v, want a verification failure", name, err)
+		}
+	}
+}
+
+func TestReplayDiscardsWithoutHits(t *testing.T) {
+	w := small()
+	w.SharedPrefix = 0
+	rep, err := Replay(w.Spec(1), Options{Cache: true, NewCache: fakeWith(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.HitTokens != 0 || rep.Materialized != 0 || rep.Discarded != rep.Steps {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+func TestTraceParsersAgree(t *testing.T) {
+	data, err := os.ReadFile(tracePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	std, err := ParseTrace(data, ParserStd, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(std) != 200 || len(std[0].HashIDs) == 0 {
+		t.Fatalf("%d records", len(std))
+	}
+	if p, _ := ResolveParser(ParserAuto); p != ParserSIMD {
+		t.Skip("simdjson-go unsupported on this CPU")
+	}
+	simd, err := ParseTrace(data, ParserSIMD, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(std, simd) {
+		t.Fatal("parsers disagree")
+	}
+	// And the requests built from them.
+	a, b := NewTraceSource(std), NewTraceSource(simd)
+	for {
+		ra, oka, _ := a.Next()
+		rb, okb, _ := b.Next()
+		if oka != okb || !reflect.DeepEqual(ra, rb) {
+			t.Fatal("requests differ")
+		}
+		if !oka {
+			break
+		}
+	}
+}
+
+func TestTraceTokensFollowHashIDs(t *testing.T) {
+	ids := []int64{7, 9}
+	if TraceToken(ids, 0, 5) != TraceToken([]int64{7, 3}, 1, 5) {
+		t.Fatal("equal hash id, different token")
+	}
+	if TraceToken(ids, 0, 512+5) == TraceToken([]int64{7, 3}, 1, 512+5) {
+		t.Fatal("different hash ids, same token")
+	}
+}
+
+// idealHitRate computes, from the hash ids alone, the prefix-hit ratio of an
+// unlimited cache: per request, the leading 512-token blocks whose whole
+// chain prefix appeared before (counting only the 16-token blocks the
+// earlier request filled with prompt tokens), capped at (input-1) rounded
+// down to a block, over all queried prompt tokens.
+func idealHitRate(recs []TraceRecord) float64 {
+	const bs = 16
+	type chain struct {
+		parent uint64
+		id     int64
+	}
+	keys := map[chain]uint64{}
+	avail := map[uint64]int{} // tokens of a chain block some request filled
+	var hit, queried int64
+	for _, r := range recs {
+		queried += int64(r.InputLength)
+		var key uint64
+		tokens := 0
+		matching := true
+		for i, id := range r.HashIDs {
+			need := min(TraceBlockTokens, r.InputLength-i*TraceBlockTokens)
+			if need <= 0 {
+				break
+			}
+			c := chain{key, id}
+			k, ok := keys[c]
+			if !ok {
+				k = uint64(len(keys) + 1)
+				keys[c] = k
+			}
+			key = k
+			if matching {
+				a := avail[k]
+				tokens += min(a, need)
+				if a < need {
+					matching = false
+				}
+			}
+			have := need / bs * bs // full 16-token blocks of prompt tokens
+			avail[k] = max(avail[k], have)
+		}
+		limit := (r.InputLength - 1) / bs * bs
+		hit += int64(min(tokens/bs*bs, limit))
+	}
+	return float64(hit) / float64(queried)
+}
+
+func TestIdealHitRatio(t *testing.T) {
+	limits := []int{400}
+	if !testing.Short() && !raceEnabled {
+		limits = append(limits, 0) // the whole trace: about 0.65 (1.5 s)
+	}
+	for _, limit := range limits {
+		checkIdealHitRatio(t, limit)
+	}
+}
+
+func checkIdealHitRatio(t *testing.T, limit int) {
+	recs, err := ReadTrace(tracePath, ParserAuto, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ideal := idealHitRate(recs)
+	keys, _ := ParseWidths("hidden=16")
+	spec := TraceSpec("trace", recs, keys, 4)
+	// A pool larger than every block ever allocated never evicts.
+	total := 0
+	for _, r := range recs {
+		total += (r.InputLength + r.OutputLength + 15) / 16
+	}
+	spec.KVBlocks = total + 1
+	rep, err := Replay(spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ideal %.4f simulated %.4f over %d requests (%d steps)", ideal, rep.HitRate, len(recs), rep.Steps)
+	if math.Abs(ideal-rep.HitRate) > 0.01 {
+		t.Fatalf("simulated hit rate %.4f, ideal %.4f", rep.HitRate, ideal)
+	}
+	if limit == 0 && math.Abs(rep.HitRate-0.65) > 0.01 {
+		t.Fatalf("whole-trace hit rate %.4f, the trace's README says about 0.65", rep.HitRate)
+	}
+}
+
+// TestTraceVerifyRealCache replays part of the trace through the real cache
+// with --verify, on a KV pool small enough that slots change tenants.
+func TestTraceVerifyRealCache(t *testing.T) {
+	recs, err := ReadTrace(tracePath, ParserAuto, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := ParseWidths("hidden=16,audio=8")
+	spec := TraceSpec("trace", recs, keys, 8)
+	spec.KVBlocks = 16384
+	rep, err := Replay(spec, Options{Cache: true, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.VerifiedRows == 0 || rep.HitTokens == 0 {
+		t.Fatalf("%+v", rep)
+	}
+}
+
+func TestPlotAndReport(t *testing.T) {
+	rep, err := Replay(small().Spec(1), Options{Cache: true, NewCache: fakeWith(nil), KeepSamples: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, err := Replay(small().Spec(1), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	png := filepath.Join(dir, "p.png")
+	if err := WritePlot(png, []*Report{off, rep}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
+		t.Fatalf("plot: %v", err)
+	}
+	f, _ := os.Create(filepath.Join(dir, "t.txt"))
+	defer f.Close()
+	if err := WriteTable(f, []*Report{off, rep}); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(f, rep); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDefaultWorkloadsSchedule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	// Every embedded workload schedules to the end (cache off, a few
+	// prompts each, auto KV pool).
+	for _, w := range DefaultWorkloads() {
+		w.Prompts = w.Concurrency + 1
+		rep, err := Replay(w.Spec(1), Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", w.FullName(), err)
+		}
+		if rep.Steps == 0 {
+			t.Fatalf("%s: no step", w.FullName())
+		}
+	}
+}

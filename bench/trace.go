@@ -1,0 +1,206 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/minio/simdjson-go"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/bench/sim"
+)
+
+// TraceRecord is one request of a Mooncake-style JSONL trace.
+type TraceRecord struct {
+	Timestamp    int64   `json:"timestamp"`
+	InputLength  int     `json:"input_length"`
+	OutputLength int     `json:"output_length"`
+	HashIDs      []int64 `json:"hash_ids"`
+}
+
+// Trace parsers for ParseTrace.
+const (
+	ParserAuto = "auto" // simdjson when the CPU supports it, else encoding/json
+	ParserSIMD = "simd" // github.com/minio/simdjson-go (AVX2 + CLMUL)
+	ParserStd  = "std"  // encoding/json
+)
+
+// ErrNoSIMD reports -json-parser=simd on a CPU simdjson-go cannot use.
+var ErrNoSIMD = errors.New("bench: simdjson-go needs AVX2 and CLMUL, which this CPU lacks")
+
+// ResolveParser maps "auto" to the parser ParseTrace will use.
+func ResolveParser(parser string) (string, error) {
+	switch parser {
+	case ParserAuto, "":
+		if simdjson.SupportedCPU() {
+			return ParserSIMD, nil
+		}
+		return ParserStd, nil
+	case ParserSIMD:
+		if !simdjson.SupportedCPU() {
+			return "", ErrNoSIMD
+		}
+		return ParserSIMD, nil
+	case ParserStd:
+		return ParserStd, nil
+	}
+	return "", fmt.Errorf("bench: unknown JSON parser %q (auto, simd, std)", parser)
+}
+
+// ReadTrace reads and parses a trace file; see ParseTrace.
+func ReadTrace(path, parser string, limit int) ([]TraceRecord, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := ParseTrace(data, parser, limit)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return recs, nil
+}
+
+// ParseTrace parses JSONL trace data with the named parser, keeping the first
+// limit records (all when limit <= 0). Records stay in file order.
+func ParseTrace(data []byte, parser string, limit int) ([]TraceRecord, error) {
+	p, err := ResolveParser(parser)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 {
+		data = firstLines(data, limit)
+	}
+	var recs []TraceRecord
+	if p == ParserSIMD {
+		recs, err = parseSIMD(data)
+	} else {
+		recs, err = parseStd(data)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range recs {
+		if r.InputLength <= 0 || r.OutputLength <= 0 {
+			return nil, fmt.Errorf("record %d: input_length %d, output_length %d", i+1, r.InputLength, r.OutputLength)
+		}
+	}
+	return recs, nil
+}
+
+// firstLines cuts data after its n-th non-empty line.
+func firstLines(data []byte, n int) []byte {
+	off := 0
+	for n > 0 && off < len(data) {
+		i := bytes.IndexByte(data[off:], '\n')
+		if i < 0 {
+			return data
+		}
+		if len(bytes.TrimSpace(data[off:off+i])) > 0 {
+			n--
+		}
+		off += i + 1
+	}
+	return data[:off]
+}
+
+func parseStd(data []byte) ([]TraceRecord, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var recs []TraceRecord
+	for {
+		var r TraceRecord
+		if err := dec.Decode(&r); err == io.EOF {
+			return recs, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("record %d: %w", len(recs)+1, err)
+		}
+		recs = append(recs, r)
+	}
+}
+
+func parseSIMD(data []byte) ([]TraceRecord, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, nil
+	}
+	pj, err := simdjson.ParseND(data, nil)
+	if err != nil {
+		return nil, err
+	}
+	var recs []TraceRecord
+	var el simdjson.Element
+	var arr simdjson.Array
+	var scratch []int64
+	err = pj.ForEach(func(it simdjson.Iter) error {
+		var r TraceRecord
+		n := len(recs) + 1
+		geti := func(name string) (int64, error) {
+			e, err := it.FindElement(&el, name)
+			if err != nil {
+				return 0, fmt.Errorf("record %d: %s: %w", n, name, err)
+			}
+			v, err := e.Iter.Int()
+			if err != nil {
+				return 0, fmt.Errorf("record %d: %s: %w", n, name, err)
+			}
+			return v, nil
+		}
+		var v int64
+		if v, err = geti("timestamp"); err != nil {
+			return err
+		}
+		r.Timestamp = v
+		if v, err = geti("input_length"); err != nil {
+			return err
+		}
+		r.InputLength = int(v)
+		if v, err = geti("output_length"); err != nil {
+			return err
+		}
+		r.OutputLength = int(v)
+		e, err := it.FindElement(&el, "hash_ids")
+		if err != nil {
+			return fmt.Errorf("record %d: hash_ids: %w", n, err)
+		}
+		a, err := e.Iter.Array(&arr)
+		if err != nil {
+			return fmt.Errorf("record %d: hash_ids: %w", n, err)
+		}
+		// Not Array.AsInteger: it sizes its result from the rest of the whole
+		// tape, which is quadratic over a file.
+		ids := scratch[:0]
+		ai := a.Iter()
+		for ai.Advance() != simdjson.TypeNone {
+			v, err := ai.Int()
+			if err != nil {
+				return fmt.Errorf("record %d: hash_ids[%d]: %w", n, len(ids), err)
+			}
+			ids = append(ids, v)
+		}
+		scratch = ids
+		r.HashIDs = append([]int64(nil), ids...)
+		recs = append(recs, r)
+		return nil
+	})
+	return recs, err
+}
+
+// TraceSpec is the replay spec of a parsed trace: requests admitted in file
+// order (timestamps are not replayed), keys and concurrency as given.
+func TraceSpec(name string, recs []TraceRecord, keys []omnicache.Key, concurrency int) Spec {
+	maxLen := 1
+	for _, r := range recs {
+		maxLen = max(maxLen, r.InputLength+r.OutputLength)
+	}
+	return Spec{
+		Name:        name,
+		Model:       "trace",
+		Keys:        keys,
+		Concurrency: concurrency,
+		Prompts:     len(recs),
+		MaxModelLen: maxLen,
+		Source:      func() sim.Source { return NewTraceSource(recs) },
+	}
+}

@@ -1,0 +1,229 @@
+// Package bench is the engine replay, the project's main job: it replays
+// workloads (the reference table of DESIGN §6, or a Mooncake-style request
+// trace) through the engine simulator of bench/sim, drives the real cache
+// through its public API exactly as an engine would, and reports what the
+// cache costs the engine goroutine, what it writes, whether it is right
+// (--verify) and the projected throughput change.
+//
+// The command is `go run ./cmd/omnicache replay`; this package is the
+// library behind it, importable by engines that want to replay their own
+// workloads.
+package bench
+
+import (
+	_ "embed"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/bench/sim"
+)
+
+//go:embed workloads.txt
+var defaultTable string
+
+// DefaultTable is the embedded reference workload table (the format
+// ParseWorkloads reads).
+func DefaultTable() string { return defaultTable }
+
+// Workload is one row of the reference table: vLLM "random dataset"
+// parameters, the benchmark's concurrency and prompt count, the reference
+// cache-off throughput and the model's per-token keys.
+type Workload struct {
+	Model        string
+	Name         string
+	SharedPrefix int
+	InputLen     int
+	OutputLen    int
+	RangeRatio   float64
+	Concurrency  int
+	Prompts      int
+	// RefReqPerSec is the reference cache-off throughput (req/s) that gives
+	// the model step time.
+	RefReqPerSec float64
+	Keys         []omnicache.Key
+}
+
+// FullName is "model/name".
+func (w Workload) FullName() string { return w.Model + "/" + w.Name }
+
+// DefaultWorkloads parses the embedded table.
+func DefaultWorkloads() []Workload {
+	ws, err := ParseWorkloads(defaultTable)
+	if err != nil {
+		panic("bench: embedded workload table: " + err.Error())
+	}
+	return ws
+}
+
+// ParseWorkloads reads a workload table: one workload a line
+// (`model name shared_prefix input_len output_len range_ratio concurrency
+// prompts ref_req_per_s`) and one `keys model key=bytes,...` line per model.
+// '#' starts a comment.
+func ParseWorkloads(text string) ([]Workload, error) {
+	var ws []Workload
+	keys := map[string][]omnicache.Key{}
+	for ln, line := range strings.Split(text, "\n") {
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if f[0] == "keys" {
+			if len(f) != 3 {
+				return nil, fmt.Errorf("line %d: want `keys model key=bytes,...`", ln+1)
+			}
+			k, err := ParseWidths(f[2])
+			if err != nil {
+				return nil, fmt.Errorf("line %d: %w", ln+1, err)
+			}
+			keys[f[1]] = k
+			continue
+		}
+		if len(f) != 9 {
+			return nil, fmt.Errorf("line %d: want 9 fields, got %d", ln+1, len(f))
+		}
+		w := Workload{Model: f[0], Name: f[1]}
+		ints := []*int{&w.SharedPrefix, &w.InputLen, &w.OutputLen}
+		for i, p := range ints {
+			v, err := strconv.Atoi(f[2+i])
+			if err != nil || v < 0 {
+				return nil, fmt.Errorf("line %d: bad length %q", ln+1, f[2+i])
+			}
+			*p = v
+		}
+		var err error
+		if w.RangeRatio, err = strconv.ParseFloat(f[5], 64); err != nil || w.RangeRatio < 0 || w.RangeRatio >= 1 {
+			return nil, fmt.Errorf("line %d: bad range ratio %q", ln+1, f[5])
+		}
+		if w.Concurrency, err = strconv.Atoi(f[6]); err != nil || w.Concurrency <= 0 {
+			return nil, fmt.Errorf("line %d: bad concurrency %q", ln+1, f[6])
+		}
+		if w.Prompts, err = strconv.Atoi(f[7]); err != nil || w.Prompts <= 0 {
+			return nil, fmt.Errorf("line %d: bad prompt count %q", ln+1, f[7])
+		}
+		if w.RefReqPerSec, err = strconv.ParseFloat(f[8], 64); err != nil || w.RefReqPerSec <= 0 {
+			return nil, fmt.Errorf("line %d: bad reference throughput %q", ln+1, f[8])
+		}
+		if w.InputLen+w.SharedPrefix == 0 || w.OutputLen == 0 {
+			return nil, fmt.Errorf("line %d: empty prompt or output", ln+1)
+		}
+		ws = append(ws, w)
+	}
+	for i := range ws {
+		k, ok := keys[ws[i].Model]
+		if !ok {
+			return nil, fmt.Errorf("no `keys %s ...` line", ws[i].Model)
+		}
+		ws[i].Keys = k
+	}
+	return ws, nil
+}
+
+// ParseWidths reads per-token keys: `name=bytes[:opt|:req|:deferred],...`.
+// The first key is required and later ones optional unless marked.
+func ParseWidths(s string) ([]omnicache.Key, error) {
+	var keys []omnicache.Key
+	seen := map[string]bool{}
+	for i, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		name, rest, ok := strings.Cut(part, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("bad key %q: want name=bytes", part)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("duplicate key %q", name)
+		}
+		seen[name] = true
+		flags := strings.Split(rest, ":")
+		n, err := strconv.Atoi(flags[0])
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad row bytes in %q", part)
+		}
+		k := omnicache.Key{Name: name, RowBytes: n, Optional: i > 0}
+		for _, f := range flags[1:] {
+			switch f {
+			case "opt":
+				k.Optional = true
+			case "req":
+				k.Optional = false
+			case "deferred":
+				k.Deferred = true
+			default:
+				return nil, fmt.Errorf("unknown key flag %q in %q", f, part)
+			}
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("no keys")
+	}
+	return keys, nil
+}
+
+// FormatWidths is the inverse of ParseWidths (flags always explicit).
+func FormatWidths(keys []omnicache.Key) string {
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s=%d", k.Name, k.RowBytes)
+		if k.Optional {
+			b.WriteString(":opt")
+		}
+		if k.Deferred {
+			b.WriteString(":deferred")
+		}
+	}
+	return b.String()
+}
+
+// Scaled returns w with its prompt count scaled: ceil(Prompts*scale), at
+// least 2*Concurrency, at most Prompts.
+func (w Workload) Scaled(scale float64) Workload {
+	if scale >= 1 {
+		return w
+	}
+	n := int(math.Ceil(float64(w.Prompts) * scale))
+	n = max(n, 2*w.Concurrency)
+	w.Prompts = min(n, w.Prompts)
+	return w
+}
+
+// lengthRange is vLLM's random-dataset range: [len*(1-r), len*(1+r)].
+func lengthRange(n int, r float64) (lo, hi int) {
+	lo = int(math.Floor(float64(n) * (1 - r)))
+	hi = int(math.Floor(float64(n) * (1 + r)))
+	return max(lo, 1), max(hi, 1)
+}
+
+// MaxModelLen is the longest request the workload can produce.
+func (w Workload) MaxModelLen() int {
+	_, in := lengthRange(w.InputLen, w.RangeRatio)
+	if w.InputLen == 0 {
+		in = 0
+	}
+	_, out := lengthRange(w.OutputLen, w.RangeRatio)
+	return w.SharedPrefix + in + out
+}
+
+// Spec returns the replay spec of the workload; seed picks the prompts.
+func (w Workload) Spec(seed uint64) Spec {
+	return Spec{
+		Name:         w.FullName(),
+		Model:        w.Model,
+		Keys:         w.Keys,
+		Concurrency:  w.Concurrency,
+		Prompts:      w.Prompts,
+		MaxModelLen:  w.MaxModelLen(),
+		RefReqPerSec: w.RefReqPerSec,
+		Source: func() sim.Source {
+			return NewRandomSource(w, seed)
+		},
+	}
+}

@@ -120,7 +120,7 @@ func (c *Cache) flushBuffer() error {
 		c.pushDead(p)
 		return c.fail(err)
 	}
-	c.q.Push(task{p: p, ev: ev})
+	p.seq = c.q.Push(task{p: p, ev: ev})
 	c.st.tasks.Add(1)
 	c.st.flushes.Add(1)
 	return nil

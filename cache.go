@@ -531,7 +531,7 @@ func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
 	c.prod[p.id] = p
 	rec.pin(p)
 	c.mu.Unlock()
-	c.q.Push(task{p: p, ev: p.ev})
+	p.seq = c.q.Push(task{p: p, ev: p.ev})
 	c.st.tasks.Add(1)
 	return nil
 }
@@ -656,8 +656,15 @@ func (c *Cache) planHits(rec *stepRec) {
 					if pp == nil {
 						panic("omnicache: in-transit slot without its producer")
 					}
-					kind, row = srcProducer, occ.Row(s)
-					rec.pin(pp)
+					if pp.deferred {
+						// pending deferred rows: read the device clone
+						kind, row = srcProducer, occ.Row(s)
+						rec.pin(pp)
+					} else {
+						// a queued write: join it, then read the mirror
+						// (no page is held on the reader's behalf)
+						kind, w = srcJoin, soa.Pack(soa.Committed, owner)
+					}
 				}
 				rec.pKind = append(rec.pKind, kind)
 				rec.pSlot = append(rec.pSlot, s)
@@ -805,7 +812,13 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			clear(d)
 		case srcAbsent:
 			return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, rec.pSlot[e])
-		case srcMirror:
+		case srcJoin, srcMirror:
+			if rec.pKind[e] == srcJoin {
+				c.q.Wait(rec.pProd[e].seq)
+				if err := c.check(); err != nil {
+					return err
+				}
+			}
 			s := rec.pSlot[e]
 			if occ.Word(s) != rec.pWord[e] {
 				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
@@ -1116,7 +1129,7 @@ func (c *Cache) commitDeferred(segs []seg) error {
 				c.dev.FreeHost(c.chunk)
 			}
 			var err error
-			if c.chunk, err = c.dev.AllocHost(min(per, max(int(s.n), 64))*rb); err != nil {
+			if c.chunk, err = c.dev.AllocHost(min(per, max(int(s.n), 64)) * rb); err != nil {
 				c.chunk = nil
 				return err
 			}

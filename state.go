@@ -30,6 +30,7 @@ type keyState struct {
 // pins counts step records and readers. It is released when both are 0.
 type producer struct {
 	id       uint64
+	seq      uint64 // committer queue sequence once handed over (immediate)
 	deferred bool
 	owners   int32
 	pins     int32
@@ -74,6 +75,7 @@ const (
 	srcAbsent
 	srcMirror
 	srcProducer
+	srcJoin
 )
 
 // stepRec is a saved step until Materialize or Discard consumes it.

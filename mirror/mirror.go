@@ -22,9 +22,9 @@
 //	             │
 //	             └─► chunk: row 0 | row 1 | ... | row rowsPerChunk-1
 //
-// A leaf has at least 1024 entries; it grows (by powers of two) only for
-// mirrors of more than a million chunks, so that the top level never exceeds
-// 1024 pointers. New therefore costs two small allocations whatever the
+// A leaf covers 1024 chunks (the last leaf only the chunks that exist);
+// only mirrors of more than a million chunks get wider leaves (by powers of
+// two), so that the top level never exceeds 1024 pointers. New therefore costs two small allocations whatever the
 // mirror's size, and touches no row memory. Because rowsPerChunk is always a
 // power of two, locating a row is two shifts, two masks and one multiply:
 // no division on any path.

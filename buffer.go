@@ -72,7 +72,6 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		c.buf.ids = append(c.buf.ids[:0], c.cur.ids...)
 		c.mu.Lock()
 		p.owners = 1
-		c.prod[p.id] = p
 		c.mu.Unlock()
 	}
 	p, j := c.buf.p, c.buf.k
@@ -85,7 +84,6 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 	p.slots = append(p.slots, c.cur.slots...)
 	c.mu.Lock()
 	for _, k := range c.imm {
-		c.keys[k].occ.Claim(c.cur.slots, p.id, uint32(j*n))
 		rec.src[k], rec.srcOff[k] = p, int32(j*n)
 	}
 	rec.pin(p)

@@ -370,7 +370,13 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		c.mu.Unlock()
 		return 0, err
 	}
-	c.planHits(rec)
+	if len(c.cur.hitReq) > 0 {
+		// Immediate rows are read after joining every write handed over so
+		// far; a row owned by a later write was reassigned after planning.
+		rec.joinSeq = c.q.Pushed()
+		rec.maxOwner = c.nextID
+		c.planHits(rec)
+	}
 	c.mu.Lock()
 	c.steps = append(c.steps, rec)
 	c.mu.Unlock()
@@ -524,11 +530,9 @@ func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
 	p.slots = append(p.slots[:0], c.cur.slots...)
 	c.mu.Lock()
 	for _, k := range c.imm {
-		c.keys[k].occ.Claim(p.slots, p.id, 0)
 		rec.src[k], rec.srcOff[k] = p, 0
 	}
 	p.owners = 1
-	c.prod[p.id] = p
 	rec.pin(p)
 	c.mu.Unlock()
 	p.seq = c.q.Push(task{p: p, ev: p.ev})
@@ -639,31 +643,30 @@ func (c *Cache) planHits(rec *stepRec) {
 		blocks := c.reqs.HitBlocks(h)
 		for k := range c.keys {
 			occ := c.keys[k].occ
+			deferred := c.keys[k].Deferred
 			for t := 0; t < ht; t++ {
 				s := blocks[t/c.bs]*int32(c.bs) + int32(t%c.bs)
-				w := occ.Word(s)
-				st, owner := soa.Unpack(w)
-				kind, row := uint8(srcMirror), uint32(0)
+				kind, row, w := uint8(srcJoin), uint32(0), uint64(0)
 				var pp *producer
-				switch st {
-				case soa.Absent:
-					kind = srcAbsent
-					if c.keys[k].Optional {
-						kind = srcZero
-					}
-				case soa.InTransit:
-					pp = c.prod[owner]
-					if pp == nil {
-						panic("omnicache: in-transit slot without its producer")
-					}
-					if pp.deferred {
+				if deferred {
+					w = occ.Word(s)
+					st, owner := soa.Unpack(w)
+					switch st {
+					case soa.Absent:
+						kind = srcAbsent
+						if c.keys[k].Optional {
+							kind = srcZero
+						}
+					case soa.Committed:
+						kind = srcMirror
+					case soa.InTransit:
 						// pending deferred rows: read the device clone
+						pp = c.prod[owner]
+						if pp == nil {
+							panic("omnicache: in-transit slot without its producer")
+						}
 						kind, row = srcProducer, occ.Row(s)
 						rec.pin(pp)
-					} else {
-						// a queued write: join it, then read the mirror
-						// (no page is held on the reader's behalf)
-						kind, w = srcJoin, soa.Pack(soa.Committed, owner)
 					}
 				}
 				rec.pKind = append(rec.pKind, kind)
@@ -804,6 +807,7 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 	rb := c.rowB[k]
 	occ := c.keys[k].occ
+	joined := false
 	for t := 0; t < pre; t++ {
 		e := base + t
 		d := out[t*rb : (t+1)*rb]
@@ -812,13 +816,31 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			clear(d)
 		case srcAbsent:
 			return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, rec.pSlot[e])
-		case srcJoin, srcMirror:
-			if rec.pKind[e] == srcJoin {
-				c.q.Wait(rec.pProd[e].seq)
+		case srcJoin:
+			if !joined {
+				c.q.Wait(rec.joinSeq)
 				if err := c.check(); err != nil {
 					return err
 				}
+				joined = true
 			}
+			s := rec.pSlot[e]
+			w := occ.Word(s)
+			st, owner := soa.Unpack(w)
+			switch {
+			case owner > rec.maxOwner || st == soa.InTransit:
+				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			case st == soa.Absent && c.keys[k].Optional:
+				clear(d)
+				continue
+			case st == soa.Absent:
+				return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, s)
+			}
+			c.keys[k].mir.Load().ReadRow(d, s)
+			if occ.Word(s) != w {
+				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			}
+		case srcMirror:
 			s := rec.pSlot[e]
 			if occ.Word(s) != rec.pWord[e] {
 				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
@@ -1033,7 +1055,7 @@ func (c *Cache) commitLoop() {
 		}
 		c.mu.Lock()
 		if t.p != nil {
-			if c.unrefLocked(t.p, 0, 1) {
+			if c.unrefLocked(t.p, 0, 1) && !t.p.deferred {
 				rel = append(rel, t.p)
 			}
 		}
@@ -1107,10 +1129,13 @@ func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
 			if rows == nil {
 				rows = p.staged[j*len(c.imm)+ki]
 			}
-			mk := c.masked(occ, sl, p.id)
-			m.Write(mk, rows[:p.n*c.rowB[k]])
-			c.st.bytes.Add(int64(p.n * c.rowB[k]))
+			// Immediate keys are claimed here, in write order: a reader
+			// that sees the word change around its copy knows the row moved.
+			occ.Claim(sl, p.id, 0)
+			m.Write(sl, rows[:p.n*c.rowB[k]])
 			occ.Commit(sl, p.id)
+			c.st.rows.Add(int64(p.n))
+			c.st.bytes.Add(int64(p.n * c.rowB[k]))
 		}
 	}
 	return nil

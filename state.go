@@ -97,6 +97,10 @@ type stepRec struct {
 	pProd []*producer
 	pRow  []uint32
 	lastQ int // search hint for request lookup
+	// immediate-key hit reads join the committer up to joinSeq; a row
+	// whose owner is newer than maxOwner was reassigned after planning.
+	joinSeq  uint64
+	maxOwner uint64
 }
 
 func (s *stepRec) reset() {

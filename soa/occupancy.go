@@ -73,7 +73,12 @@ func (o *Occupancy) Claim(slots []int32, owner uint64, firstRow uint32) (stolen 
 			continue
 		}
 		row[s] = firstRow + uint32(i)
-		old := atomic.SwapUint64(&word[s], claimed)
+		// Load + Store rather than Swap: only the claiming goroutine stores
+		// InTransit, and a Commit racing between the two only flips a word
+		// this store then overwrites, which is the steal it is meant to be.
+		// Both are plain MOVs on amd64 (a Swap is a locked XCHG).
+		old := atomic.LoadUint64(&word[s])
+		atomic.StoreUint64(&word[s], claimed)
 		if old&stateMask == uint64(InTransit) && old != claimed {
 			stolen++
 		}
@@ -90,7 +95,8 @@ func (o *Occupancy) ClaimRow(s int32, owner uint64, row uint32) (stolen bool) {
 	}
 	claimed := Pack(InTransit, owner)
 	o.row[s] = row
-	old := atomic.SwapUint64(&o.word[s], claimed)
+	old := atomic.LoadUint64(&o.word[s])
+	atomic.StoreUint64(&o.word[s], claimed)
 	return old&stateMask == uint64(InTransit) && old != claimed
 }
 

@@ -92,6 +92,13 @@ func (q *Queue[T]) Drain() {
 	q.Wait(seq)
 }
 
+// Pushed is the sequence number of the last item pushed.
+func (q *Queue[T]) Pushed() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pushed
+}
+
 // Pending is the number of items pushed and not yet processed.
 func (q *Queue[T]) Pending() int {
 	q.mu.Lock()

@@ -515,6 +515,31 @@ func (h *harness) trySave(o *omnicache.Outputs) (omnicache.StepID, error) {
 		id, err := h.c.Save(o)
 		return saveResult{id, err}
 	})
+	return h.afterSave(o, r)
+}
+
+// saveAsync starts Save on another goroutine (which then is the engine
+// goroutine for that call) and returns a join that fails the test if the
+// Save has not returned within the deadline, and does trySave's
+// bookkeeping.
+func (h *harness) saveAsync(o *omnicache.Outputs) (done <-chan struct{}, join func() (omnicache.StepID, error)) {
+	d := make(chan struct{})
+	var r saveResult
+	go func() {
+		id, err := h.c.Save(o)
+		r = saveResult{id, err}
+		close(d)
+	}()
+	join = func() (omnicache.StepID, error) {
+		h.t.Helper()
+		guard(h.t, h.prefix()+"Save", func() struct{} { <-d; return struct{}{} })
+		return h.afterSave(o, r)
+	}
+	return d, join
+}
+
+func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepID, error) {
+	h.t.Helper()
 	ps := h.pending
 	h.pending = nil
 	if r.err != nil {

@@ -64,6 +64,8 @@ type Cache struct {
 	defSeq   uint64
 	prevIDs  []int64
 	prevH    []soa.Handle
+	stamp    []uint64 // per handle: last Begin that scheduled it (duplicate check)
+	stampGen uint64
 	firstReq bool
 
 	// committer state
@@ -206,7 +208,9 @@ func (c *Cache) Begin(p *Plan) error {
 	if err := c.check(); err != nil {
 		return err
 	}
-	c.begun = false
+	if c.begun {
+		return fmt.Errorf("%w: Begin twice without Save (the begun step stays begun)", ErrSequence)
+	}
 	n := len(p.IDs)
 	if len(p.Rows) != n || len(p.Start) != n || len(p.Count) != n {
 		return fmt.Errorf("%w: %d ids, %d rows, %d starts, %d counts", ErrPlan, n, len(p.Rows), len(p.Start), len(p.Count))
@@ -297,11 +301,20 @@ func (c *Cache) Begin(p *Plan) error {
 		c.cur.h = append(c.cur.h[:0], c.prevH...)
 	} else {
 		c.cur.h = c.cur.h[:0]
+		c.stampGen++
 		for _, id := range p.IDs {
 			h, ok := c.reqs.Lookup(id)
 			if !ok {
 				h, _ = c.reqs.Add(id, 0, nil)
 			}
+			for int(h) >= len(c.stamp) {
+				c.stamp = append(c.stamp, 0)
+			}
+			if c.stamp[h] == c.stampGen {
+				c.prevIDs = c.prevIDs[:0]
+				return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, id)
+			}
+			c.stamp[h] = c.stampGen
 			c.cur.h = append(c.cur.h, h)
 		}
 		for i, h := range c.cur.h {
@@ -388,15 +401,12 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 // published).
 func (c *Cache) newRec() *stepRec {
 	var r *stepRec
+	c.mu.Lock()
 	if k := len(c.recFree); k > 0 {
-		c.mu.Lock()
-		k = len(c.recFree)
-		if k > 0 {
-			r = c.recFree[k-1]
-			c.recFree = c.recFree[:k-1]
-		}
-		c.mu.Unlock()
+		r = c.recFree[k-1]
+		c.recFree = c.recFree[:k-1]
 	}
+	c.mu.Unlock()
 	if r == nil {
 		r = &stepRec{}
 	}
@@ -964,19 +974,24 @@ func (c *Cache) Close() error {
 	c.pages.Close()
 	c.mu.Lock()
 	var rel []*producer
+	seen := map[*producer]bool{}
+	add := func(p *producer) {
+		if p != nil && !seen[p] {
+			seen[p] = true
+			rel = append(rel, p)
+		}
+	}
 	for _, r := range c.steps {
 		for _, p := range r.pins {
-			p.pins--
+			add(p)
 		}
 		r.pins = r.pins[:0]
 	}
 	c.steps = nil
 	for _, p := range c.prod {
-		rel = append(rel, p)
+		add(p)
 	}
-	if c.buf.p != nil && c.prod[c.buf.p.id] == nil {
-		rel = append(rel, c.buf.p)
-	}
+	add(c.buf.p)
 	c.prod = map[uint64]*producer{}
 	c.mu.Unlock()
 	for _, p := range rel {

@@ -67,7 +67,7 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		p.host = grow(p.host, m)
 		p.dev = grow(p.dev, m)
 		p.staged = grow(p.staged, m)
-		p.slots = make([]int32, 0, c.bs*n)
+		p.slots = p.slots[:0]
 		c.buf.p = p
 		c.buf.ids = append(c.buf.ids[:0], c.cur.ids...)
 		c.mu.Lock()

@@ -551,7 +551,12 @@ func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
 }
 
 func (c *Cache) newProducer(pg *writer.Page, n int) *producer {
-	p := &producer{id: c.newID(), page: pg, n: n}
+	p, _ := producerPool.Get().(*producer)
+	if p == nil {
+		p = &producer{}
+	}
+	host, dev, staged, sl, early := p.host[:0], p.dev[:0], p.staged[:0], p.slots[:0], p.early[:0]
+	*p = producer{id: c.newID(), page: pg, n: n, host: host, dev: dev, staged: staged, slots: sl, early: early}
 	return p
 }
 
@@ -580,7 +585,16 @@ func (c *Cache) releaseProducer(p *producer) {
 	p.buf = gpu.Buffer{}
 	c.budget.Release(p.charge)
 	p.charge = 0
+	if !p.deferred {
+		clear(p.host)
+		clear(p.staged)
+		producerPool.Put(p)
+	}
 }
+
+// producerPool recycles immediate producers (and their slices) once nothing
+// references them, so steady-state steps allocate nothing.
+var producerPool sync.Pool
 
 // unref drops pins (and owner refs) under the state lock and releases the
 // producer when nothing references it. Caller holds c.mu.

@@ -1,40 +1,1212 @@
 package omnicache
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
-var errTODO = errors.New("omnicache: not implemented yet")
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/mirror"
+	"github.com/omnicache/omnicache/slots"
+	"github.com/omnicache/omnicache/soa"
+	"github.com/omnicache/omnicache/writer"
+)
 
-// Cache is the prefix-cache core. See the package doc for the contract.
-type Cache struct{}
+// request flags (soa.Requests.Flags)
+const flagHitPending = 1
 
-// New creates a cache. It allocates no mirror memory: the mirror of a key is
-// created lazily when the key first writes.
-func New(cfg Config) (*Cache, error) { return nil, errTODO }
+// Cache is the prefix-cache core. See the package doc for the contract and
+// which goroutine may call what.
+type Cache struct {
+	cfg    Config
+	dev    gpu.Device
+	bs     int
+	cap    int // rows per staging page
+	nslots int
+	keys   []keyState
+	imm    []int // indices of immediate keys
+	def    []int // indices of deferred keys
+	rowB   []int // row bytes per key
+	pageB  int   // bytes of one page
+	pageO  []int // per key: offset of its region in a page (immediate keys)
 
-// Begin registers a step plan. Engine goroutine only.
-func (c *Cache) Begin(p *Plan) error { return errTODO }
+	pages  *writer.Pages
+	budget *writer.Budget
+	q      *writer.Queue[task]
+	done   chan struct{}
 
-// Save hands in the step's outputs and returns its step id. Engine goroutine only.
-func (c *Cache) Save(o *Outputs) (StepID, error) { return 0, errTODO }
+	// mu is the state lock: producers, step records and the pins/owners of
+	// producers. It is never held across a copy, a wait or a budget flush.
+	mu      sync.Mutex
+	prod    map[uint64]*producer
+	steps   []*stepRec // outstanding (saved, not consumed)
+	recFree []*stepRec
 
-// Materialize fills dst with the rows of reqs for step id and consumes the id.
-func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error { return errTODO }
+	failed atomic.Pointer[error]
+	closed atomic.Bool
 
-// Discard consumes step id without reading it.
-func (c *Cache) Discard(id StepID) error { return errTODO }
+	// engine goroutine state (Begin/Save/Sync/Close only)
+	nextID   uint64
+	nextStep StepID
+	begun    bool
+	reqs     *soa.Requests
+	cur      curStep
+	buf      decodeBuf
+	segs     segTable
+	defOpen  []uint64 // per handle: sequence of its open deferred write (0: none)
+	defFIFO  []openRef
+	defSeq   uint64
+	prevIDs  []int64
+	prevH    []soa.Handle
+	stamp    []uint64 // per handle: last Begin that scheduled it (duplicate check)
+	stampGen uint64
+	firstReq bool
+
+	// committer state
+	mask  []int32
+	chunk []byte
+
+	st statCounters
+}
+
+type curStep struct {
+	ids    []int64
+	h      []soa.Handle
+	count  []int32
+	slots  []int32
+	ntok   int
+	pure   bool
+	hitReq []int32 // positions in the batch of requests whose hit prefix is served this step
+}
+
+type openRef struct {
+	h   soa.Handle
+	seq uint64
+}
+
+type statCounters struct {
+	steps, tasks, rows, bytes, skipped, buffered, flushes, defWrites, budgetFlushes atomic.Int64
+	hitReqs, hitToks, hitRows, commitNs, cloned                                     atomic.Int64
+}
+
+// New creates a cache. It allocates no mirror memory and no staging memory:
+// a key's mirror is created when the key first writes, a staging page's
+// memory when the page is first used.
+func New(cfg Config) (*Cache, error) {
+	if cfg.NumBlocks <= 0 || cfg.BlockSize <= 0 {
+		return nil, fmt.Errorf("%w: %d blocks of %d tokens", ErrConfig, cfg.NumBlocks, cfg.BlockSize)
+	}
+	if int64(cfg.NumBlocks)*int64(cfg.BlockSize) > 1<<31-1 {
+		return nil, fmt.Errorf("%w: %d×%d slots overflow int32", ErrConfig, cfg.NumBlocks, cfg.BlockSize)
+	}
+	if len(cfg.Keys) == 0 {
+		return nil, fmt.Errorf("%w: no keys", ErrConfig)
+	}
+	if cfg.StagingDepth == 0 {
+		cfg.StagingDepth = DefaultStagingDepth
+	}
+	if cfg.StagingCapacityTokens == 0 {
+		cfg.StagingCapacityTokens = DefaultStagingCapacityTokens
+	}
+	if cfg.StagingClaimTimeout == 0 {
+		cfg.StagingClaimTimeout = DefaultStagingClaimTimeout
+	}
+	if cfg.DeviceBudgetBytes == 0 {
+		cfg.DeviceBudgetBytes = DefaultDeviceBudgetBytes
+	}
+	if cfg.DeferredChunkBytes == 0 {
+		cfg.DeferredChunkBytes = DefaultDeferredChunkBytes
+	}
+	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 {
+		return nil, fmt.Errorf("%w: negative staging depth, capacity, budget or chunk", ErrConfig)
+	}
+	c := &Cache{
+		cfg:    cfg,
+		dev:    cfg.Device,
+		bs:     cfg.BlockSize,
+		cap:    cfg.StagingCapacityTokens,
+		nslots: cfg.NumBlocks * cfg.BlockSize,
+		keys:   make([]keyState, len(cfg.Keys)),
+		rowB:   make([]int, len(cfg.Keys)),
+		pageO:  make([]int, len(cfg.Keys)),
+		prod:   make(map[uint64]*producer),
+		reqs:   soa.NewRequests(64),
+		done:   make(chan struct{}),
+	}
+	if c.dev == nil {
+		c.dev = gpu.NewHost()
+	}
+	seen := make(map[string]bool, len(cfg.Keys))
+	for i, k := range cfg.Keys {
+		if k.RowBytes <= 0 {
+			return nil, fmt.Errorf("%w: key %q has %d row bytes", ErrConfig, k.Name, k.RowBytes)
+		}
+		if seen[k.Name] {
+			return nil, fmt.Errorf("%w: duplicate key name %q", ErrConfig, k.Name)
+		}
+		seen[k.Name] = true
+		ks := &c.keys[i]
+		ks.Key, ks.idx, ks.imm = k, i, -1
+		ks.occ = soa.NewOccupancy(c.nslots)
+		c.rowB[i] = k.RowBytes
+		if k.Deferred {
+			c.def = append(c.def, i)
+		} else {
+			ks.imm = len(c.imm)
+			c.imm = append(c.imm, i)
+			c.pageO[i] = c.pageB
+			c.pageB += c.cap * k.RowBytes
+		}
+	}
+	c.pages = writer.NewPages(cfg.StagingDepth)
+	c.budget = writer.NewBudget(cfg.DeviceBudgetBytes)
+	c.q = writer.NewQueue[task](2 * cfg.StagingDepth)
+	go pprof.Do(context.Background(), pprof.Labels("omnicache", "committer"), func(context.Context) { c.commitLoop() })
+	return c, nil
+}
+
+// ---- errors and small helpers ----
+
+func (c *Cache) check() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	if p := c.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail makes err sticky (the first failure wins) and returns the sticky error.
+func (c *Cache) fail(err error) error {
+	e := fmt.Errorf("%w: %w", ErrWriteFailed, err)
+	c.failed.CompareAndSwap(nil, &e)
+	return *c.failed.Load()
+}
+
+func (c *Cache) newID() uint64 { c.nextID++; return c.nextID }
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n, n+n/4)
+	}
+	return s[:n]
+}
+
+// ---- Begin ----
+
+// Begin registers a step plan: it validates hits, processes finished,
+// preempted and resumed requests, registers arrivals and maps the batch to
+// slots. Engine goroutine only; the plan is borrowed for the call.
+func (c *Cache) Begin(p *Plan) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if c.begun {
+		return fmt.Errorf("%w: Begin twice without Save (the begun step stays begun)", ErrSequence)
+	}
+	n := len(p.IDs)
+	if len(p.Rows) != n || len(p.Start) != n || len(p.Count) != n {
+		return fmt.Errorf("%w: %d ids, %d rows, %d starts, %d counts", ErrPlan, n, len(p.Rows), len(p.Start), len(p.Count))
+	}
+	if len(p.HitTokens) != len(p.Arrivals) {
+		return fmt.Errorf("%w: %d arrivals, %d hit lengths", ErrPlan, len(p.Arrivals), len(p.HitTokens))
+	}
+	used := 0
+	for i, ht := range p.HitTokens {
+		if ht < 0 {
+			return fmt.Errorf("%w: request %d: negative hit length %d", ErrPlan, p.Arrivals[i], ht)
+		}
+		if int(ht)%c.bs != 0 {
+			return fmt.Errorf("%w: request %d: %d hit tokens, block size %d", ErrUnalignedHit, p.Arrivals[i], ht, c.bs)
+		}
+		nb := int(ht) / c.bs
+		if used+nb > len(p.HitBlocks) {
+			return fmt.Errorf("%w: request %d hits %d tokens but %d block ids remain", ErrHitBlocks, p.Arrivals[i], ht, len(p.HitBlocks)-used)
+		}
+		for _, b := range p.HitBlocks[used : used+nb] {
+			if b < 0 || int(b) >= c.cfg.NumBlocks {
+				return fmt.Errorf("%w: request %d: hit block %d outside [0,%d)", ErrPlan, p.Arrivals[i], b, c.cfg.NumBlocks)
+			}
+		}
+		used += nb
+	}
+	if used != len(p.HitBlocks) {
+		return fmt.Errorf("%w: %d block ids left over after the arrivals' hits", ErrHitBlocks, len(p.HitBlocks)-used)
+	}
+	ntok := 0
+	pure := !c.cfg.DisableDecodeBuffer && n > 0 && len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
+		len(p.Preempted) == 0 && len(p.Resumed) == 0
+	for i, cnt := range p.Count {
+		ntok += int(cnt)
+		if cnt != 1 {
+			pure = false
+		}
+		if p.Start[i] < 0 || cnt < 0 {
+			return fmt.Errorf("%w: request %d: start %d, count %d", ErrPlan, p.IDs[i], p.Start[i], cnt)
+		}
+	}
+	c.cur.slots = grow(c.cur.slots, ntok)
+	if _, err := slots.Map(c.cur.slots, slots.Batch{Rows: p.Rows, Start: p.Start, Count: p.Count, Table: p.Table, Stride: p.Stride}, c.bs); err != nil {
+		return fmt.Errorf("%w: %w", ErrPlan, err)
+	}
+	for _, s := range c.cur.slots {
+		if s < 0 || int(s) >= c.nslots {
+			return fmt.Errorf("%w: slot %d outside [0,%d): block table names a block beyond NumBlocks", ErrPlan, s, c.nslots)
+		}
+	}
+	same := slices.Equal(p.IDs, c.prevIDs)
+	if pure && c.buf.k > 0 && !slices.Equal(p.IDs, c.buf.ids) {
+		pure = false
+	}
+	// Anything but a buffered decode step writes the buffer first, before
+	// hits are registered, finishes escalate or blocks are reused.
+	if !pure && c.buf.k > 0 {
+		if err := c.flushBuffer(); err != nil {
+			return err
+		}
+	}
+	for _, id := range p.Finished {
+		if h, ok := c.reqs.Lookup(id); ok {
+			c.closeDeferred(h)
+			c.reqs.Remove(h)
+			same = false
+		}
+	}
+	c.flushDeferred()
+	used = 0
+	for i, id := range p.Arrivals {
+		ht := p.HitTokens[i]
+		nb := int(ht) / c.bs
+		blocks := p.HitBlocks[used : used+nb]
+		used += nb
+		h, fresh := c.reqs.Add(id, ht, blocks)
+		if fresh {
+			same = false
+			if ht > 0 {
+				c.reqs.Flags[c.reqs.Pos(h)] |= flagHitPending
+			}
+		}
+	}
+	c.cur.ids = append(c.cur.ids[:0], p.IDs...)
+	c.cur.count = append(c.cur.count[:0], p.Count...)
+	c.cur.hitReq = c.cur.hitReq[:0]
+	if same {
+		c.cur.h = append(c.cur.h[:0], c.prevH...)
+	} else {
+		c.cur.h = c.cur.h[:0]
+		c.stampGen++
+		for _, id := range p.IDs {
+			h, ok := c.reqs.Lookup(id)
+			if !ok {
+				h, _ = c.reqs.Add(id, 0, nil)
+			}
+			for int(h) >= len(c.stamp) {
+				c.stamp = append(c.stamp, 0)
+			}
+			if c.stamp[h] == c.stampGen {
+				c.prevIDs = c.prevIDs[:0]
+				return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, id)
+			}
+			c.stamp[h] = c.stampGen
+			c.cur.h = append(c.cur.h, h)
+		}
+		for i, h := range c.cur.h {
+			if c.reqs.Flags[c.reqs.Pos(h)]&flagHitPending != 0 {
+				c.cur.hitReq = append(c.cur.hitReq, int32(i))
+			}
+		}
+		c.prevIDs = append(c.prevIDs[:0], p.IDs...)
+		c.prevH = append(c.prevH[:0], c.cur.h...)
+	}
+	c.cur.ntok = ntok
+	c.cur.pure = pure
+	c.begun = true
+	return nil
+}
+
+// ---- Save ----
+
+// Save hands in the step's outputs and returns its step id. Immediate rows
+// of the whole step form one write (or are parked by the decode buffer);
+// deferred rows are cloned and stay pending until their request finishes.
+// Engine goroutine only; the outputs are borrowed for the call (owned
+// tensors are kept).
+func (c *Cache) Save(o *Outputs) (StepID, error) {
+	if err := c.check(); err != nil {
+		return 0, err
+	}
+	if !c.begun {
+		return 0, fmt.Errorf("%w: Save without Begin", ErrSequence)
+	}
+	c.begun = false
+	n := c.cur.ntok
+	if o.Tokens != n {
+		return 0, fmt.Errorf("%w: outputs carry %d tokens, the plan scheduled %d", ErrTokenCount, o.Tokens, n)
+	}
+	if len(o.Tensors) != len(c.keys) {
+		return 0, fmt.Errorf("%w: %d tensors for %d keys", ErrOutputs, len(o.Tensors), len(c.keys))
+	}
+	for k := range o.Tensors {
+		t := &o.Tensors[k]
+		need := n * c.rowB[k]
+		have := t.Dev.Size
+		if t.Host != nil {
+			have = len(t.Host)
+		}
+		if t.Rows < n || have < need {
+			return 0, fmt.Errorf("%w: key %q: %d rows (%d bytes) for %d tokens of %d bytes", ErrOutputs, c.keys[k].Name, t.Rows, have, n, c.rowB[k])
+		}
+	}
+	if n > c.cap {
+		return 0, fmt.Errorf("%w: %d tokens, a page holds %d", ErrStepTooLarge, n, c.cap)
+	}
+	rec := c.newRec()
+	var err error
+	if c.cur.pure {
+		err = c.park(o, rec)
+	} else {
+		err = c.writeStep(o, rec)
+	}
+	if err == nil {
+		err = c.saveDeferred(o, rec)
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.dropRec(rec)
+		c.mu.Unlock()
+		return 0, err
+	}
+	if len(c.cur.hitReq) > 0 {
+		// Immediate rows are read after joining every write handed over so
+		// far; a row owned by a later write was reassigned after planning.
+		rec.joinSeq = c.q.Pushed()
+		rec.maxOwner = c.nextID
+		c.planHits(rec)
+	}
+	c.mu.Lock()
+	c.steps = append(c.steps, rec)
+	c.mu.Unlock()
+	c.st.steps.Add(1)
+	return rec.id, nil
+}
+
+// newRec prepares the step record of the step being saved (not yet
+// published).
+func (c *Cache) newRec() *stepRec {
+	var r *stepRec
+	c.mu.Lock()
+	if k := len(c.recFree); k > 0 {
+		r = c.recFree[k-1]
+		c.recFree = c.recFree[:k-1]
+	}
+	c.mu.Unlock()
+	if r == nil {
+		r = &stepRec{}
+	}
+	r.reset()
+	c.nextStep++
+	r.id = c.nextStep
+	r.src = grow(r.src, len(c.keys))
+	r.srcOff = grow(r.srcOff, len(c.keys))
+	off := int32(0)
+	for i, id := range c.cur.ids {
+		r.ids = append(r.ids, id)
+		cnt := c.cur.count[i]
+		r.count = append(r.count, cnt)
+		r.tokOff = append(r.tokOff, off)
+		r.prefix = append(r.prefix, 0)
+		off += cnt
+	}
+	return r
+}
+
+// claimPage takes a staging page, waiting up to the claim timeout; the
+// timeout error names the step ids that hold pages.
+func (c *Cache) claimPage() (*writer.Page, error) {
+	pg, err := c.pages.Claim(c.cfg.StagingClaimTimeout)
+	if err == nil {
+		if pg.Mem == nil {
+			if pg.Mem, err = c.dev.AllocHost(c.pageB); err != nil {
+				c.pages.Release(pg)
+				return nil, fmt.Errorf("%w: staging page: %w", ErrWriteFailed, err)
+			}
+		}
+		return pg, nil
+	}
+	if errors.Is(err, writer.ErrClosed) {
+		return nil, ErrClosed
+	}
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.steps))
+	for _, r := range c.steps {
+		ids = append(ids, fmt.Sprint(r.id))
+	}
+	c.mu.Unlock()
+	return nil, fmt.Errorf("%w: %d pages held after %v; unconsumed step ids: [%s]", ErrStagingTimeout, c.cfg.StagingDepth, max(c.cfg.StagingClaimTimeout, 0), strings.Join(ids, " "))
+}
+
+// stage puts rows of tensor t (key k) for parked step j of producer p:
+// host rows are copied into the page (or kept when owned); device rows are
+// cloned (kept when owned) and, when copyNow, copied device→host into the
+// page right away.
+func (c *Cache) stage(p *producer, t *Tensor, k, j int, copyNow bool) error {
+	ks := &c.keys[k]
+	rb := c.rowB[k]
+	n := p.n
+	nb := n * rb
+	slot := j*len(c.imm) + ks.imm
+	region := p.page.Mem[c.pageO[k]+j*nb : c.pageO[k]+(j+1)*nb : c.pageO[k]+(j+1)*nb]
+	if t.Host != nil {
+		if t.Owned {
+			p.host[slot] = t.Host[:nb:nb]
+		} else {
+			copy(region, t.Host[:nb])
+			p.host[slot] = region
+			c.st.cloned.Add(int64(nb))
+		}
+		return nil
+	}
+	src := t.Dev
+	if !t.Owned {
+		// The caller reserved the clone's bytes (deviceNeed).
+		clone, err := c.dev.Alloc(nb)
+		if err != nil {
+			return c.fail(err)
+		}
+		if copyNow {
+			p.early = append(p.early, clone)
+		} else {
+			p.dev[slot] = clone
+		}
+		if err := c.dev.CopyDtoD(clone, 0, t.Dev, 0, nb); err != nil {
+			return c.fail(err)
+		}
+		c.st.cloned.Add(int64(nb))
+		src = clone
+	} else if !copyNow {
+		p.dev[slot] = src
+		p.own = true
+	}
+	if copyNow {
+		if err := c.dev.CopyDtoH(region, src, 0); err != nil {
+			return c.fail(err)
+		}
+		p.host[slot] = region
+	} else {
+		p.staged[slot] = region
+	}
+	return nil
+}
+
+// writeStep writes a whole step's immediate rows as one task.
+func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
+	if len(c.imm) == 0 {
+		return nil
+	}
+	need := c.deviceNeed(o)
+	if need > 0 {
+		if err := c.reserve(need); err != nil {
+			return err
+		}
+	}
+	pg, err := c.claimPage()
+	if err != nil {
+		c.budget.Release(need)
+		return err
+	}
+	p := c.newProducer(pg, c.cur.ntok)
+	p.earlyB = need
+	p.host = grow(p.host, len(c.imm))
+	p.dev = grow(p.dev, len(c.imm))
+	p.staged = grow(p.staged, len(c.imm))
+	for _, k := range c.imm {
+		if err := c.stage(p, &o.Tensors[k], k, 0, true); err != nil {
+			c.releaseProducer(p)
+			return err
+		}
+	}
+	if p.ev, err = c.dev.Record(); err != nil {
+		c.releaseProducer(p)
+		return c.fail(err)
+	}
+	p.steps = 1
+	p.slots = append(p.slots[:0], c.cur.slots...)
+	c.mu.Lock()
+	for _, k := range c.imm {
+		rec.src[k], rec.srcOff[k] = p, 0
+	}
+	p.owners = 1
+	rec.pin(p)
+	c.mu.Unlock()
+	p.seq = c.q.Push(task{p: p, ev: p.ev})
+	c.st.tasks.Add(1)
+	return nil
+}
+
+func (c *Cache) newProducer(pg *writer.Page, n int) *producer {
+	p, _ := producerPool.Get().(*producer)
+	if p == nil {
+		p = &producer{}
+	}
+	host, dev, staged, sl, early := p.host[:0], p.dev[:0], p.staged[:0], p.slots[:0], p.early[:0]
+	*p = producer{id: c.newID(), page: pg, n: n, host: host, dev: dev, staged: staged, slots: sl, early: early}
+	return p
+}
+
+// releaseProducer frees what a producer holds; the caller has made sure no
+// one references it.
+func (c *Cache) releaseProducer(p *producer) {
+	if p.page != nil {
+		c.pages.Release(p.page)
+		p.page = nil
+	}
+	for _, b := range p.early {
+		c.dev.Free(b)
+	}
+	p.early = nil
+	c.budget.Release(p.earlyB)
+	p.earlyB = 0
+	for i, b := range p.dev {
+		if !b.IsZero() && !p.own {
+			c.dev.Free(b)
+		}
+		p.dev[i] = gpu.Buffer{}
+	}
+	if p.deferred && !p.own && !p.buf.IsZero() {
+		c.dev.Free(p.buf)
+	}
+	p.buf = gpu.Buffer{}
+	c.budget.Release(p.charge)
+	p.charge = 0
+	if !p.deferred {
+		clear(p.host)
+		clear(p.staged)
+		producerPool.Put(p)
+	}
+}
+
+// producerPool recycles immediate producers (and their slices) once nothing
+// references them, so steady-state steps allocate nothing.
+var producerPool sync.Pool
+
+// unref drops pins (and owner refs) under the state lock and releases the
+// producer when nothing references it. Caller holds c.mu.
+func (c *Cache) unrefLocked(p *producer, pins, owners int32) (release bool) {
+	p.pins -= pins
+	p.owners -= owners
+	if owners > 0 && p.owners == 0 {
+		delete(c.prod, p.id)
+	}
+	if p.pins < 0 || p.owners < 0 {
+		panic("omnicache: producer reference count below zero")
+	}
+	return p.pins == 0 && p.owners == 0
+}
+
+// reserve charges n device bytes, forcing the oldest pending writes out
+// while the charge would exceed the budget. Engine goroutine.
+func (c *Cache) reserve(n int64) error {
+	for {
+		ok, err := c.budget.TryReserve(n)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBudget, err)
+		}
+		if ok {
+			return nil
+		}
+		c.st.budgetFlushes.Add(1)
+		switch {
+		case c.buf.k > 0 && c.buf.p != nil && c.buf.p.charge > 0:
+			if err := c.flushBuffer(); err != nil {
+				return err
+			}
+		case c.forceOldestDeferred():
+		case c.q.Pending() > 0:
+			c.q.Drain()
+		default:
+			ch, _ := c.budget.Charged()
+			return fmt.Errorf("%w: %d bytes wanted, %d of %d held by unconsumed steps", ErrBudget, n, ch, c.budget.Limit())
+		}
+		if err := c.check(); err != nil {
+			return err
+		}
+	}
+}
+
+// ---- hits ----
+
+// planHits plans the prefix reads of requests whose hit is served in this
+// step. Runs after this step's claims, so a hit on blocks this step writes
+// reads this step's rows. Under the state lock; no data moves.
+func (c *Cache) planHits(rec *stepRec) {
+	if len(c.cur.hitReq) == 0 {
+		return
+	}
+	rec.planOff = grow(rec.planOff, len(rec.ids))
+	for i := range rec.planOff {
+		rec.planOff[i] = -1
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, i := range c.cur.hitReq {
+		h := c.cur.h[i]
+		pos := c.reqs.Pos(h)
+		c.reqs.Flags[pos] &^= flagHitPending
+		ht := int(c.reqs.HitTokens[pos])
+		rec.prefix[i] = int32(ht)
+		rec.planOff[i] = int32(len(rec.pKind))
+		c.st.hitReqs.Add(1)
+		c.st.hitToks.Add(int64(ht))
+		blocks := c.reqs.HitBlocks(h)
+		for k := range c.keys {
+			occ := c.keys[k].occ
+			deferred := c.keys[k].Deferred
+			for t := 0; t < ht; t++ {
+				s := blocks[t/c.bs]*int32(c.bs) + int32(t%c.bs)
+				kind, row, w := uint8(srcJoin), uint32(0), uint64(0)
+				var pp *producer
+				if deferred {
+					w = occ.Word(s)
+					st, owner := soa.Unpack(w)
+					switch st {
+					case soa.Absent:
+						kind = srcAbsent
+						if c.keys[k].Optional {
+							kind = srcZero
+						}
+					case soa.Committed:
+						kind = srcMirror
+					case soa.InTransit:
+						// pending deferred rows: read the device clone
+						pp = c.prod[owner]
+						if pp == nil {
+							panic("omnicache: in-transit slot without its producer")
+						}
+						kind, row = srcProducer, occ.Row(s)
+						rec.pin(pp)
+					}
+				}
+				rec.pKind = append(rec.pKind, kind)
+				rec.pSlot = append(rec.pSlot, s)
+				rec.pWord = append(rec.pWord, w)
+				rec.pProd = append(rec.pProd, pp)
+				rec.pRow = append(rec.pRow, row)
+			}
+		}
+	}
+}
+
+// dropRec releases a record's pins (Save failed or step consumed). Caller
+// holds c.mu; producers to release are released after the unlock by the
+// caller through the returned list.
+func (c *Cache) dropRec(rec *stepRec) {
+	var rel []*producer
+	for _, p := range rec.pins {
+		if c.unrefLocked(p, 1, 0) {
+			rel = append(rel, p)
+		}
+	}
+	rec.pins = rec.pins[:0]
+	c.recFree = append(c.recFree, rec)
+	for _, p := range rel {
+		c.releaseProducer(p)
+	}
+}
+
+// ---- Materialize / Discard ----
+
+// take removes an unconsumed step record (validating reqs first).
+func (c *Cache) take(id StepID, reqs []int64) (*stepRec, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, r := range c.steps {
+		if r.id != id {
+			continue
+		}
+		for _, q := range reqs {
+			if r.find(q) < 0 {
+				return nil, fmt.Errorf("%w: request %d in step %d", ErrNotInStep, q, id)
+			}
+		}
+		c.steps = append(c.steps[:i], c.steps[i+1:]...)
+		r.consumed = true
+		return r, nil
+	}
+	return nil, fmt.Errorf("%w: %d", ErrUnknownStep, id)
+}
+
+// Discard consumes step id without reading it. Any goroutine.
+func (c *Cache) Discard(id StepID) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	rec, err := c.take(id, nil)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.dropRec(rec)
+	c.mu.Unlock()
+	return nil
+}
+
+// Materialize fills dst with, per request of reqs (nil: every request of the
+// step, in batch order) and key, `[hit prefix rows | this step's rows]`, and
+// consumes the step id. The read is planned at Save under the state lock and
+// executed here outside it. Any goroutine.
+func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	rec, err := c.take(id, reqs)
+	if err != nil {
+		return err
+	}
+	err = c.read(rec, reqs, dst)
+	c.mu.Lock()
+	c.dropRec(rec)
+	c.mu.Unlock()
+	if err == nil {
+		err = c.check()
+	}
+	return err
+}
+
+func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
+	dst.reset(c.rowB)
+	nq := len(reqs)
+	if reqs == nil {
+		nq = len(rec.ids)
+	}
+	for qi := 0; qi < nq; qi++ {
+		i := qi
+		if reqs != nil {
+			i = rec.find(reqs[qi])
+		}
+		dst.add(rec.ids[i], rec.prefix[i], rec.prefix[i]+rec.count[i])
+	}
+	dst.size()
+	for qi := 0; qi < nq; qi++ {
+		i := qi
+		if reqs != nil {
+			i = rec.find(reqs[qi])
+		}
+		pre := int(rec.prefix[i])
+		if pre > 0 {
+			c.st.hitRows.Add(int64(pre))
+		}
+		for k := range c.keys {
+			rb := c.rowB[k]
+			out := dst.Rows(qi, k)
+			if pre > 0 {
+				base := int(rec.planOff[i]) + k*pre
+				if err := c.readPrefix(rec, k, base, pre, out[:pre*rb]); err != nil {
+					return fmt.Errorf("request %d, key %q: %w", rec.ids[i], c.keys[k].Name, err)
+				}
+			}
+			cnt := int(rec.count[i])
+			if cnt == 0 {
+				continue
+			}
+			p := rec.src[k]
+			if p == nil {
+				return fmt.Errorf("%w: step %d has no rows for key %q", ErrWriteFailed, rec.id, c.keys[k].Name)
+			}
+			r0 := int(rec.srcOff[k]) + int(rec.tokOff[i])
+			if err := c.readProducer(p, k, r0, cnt, out[pre*rb:]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
+	rb := c.rowB[k]
+	occ := c.keys[k].occ
+	joined := false
+	for t := 0; t < pre; t++ {
+		e := base + t
+		d := out[t*rb : (t+1)*rb]
+		switch rec.pKind[e] {
+		case srcZero:
+			clear(d)
+		case srcAbsent:
+			return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, rec.pSlot[e])
+		case srcJoin:
+			if !joined {
+				c.q.Wait(rec.joinSeq)
+				if err := c.check(); err != nil {
+					return err
+				}
+				joined = true
+			}
+			s := rec.pSlot[e]
+			w := occ.Word(s)
+			st, owner := soa.Unpack(w)
+			switch {
+			case owner > rec.maxOwner || st == soa.InTransit:
+				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			case st == soa.Absent && c.keys[k].Optional:
+				clear(d)
+				continue
+			case st == soa.Absent:
+				return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, s)
+			}
+			c.keys[k].mir.Load().ReadRow(d, s)
+			if occ.Word(s) != w {
+				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			}
+		case srcMirror:
+			s := rec.pSlot[e]
+			if occ.Word(s) != rec.pWord[e] {
+				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			}
+			m := c.keys[k].mir.Load()
+			if m == nil {
+				return fmt.Errorf("%w: position %d (slot %d): committed slot without mirror", ErrReassigned, t, s)
+			}
+			m.ReadRow(d, s)
+			if occ.Word(s) != rec.pWord[e] {
+				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			}
+		case srcProducer:
+			if err := c.readProducer(rec.pProd[e], k, int(rec.pRow[e]), 1, d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readProducer copies rows [r0, r0+cnt) of producer p for key k into out.
+func (c *Cache) readProducer(p *producer, k, r0, cnt int, out []byte) error {
+	rb := c.rowB[k]
+	if p.deferred {
+		if err := c.dev.CopyDtoH(out[:cnt*rb], p.buf, r0*rb); err != nil {
+			return c.fail(err)
+		}
+		ev, err := c.dev.Record()
+		if err == nil {
+			err = c.dev.Wait(ev)
+		}
+		if err != nil {
+			return c.fail(err)
+		}
+		return nil
+	}
+	ki := c.keys[k].imm
+	for cnt > 0 {
+		j, i := r0/p.n, r0%p.n
+		m := min(cnt, p.n-i)
+		slot := j*len(c.imm) + ki
+		if h := p.host[slot]; h != nil {
+			if err := c.dev.Wait(p.ev); err != nil {
+				return c.fail(err)
+			}
+			copy(out[:m*rb], h[i*rb:(i+m)*rb])
+		} else {
+			if err := c.dev.CopyDtoH(out[:m*rb], p.dev[slot], i*rb); err != nil {
+				return c.fail(err)
+			}
+			ev, err := c.dev.Record()
+			if err == nil {
+				err = c.dev.Wait(ev)
+			}
+			if err != nil {
+				return c.fail(err)
+			}
+		}
+		out = out[m*rb:]
+		r0 += m
+		cnt -= m
+	}
+	return nil
+}
+
+// ---- Sync, Peek, Close, Stats ----
 
 // Sync writes out the decode buffer and waits until every write handed to
 // the committer has landed in the mirror. Deferred rows of live requests stay
 // pending (they land when their request finishes). Engine goroutine only.
-func (c *Cache) Sync() error { return errTODO }
+func (c *Cache) Sync() error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if c.buf.k > 0 {
+		if err := c.flushBuffer(); err != nil {
+			return err
+		}
+	}
+	c.q.Drain()
+	return c.check()
+}
 
 // Peek reads the committed mirror rows of key k (Config.Keys order) for
 // slots into dst (len(slots)*RowBytes bytes); slots never written read as
 // zeros. A diagnostic for tests and verification: call it after Sync.
-func (c *Cache) Peek(k int, slots []int32, dst []byte) error { return errTODO }
+func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if k < 0 || k >= len(c.keys) {
+		return fmt.Errorf("%w: key index %d", ErrPlan, k)
+	}
+	if len(dst) < len(sl)*c.rowB[k] {
+		return fmt.Errorf("%w: %d bytes for %d rows", ErrOutputs, len(dst), len(sl))
+	}
+	for _, s := range sl {
+		if s < 0 || int(s) >= c.nslots {
+			return fmt.Errorf("%w: slot %d outside [0,%d)", ErrPlan, s, c.nslots)
+		}
+	}
+	m := c.keys[k].mir.Load()
+	if m == nil {
+		clear(dst[:len(sl)*c.rowB[k]])
+		return nil
+	}
+	m.Read(dst[:len(sl)*c.rowB[k]], sl)
+	return nil
+}
 
-// Close stops the committer and releases pages and budget.
-func (c *Cache) Close() error { return nil }
+// Close stops the committer (after it drained what was handed to it) and
+// releases every page, budget charge and device buffer. Later calls return
+// ErrClosed. Engine goroutine; call it once no Materialize is in flight.
+func (c *Cache) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	c.q.Close()
+	<-c.done
+	c.pages.Close()
+	c.mu.Lock()
+	var rel []*producer
+	seen := map[*producer]bool{}
+	add := func(p *producer) {
+		if p != nil && !seen[p] {
+			seen[p] = true
+			rel = append(rel, p)
+		}
+	}
+	for _, r := range c.steps {
+		for _, p := range r.pins {
+			add(p)
+		}
+		r.pins = r.pins[:0]
+	}
+	c.steps = nil
+	for _, p := range c.prod {
+		add(p)
+	}
+	add(c.buf.p)
+	c.prod = map[uint64]*producer{}
+	c.mu.Unlock()
+	for _, p := range rel {
+		c.releaseProducer(p)
+	}
+	c.buf = decodeBuf{}
+	c.pages.Each(func(pg *writer.Page) {
+		if pg.Mem != nil {
+			c.dev.FreeHost(pg.Mem)
+			pg.Mem = nil
+		}
+	})
+	if c.chunk != nil {
+		c.dev.FreeHost(c.chunk)
+		c.chunk = nil
+	}
+	return nil
+}
 
-// Stats returns the cache's counters.
-func (c *Cache) Stats() Stats { return Stats{} }
+// Stats returns the cache's counters. Any goroutine.
+func (c *Cache) Stats() Stats {
+	ch, peak := c.budget.Charged()
+	var res int64
+	for k := range c.keys {
+		if m := c.keys[k].mir.Load(); m != nil {
+			res += m.ResidentBytes()
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Stats{
+		Steps:               c.st.steps.Load(),
+		WriteTasks:          c.st.tasks.Load(),
+		RowsWritten:         c.st.rows.Load(),
+		BytesWritten:        c.st.bytes.Load(),
+		RowsSkipped:         c.st.skipped.Load(),
+		BufferedSteps:       c.st.buffered.Load(),
+		BufferFlushes:       c.st.flushes.Load(),
+		DeferredWrites:      c.st.defWrites.Load(),
+		BudgetFlushes:       c.st.budgetFlushes.Load(),
+		HitRequests:         c.st.hitReqs.Load(),
+		HitTokens:           c.st.hitToks.Load(),
+		HitRowsRead:         c.st.hitRows.Load(),
+		CommitterNanos:      c.st.commitNs.Load(),
+		MirrorResidentBytes: res,
+		BudgetCharged:       ch,
+		BudgetLimit:         c.budget.Limit(),
+		BudgetPeak:          peak,
+		ClonedBytes:         c.st.cloned.Load(),
+		PagesInUse:          c.pages.InUse(),
+		LiveRequests:        c.reqs.Len(),
+	}
+}
+
+// ---- committer ----
+
+func (c *Cache) commitLoop() {
+	defer close(c.done)
+	for {
+		t, ok := c.q.Pop()
+		if !ok {
+			return
+		}
+		t0 := time.Now()
+		var rel []*producer
+		if c.failed.Load() == nil && !t.sync {
+			var err error
+			if t.p != nil {
+				err = c.commitImm(t.p, t.ev)
+			} else {
+				err = c.commitDeferred(t.segs)
+			}
+			if err != nil {
+				c.fail(err)
+			}
+		}
+		c.mu.Lock()
+		if t.p != nil {
+			if c.unrefLocked(t.p, 0, 1) && !t.p.deferred {
+				rel = append(rel, t.p)
+			}
+		}
+		for _, s := range t.segs {
+			if c.unrefLocked(s.p, 0, 1) {
+				rel = append(rel, s.p)
+			}
+		}
+		c.mu.Unlock()
+		for _, p := range rel {
+			c.releaseProducer(p)
+		}
+		c.st.commitNs.Add(int64(time.Since(t0)))
+		c.q.Done()
+	}
+}
+
+func (c *Cache) mirrorOf(k int) *mirror.Mirror {
+	ks := &c.keys[k]
+	if m := ks.mir.Load(); m != nil {
+		return m
+	}
+	m, err := mirror.New(c.nslots, c.rowB[k])
+	if err != nil {
+		panic(err) // sizes were validated by New
+	}
+	ks.mir.Store(m)
+	return m
+}
+
+// masked copies sl into the committer's scratch with slots no longer owned
+// by owner replaced by -1.
+func (c *Cache) masked(occ *soa.Occupancy, sl []int32, owner uint64) []int32 {
+	c.mask = grow(c.mask, len(sl))
+	skipped := 0
+	for i, s := range sl {
+		if occ.Owns(s, owner) {
+			c.mask[i] = s
+		} else {
+			c.mask[i] = -1
+			skipped++
+		}
+	}
+	if skipped > 0 {
+		c.st.skipped.Add(int64(skipped))
+	}
+	c.st.rows.Add(int64(len(sl) - skipped))
+	return c.mask
+}
+
+func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
+	if err := c.dev.Wait(ev); err != nil {
+		return err
+	}
+	// Device clones were only needed until the copy landed.
+	if len(p.early) > 0 {
+		for _, b := range p.early {
+			c.dev.Free(b)
+		}
+		p.early = p.early[:0]
+		c.budget.Release(p.earlyB)
+		p.earlyB = 0
+	}
+	for _, k := range c.imm {
+		occ := c.keys[k].occ
+		m := c.mirrorOf(k)
+		ki := c.keys[k].imm
+		for j := 0; j < p.steps; j++ {
+			sl := p.slots[j*p.n : (j+1)*p.n]
+			rows := p.host[j*len(c.imm)+ki]
+			if rows == nil {
+				rows = p.staged[j*len(c.imm)+ki]
+			}
+			// Immediate keys are claimed here, in write order: a reader
+			// that sees the word change around its copy knows the row moved.
+			occ.Claim(sl, p.id, 0)
+			m.Write(sl, rows[:p.n*c.rowB[k]])
+			occ.Commit(sl, p.id)
+			c.st.rows.Add(int64(p.n))
+			c.st.bytes.Add(int64(p.n * c.rowB[k]))
+		}
+	}
+	return nil
+}
+
+func (c *Cache) commitDeferred(segs []seg) error {
+	for _, s := range segs {
+		p := s.p
+		k := p.key
+		rb := c.rowB[k]
+		occ := c.keys[k].occ
+		m := c.mirrorOf(k)
+		per := max(1, int(c.cfg.DeferredChunkBytes)/rb)
+		if c.chunk == nil || len(c.chunk) < min(per, int(s.n))*rb {
+			if c.chunk != nil {
+				c.dev.FreeHost(c.chunk)
+			}
+			var err error
+			if c.chunk, err = c.dev.AllocHost(min(per, max(int(s.n), 64)) * rb); err != nil {
+				c.chunk = nil
+				return err
+			}
+		}
+		for off := 0; off < int(s.n); {
+			cnt := min(per, int(s.n)-off, len(c.chunk)/rb)
+			r0 := int(s.off) + off
+			if err := c.dev.CopyDtoH(c.chunk[:cnt*rb], p.buf, r0*rb); err != nil {
+				return err
+			}
+			ev, err := c.dev.Record()
+			if err == nil {
+				err = c.dev.Wait(ev)
+			}
+			if err != nil {
+				return err
+			}
+			sl := p.slots[r0 : r0+cnt]
+			m.Write(c.masked(occ, sl, p.id), c.chunk[:cnt*rb])
+			c.st.bytes.Add(int64(cnt * rb))
+			occ.Commit(sl, p.id)
+			off += cnt
+		}
+	}
+	return nil
+}

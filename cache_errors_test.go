@@ -1,0 +1,476 @@
+package omnicache_test
+
+// Bad hits (scenarios 8–11), step ids and staging pages (14–17) and the
+// rest of DESIGN §8's error catalogue (TestErrorCatalogue). Every misuse
+// must return its typed error (errors.Is) and leave the cache usable: each
+// one is followed by a correct step (usable).
+//
+// §8 entry → test:
+//   unaligned hit                         TestScenario11_UnalignedHit
+//   hit without block ids                 TestScenario10_HitWithoutBlockIDs
+//   slot count ≠ scheduled tokens         TestScenario17_OutputsMismatch
+//   output tensor with too few rows       TestScenario17_OutputsMismatch
+//   step larger than a staging page       TestScenario16_StepTooLarge
+//   unknown or already consumed step id   TestScenario14_StepIDMisuse
+//   request outside the step's snapshot   TestScenario14_StepIDMisuse
+//   hit over absent required rows         TestScenario08_AbsentRequired
+//   delayed read of reassigned slots      TestScenario12_DelayedReadReassigned
+//   staging page timeout                  TestScenario15_StagingDepth
+//   closed cache                          TestErrorCatalogue/closed
+//   bad config                            TestErrorCatalogue/config
+//   block table too narrow (and other
+//   plan inconsistencies)                 TestErrorCatalogue/plan
+//   calls out of sequence                 TestErrorCatalogue/sequence
+//   reservation over the device budget    TestErrorCatalogue/budget
+//   failed write (sticky)                 TestScenario27_StickyWriteFailure
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// usableIDs hands out fresh request ids for the follow-up steps.
+var usableIDs = int64(5000)
+
+// usable runs a correct step with a fresh request on block 15 and checks
+// its rows and the mirror: the cache must stay usable after a misuse.
+func usable(h *harness) {
+	h.t.Helper()
+	usableIDs++
+	id := usableIDs
+	h.assign(id, 15)
+	err := h.tryBegin(step{Sched: []S{{id, 0, 3}}, Arrive: []A{{ID: id}}})
+	require.NoError(h.t, err, "Begin of a correct step after the misuse: the cache must stay usable")
+	sid, err := h.trySave(h.outs())
+	require.NoError(h.t, err, "Save of a correct step after the misuse: the cache must stay usable")
+	h.mat(sid)
+	h.checkMirror()
+}
+
+// Scenario 8: a hit over never-written blocks of a required key is an
+// error at Materialize (never served as a miss); the step is consumed and
+// its staging page released (with one page, the next Save does not wait).
+func TestScenario08_AbsentRequired(t *testing.T) {
+	const a, b = 1, 2
+	for _, tc := range []struct {
+		name    string
+		written bool // A wrote the hit's first block
+	}{{"nothing written", false}, {"second hit block never written", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.StagingDepth = 1
+			h := newHarness(t, cfg)
+			if tc.written {
+				h.assign(a, 5)
+				h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+			}
+			h.assign(b, 5, 6, 7)
+			s := h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}})
+			err := h.matCall(s, nil, &h.res)
+			require.ErrorIs(t, err, omnicache.ErrAbsentRequired, "hit over never-written rows of the required key %q", keyHidden.Name)
+			t.Logf("error: %v", err)
+			require.ErrorIs(t, h.matCall(s, nil, &h.res), omnicache.ErrUnknownStep, "the failed read consumes the step")
+			usable(h) // StagingDepth 1: needs the page back
+			assert.Zero(t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+		})
+	}
+}
+
+// Scenario 9: a hit over never-written blocks of an optional key reads
+// exact zero rows.
+func TestScenario09_AbsentOptional(t *testing.T) {
+	const a, b = 1, 2
+	keys := []omnicache.Key{keyAux, {Name: "aux2", RowBytes: 16, Optional: true}}
+	for _, tc := range []struct {
+		name    string
+		written bool
+	}{{"nothing written", false}, {"second hit block never written", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, testConfig(keys...))
+			if tc.written {
+				h.assign(a, 5)
+				h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+			}
+			h.assign(b, 5, 6, 7)
+			h.mat(h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}}))
+			require.Equal(t, 8, h.res.Prefix(0))
+			for k, key := range h.cfg.Keys {
+				absent := h.res.Rows(0, k)[4*key.RowBytes : 8*key.RowBytes]
+				require.Equal(t, make([]byte, len(absent)), absent, "key %q: rows of the never-written block must be exact zeros", key.Name)
+			}
+			h.checkMirror()
+		})
+	}
+}
+
+// Scenario 10: a hit with hit_tokens > 0 and no block ids fails at Begin;
+// so do too few and left-over block ids. A failed Begin registers nothing:
+// the corrected plan with the same id hits.
+func TestScenario10_HitWithoutBlockIDs(t *testing.T) {
+	const a, b = 1, 2
+	h := newHarness(t, testConfig())
+	h.assign(a, 1, 2)
+	h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
+	h.assign(b, 1, 2, 3)
+	for _, tc := range []struct {
+		name string
+		hit  int
+		ids  []int32
+	}{
+		{"no block ids", 8, []int32{}},
+		{"too few block ids", 8, []int32{1}},
+		{"left-over block ids", 4, []int32{1, 2}},
+	} {
+		err := h.tryBegin(step{Sched: []S{{b, tc.hit, 2}}, Arrive: []A{{ID: b, Hit: tc.hit, Blocks: tc.ids}}})
+		require.ErrorIs(t, err, omnicache.ErrHitBlocks, "%s: hit_tokens=%d with block ids %v", tc.name, tc.hit, tc.ids)
+		t.Logf("%s: %v", tc.name, err)
+	}
+	h.mat(h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}}))
+	require.Equal(t, 8, h.res.Prefix(0), "after failed Begins, the corrected arrival must hit")
+	usable(h)
+}
+
+// Scenario 11: a hit not block aligned (6 tokens, block 4) fails at Begin;
+// the corrected plan with the same id hits.
+func TestScenario11_UnalignedHit(t *testing.T) {
+	const a, b = 1, 2
+	h := newHarness(t, testConfig())
+	h.assign(a, 1, 2)
+	h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
+	h.assign(b, 1, 2, 3)
+	err := h.tryBegin(step{Sched: []S{{b, 6, 2}}, Arrive: []A{{ID: b, Hit: 6, Blocks: []int32{1, 2}}}})
+	require.ErrorIs(t, err, omnicache.ErrUnalignedHit, "hit_tokens 6 with block size 4")
+	t.Logf("error: %v", err)
+	err = h.tryBegin(step{Sched: []S{{b, 6, 2}}, Arrive: []A{{ID: b, Hit: 6, Blocks: []int32{1}}}})
+	require.ErrorIs(t, err, omnicache.ErrUnalignedHit, "hit_tokens 6 with one block id")
+
+	h.mat(h.step(step{Sched: []S{{b, 4, 4}}, Arrive: []A{{ID: b, Hit: 4}}}))
+	require.Equal(t, 4, h.res.Prefix(0), "after failed Begins, the corrected arrival must hit")
+	usable(h)
+}
+
+// Scenario 14: materialize or discard twice, an unknown id, a request
+// outside the step: typed errors, the cache stays usable.
+func TestScenario14_StepIDMisuse(t *testing.T) {
+	const a, b = 1, 2
+	h := newHarness(t, testConfig())
+	h.assign(a, 1, 2)
+	h.assign(b, 3)
+	s1 := h.step(step{Sched: []S{{a, 0, 4}, {b, 0, 2}}, Arrive: []A{{ID: a}, {ID: b}}})
+	h.mat(s1)
+	require.ErrorIs(t, h.matCall(s1, nil, &h.res), omnicache.ErrUnknownStep, "Materialize twice")
+	require.ErrorIs(t, h.tryDiscard(s1), omnicache.ErrUnknownStep, "Discard after Materialize")
+
+	s2 := h.step(step{Sched: []S{{a, 4, 1}, {b, 2, 1}}})
+	h.discard(s2)
+	require.ErrorIs(t, h.tryDiscard(s2), omnicache.ErrUnknownStep, "Discard twice")
+	require.ErrorIs(t, h.matCall(s2, nil, &h.res), omnicache.ErrUnknownStep, "Materialize after Discard")
+
+	unknown := s2 + 1000
+	require.ErrorIs(t, h.matCall(unknown, nil, &h.res), omnicache.ErrUnknownStep, "Materialize of an id never returned by Save")
+	require.ErrorIs(t, h.tryDiscard(unknown), omnicache.ErrUnknownStep, "Discard of an id never returned by Save")
+
+	// b is live but not in s3; 999 was never seen.
+	s3 := h.step(step{Sched: []S{{a, 5, 1}}})
+	for _, reqs := range [][]int64{{b}, {999}, {a, b}} {
+		err := h.matCall(s3, reqs, &h.res)
+		require.ErrorIs(t, err, omnicache.ErrNotInStep, "Materialize(s3, %v): request outside the step", reqs)
+		t.Logf("Materialize(s3, %v): %v", reqs, err)
+	}
+	// The spec does not say whether a refused read consumes the step:
+	// either it still materializes, or it is gone.
+	if err := h.matCall(s3, []int64{a}, &h.res); err != nil {
+		require.ErrorIs(t, err, omnicache.ErrUnknownStep, "Materialize after ErrNotInStep: success or an already consumed step")
+	} else {
+		require.NoError(t, h.verify(s3, []int64{a}, &h.res))
+	}
+	usable(h)
+	assert.Zero(t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+}
+
+// Scenario 15: with 2 pages, a third Save waits until a step is consumed;
+// with StagingClaimTimeout NoWait it fails at once, naming the unconsumed
+// step ids.
+func TestScenario15_StagingDepth(t *testing.T) {
+	const a, b, c = 1, 2, 3
+	setup := func(t *testing.T, timeout time.Duration) (*harness, omnicache.StepID, omnicache.StepID) {
+		cfg := testConfig()
+		cfg.StagingDepth = 2
+		cfg.StagingClaimTimeout = timeout
+		h := newHarness(t, cfg)
+		h.assign(a, 1)
+		h.assign(b, 2)
+		h.assign(c, 3)
+		s1 := h.step(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})
+		s2 := h.step(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})
+		h.begin(step{Sched: []S{{c, 0, 2}}, Arrive: []A{{ID: c}}})
+		return h, s1, s2
+	}
+
+	t.Run("waits for a consumed step", func(t *testing.T) {
+		h, s1, s2 := setup(t, 5*time.Second)
+		done, join := h.saveAsync(h.outs())
+		select {
+		case <-done:
+			id, err := join()
+			t.Fatalf("the third Save returned (%v, %v) while both pages were held: it must wait for a consumed step", id, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		h.discard(s1) // from this goroutine, while the engine's Save waits
+		s3, err := join()
+		require.NoError(t, err, "the waiting Save must succeed once a page is free")
+		h.mat(s3)
+		h.mat(s2)
+		usable(h)
+	})
+
+	t.Run("NoWait fails at once naming the unconsumed steps", func(t *testing.T) {
+		h, s1, s2 := setup(t, omnicache.NoWait)
+		_, err := h.trySave(h.outs())
+		require.ErrorIs(t, err, omnicache.ErrStagingTimeout, "Save with both pages held and NoWait")
+		msg := err.Error()
+		assert.Contains(t, msg, fmt.Sprint(s1), "the error must name unconsumed step %v", s1)
+		assert.Contains(t, msg, fmt.Sprint(s2), "the error must name unconsumed step %v", s2)
+		t.Logf("error: %v", err)
+		h.mat(s2)
+		h.mat(s1)
+		h.sync()
+		usable(h)
+	})
+}
+
+// Scenario 16: a step with more tokens than a staging page fails at Save
+// with an error naming the capacity.
+func TestScenario16_StepTooLarge(t *testing.T) {
+	const a, b = 1, 2
+	cfg := testConfig()
+	cfg.StagingCapacityTokens = 8
+	h := newHarness(t, cfg)
+	h.assign(a, 1, 2, 3)
+	h.begin(step{Sched: []S{{a, 0, 12}}, Arrive: []A{{ID: a}}})
+	_, err := h.trySave(h.outs())
+	require.ErrorIs(t, err, omnicache.ErrStepTooLarge, "a 12-token step with 8-token pages")
+	assert.Contains(t, err.Error(), "8", "the error must name the page capacity (8 tokens)")
+	t.Logf("error: %v", err)
+
+	h.assign(b, 4, 5)
+	h.mat(h.step(step{Sched: []S{{b, 0, 8}}, Arrive: []A{{ID: b}}})) // exactly one page
+	usable(h)
+}
+
+// Scenario 17: outputs whose token count differs from the scheduled tokens
+// (ErrTokenCount), and tensors with fewer rows than tokens, short buffers or
+// a wrong tensor count (ErrOutputs).
+func TestScenario17_OutputsMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		device bool
+		bad    func(o *omnicache.Outputs)
+		want   error
+	}{
+		{"fewer tokens than scheduled", false, func(o *omnicache.Outputs) { o.Tokens--; o.Padded-- }, omnicache.ErrTokenCount},
+		{"more tokens than scheduled", false, func(o *omnicache.Outputs) {
+			o.Tokens++
+			o.Padded++
+			for i := range o.Tensors {
+				o.Tensors[i].Host = append(o.Tensors[i].Host, make([]byte, 64)...)
+				o.Tensors[i].Rows++
+			}
+		}, omnicache.ErrTokenCount},
+		{"tensor with fewer rows than tokens", false, func(o *omnicache.Outputs) { o.Tensors[0].Rows-- }, omnicache.ErrOutputs},
+		{"host buffer shorter than its rows", false, func(o *omnicache.Outputs) {
+			o.Tensors[1].Host = o.Tensors[1].Host[:len(o.Tensors[1].Host)-1]
+		}, omnicache.ErrOutputs},
+		{"device buffer shorter than its rows", true, func(o *omnicache.Outputs) {
+			o.Tensors[0].Dev = gpu.HostBuffer(o.Tensors[0].Dev.Host[:len(o.Tensors[0].Dev.Host)-1])
+		}, omnicache.ErrOutputs},
+		{"fewer tensors than keys", false, func(o *omnicache.Outputs) { o.Tensors = o.Tensors[:1] }, omnicache.ErrOutputs},
+		{"more tensors than keys", false, func(o *omnicache.Outputs) { o.Tensors = append(o.Tensors, o.Tensors[0]) }, omnicache.ErrOutputs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const a = 1
+			h := newHarness(t, testConfig())
+			h.device = tc.device
+			h.assign(a, 1, 2)
+			h.begin(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
+			o := h.outs()
+			tc.bad(o)
+			_, err := h.trySave(o)
+			require.ErrorIs(t, err, tc.want)
+			t.Logf("error: %v", err)
+			usable(h)
+		})
+	}
+}
+
+// TestErrorCatalogue covers the §8 entries no scenario covers: bad config,
+// plan inconsistencies, calls out of sequence, a reservation larger than
+// the device budget, and the closed cache.
+func TestErrorCatalogue(t *testing.T) {
+	t.Run("config", func(t *testing.T) {
+		valid := func() omnicache.Config { return testConfig() }
+		for _, tc := range []struct {
+			name string
+			mut  func(c *omnicache.Config)
+		}{
+			{"zero blocks", func(c *omnicache.Config) { c.NumBlocks = 0 }},
+			{"negative blocks", func(c *omnicache.Config) { c.NumBlocks = -1 }},
+			{"zero block size", func(c *omnicache.Config) { c.BlockSize = 0 }},
+			{"negative block size", func(c *omnicache.Config) { c.BlockSize = -4 }},
+			{"no keys", func(c *omnicache.Config) { c.Keys = nil }},
+			{"zero row bytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{keyHidden, {Name: "empty", RowBytes: 0}} }},
+			{"negative row bytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{{Name: "neg", RowBytes: -8}} }},
+			{"duplicate key names", func(c *omnicache.Config) { c.Keys = []omnicache.Key{keyHidden, keyAux, {Name: "hidden", RowBytes: 8}} }},
+			{"negative staging depth", func(c *omnicache.Config) { c.StagingDepth = -1 }},
+			{"negative staging capacity", func(c *omnicache.Config) { c.StagingCapacityTokens = -1 }},
+			{"negative device budget", func(c *omnicache.Config) { c.DeviceBudgetBytes = -1 }},
+		} {
+			cfg := valid()
+			tc.mut(&cfg)
+			c, err := omnicache.New(cfg)
+			assert.ErrorIs(t, err, omnicache.ErrConfig, "New with %s", tc.name)
+			if c != nil {
+				assert.Failf(t, "New returned a cache for a bad config", "%s", tc.name)
+				_ = c.Close()
+			}
+		}
+		h := newHarness(t, valid()) // the control: the valid config works
+		usable(h)
+	})
+
+	t.Run("plan", func(t *testing.T) {
+		const a, b = 1, 2
+		h := newHarness(t, testConfig())
+		h.assign(a, 1, 2)
+		h.assign(b, 3)
+		h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+		good := step{Sched: []S{{a, 4, 2}, {b, 0, 2}}, Arrive: []A{{ID: b}}}
+		for _, tc := range []struct {
+			name string
+			mut  func(p *omnicache.Plan)
+		}{
+			{"Rows shorter than IDs", func(p *omnicache.Plan) { p.Rows = p.Rows[:1] }},
+			{"Start shorter than IDs", func(p *omnicache.Plan) { p.Start = p.Start[:1] }},
+			{"Count longer than IDs", func(p *omnicache.Plan) { p.Count = append(p.Count, 1) }},
+			{"HitTokens shorter than Arrivals", func(p *omnicache.Plan) { p.HitTokens = nil }},
+			{"row outside the block table", func(p *omnicache.Plan) { p.Rows[1] = int32(len(p.Table) / p.Stride) }},
+			{"negative row", func(p *omnicache.Plan) { p.Rows[1] = -1 }},
+			{"table too narrow for a position", func(p *omnicache.Plan) {
+				// Stride 1: request a's position 4 needs a second column.
+				rows := len(p.Table) / p.Stride
+				t1 := make([]int32, rows)
+				for r := 0; r < rows; r++ {
+					t1[r] = p.Table[r*p.Stride]
+				}
+				p.Table, p.Stride = t1, 1
+			}},
+			{"table shorter than its rows", func(p *omnicache.Plan) { p.Table = p.Table[:len(p.Table)-p.Stride] }},
+			{"request scheduled twice", func(p *omnicache.Plan) {
+				p.IDs[1] = p.IDs[0]
+				p.Arrivals, p.HitTokens = nil, nil
+			}},
+			{"negative position", func(p *omnicache.Plan) { p.Start[1] = -1 }},
+			{"block id outside the cache", func(p *omnicache.Plan) { p.Table[int(p.Rows[1])*p.Stride] = testNumBlocks }},
+		} {
+			p := h.plan(good)
+			tc.mut(p)
+			err := h.beginPlan(p)
+			require.ErrorIs(t, err, omnicache.ErrPlan, "Begin with %s", tc.name)
+			t.Logf("%s: %v", tc.name, err)
+		}
+		// A hit block id outside the cache: a bad plan or a bad hit.
+		h.assign(3, 4, 5)
+		p := h.plan(step{Sched: []S{{3, 4, 1}}, Arrive: []A{{ID: 3, Hit: 4, Blocks: []int32{testNumBlocks + 3}}}})
+		err := h.beginPlan(p)
+		require.Error(t, err, "Begin with a hit block id outside the cache")
+		require.True(t, isAny(err, omnicache.ErrPlan, omnicache.ErrHitBlocks), "hit block id outside the cache: want ErrPlan or ErrHitBlocks, got %v", err)
+
+		// The failed Begins registered nothing: the good plan works, and b
+		// is a fresh arrival.
+		h.mat(h.step(good))
+		usable(h)
+	})
+
+	t.Run("sequence", func(t *testing.T) {
+		const a, b = 1, 2
+		h := newHarness(t, testConfig())
+		h.assign(a, 1)
+		h.assign(b, 2)
+		first := step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}}
+		_, err := h.trySave(h.outputsFor(first))
+		require.ErrorIs(t, err, omnicache.ErrSequence, "Save without Begin")
+		usable(h)
+
+		// Begin twice without Save: the second fails, the first stays begun.
+		h.begin(first)
+		p := h.plan(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})
+		require.ErrorIs(t, h.beginPlan(p), omnicache.ErrSequence, "Begin twice without Save")
+		s := h.save()
+		h.mat(s)
+		_, err = h.trySave(h.outputsFor(first))
+		require.ErrorIs(t, err, omnicache.ErrSequence, "Save twice after one Begin")
+		usable(h)
+	})
+
+	t.Run("budget", func(t *testing.T) {
+		// One key of 32-byte rows on the device, a budget of 4 rows: an
+		// 8-token step's clone can never fit.
+		cfg := testConfig(keyHidden)
+		cfg.DeviceBudgetBytes = 4 * int64(keyHidden.RowBytes)
+		cfg.DeferredChunkBytes = cfg.DeviceBudgetBytes
+		h := newHarness(t, cfg)
+		h.device = true
+		const a = 1
+		h.assign(a, 1, 2)
+		h.begin(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}})
+		_, err := h.trySave(h.outs())
+		require.ErrorIs(t, err, omnicache.ErrBudget, "a step clone larger than the whole device budget")
+		t.Logf("error: %v", err)
+		usable(h) // 3 tokens fit
+		st := h.stats()
+		assert.LessOrEqual(t, st.BudgetPeak, st.BudgetLimit, "Stats.BudgetPeak <= BudgetLimit")
+		assert.EqualValues(t, cfg.DeviceBudgetBytes, st.BudgetLimit, "Stats.BudgetLimit")
+	})
+
+	t.Run("closed", func(t *testing.T) {
+		const a, b = 1, 2
+		h := newHarness(t, testConfig())
+		h.assign(a, 1)
+		h.assign(b, 2)
+		s1 := h.step(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}}) // left unconsumed
+		h.closed = true
+		require.NoError(t, guard(t, "Close", func() error { return h.c.Close() }), "Close")
+		st := h.stats()
+		assert.Zero(t, st.PagesInUse, "Close releases the pages")
+		assert.Zero(t, st.BudgetCharged, "Close releases the budget")
+
+		bs := step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}}
+		require.ErrorIs(t, h.beginPlan(h.plan(bs)), omnicache.ErrClosed, "Begin after Close")
+		_, err := h.trySave(h.outputsFor(bs))
+		require.ErrorIs(t, err, omnicache.ErrClosed, "Save after Close")
+		require.ErrorIs(t, h.matCall(s1, nil, &h.res), omnicache.ErrClosed, "Materialize after Close")
+		require.ErrorIs(t, h.tryDiscard(s1), omnicache.ErrClosed, "Discard after Close")
+		require.ErrorIs(t, h.trySync(), omnicache.ErrClosed, "Sync after Close")
+		err = guard(t, "second Close", func() error { return h.c.Close() })
+		if err != nil {
+			require.ErrorIs(t, err, omnicache.ErrClosed, "a second Close returns nil or ErrClosed")
+		}
+	})
+}
+
+func isAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}

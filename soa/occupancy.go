@@ -1,0 +1,132 @@
+package soa
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// Slot states, the low two bits of an Occupancy word.
+const (
+	Absent    uint8 = 0
+	InTransit uint8 = 1
+	Committed uint8 = 2
+)
+
+const (
+	stateBits = 2
+	stateMask = 1<<stateBits - 1
+	// MaxOwner is the largest owner (write-task) id a word can hold.
+	MaxOwner = 1<<62 - 1
+)
+
+// Pack returns the occupancy word of (state, owner): owner<<2 | state.
+func Pack(state uint8, owner uint64) uint64 { return owner<<stateBits | uint64(state) }
+
+// Unpack splits an occupancy word into its state and owner.
+func Unpack(w uint64) (state uint8, owner uint64) {
+	return uint8(w & stateMask), w >> stateBits
+}
+
+// Occupancy is the per-slot occupancy of one key: a packed word column
+// (atomic) and a row column (plain; under the caller's lock). See the
+// package doc for the layout and the goroutine rules.
+type Occupancy struct {
+	word []uint64
+	row  []uint32
+}
+
+// NewOccupancy returns the occupancy of numSlots slots, all Absent. It is
+// two plain makes: no loop over the slots.
+func NewOccupancy(numSlots int) *Occupancy {
+	return &Occupancy{word: make([]uint64, numSlots), row: make([]uint32, numSlots)}
+}
+
+// Len returns the number of slots.
+func (o *Occupancy) Len() int { return len(o.word) }
+
+// Load returns the state and owner write id of slot s (atomic load; safe
+// from any goroutine).
+func (o *Occupancy) Load(s int32) (state uint8, owner uint64) {
+	return Unpack(atomic.LoadUint64(&o.word[s]))
+}
+
+// Word returns the packed word of slot s (atomic load): readers remember it
+// at plan time and compare it later.
+func (o *Occupancy) Word(s int32) uint64 { return atomic.LoadUint64(&o.word[s]) }
+
+// Row returns the row index recorded by the last Claim of s (plain load;
+// callers hold the cache lock).
+func (o *Occupancy) Row(s int32) uint32 { return o.row[s] }
+
+// Claim marks slots[i] InTransit(owner) with row firstRow+i, stealing any
+// slot in transit for another owner, and returns how many slots it stole
+// from a different in-transit owner (a slot repeated in slots counts once).
+// Negative slots are skipped (their row numbers are still consumed). Each
+// word is swapped atomically, so a concurrent Commit either lands before
+// the steal (the slot is Committed and not counted) or fails.
+func (o *Occupancy) Claim(slots []int32, owner uint64, firstRow uint32) (stolen int) {
+	checkOwner(owner)
+	claimed := Pack(InTransit, owner)
+	word, row := o.word, o.row
+	for i, s := range slots {
+		if s < 0 {
+			continue
+		}
+		row[s] = firstRow + uint32(i)
+		// Load + Store rather than Swap: only the claiming goroutine stores
+		// InTransit, and a Commit racing between the two only flips a word
+		// this store then overwrites, which is the steal it is meant to be.
+		// Both are plain MOVs on amd64 (a Swap is a locked XCHG).
+		old := atomic.LoadUint64(&word[s])
+		atomic.StoreUint64(&word[s], claimed)
+		if old&stateMask == uint64(InTransit) && old != claimed {
+			stolen++
+		}
+	}
+	return stolen
+}
+
+// ClaimRow claims slot s for owner with an explicit row, with Claim's
+// rules; it reports whether s was stolen from another in-transit owner.
+func (o *Occupancy) ClaimRow(s int32, owner uint64, row uint32) (stolen bool) {
+	checkOwner(owner)
+	if s < 0 {
+		return false
+	}
+	claimed := Pack(InTransit, owner)
+	o.row[s] = row
+	old := atomic.LoadUint64(&o.word[s])
+	atomic.StoreUint64(&o.word[s], claimed)
+	return old&stateMask == uint64(InTransit) && old != claimed
+}
+
+// Owns reports whether s is InTransit for owner (atomic load).
+func (o *Occupancy) Owns(s int32, owner uint64) bool {
+	return atomic.LoadUint64(&o.word[s]) == Pack(InTransit, owner)
+}
+
+// Commit flips slots[i] from InTransit(owner) to Committed(owner) with a
+// compare-and-swap, leaving slots another owner stole untouched, and
+// returns how many it flipped. Negative slots are skipped.
+func (o *Occupancy) Commit(slots []int32, owner uint64) (flipped int) {
+	from, to := Pack(InTransit, owner), Pack(Committed, owner)
+	word := o.word
+	for _, s := range slots {
+		if s < 0 {
+			continue
+		}
+		if atomic.CompareAndSwapUint64(&word[s], from, to) {
+			flipped++
+		}
+	}
+	return flipped
+}
+
+// Reset marks slot s Absent (atomic store; used by tests and Close).
+func (o *Occupancy) Reset(s int32) { atomic.StoreUint64(&o.word[s], 0) }
+
+func checkOwner(owner uint64) {
+	if owner-1 >= MaxOwner { // owner == 0 wraps around
+		panic(fmt.Sprintf("soa: owner %d outside [1, 1<<62)", owner))
+	}
+}

@@ -1,0 +1,137 @@
+package writer
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// ErrTimeout: no page became free within the claim timeout.
+var ErrTimeout = errors.New("writer: no free staging page")
+
+// ErrClosed: the pool was closed while waiting.
+var ErrClosed = errors.New("writer: pool closed")
+
+// Page is one staging page: memory for Capacity token rows of every
+// immediate key, allocated on its first use. A page is reference counted;
+// it returns to the pool when the last reference is released.
+type Page struct {
+	Index int
+	Mem   []byte // nil until first use
+	refs  int32
+}
+
+// Pages is a fixed pool of staging pages.
+type Pages struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	pages  []Page
+	free   []int32
+	closed bool
+}
+
+// NewPages returns a pool of depth pages (memory allocated lazily by the
+// caller through Page.Mem).
+func NewPages(depth int) *Pages {
+	p := &Pages{pages: make([]Page, depth), free: make([]int32, 0, depth)}
+	for i := depth - 1; i >= 0; i-- {
+		p.pages[i].Index = i
+		p.free = append(p.free, int32(i))
+	}
+	p.cond = sync.NewCond(&p.mu)
+	return p
+}
+
+// Claim takes a free page with one reference, waiting up to timeout
+// (timeout < 0: do not wait).
+func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pg := p.pop(); pg != nil {
+		return pg, nil
+	}
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if timeout < 0 {
+		return nil, ErrTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	t := time.AfterFunc(timeout, func() {
+		p.mu.Lock()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer t.Stop()
+	for {
+		p.cond.Wait()
+		if pg := p.pop(); pg != nil {
+			return pg, nil
+		}
+		if p.closed {
+			return nil, ErrClosed
+		}
+		if !time.Now().Before(deadline) {
+			return nil, ErrTimeout
+		}
+	}
+}
+
+func (p *Pages) pop() *Page {
+	n := len(p.free)
+	if n == 0 {
+		return nil
+	}
+	pg := &p.pages[p.free[n-1]]
+	p.free = p.free[:n-1]
+	pg.refs = 1
+	return pg
+}
+
+// Ref adds a reference to a held page.
+func (p *Pages) Ref(pg *Page) {
+	p.mu.Lock()
+	if pg.refs <= 0 {
+		p.mu.Unlock()
+		panic("writer: ref of a free page")
+	}
+	pg.refs++
+	p.mu.Unlock()
+}
+
+// Release drops a reference; the last one returns the page to the pool.
+func (p *Pages) Release(pg *Page) {
+	p.mu.Lock()
+	pg.refs--
+	switch {
+	case pg.refs == 0:
+		p.free = append(p.free, int32(pg.Index))
+		p.cond.Broadcast()
+	case pg.refs < 0:
+		p.mu.Unlock()
+		panic("writer: page released twice")
+	}
+	p.mu.Unlock()
+}
+
+// InUse is the number of pages held now.
+func (p *Pages) InUse() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pages) - len(p.free)
+}
+
+// Close wakes every waiter; later claims that find no free page fail.
+func (p *Pages) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Each calls f for every page (for freeing memory at close).
+func (p *Pages) Each(f func(*Page)) {
+	for i := range p.pages {
+		f(&p.pages[i])
+	}
+}

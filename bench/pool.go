@@ -12,14 +12,19 @@ type bufSet struct {
 
 // bufPool hands out output buffers for the simulated forward.
 //
-// Owned mode (the default) gives every step its own buffers, marked Owned:
-// the cache may keep them without a defensive copy. A set goes back to the
-// pool only once its step was consumed (Materialize/Discard) and no parked
-// decode-buffer row can still point into it: the step was not a pure decode
-// step, or a later non-pure step has begun, or more than block_size steps
-// were saved since (the decode buffer holds at most block_size steps). On top
-// of that a set waits `delay` more saved steps. Without --verify nothing is
-// written into the buffers, so untouched pages never become resident.
+// Owned mode (the default) hands the cache a fresh set of buffers every step,
+// marked Owned. The API says an owned tensor "must not be touched by the
+// engine afterwards" and gives no signal when the cache lets go of it (the
+// core keeps owned host rows as the write's source until the committer has
+// scattered them, which can be after the step was consumed), so by default
+// sets are never reused: the GC reclaims them once the cache drops them.
+//
+// With delay >= 0 a set is recycled once its step was consumed
+// (Materialize/Discard), no parked decode-buffer row can still point into
+// it (the step was not a pure decode step, or a later non-pure step has
+// begun, or more than block_size steps were saved since), and delay more
+// steps were saved. That is only safe if the cache has let go by then:
+// --verify detects when it has not.
 //
 // Non-owned mode reuses one engine buffer for every step (Owned false): the
 // cache must copy what it keeps, and the next step overwrites the buffer
@@ -59,6 +64,14 @@ func (p *bufPool) alloc(tokens int) *bufSet {
 	return s
 }
 
+func (p *bufPool) allocExact(n, step int, pure bool) *bufSet {
+	s := &bufSet{capTokens: n, b: make([][]byte, len(p.rowBytes)), step: step, pure: pure}
+	for k, rb := range p.rowBytes {
+		s.b[k] = make([]byte, n*rb)
+	}
+	return s
+}
+
 // get returns buffers for a step of n tokens.
 func (p *bufPool) get(n int, step int, pure bool) *bufSet {
 	if !p.owned {
@@ -66,6 +79,10 @@ func (p *bufPool) get(n int, step int, pure bool) *bufSet {
 			p.shared = p.alloc(p.maxTokens)
 		}
 		return p.shared
+	}
+	if p.delay < 0 {
+		p.Allocs++
+		return p.allocExact(n, step, pure)
 	}
 	best := -1
 	for i, s := range p.free {
@@ -87,7 +104,7 @@ func (p *bufPool) get(n int, step int, pure bool) *bufSet {
 
 // consumed hands back a set whose step was materialized or discarded.
 func (p *bufPool) consumed(s *bufSet) {
-	if p.owned && s != nil {
+	if p.owned && p.delay >= 0 && s != nil {
 		p.pending = append(p.pending, s)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -54,8 +55,11 @@ type Options struct {
 	// NotOwned reuses one engine buffer for all steps (Owned false) instead
 	// of handing the cache fresh owned buffers.
 	NotOwned bool
-	// RecycleDelay keeps owned buffers out of the pool this many more steps
-	// after they became safe to reuse.
+	// RecycleOwned reuses owned output buffers RecycleDelay steps after
+	// their step was consumed (see bufPool). The API gives no signal that
+	// the cache let go of an owned tensor, so this is off by default: every
+	// step gets fresh buffers.
+	RecycleOwned bool
 	RecycleDelay int
 	// MaxBatchedTokens is the engine's per-step token budget (default 8192);
 	// it is also the cache's staging page capacity.
@@ -73,9 +77,15 @@ type Options struct {
 	StagingDepth int
 	// DisableDecodeBuffer turns the cache's decode buffer off.
 	DisableDecodeBuffer bool
-	// Pace waits, outside the timed calls, for a free staging page before
-	// Save when all pages are in use: the forward a real engine runs gives
-	// the committer that time. The wait is reported as stall time.
+	// Pace emulates the forward's duration for the committer, outside the
+	// timed calls: in the forward of every step that is not a pure decode
+	// step (the decode buffer is empty then) it waits with Sync until every
+	// write handed over so far has landed, and before every Save it waits
+	// for a free staging page. A real engine's forward gives the committer
+	// that time; without it the simulator, whose forward takes no time,
+	// would charge the committer's backlog to Materialize joins and Save page
+	// claims. The waits are reported as stall; the part of a wait beyond the
+	// model step time (a backlog a real engine would feel) as backlog.
 	Pace bool
 	// StepTime is the model step time for the projection when the spec has
 	// no reference throughput, or when > 0 and ForceStepTime.
@@ -110,11 +120,14 @@ func (o *Options) defaults() {
 
 // StepSample is one step's measurements.
 type StepSample struct {
-	EngineNs int64 // Begin + Save + Materialize/Discard of the previous step
-	StallNs  int64
-	Tokens   int32
-	Queried  int32 // prompt tokens looked up at arrival
-	Hit      int32 // of which hit
+	EngineNs  int64 // Begin + Save + Materialize/Discard of the previous step
+	BeginNs   int64
+	SaveNs    int64
+	ConsumeNs int64
+	StallNs   int64
+	Tokens    int32
+	Queried   int32 // prompt tokens looked up at arrival
+	Hit       int32 // of which hit
 }
 
 // Report is one run's result. JSON names are stable.
@@ -135,6 +148,7 @@ type Report struct {
 	HitTokens     int64   `json:"hit_tokens"`
 	HitRate       float64 `json:"hit_rate"`
 	Preemptions   int64   `json:"preemptions"`
+	Evictions     int64   `json:"evictions"` // cached blocks handed to a new tenant
 	PureDecode    int     `json:"pure_decode_steps"`
 
 	// Engine goroutine time in cache calls (Begin + Save +
@@ -151,6 +165,7 @@ type Report struct {
 	Discarded        int     `json:"discarded_steps"`
 	StallNs          int64   `json:"stall_ns"`
 	StallSteps       int     `json:"stall_steps"`
+	BacklogNs        int64   `json:"backlog_ns"`
 	SyncNs           int64   `json:"sync_ns"`
 	CommitterNsTotal int64   `json:"committer_ns_total"`
 	CommitterPerStep float64 `json:"committer_ns_per_step"`
@@ -220,6 +235,10 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		Concurrency: spec.Concurrency, KVBlocks: kv,
 	}
 	r := &runner{spec: spec, o: o, s: s, rep: rep}
+	// Start from a clean heap: the previous run's garbage should not be
+	// collected during this one's timed calls.
+	runtime.GC()
+	debug.FreeOSMemory()
 	wall := time.Now()
 	if o.Cache {
 		rep.Cache = "on"
@@ -244,6 +263,7 @@ type runner struct {
 	s      *sim.Sim
 	rep    *Report
 	engine []int64
+	stalls []int64
 	clock  int64 // cost of one timed empty interval, subtracted from each call
 }
 
@@ -263,16 +283,16 @@ func (r *runner) since(t time.Time) int64 {
 	return max(time.Since(t).Nanoseconds()-r.clock, 0)
 }
 
-func (r *runner) account(st *sim.Step, engineNs, stallNs int64) {
-	r.engine = append(r.engine, engineNs)
+func (r *runner) account(st *sim.Step, smp StepSample) {
+	smp.EngineNs = smp.BeginNs + smp.SaveNs + smp.ConsumeNs
+	r.engine = append(r.engine, smp.EngineNs)
+	r.stalls = append(r.stalls, smp.StallNs)
 	if st.PureDecode {
 		r.rep.PureDecode++
 	}
 	if r.o.KeepSamples {
-		r.rep.Samples = append(r.rep.Samples, StepSample{
-			EngineNs: engineNs, StallNs: stallNs, Tokens: int32(st.Tokens),
-			Queried: int32(st.Queried), Hit: int32(st.Hit),
-		})
+		smp.Tokens, smp.Queried, smp.Hit = int32(st.Tokens), int32(st.Queried), int32(st.Hit)
+		r.rep.Samples = append(r.rep.Samples, smp)
 	}
 }
 
@@ -296,7 +316,7 @@ func (r *runner) runOff() error {
 		}
 		r.s.Release()
 		r.s.Advance()
-		r.account(st, 0, 0)
+		r.account(st, StepSample{})
 		r.progress(before)
 	}
 }
@@ -320,9 +340,11 @@ func (r *runner) runOn() error {
 	for k, kk := range spec.Keys {
 		rowBytes[k] = kk.RowBytes
 	}
-	pool := newBufPool(rowBytes, o.MaxBatchedTokens, !o.NotOwned, o.BlockSize, o.RecycleDelay)
-	pool.consumed(pool.get(o.MaxBatchedTokens, -1, false)) // the first step's buffers exist before New
-	pool.begun(-1, false, 1)
+	delay := -1
+	if o.RecycleOwned {
+		delay = max(o.RecycleDelay, 0)
+	}
+	pool := newBufPool(rowBytes, o.MaxBatchedTokens, !o.NotOwned, o.BlockSize, delay)
 	var ver *verifier
 	if o.Verify {
 		ver = newVerifier(spec.Keys, s.KV().Len()*o.BlockSize, o.BlockSize)
@@ -412,7 +434,14 @@ func (r *runner) runOn() error {
 
 		var stallNs int64
 		if o.Pace {
-			stallNs = r.pace(c, depth)
+			if !st.PureDecode && saved > 0 {
+				tw := time.Now()
+				if err := c.Sync(); err != nil {
+					return fmt.Errorf("step %d: pacing sync: %w", st.Index, err)
+				}
+				stallNs += time.Since(tw).Nanoseconds()
+			}
+			stallNs += r.pace(c, depth)
 		}
 		ts := time.Now()
 		id, err := c.Save(&out)
@@ -441,7 +470,7 @@ func (r *runner) runOn() error {
 		if stallNs > 0 {
 			rep.StallSteps++
 		}
-		r.account(st, beginNs+saveNs+consumeNs, stallNs)
+		r.account(st, StepSample{BeginNs: beginNs, SaveNs: saveNs, ConsumeNs: consumeNs, StallNs: stallNs})
 		r.progress(before)
 	}
 	if havePrev {
@@ -453,6 +482,7 @@ func (r *runner) runOn() error {
 			r.engine[n-1] += ns // the last step's id is consumed after the loop
 			if o.KeepSamples {
 				rep.Samples[n-1].EngineNs += ns
+				rep.Samples[n-1].ConsumeNs += ns
 			}
 		}
 	}
@@ -479,7 +509,8 @@ func (r *runner) runOn() error {
 }
 
 // pace waits outside the timed calls until a staging page is free (see
-// Options.Pace). It gives up after a second and lets Save wait.
+// Options.Pace). It gives up after a second and lets Save wait (the wait
+// then counts in Save's time).
 func (r *runner) pace(c Cache, depth int) int64 {
 	if c.Stats().PagesInUse < depth {
 		return 0
@@ -509,6 +540,7 @@ func (r *runner) finish() {
 		rep.HitRate = float64(s.Hit) / float64(s.Queried)
 	}
 	rep.Preemptions = s.Preemptions
+	rep.Evictions = s.KV().Evictions
 	if rep.Steps == 0 {
 		return
 	}
@@ -529,6 +561,9 @@ func (r *runner) finish() {
 		stepNs = float64(rep.Prompts) / r.spec.RefReqPerSec / float64(rep.Steps) * 1e9
 	}
 	rep.ModelStepNs = stepNs
+	for _, ns := range r.stalls {
+		rep.BacklogNs += max(0, ns-int64(stepNs))
+	}
 	if rep.Cache == "on" {
 		rep.ProjectedChange = -rep.EngineNsPerStep / (rep.EngineNsPerStep + stepNs)
 	}

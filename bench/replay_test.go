@@ -122,7 +122,7 @@ func TestReplayCacheOffMakesNoCall(t *testing.T) {
 
 func TestReplayVerifyFake(t *testing.T) {
 	for _, owned := range []bool{true, false} {
-		for _, kv := range []int{0, 24} { // auto, and a small pool that preempts and reuses slots
+		for _, kv := range []int{0, 16} { // auto, and a small pool that preempts and reuses slots
 			rep, err := Replay(small().Spec(3), Options{Cache: true, Verify: true, NotOwned: !owned,
 				KVBlocks: kv, MaxBatchedTokens: 128, NewCache: fakeWith(nil), KeepSamples: true})
 			if err != nil {
@@ -134,8 +134,8 @@ func TestReplayVerifyFake(t *testing.T) {
 			if rep.HitRate == 0 || rep.FirstRequestNs <= 0 || rep.ProjectedChange >= 0 || len(rep.Samples) != rep.Steps {
 				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
 			}
-			if kv == 40 && rep.Preemptions == 0 {
-				t.Fatalf("no preemption with a 24-block pool")
+			if kv > 0 && rep.Preemptions == 0 {
+				t.Fatalf("no preemption with a 16-block pool")
 			}
 		}
 	}
@@ -301,19 +301,20 @@ func checkIdealHitRatio(t *testing.T, limit int) {
 // TestTraceVerifyRealCache replays part of the trace through the real cache
 // with --verify, on a KV pool small enough that slots change tenants.
 func TestTraceVerifyRealCache(t *testing.T) {
-	recs, err := ReadTrace(tracePath, ParserAuto, 40)
+	// The first 80 requests: about 1M tokens through 512k slots, 4.6% hits.
+	recs, err := ReadTrace(tracePath, ParserAuto, 80)
 	if err != nil {
 		t.Fatal(err)
 	}
 	keys, _ := ParseWidths("hidden=16,audio=8")
 	spec := TraceSpec("trace", recs, keys, 8)
-	spec.KVBlocks = 16384
-	rep, err := Replay(spec, Options{Cache: true, Verify: true})
+	spec.KVBlocks = 32768
+	rep, err := Replay(spec, Options{Cache: true, Verify: true, Pace: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.VerifiedRows == 0 || rep.HitTokens == 0 {
-		t.Fatalf("%+v", rep)
+	if rep.VerifiedRows == 0 || rep.HitTokens == 0 || rep.Evictions == 0 {
+		t.Fatalf("verified %d rows, %d hit tokens, %d evictions", rep.VerifiedRows, rep.HitTokens, rep.Evictions)
 	}
 }
 
@@ -358,6 +359,29 @@ func TestDefaultWorkloadsSchedule(t *testing.T) {
 		}
 		if rep.Steps == 0 {
 			t.Fatalf("%s: no step", w.FullName())
+		}
+	}
+}
+
+// TestVerifyRealCacheModes: a small shared-prefix workload through the real
+// cache under --verify, with preemption and slot reuse (tiny pool), in every
+// buffer mode, with and without the decode buffer and pacing.
+func TestVerifyRealCacheModes(t *testing.T) {
+	for _, kv := range []int{0, 16} {
+		for _, owned := range []bool{true, false} {
+			for _, buffer := range []bool{true, false} {
+				for _, pace := range []bool{true, false} {
+					o := Options{Cache: true, Verify: true, NotOwned: !owned, KVBlocks: kv, MaxBatchedTokens: 128,
+						DisableDecodeBuffer: !buffer, Pace: pace}
+					rep, err := Replay(small().Spec(3), o)
+					if err != nil {
+						t.Fatalf("kv=%d owned=%v buffer=%v pace=%v: %v", kv, owned, buffer, pace, err)
+					}
+					if rep.VerifiedRows == 0 || rep.HitTokens == 0 || (kv > 0 && rep.Preemptions == 0) {
+						t.Fatalf("kv=%d: %d rows, %d hits, %d preemptions", kv, rep.VerifiedRows, rep.HitTokens, rep.Preemptions)
+					}
+				}
+			}
 		}
 	}
 }

@@ -5,7 +5,7 @@ FUZZTIME ?= 30s
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test race vet check bench fuzz generate check-generate gpu-test profile replay
+.PHONY: help test race vet check bench fuzz generate check-generate gpu-test profile replay replay-full
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -43,3 +43,6 @@ profile: ## CPU-profile the default replay into cpu.pprof
 
 replay: ## the main job on embedded defaults
 	$(GO) run ./cmd/omnicache replay
+
+replay-full: ## the whole reference table at full size, JSON Lines to full.jsonl
+	$(GO) run ./cmd/omnicache replay --full --json full.jsonl

@@ -16,7 +16,8 @@ import (
 // over buckets of consecutive steps.
 const maxPlotPoints = 2000
 
-// WritePlot draws, for the runs with per-step samples (Options.KeepSamples),
+// WritePlot draws, for the cache-on runs with per-step samples
+// (Options.KeepSamples),
 // the engine goroutine's cache time per step (top) and the cumulative prefix
 // hit rate (bottom) over the steps, runs one after another on the x axis,
 // into a PNG file.
@@ -33,7 +34,7 @@ func WritePlot(path string, reps []*Report) error {
 	offset := 0
 	n := 0
 	for _, r := range reps {
-		if len(r.Samples) == 0 {
+		if len(r.Samples) == 0 || r.Cache != "on" {
 			continue
 		}
 		bucket := (len(r.Samples) + maxPlotPoints - 1) / maxPlotPoints
@@ -103,7 +104,7 @@ func WritePlot(path string, reps []*Report) error {
 func countSampled(reps []*Report) int {
 	n := 0
 	for _, r := range reps {
-		if len(r.Samples) > 0 {
+		if len(r.Samples) > 0 && r.Cache == "on" {
 			n++
 		}
 	}

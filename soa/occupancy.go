@@ -2,6 +2,7 @@ package soa
 
 import (
 	"fmt"
+	"github.com/omnicache/omnicache/internal/hostmem"
 	"sync/atomic"
 )
 
@@ -37,8 +38,27 @@ type Occupancy struct {
 
 // NewOccupancy returns the occupancy of numSlots slots, all Absent. It is
 // two plain makes: no loop over the slots.
+//
+// Large columns come straight from the OS (internal/hostmem), so creating
+// the table of a big mirror costs microseconds and no resident memory until
+// slots are claimed; call Free when done with it.
 func NewOccupancy(numSlots int) *Occupancy {
-	return &Occupancy{word: make([]uint64, numSlots), row: make([]uint32, numSlots)}
+	o := &Occupancy{}
+	var err error
+	if o.word, err = hostmem.Uint64s(numSlots); err != nil {
+		o.word = make([]uint64, numSlots)
+	}
+	if o.row, err = hostmem.Uint32s(numSlots); err != nil {
+		o.row = make([]uint32, numSlots)
+	}
+	return o
+}
+
+// Free returns the columns to the OS. The table must not be used again.
+func (o *Occupancy) Free() {
+	hostmem.FreeUint64s(o.word)
+	hostmem.FreeUint32s(o.row)
+	o.word, o.row = nil, nil
 }
 
 // Len returns the number of slots.

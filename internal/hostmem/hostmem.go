@@ -1,0 +1,67 @@
+// Package hostmem hands out large host buffers straight from the operating
+// system: anonymous mappings are zero and untouched, so allocating one costs
+// the same whatever its size and RSS grows only with the pages written.
+// Go's make cannot promise that: a large make that reuses freed heap memory
+// clears all of it first, which for a mirror-sized table is milliseconds on
+// the engine's first request.
+//
+// Memory from Alloc is invisible to the garbage collector: it must hold no
+// Go pointers, and whoever allocates it calls Free exactly once.
+package hostmem
+
+import "unsafe"
+
+// Threshold is the size from which Alloc maps memory; smaller requests use
+// make (and Free leaves them to the collector).
+const Threshold = 1 << 20
+
+// Alloc returns n zero bytes.
+func Alloc(n int) ([]byte, error) {
+	if n < Threshold {
+		return make([]byte, n), nil
+	}
+	return mapAnon(n)
+}
+
+// Free returns memory from Alloc. b must be exactly the slice Alloc returned
+// (same pointer and length).
+func Free(b []byte) error {
+	if len(b) < Threshold {
+		return nil
+	}
+	return unmap(b)
+}
+
+// Uint64s returns n zero uint64s (see Alloc); free them with FreeUint64s.
+func Uint64s(n int) ([]uint64, error) {
+	b, err := Alloc(n * 8)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), n), nil
+}
+
+// FreeUint64s frees memory from Uint64s.
+func FreeUint64s(s []uint64) error {
+	if len(s) == 0 {
+		return nil
+	}
+	return Free(unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*8))
+}
+
+// Uint32s returns n zero uint32s (see Alloc); free them with FreeUint32s.
+func Uint32s(n int) ([]uint32, error) {
+	b, err := Alloc(n * 4)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), n), nil
+}
+
+// FreeUint32s frees memory from Uint32s.
+func FreeUint32s(s []uint32) error {
+	if len(s) == 0 {
+		return nil
+	}
+	return Free(unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*4))
+}

@@ -1,0 +1,72 @@
+package hostmem
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func rss(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		t.Skip("no /proc/self/statm")
+	}
+	f := strings.Fields(string(b))
+	n, _ := strconv.ParseInt(f[1], 10, 64)
+	return n * int64(os.Getpagesize())
+}
+
+func TestAllocZeroAndFree(t *testing.T) {
+	for _, n := range []int{0, 1, Threshold - 1, Threshold, 3*Threshold + 5} {
+		b, err := Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != n {
+			t.Fatalf("len %d, want %d", len(b), n)
+		}
+		for i := 0; i < n; i += 4093 {
+			if b[i] != 0 {
+				t.Fatalf("byte %d of %d not zero", i, n)
+			}
+			b[i] = 1
+		}
+		if err := Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestTypedSlices(t *testing.T) {
+	u, err := Uint64s(Threshold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u[len(u)-1] = 7
+	if err := FreeUint64s(u); err != nil {
+		t.Fatal(err)
+	}
+	v, err := Uint32s(Threshold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v[len(v)-1] = 7
+	if err := FreeUint32s(v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A large mapping is not resident until written.
+func TestLazy(t *testing.T) {
+	before := rss(t)
+	b, err := Alloc(8 << 30)
+	if err != nil {
+		t.Skipf("cannot map 8 GiB here: %v", err)
+	}
+	defer Free(b)
+	b[0], b[len(b)-1] = 1, 1
+	if grown := rss(t) - before; grown > 4<<20 {
+		t.Fatalf("RSS grew by %d bytes after touching two pages of an 8 GiB mapping", grown)
+	}
+}

@@ -176,7 +176,7 @@ func TestScenario25_DecodeBufferTriggers(t *testing.T) {
 		{name: "block_size steps", pure: 8, quiet: 3, flushes: 2, after: []int64{a, b},
 			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 2), d.s(b, 1)}} }},
 		{name: "staging capacity", pure: 6, quiet: 2, flushes: 2, after: []int64{a, b},
-			cfg: func(c *omnicache.Config) { c.StagingCapacityTokens = 6 }, // 3 steps of 2 tokens
+			cfg:     func(c *omnicache.Config) { c.StagingCapacityTokens = 6 }, // 3 steps of 2 tokens
 			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 2), d.s(b, 1)}} }},
 		{name: "byte budget", pure: 3, quiet: 1, flushes: 0, device: true, after: []int64{a, b},
 			cfg: func(c *omnicache.Config) { // room for 2 steps of 2 tokens

@@ -17,8 +17,9 @@ import (
 // capture is what one run leaves behind: the synced mirror of every key
 // and every materialized row.
 type capture struct {
-	mirrors [][]byte
-	rows    map[string][]byte
+	mirrors    [][]byte
+	rows       map[rowKey][]byte
+	reassigned map[int]bool
 }
 
 func (h *harness) capture() capture {
@@ -28,6 +29,7 @@ func (h *harness) capture() capture {
 		c.mirrors = append(c.mirrors, h.mirror(k))
 	}
 	c.rows = h.rows
+	c.reassigned = h.reassigned
 	return c
 }
 
@@ -75,9 +77,13 @@ func compareCaptures(t testing.TB, cfg omnicache.Config, x, y capture, xn, yn st
 			}
 		}
 	}
+	// A delayed read may fail with ErrReassigned in one run and not in the
+	// other (timing); such steps are compared only where both have rows.
+	skip := func(r rowKey) bool { return x.reassigned[r.ord] || y.reassigned[r.ord] }
 	for name, rx := range x.rows {
 		ry, ok := y.rows[name]
 		switch {
+		case !ok && skip(name):
 		case !ok:
 			bad = append(bad, fmt.Sprintf("%s materialized only with %s", name, xn))
 		case !bytes.Equal(rx, ry):
@@ -85,7 +91,7 @@ func compareCaptures(t testing.TB, cfg omnicache.Config, x, y capture, xn, yn st
 		}
 	}
 	for name := range y.rows {
-		if _, ok := x.rows[name]; !ok {
+		if _, ok := x.rows[name]; !ok && !skip(name) {
 			bad = append(bad, fmt.Sprintf("%s materialized only with %s", name, yn))
 		}
 	}

@@ -254,11 +254,22 @@ type harness struct {
 	wants   map[omnicache.StepID]*stepWant
 	res     omnicache.Result
 
-	// keepRows records every materialized row ("ord/req/key") to compare
-	// two caches run through one schedule.
-	keepRows bool
-	rows     map[string][]byte
+	// keepRows records every materialized row to compare two caches run
+	// through one schedule; reassigned holds the steps (ordinals) whose
+	// delayed read failed with ErrReassigned.
+	keepRows   bool
+	rows       map[rowKey][]byte
+	reassigned map[int]bool
 }
+
+// rowKey names the rows of one request and key in one step.
+type rowKey struct {
+	ord int
+	req int64
+	key string
+}
+
+func (r rowKey) String() string { return fmt.Sprintf("step #%d req %d key %q", r.ord, r.req, r.key) }
 
 func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 	t.Helper()
@@ -274,7 +285,9 @@ func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 		ver:    map[int64]int{},
 		live:   map[int64]bool{},
 		wants:  map[omnicache.StepID]*stepWant{},
-		rows:   map[string][]byte{},
+		rows:   map[rowKey][]byte{},
+
+		reassigned: map[int]bool{},
 	}
 	nslots := cfg.NumBlocks * cfg.BlockSize
 	h.model = make([][]tag, len(cfg.Keys))
@@ -733,7 +746,7 @@ func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Resul
 				continue
 			}
 			if h.keepRows {
-				h.rows[fmt.Sprintf("step#%d/req%d/%s", sw.ord, rid, key.Name)] = bytes.Clone(rows)
+				h.rows[rowKey{sw.ord, rid, key.Name}] = bytes.Clone(rows)
 			}
 			for j := 0; j < npre+rw.count; j++ {
 				var w tag

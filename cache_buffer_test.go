@@ -270,10 +270,12 @@ func TestScenario26_OwnedOutputs(t *testing.T) {
 		for _, owned := range []bool{true, false} {
 			name := fmt.Sprintf("device=%v owned=%v", device, owned)
 			t.Run(name, func(t *testing.T) {
-				h := newHarness(t, testConfig())
+				cfg := testConfig()
+				cfg.StagingDepth = 8 // five steps are consumed at the end
+				h := newHarness(t, cfg)
 				h.device, h.owned = device, owned
 				d := &decoder{h: h, next: map[int64]int{}}
-				h.assign(a, 1, 2)
+				h.assign(a, 1, 2, 5)
 				h.assign(b, 3, 4)
 				base := h.stats().ClonedBytes
 				s1 := h.step(step{Sched: []S{d.s(a, 4), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}})

@@ -383,6 +383,9 @@ func (h *harness) plan(st step) *omnicache.Plan {
 		if !ok {
 			h.t.Fatalf("harness: request %d is scheduled but has no block-table row (call assign)", s.ID)
 		}
+		if s.Count > 0 && (s.Start+s.Count-1)/h.cfg.BlockSize >= len(h.table[r]) {
+			h.t.Fatalf("harness: request %d is scheduled up to position %d but has only %d blocks assigned", s.ID, s.Start+s.Count-1, len(h.table[r]))
+		}
 		p.IDs = append(p.IDs, s.ID)
 		p.Rows = append(p.Rows, r)
 		p.Start = append(p.Start, int32(s.Start))
@@ -902,19 +905,24 @@ func (h *harness) expectBlock(k int, b int32, id int64, pos0, ver int) {
 
 // ---------------------------------------------------------------- devices
 
-// gatedDevice is a device whose Wait blocks, while the gate is armed,
-// until the test releases it: it holds a write "in transit".
+// gatedDevice is a device whose events recorded while the gate is armed
+// block in Wait until the test opens the gate: it holds a write "in
+// transit". Events recorded before arming (already complete) never block.
 type gatedDevice struct {
 	gpu.Device
 	mu      sync.Mutex
 	armed   bool
+	next    gpu.Event
+	gated   map[gpu.Event]bool
 	entered chan struct{}
 	release chan struct{}
 }
 
-func newGatedDevice() *gatedDevice { return &gatedDevice{Device: gpu.NewHost()} }
+func newGatedDevice() *gatedDevice {
+	return &gatedDevice{Device: gpu.NewHost(), gated: map[gpu.Event]bool{}}
+}
 
-// arm makes every later Wait block until open is called.
+// arm gates every event recorded from now on until open is called.
 func (d *gatedDevice) arm() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -948,16 +956,30 @@ func (d *gatedDevice) waitEntered(timeout time.Duration) bool {
 	}
 }
 
+func (d *gatedDevice) Record() (gpu.Event, error) {
+	if _, err := d.Device.Record(); err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.next++
+	if d.armed {
+		d.gated[d.next] = true
+	}
+	return d.next, nil
+}
+
 func (d *gatedDevice) Wait(e gpu.Event) error {
 	d.mu.Lock()
-	armed, entered, release := d.armed, d.entered, d.release
+	block := d.armed && d.gated[e]
+	entered, release := d.entered, d.release
 	d.mu.Unlock()
-	if armed {
+	if block {
 		select {
 		case entered <- struct{}{}:
 		default:
 		}
 		<-release
 	}
-	return d.Device.Wait(e)
+	return d.Device.Wait(0)
 }

@@ -254,11 +254,22 @@ type harness struct {
 	wants   map[omnicache.StepID]*stepWant
 	res     omnicache.Result
 
-	// keepRows records every materialized row ("ord/req/key") to compare
-	// two caches run through one schedule.
-	keepRows bool
-	rows     map[string][]byte
+	// keepRows records every materialized row to compare two caches run
+	// through one schedule; reassigned holds the steps (ordinals) whose
+	// delayed read failed with ErrReassigned.
+	keepRows   bool
+	rows       map[rowKey][]byte
+	reassigned map[int]bool
 }
+
+// rowKey names the rows of one request and key in one step.
+type rowKey struct {
+	ord int
+	req int64
+	key string
+}
+
+func (r rowKey) String() string { return fmt.Sprintf("step #%d req %d key %q", r.ord, r.req, r.key) }
 
 func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 	t.Helper()
@@ -274,7 +285,9 @@ func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 		ver:    map[int64]int{},
 		live:   map[int64]bool{},
 		wants:  map[omnicache.StepID]*stepWant{},
-		rows:   map[string][]byte{},
+		rows:   map[rowKey][]byte{},
+
+		reassigned: map[int]bool{},
 	}
 	nslots := cfg.NumBlocks * cfg.BlockSize
 	h.model = make([][]tag, len(cfg.Keys))
@@ -369,6 +382,9 @@ func (h *harness) plan(st step) *omnicache.Plan {
 		r, ok := h.rowOf[s.ID]
 		if !ok {
 			h.t.Fatalf("harness: request %d is scheduled but has no block-table row (call assign)", s.ID)
+		}
+		if s.Count > 0 && (s.Start+s.Count-1)/h.cfg.BlockSize >= len(h.table[r]) {
+			h.t.Fatalf("harness: request %d is scheduled up to position %d but has only %d blocks assigned", s.ID, s.Start+s.Count-1, len(h.table[r]))
 		}
 		p.IDs = append(p.IDs, s.ID)
 		p.Rows = append(p.Rows, r)
@@ -733,7 +749,7 @@ func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Resul
 				continue
 			}
 			if h.keepRows {
-				h.rows[fmt.Sprintf("step#%d/req%d/%s", sw.ord, rid, key.Name)] = bytes.Clone(rows)
+				h.rows[rowKey{sw.ord, rid, key.Name}] = bytes.Clone(rows)
 			}
 			for j := 0; j < npre+rw.count; j++ {
 				var w tag
@@ -889,19 +905,24 @@ func (h *harness) expectBlock(k int, b int32, id int64, pos0, ver int) {
 
 // ---------------------------------------------------------------- devices
 
-// gatedDevice is a device whose Wait blocks, while the gate is armed,
-// until the test releases it: it holds a write "in transit".
+// gatedDevice is a device whose events recorded while the gate is armed
+// block in Wait until the test opens the gate: it holds a write "in
+// transit". Events recorded before arming (already complete) never block.
 type gatedDevice struct {
 	gpu.Device
 	mu      sync.Mutex
 	armed   bool
+	next    gpu.Event
+	gated   map[gpu.Event]bool
 	entered chan struct{}
 	release chan struct{}
 }
 
-func newGatedDevice() *gatedDevice { return &gatedDevice{Device: gpu.NewHost()} }
+func newGatedDevice() *gatedDevice {
+	return &gatedDevice{Device: gpu.NewHost(), gated: map[gpu.Event]bool{}}
+}
 
-// arm makes every later Wait block until open is called.
+// arm gates every event recorded from now on until open is called.
 func (d *gatedDevice) arm() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -935,16 +956,30 @@ func (d *gatedDevice) waitEntered(timeout time.Duration) bool {
 	}
 }
 
+func (d *gatedDevice) Record() (gpu.Event, error) {
+	if _, err := d.Device.Record(); err != nil {
+		return 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.next++
+	if d.armed {
+		d.gated[d.next] = true
+	}
+	return d.next, nil
+}
+
 func (d *gatedDevice) Wait(e gpu.Event) error {
 	d.mu.Lock()
-	armed, entered, release := d.armed, d.entered, d.release
+	block := d.armed && d.gated[e]
+	entered, release := d.entered, d.release
 	d.mu.Unlock()
-	if armed {
+	if block {
 		select {
 		case entered <- struct{}{}:
 		default:
 		}
 		<-release
 	}
-	return d.Device.Wait(e)
+	return d.Device.Wait(0)
 }

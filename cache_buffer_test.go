@@ -1,0 +1,307 @@
+package omnicache_test
+
+// The decode buffer (scenario 25) and owned outputs (scenario 26).
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+)
+
+// capture is what one run leaves behind: the synced mirror of every key
+// and every materialized row.
+type capture struct {
+	mirrors    [][]byte
+	rows       map[rowKey][]byte
+	reassigned map[int]bool
+}
+
+func (h *harness) capture() capture {
+	h.t.Helper()
+	var c capture
+	for k := range h.cfg.Keys {
+		c.mirrors = append(c.mirrors, h.mirror(k))
+	}
+	c.rows = h.rows
+	c.reassigned = h.reassigned
+	return c
+}
+
+// runBufferOnOff runs script on a cache with the decode buffer on and on
+// one with it off (DisableDecodeBuffer), then compares the two mirrors byte
+// for byte, slot by slot, and every materialized row.
+func runBufferOnOff(t *testing.T, cfg omnicache.Config, script func(h *harness, buffered bool)) {
+	t.Helper()
+	var caps [2]capture
+	for i, off := range []bool{false, true} {
+		name := "buffer on"
+		if off {
+			name = "buffer off"
+		}
+		ok := t.Run(name, func(t *testing.T) {
+			c := cfg
+			c.DisableDecodeBuffer = off
+			h := newHarness(t, c)
+			h.label = name
+			h.keepRows = true
+			script(h, !off)
+			caps[i] = h.capture()
+		})
+		if !ok {
+			return
+		}
+	}
+	compareCaptures(t, cfg, caps[0], caps[1], "buffer on", "buffer off")
+}
+
+func compareCaptures(t testing.TB, cfg omnicache.Config, x, y capture, xn, yn string) {
+	t.Helper()
+	var bad []string
+	for k, key := range cfg.Keys {
+		rb := key.RowBytes
+		mx, my := x.mirrors[k], y.mirrors[k]
+		if len(mx) != len(my) {
+			bad = append(bad, fmt.Sprintf("key %q: mirror sizes %d and %d", key.Name, len(mx), len(my)))
+			continue
+		}
+		for s := 0; s*rb < len(mx); s++ {
+			gx, gy := mx[s*rb:(s+1)*rb], my[s*rb:(s+1)*rb]
+			if !bytes.Equal(gx, gy) {
+				bad = append(bad, fmt.Sprintf("key %q slot %d: %s has %s, %s has %s", key.Name, s, xn, describe(gx), yn, describe(gy)))
+			}
+		}
+	}
+	// A delayed read may fail with ErrReassigned in one run and not in the
+	// other (timing); such steps are compared only where both have rows.
+	skip := func(r rowKey) bool { return x.reassigned[r.ord] || y.reassigned[r.ord] }
+	for name, rx := range x.rows {
+		ry, ok := y.rows[name]
+		switch {
+		case !ok && skip(name):
+		case !ok:
+			bad = append(bad, fmt.Sprintf("%s materialized only with %s", name, xn))
+		case !bytes.Equal(rx, ry):
+			bad = append(bad, fmt.Sprintf("%s: materialized rows differ", name))
+		}
+	}
+	for name := range y.rows {
+		if _, ok := x.rows[name]; !ok && !skip(name) {
+			bad = append(bad, fmt.Sprintf("%s materialized only with %s", name, yn))
+		}
+	}
+	if len(bad) > 0 {
+		if len(bad) > 12 {
+			bad = append(bad[:12], fmt.Sprintf("... and %d more", len(bad)-12))
+		}
+		t.Fatalf("%s and %s disagree:\n  %s", xn, yn, strings.Join(bad, "\n  "))
+	}
+}
+
+// decoder is a small per-request position tracker for the buffer scripts.
+type decoder struct {
+	h    *harness
+	next map[int64]int
+}
+
+func (d *decoder) s(id int64, n int) S {
+	s := S{id, d.next[id], n}
+	d.next[id] += n
+	return s
+}
+
+// decode is one pure decode step of ids (one token each, in that order).
+func (d *decoder) decode(ids ...int64) step {
+	var st step
+	for _, id := range ids {
+		st.Sched = append(st.Sched, d.s(id, 1))
+	}
+	return st
+}
+
+// Scenario 25: fewer than block_size pure-decode steps write nothing until
+// a trigger; each trigger (arrival, finish, abort, preemption, resume, a
+// non-pure step, block_size steps, the staging capacity, the byte budget)
+// writes the buffer before the next Begin's work; afterwards the mirror
+// equals the mirror of the same schedule with the buffer off.
+func TestScenario25_DecodeBufferTriggers(t *testing.T) {
+	const a, b, c = 1, 2, 3
+	rowBytes := int64(keyHidden.RowBytes + keyAux.RowBytes)
+	for _, tc := range []struct {
+		name     string
+		cfg      func(*omnicache.Config)
+		device   bool
+		preemptB bool // b is preempted (in a non-pure step) before the pure run
+		pure     int  // pure decode steps before the trigger
+		quiet    int  // after this many pure steps nothing may be written
+		flushes  int  // BufferFlushes at the trigger's Begin; 0: at least one before the trigger
+		trigger  func(d *decoder) step
+		after    []int64 // requests decoding after the trigger
+		idle     []int64 // live requests not decoding after the trigger
+	}{
+		{name: "arrival", pure: 3, quiet: 3, flushes: 1, after: []int64{a, b, c},
+			trigger: func(d *decoder) step {
+				d.h.assign(c, 9, 10)
+				return step{Sched: []S{d.s(a, 1), d.s(b, 1), d.s(c, 2)}, Arrive: []A{{ID: c}}}
+			}},
+		{name: "arrival hitting parked rows", pure: 3, quiet: 3, flushes: 1, after: []int64{a, b, c},
+			trigger: func(d *decoder) step {
+				d.h.assign(c, 1, 9) // a's block 1: positions 2 and 3 are parked
+				d.next[c] = 4
+				return step{Sched: []S{d.s(a, 1), d.s(b, 1), d.s(c, 2)}, Arrive: []A{{ID: c, Hit: 4}}}
+			}},
+		{name: "finish", pure: 3, quiet: 3, flushes: 1, after: []int64{a},
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 1)}, Finished: []int64{b}} }},
+		{name: "abort", pure: 3, quiet: 3, flushes: 1, after: []int64{b},
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(b, 1)}, Finished: []int64{a}} }},
+		{name: "finish and block reuse", pure: 3, quiet: 3, flushes: 1, after: []int64{a, c},
+			trigger: func(d *decoder) step {
+				// b's block 6 holds its parked position 4; c takes it over.
+				d.h.assign(c, 6, 10)
+				return step{Sched: []S{d.s(a, 1), d.s(c, 4)}, Arrive: []A{{ID: c}}, Finished: []int64{b}}
+			}},
+		{name: "preemption", pure: 3, quiet: 3, flushes: 1, after: []int64{a}, idle: []int64{b},
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 1)}, Preempted: []int64{b}} }},
+		{name: "resume", preemptB: true, pure: 3, quiet: 3, flushes: 1, after: []int64{a, b},
+			trigger: func(d *decoder) step {
+				d.h.bump(b)
+				d.next[b] = 0
+				return step{Sched: []S{d.s(a, 1), d.s(b, 2)}, Resumed: []int64{b}}
+			}},
+		{name: "non-pure step", pure: 3, quiet: 3, flushes: 1, after: []int64{a, b},
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 2), d.s(b, 1)}} }},
+		{name: "order changed", pure: 3, quiet: 3, flushes: 1, after: []int64{b, a},
+			trigger: func(d *decoder) step { return d.decode(b, a) }},
+		{name: "other ids", pure: 3, quiet: 3, flushes: 1, after: []int64{a}, idle: []int64{b},
+			trigger: func(d *decoder) step { return d.decode(a) }},
+		{name: "block_size steps", pure: 8, quiet: 3, flushes: 2, after: []int64{a, b},
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 2), d.s(b, 1)}} }},
+		{name: "staging capacity", pure: 6, quiet: 2, flushes: 2, after: []int64{a, b},
+			cfg:     func(c *omnicache.Config) { c.StagingCapacityTokens = 6 }, // 3 steps of 2 tokens
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 2), d.s(b, 1)}} }},
+		{name: "byte budget", pure: 3, quiet: 1, flushes: 0, device: true, after: []int64{a, b},
+			cfg: func(c *omnicache.Config) { // room for 2 steps of 2 tokens
+				c.DeviceBudgetBytes = 4 * rowBytes
+				c.DeferredChunkBytes = c.DeviceBudgetBytes
+			},
+			trigger: func(d *decoder) step { return step{Sched: []S{d.s(a, 2), d.s(b, 1)}} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.StagingDepth = 16
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			runBufferOnOff(t, cfg, func(h *harness, buffered bool) {
+				t := h.t
+				h.device = tc.device
+				d := &decoder{h: h, next: map[int64]int{}}
+				h.assign(a, 1, 2, 3, 4)
+				h.assign(b, 5, 6, 7, 8)
+				h.mat(h.step(step{Sched: []S{d.s(a, 2), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}}))
+				decoding := []int64{a, b}
+				if tc.preemptB {
+					h.mat(h.step(step{Sched: []S{d.s(a, 1)}, Preempted: []int64{b}}))
+					decoding = []int64{a}
+				}
+				h.sync() // nothing pending: the budget is free again
+				base := h.stats()
+				var late []omnicache.StepID // consumed after the trigger
+				for i := 0; i < tc.pure; i++ {
+					late = append(late, h.step(d.decode(decoding...)))
+					st := h.stats()
+					if i+1 == tc.quiet {
+						if buffered {
+							require.EqualValues(t, tc.quiet, st.BufferedSteps-base.BufferedSteps, "Stats.BufferedSteps after %d pure decode steps", tc.quiet)
+							require.EqualValues(t, 0, st.WriteTasks-base.WriteTasks, "Stats.WriteTasks: %d pure decode steps must write nothing yet", tc.quiet)
+							require.EqualValues(t, 0, st.BufferFlushes-base.BufferFlushes, "Stats.BufferFlushes after %d pure decode steps", tc.quiet)
+						} else {
+							require.EqualValues(t, 0, st.BufferedSteps-base.BufferedSteps, "Stats.BufferedSteps with the buffer off")
+							require.EqualValues(t, tc.quiet, st.WriteTasks-base.WriteTasks, "Stats.WriteTasks with the buffer off: one task per step")
+						}
+					}
+					require.LessOrEqual(t, st.BudgetPeak, st.BudgetLimit, "Stats.BudgetPeak")
+				}
+				if buffered && tc.flushes == 0 {
+					st := h.stats()
+					require.Positive(t, st.BufferFlushes-base.BufferFlushes, "the byte budget must force the parked rows out before the trigger")
+				}
+
+				h.begin(tc.trigger(d))
+				if buffered && tc.flushes > 0 {
+					st := h.stats()
+					require.EqualValues(t, tc.flushes, st.BufferFlushes-base.BufferFlushes,
+						"Stats.BufferFlushes once the trigger's Begin returned (%d parked steps, at most block_size per flush)", tc.pure)
+					require.EqualValues(t, tc.pure, st.BufferedSteps-base.BufferedSteps, "Stats.BufferedSteps")
+					require.GreaterOrEqual(t, st.WriteTasks-base.WriteTasks, int64(tc.flushes), "Stats.WriteTasks: one per flush")
+				}
+				trig := h.save()
+
+				h.mat(trig)
+				for _, id := range late {
+					h.mat(id)
+				}
+				for i := 0; i < 2; i++ {
+					h.mat(h.step(d.decode(tc.after...)))
+				}
+				h.checkMirror()
+				h.drain(append(append([]int64{}, tc.after...), tc.idle...)...)
+				st := h.stats()
+				assert.LessOrEqual(t, st.BudgetPeak, st.BudgetLimit, "Stats.BudgetPeak")
+				h.checkMirror()
+			})
+		})
+	}
+}
+
+// Scenario 26: owned outputs are used without a defensive copy (ClonedBytes
+// does not grow); non-owned outputs are copied (ClonedBytes grows by the
+// bytes copied) and isolated from later overwrites of the engine's buffers
+// (the harness overwrites every non-owned buffer right after Save).
+func TestScenario26_OwnedOutputs(t *testing.T) {
+	const a, b = 1, 2
+	rowBytes := int64(keyHidden.RowBytes + keyAux.RowBytes)
+	for _, device := range []bool{false, true} {
+		for _, owned := range []bool{true, false} {
+			name := fmt.Sprintf("device=%v owned=%v", device, owned)
+			t.Run(name, func(t *testing.T) {
+				cfg := testConfig()
+				cfg.StagingDepth = 8 // five steps are consumed at the end
+				h := newHarness(t, cfg)
+				h.device, h.owned = device, owned
+				d := &decoder{h: h, next: map[int64]int{}}
+				h.assign(a, 1, 2, 5)
+				h.assign(b, 3, 4)
+				base := h.stats().ClonedBytes
+				s1 := h.step(step{Sched: []S{d.s(a, 4), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}})
+				cloned := h.stats().ClonedBytes - base
+				if owned {
+					assert.Zero(t, cloned, "Stats.ClonedBytes after an owned step")
+				} else {
+					assert.Equal(t, 6*rowBytes, cloned, "Stats.ClonedBytes after a non-owned 6-token step")
+				}
+				var ids []omnicache.StepID
+				for i := 0; i < 3; i++ { // pure decode: parked rows
+					ids = append(ids, h.step(d.decode(a, b)))
+				}
+				ids = append(ids, h.step(step{Sched: []S{d.s(a, 2), d.s(b, 1)}}))
+				cloned = h.stats().ClonedBytes - base
+				if owned {
+					assert.Zero(t, cloned, "Stats.ClonedBytes after owned steps")
+				} else {
+					assert.GreaterOrEqual(t, cloned, (6+6+3)*rowBytes, "Stats.ClonedBytes after non-owned steps")
+				}
+				h.mat(s1)
+				for _, id := range ids {
+					h.mat(id)
+				}
+				h.checkMirror()
+			})
+		}
+	}
+}

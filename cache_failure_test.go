@@ -1,0 +1,160 @@
+package omnicache_test
+
+// Failure and locking, scenarios 27 and 28 of shared/SCENARIOS.md.
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// Scenario 27: a failed copy is sticky: every later call returns
+// ErrWriteFailed; nothing hangs (every call runs under the deadlock
+// detector); pages, budget and goroutines are released by Close. The fault
+// is injected after n successful copies, for several n, so that it hits
+// different copies (step clones, parked decode rows, deferred rows).
+func TestScenario27_StickyWriteFailure(t *testing.T) {
+	for _, n := range []int64{0, 1, 2, 3, 5, 8, 13} {
+		t.Run(fmt.Sprintf("fail after %d copies", n), func(t *testing.T) {
+			base := runtime.NumGoroutine()
+			dev := gpu.NewFaulty(gpu.NewHost())
+			cfg := testConfig(keyHidden, keyAux, keyCodes)
+			cfg.Device = dev
+			h := newHarness(t, cfg)
+			h.device = true
+			dev.FailAfter(n)
+
+			failedAt := ""
+			failed := func(what string, err error) bool {
+				if err == nil {
+					return false
+				}
+				require.ErrorIs(t, err, omnicache.ErrWriteFailed, "%s: a failing device copy may only surface as ErrWriteFailed", what)
+				failedAt = what
+				return true
+			}
+			// A long request decoding (pure steps, parked), joined every
+			// third step by a short request that finishes two steps later.
+			const r = 1
+			h.assign(r, 1, 2, 3, 4, 5, 6, 7, 8)
+			var prev omnicache.StepID
+			havePrev := false
+			var short []int64
+			for i := 0; i < 20 && failedAt == ""; i++ {
+				st := step{}
+				if i == 0 {
+					st = step{Sched: []S{{r, 0, 4}}, Arrive: []A{{ID: r}}}
+				} else {
+					st.Sched = []S{{r, 3 + i, 1}}
+				}
+				if i > 0 && i%3 == 0 {
+					id := int64(100 + i)
+					h.assign(id, int32(9+i%6))
+					st.Sched = append(st.Sched, S{id, 0, 3})
+					st.Arrive = []A{{ID: id}}
+					short = append(short, id)
+				}
+				if i > 0 && i%3 == 2 && len(short) > 0 {
+					st.Finished = short
+					short = nil
+				}
+				if failed(fmt.Sprintf("Begin of step %d", i), h.tryBegin(st)) {
+					break
+				}
+				sid, err := h.trySave(h.outs())
+				if failed(fmt.Sprintf("Save of step %d", i), err) {
+					break
+				}
+				if havePrev {
+					err := h.matCall(prev, nil, &h.res)
+					if failed(fmt.Sprintf("Materialize of step %d", i-1), err) {
+						break
+					}
+					require.NoError(t, h.verify(prev, nil, &h.res), "a Materialize that succeeds returns the right rows")
+				}
+				prev, havePrev = sid, true
+				if i%4 == 3 || i == 19 {
+					if failed(fmt.Sprintf("Sync after step %d", i), h.trySync()) {
+						break
+					}
+				}
+			}
+			require.NotEmpty(t, failedAt, "no call returned ErrWriteFailed although every device copy after the first %d fails", n)
+			t.Logf("first ErrWriteFailed from %s", failedAt)
+
+			// Sticky: every later entry returns ErrWriteFailed.
+			const late = 900
+			h.assign(late, 15)
+			lateStep := step{Sched: []S{{late, 0, 2}}, Arrive: []A{{ID: late}}}
+			require.ErrorIs(t, h.tryBegin(lateStep), omnicache.ErrWriteFailed, "Begin after the failure")
+			_, err := h.trySave(h.outputsFor(lateStep))
+			require.ErrorIs(t, err, omnicache.ErrWriteFailed, "Save after the failure")
+			if havePrev {
+				require.ErrorIs(t, h.matCall(prev, nil, &h.res), omnicache.ErrWriteFailed, "Materialize after the failure")
+				require.ErrorIs(t, h.tryDiscard(prev), omnicache.ErrWriteFailed, "Discard after the failure")
+			}
+			require.ErrorIs(t, h.trySync(), omnicache.ErrWriteFailed, "Sync after the failure")
+			require.ErrorIs(t, h.trySync(), omnicache.ErrWriteFailed, "Sync again after the failure")
+
+			h.closed = true
+			err = guard(t, "Close after the failure", func() error { return h.c.Close() })
+			if err != nil {
+				require.ErrorIs(t, err, omnicache.ErrWriteFailed, "Close returns nil or the sticky error")
+			}
+			st := h.stats()
+			assert.Zero(t, st.PagesInUse, "Stats.PagesInUse after Close")
+			assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged after Close")
+			waitGoroutines(t, base)
+		})
+	}
+}
+
+// Scenario 28: the state lock is never held while waiting for a copy:
+// while the committer is blocked in a device Wait for one write, Stats, a
+// Materialize of another (already host-ready) step, and the engine's next
+// Begin and Save all return.
+func TestScenario28_NoLockAcrossWaits(t *testing.T) {
+	const a, b, c = 1, 2, 3
+	dev := newGatedDevice()
+	cfg := testConfig()
+	cfg.Device = dev
+	h := newHarness(t, cfg)
+	t.Cleanup(dev.open) // runs before the harness's Close
+	h.device = true
+
+	h.assign(a, 1, 2)
+	h.assign(b, 3, 4)
+	h.assign(c, 5)
+	s1 := h.step(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
+	h.sync() // s1 is host-ready and landed
+
+	dev.arm()
+	s2 := h.step(step{Sched: []S{{b, 0, 5}}, Arrive: []A{{ID: b}}})
+	require.True(t, dev.waitEntered(deadlockTimeout),
+		"the write of a step with device tensors never waited on its device event (gpu.Device.Wait): scenario 28 holds the committer there")
+
+	// The committer is blocked in Wait. None of these may wait for it.
+	st := guard(t, "Stats while the committer waits on a copy", func() omnicache.Stats { return h.c.Stats() })
+	assert.Positive(t, st.Steps, "Stats.Steps")
+	h.mat(s1) // guarded: fails the test if it blocks
+	s3 := h.step(step{Sched: []S{{a, 6, 1}, {c, 0, 2}}, Arrive: []A{{ID: c}}})
+
+	dev.open()
+	h.mat(s2)
+	h.mat(s3)
+	h.checkMirror()
+}
+
+// A short check that the deadlock detector itself works (it guards every
+// call above): a function that returns is passed through.
+func TestGuardPassesThrough(t *testing.T) {
+	v := guard(t, "quick", func() int { time.Sleep(time.Millisecond); return 7 })
+	require.Equal(t, 7, v)
+}

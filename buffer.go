@@ -75,7 +75,9 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		c.mu.Unlock()
 	}
 	p, j := c.buf.p, c.buf.k
-	p.charge += need
+	c.mu.Lock()
+	p.devCharge += need
+	c.mu.Unlock()
 	for _, k := range c.imm {
 		if err := c.stage(p, &o.Tensors[k], k, j, false); err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/hostmem"
 	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/slots"
 	"github.com/omnicache/omnicache/soa"
@@ -69,8 +70,10 @@ type Cache struct {
 	firstReq bool
 
 	// committer state
-	mask  []int32
-	chunk []byte
+	mask    []int32
+	chunk   []byte
+	newest  []uint64 // per slot: id of the newest immediate write queued
+	scanned uint64   // queue sequence scanned into newest
 
 	st statCounters
 }
@@ -490,9 +493,15 @@ func (c *Cache) stage(p *producer, t *Tensor, k, j int, copyNow bool) error {
 		}
 		c.st.cloned.Add(int64(nb))
 		src = clone
-	} else if !copyNow {
+	} else if copyNow {
+		p.early = append(p.early, src) // owned: freed once copied
+	} else {
 		p.dev[slot] = src
-		p.own = true
+	}
+	if !copyNow {
+		c.mu.Lock()
+		p.devLive = true
+		c.mu.Unlock()
 	}
 	if copyNow {
 		if err := c.dev.CopyDtoH(region, src, 0); err != nil {
@@ -573,12 +582,7 @@ func (c *Cache) releaseProducer(p *producer) {
 	p.early = nil
 	c.budget.Release(p.earlyB)
 	p.earlyB = 0
-	for i, b := range p.dev {
-		if !b.IsZero() && !p.own {
-			c.dev.Free(b)
-		}
-		p.dev[i] = gpu.Buffer{}
-	}
+	c.freeDev(p)
 	if p.deferred && !p.own && !p.buf.IsZero() {
 		c.dev.Free(p.buf)
 	}
@@ -595,6 +599,19 @@ func (c *Cache) releaseProducer(p *producer) {
 // producerPool recycles immediate producers (and their slices) once nothing
 // references them, so steady-state steps allocate nothing.
 var producerPool sync.Pool
+
+// freeDev frees the device rows parked in p and releases their charge.
+func (c *Cache) freeDev(p *producer) {
+	for i, b := range p.dev {
+		if !b.IsZero() {
+			c.dev.Free(b)
+		}
+		p.dev[i] = gpu.Buffer{}
+	}
+	c.budget.Release(p.devCharge)
+	p.devCharge = 0
+	p.devLive = false
+}
 
 // unref drops pins (and owner refs) under the state lock and releases the
 // producer when nothing references it. Caller holds c.mu.
@@ -623,7 +640,7 @@ func (c *Cache) reserve(n int64) error {
 		}
 		c.st.budgetFlushes.Add(1)
 		switch {
-		case c.buf.k > 0 && c.buf.p != nil && c.buf.p.charge > 0:
+		case c.buf.k > 0 && c.buf.p != nil && c.buf.p.devCharge > 0:
 			if err := c.flushBuffer(); err != nil {
 				return err
 			}
@@ -912,17 +929,8 @@ func (c *Cache) readProducer(p *producer, k, r0, cnt int, out []byte) error {
 				return c.fail(err)
 			}
 			copy(out[:m*rb], h[i*rb:(i+m)*rb])
-		} else {
-			if err := c.dev.CopyDtoH(out[:m*rb], p.dev[slot], i*rb); err != nil {
-				return c.fail(err)
-			}
-			ev, err := c.dev.Record()
-			if err == nil {
-				err = c.dev.Wait(ev)
-			}
-			if err != nil {
-				return c.fail(err)
-			}
+		} else if err := c.readParked(p, slot, i, m, rb, out); err != nil {
+			return err
 		}
 		out = out[m*rb:]
 		r0 += m
@@ -930,6 +938,46 @@ func (c *Cache) readProducer(p *producer, k, r0, cnt int, out []byte) error {
 	}
 	return nil
 }
+
+// readParked reads rows of a decode-buffer step whose rows were parked on
+// the device: from the device while they are there, else from the staged
+// copy the flush made (the committer releases the device rows once it is
+// complete).
+func (c *Cache) readParked(p *producer, slot, i, m, rb int, out []byte) error {
+	c.mu.Lock()
+	live := p.devLive
+	if live {
+		p.devReads++
+	}
+	c.mu.Unlock()
+	if !live {
+		copy(out[:m*rb], p.staged[slot][i*rb:(i+m)*rb])
+		return nil
+	}
+	err := c.dev.CopyDtoH(out[:m*rb], p.dev[slot], i*rb)
+	if err == nil {
+		var ev gpu.Event
+		if ev, err = c.dev.Record(); err == nil {
+			err = c.dev.Wait(ev)
+		}
+	}
+	c.mu.Lock()
+	p.devReads--
+	free := p.devReads == 0 && p.devRelease
+	if free {
+		p.devRelease = false
+		c.freeDevLocked(p)
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return c.fail(err)
+	}
+	return nil
+}
+
+// freeDevLocked is freeDev for callers holding c.mu (device frees are not
+// waits).
+func (c *Cache) freeDevLocked(p *producer) { c.freeDev(p) }
 
 // ---- Sync, Peek, Close, Stats ----
 
@@ -1024,6 +1072,10 @@ func (c *Cache) Close() error {
 	}
 	for k := range c.keys {
 		c.keys[k].occ.Free()
+	}
+	if c.newest != nil {
+		hostmem.FreeUint64s(c.newest)
+		c.newest = nil
 	}
 	return nil
 }
@@ -1138,10 +1190,61 @@ func (c *Cache) masked(occ *soa.Occupancy, sl []int32, owner uint64) []int32 {
 	return c.mask
 }
 
+// scanQueued records, per immediate slot, the newest write queued so far
+// (committer only), so that an older write skips rows a newer one replaces.
+func (c *Cache) scanQueued() {
+	if c.newest == nil {
+		var err error
+		if c.newest, err = hostmem.Uint64s(c.nslots); err != nil {
+			c.newest = make([]uint64, c.nslots)
+		}
+	}
+	c.scanned = c.q.Since(c.scanned, func(t task) {
+		p := t.p
+		if p == nil {
+			return
+		}
+		for _, s := range p.slots[:p.steps*p.n] {
+			c.newest[s] = p.id
+		}
+	})
+}
+
+// newerMask copies sl into the committer's scratch with the slots that a
+// newer queued write replaces set to -1, and counts rows written/skipped.
+func (c *Cache) newerMask(ki int, sl []int32, id uint64) []int32 {
+	c.mask = grow(c.mask, len(sl))
+	skipped := 0
+	for i, s := range sl {
+		if c.newest[s] > id {
+			c.mask[i] = -1
+			skipped++
+		} else {
+			c.mask[i] = s
+		}
+	}
+	c.st.skipped.Add(int64(skipped))
+	c.st.rows.Add(int64(len(sl) - skipped))
+	c.st.bytes.Add(int64(len(sl)-skipped) * int64(c.rowB[c.imm[ki]]))
+	return c.mask
+}
+
 func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
 	if err := c.dev.Wait(ev); err != nil {
 		return err
 	}
+	c.scanQueued()
+	// Parked device rows are now staged: release them (or leave that to the
+	// last reader still copying from them).
+	c.mu.Lock()
+	if p.devLive {
+		if p.devReads == 0 {
+			c.freeDev(p)
+		} else {
+			p.devLive, p.devRelease = false, true
+		}
+	}
+	c.mu.Unlock()
 	// Device clones were only needed until the copy landed.
 	if len(p.early) > 0 {
 		for _, b := range p.early {
@@ -1163,11 +1266,11 @@ func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
 			}
 			// Immediate keys are claimed here, in write order: a reader
 			// that sees the word change around its copy knows the row moved.
-			occ.Claim(sl, p.id, 0)
-			m.Write(sl, rows[:p.n*c.rowB[k]])
-			occ.Commit(sl, p.id)
-			c.st.rows.Add(int64(p.n))
-			c.st.bytes.Add(int64(p.n * c.rowB[k]))
+			// Rows a write queued behind this one overwrites are skipped.
+			mk := c.newerMask(ki, sl, p.id)
+			occ.Claim(mk, p.id, 0)
+			m.Write(mk, rows[:p.n*c.rowB[k]])
+			occ.Commit(mk, p.id)
 		}
 	}
 	return nil

@@ -48,6 +48,14 @@ type producer struct {
 	earlyB int64 // bytes of early, released by the committer after the copy
 	charge int64 // bytes released with the producer
 
+	// device rows parked by the decode buffer (dev) are read by
+	// Materialize until the flush has copied them to staged; the committer
+	// then releases them (guarded by the state lock).
+	devLive    bool
+	devReads   int32
+	devRelease bool
+	devCharge  int64
+
 	// deferred clone
 	key int
 	buf gpu.Buffer

@@ -92,6 +92,19 @@ func (q *Queue[T]) Drain() {
 	q.Wait(seq)
 }
 
+// Since calls fn, under the queue's lock, for every queued item with a
+// sequence number above seq, oldest first, and returns the last sequence
+// number it saw (seq when none). fn must not call back into the queue.
+func (q *Queue[T]) Since(seq uint64, fn func(v T)) uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	first := q.pushed - uint64(q.n) + 1 // sequence number of the head
+	for s := max(seq+1, first); s <= q.pushed; s++ {
+		fn(q.buf[(q.head+int(s-first))%len(q.buf)])
+	}
+	return max(seq, q.pushed)
+}
+
 // Pushed is the sequence number of the last item pushed.
 func (q *Queue[T]) Pushed() uint64 {
 	q.mu.Lock()

@@ -67,7 +67,6 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		p.host = grow(p.host, m)
 		p.dev = grow(p.dev, m)
 		p.staged = grow(p.staged, m)
-		p.slots = p.slots[:0]
 		c.buf.p = p
 		c.buf.ids = append(c.buf.ids[:0], c.cur.ids...)
 		c.mu.Lock()
@@ -83,7 +82,7 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 			return err
 		}
 	}
-	p.slots = append(p.slots, c.cur.slots...)
+	p.rows.AppendSlots(c.cur.slots, int32(j), int32(j*n))
 	c.mu.Lock()
 	for _, k := range c.imm {
 		rec.src[k], rec.srcOff[k] = p, int32(j*n)

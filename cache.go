@@ -546,7 +546,7 @@ func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
 		return c.fail(err)
 	}
 	p.steps = 1
-	p.slots = append(p.slots[:0], c.cur.slots...)
+	p.rows.AppendSlots(c.cur.slots, 0, 0)
 	c.mu.Lock()
 	for _, k := range c.imm {
 		rec.src[k], rec.srcOff[k] = p, 0
@@ -564,8 +564,9 @@ func (c *Cache) newProducer(pg *writer.Page, n int) *producer {
 	if p == nil {
 		p = &producer{}
 	}
-	host, dev, staged, sl, early := p.host[:0], p.dev[:0], p.staged[:0], p.slots[:0], p.early[:0]
-	*p = producer{id: c.newID(), page: pg, n: n, host: host, dev: dev, staged: staged, slots: sl, early: early}
+	host, dev, staged, rows, early := p.host[:0], p.dev[:0], p.staged[:0], p.rows, p.early[:0]
+	rows.Reset()
+	*p = producer{id: c.newID(), page: pg, n: n, host: host, dev: dev, staged: staged, rows: rows, early: early}
 	return p
 }
 
@@ -1204,7 +1205,7 @@ func (c *Cache) scanQueued() {
 		if p == nil {
 			return
 		}
-		for _, s := range p.slots[:p.steps*p.n] {
+		for _, s := range p.rows.Slot {
 			c.newest[s] = p.id
 		}
 	})
@@ -1259,7 +1260,7 @@ func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
 		m := c.mirrorOf(k)
 		ki := c.keys[k].imm
 		for j := 0; j < p.steps; j++ {
-			sl := p.slots[j*p.n : (j+1)*p.n]
+			sl := p.rows.Slot[j*p.n : (j+1)*p.n]
 			rows := p.host[j*len(c.imm)+ki]
 			if rows == nil {
 				rows = p.staged[j*len(c.imm)+ki]

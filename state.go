@@ -43,7 +43,8 @@ type producer struct {
 	host   [][]byte
 	dev    []gpu.Buffer
 	staged [][]byte
-	slots  []int32 // slot of every row
+	rows   soa.Pending // immediate: slot, parked step and row offset of every row
+	slots  []int32     // deferred: slot of every clone row
 	early  []gpu.Buffer
 	earlyB int64 // bytes of early, released by the committer after the copy
 	charge int64 // bytes released with the producer

@@ -1,0 +1,700 @@
+// Command _asm generates the AVX2 and AVX-512 kernels of package slots
+// (slots_amd64.s and slots_stubs_amd64.go) with avo. Run it through
+// `make generate`; `make check-generate` fails when the committed files drift.
+//
+// # The algorithm
+//
+// A step's batch is a list of requests (row, start, count) and a block table
+// (Stride block ids per row). Position pos of a request lives in slot
+// Table[row*Stride + pos/bs]*bs + pos%bs, bs the block size. All arithmetic is
+// int32 and wraps; Go has checked the batch, so every table index fits.
+//
+// Check. One vector pass over the requests, 16 (AVX-512) or 8 (AVX2) at a
+// time, the last vector masked: a request is bad when its row is negative or
+// not below the table's row count, when start or count is negative, or when
+// count > 0 and start+count is past the positions a row holds (compared as
+// count > positions-start, which cannot overflow). The counts are widened to
+// 64 bits and summed. The kernel returns the sum, or -1 for a bad batch (Go
+// then words the error).
+//
+// Map. Decode steps schedule one token per request, so the kernel looks at
+// the counts of the next vector of requests, finds the leading run of lanes
+// whose count is 1 (a compare, a mask, a count of trailing zeros), and maps
+// that run in one go: column = start/bs and offset = start%bs (a shift and a
+// mask for a power-of-two bs; otherwise a multiply by 1/bs in float64 and one
+// correction step, exact for 32-bit starts), index = row*Stride + column, a
+// gather of the block ids, slot = block*bs + offset, a masked store. The
+// request that ended the run (count 0, or a prefill chunk of count >= 2) is
+// mapped by scalar code and the loop goes on with the next vector. A request
+// of count c >= 2 is a run of consecutive positions: its first block from the
+// start's offset, then whole blocks, then a partial last block. Each block is
+// a run of consecutive slots, written as broadcast(block*bs + offset) + iota
+// in whole vector stores, with a masked store for the remainder; when bs is a
+// multiple of the lane count, whole blocks take a tight loop of full stores.
+//
+// Expand. A hit span is a request that starts at position 0 of its own block
+// list: the same block runs, from offset 0.
+//
+// Masked loads and stores never touch memory past the slices' lengths: the
+// AVX-512 opmask and AVX2 VPMASKMOVD suppress faults on masked-off lanes.
+//
+// Instruction families: AVX-512 kernels use AVX512F (and AVX512VL for EVEX
+// forms of xmm/ymm instructions), AVX, AVX2, BMI1 (TZCNT), BMI2 (BZHI, SHRX);
+// AVX2 kernels use AVX, AVX2, BMI1 and BMI2. slots_amd64.go gates them all.
+package main
+
+import (
+	"flag"
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+func main() {
+	flag.Parse()
+	ConstraintExpr("amd64,!purego,!noasm")
+
+	for _, v := range []isa{avx512, avx2} {
+		genCheck(v)
+		genMap(v, false)
+		genMap(v, true)
+		genExpand(v)
+	}
+	Generate()
+}
+
+// isa abstracts the vector width: the AVX-512 kernels use zmm registers and
+// opmasks, the AVX2 kernels ymm registers and mask vectors.
+type isa struct {
+	name  string // function name suffix
+	lanes int    // int32 lanes per vector
+}
+
+var (
+	avx512 = isa{name: "AVX512", lanes: 16}
+	avx2   = isa{name: "AVX2", lanes: 8}
+)
+
+func (v isa) vec() VecVirtual {
+	if v.lanes == 16 {
+		return ZMM()
+	}
+	return YMM()
+}
+
+// labels makes function-unique label names.
+var labelCount int
+
+func label(name string) string {
+	labelCount++
+	return fmt.Sprintf("%s_%d", name, labelCount)
+}
+
+// zero returns a zeroed vector.
+func (v isa) zero() VecVirtual {
+	x := v.vec()
+	if v.lanes == 16 {
+		VPXORD(x, x, x)
+	} else {
+		VPXOR(x, x, x)
+	}
+	return x
+}
+
+// broadcast returns a vector with r's low 32 bits in every lane.
+func (v isa) broadcast(r GP) VecVirtual {
+	x := v.vec()
+	if v.lanes == 16 {
+		VPBROADCASTD(r.As32(), x)
+	} else {
+		VMOVD(r.As32(), x.AsX())
+		VPBROADCASTD(x.AsX(), x)
+	}
+	return x
+}
+
+// broadcastImm returns a vector with c in every lane.
+func (v isa) broadcastImm(c uint32) VecVirtual {
+	r := GP32()
+	MOVL(U32(c), r)
+	return v.broadcast(r)
+}
+
+// minLanes returns min(rem, lanes) in a new register.
+func (v isa) minLanes(rem GPVirtual) GPVirtual {
+	n := GP64()
+	MOVQ(U32(v.lanes), n)
+	CMPQ(rem, n)
+	CMOVQLT(rem, n)
+	return n
+}
+
+// kmask returns an opmask with the low n bits set (0 <= n <= 16).
+func kmask(n GP) Op {
+	t := GP32()
+	MOVL(U32(0xffff), t)
+	BZHIL(n.As32(), t, t)
+	k := K()
+	KMOVW(t, k)
+	return k
+}
+
+// iota returns the vector 0, 1, 2, ... lanes-1. It is built from
+// immediates, not loaded from a global: a global access would clobber R15
+// when dynamic linking, and the kernels use every register.
+func (v isa) iota() VecVirtual {
+	r := GP64()
+	MOVQ(U64(0x0706050403020100), r)
+	x := XMM()
+	VMOVQ(r, x)
+	y := v.vec()
+	if v.lanes == 16 {
+		MOVQ(U64(0x0f0e0d0c0b0a0908), r)
+		VPINSRQ(U8(1), r, x, x)
+	}
+	VPMOVZXBD(x, y)
+	return y
+}
+
+// ymask returns a vector whose low n lanes are all ones (0 <= n <= 8).
+func ymask(n GP, iota VecVirtual) VecVirtual {
+	y := avx2.broadcast(n)
+	VPCMPGTD(iota, y, y)
+	return y
+}
+
+// at returns the memory operand p + 4*i.
+func at(p, i Register) Mem { return Mem{Base: p, Index: i, Scale: 4} }
+
+// genCheck emits check<ISA>: the request pass described in the package doc.
+func genCheck(v isa) {
+	TEXT("check"+v.name, NOSPLIT, "func(rows, start, count *int32, n, nrows, positions int) int")
+	Doc(
+		"check"+v.name+" validates n requests (n > 0) against a table of nrows rows",
+		"whose rows hold positions positions each, and returns their token total,",
+		"or -1 if a request is bad.",
+	)
+	rows := param("rows")
+	start := param("start")
+	count := param("count")
+	n := param("n")
+	nrows, positions := GP64(), GP64()
+	Load(Param("nrows"), nrows)
+	Load(Param("positions"), positions)
+	vNrows, vPos := v.broadcast(nrows), v.broadcast(positions)
+	zero := v.zero()
+	sum := v.zero() // 64-bit lanes
+	i := GP64()
+	XORQ(i, i)
+	loop, done, bad := label("loop"), label("done"), label("bad")
+
+	if v.lanes == 16 {
+		kbad := K()
+		KXORW(kbad, kbad, kbad)
+		Label(loop)
+		rem := GP64()
+		MOVQ(n, rem)
+		SUBQ(i, rem)
+		JLE(LabelRef(done))
+		valid := kmask(v.minLanes(rem))
+		r, s, c := ZMM(), ZMM(), ZMM()
+		VMOVDQU32_Z(at(rows, i), valid, r)
+		VMOVDQU32_Z(at(start, i), valid, s)
+		VMOVDQU32_Z(at(count, i), valid, c)
+		Comment("row >= nrows (unsigned: a negative row too)")
+		k1 := K()
+		VPCMPUD(U8(5), vNrows, r, valid, k1)
+		KORW(k1, kbad, kbad)
+		Comment("start or count negative")
+		sc := ZMM()
+		VPORD(s, c, sc)
+		k2 := K()
+		VPCMPD(U8(1), zero, sc, valid, k2)
+		KORW(k2, kbad, kbad)
+		Comment("count > 0 and count > positions-start")
+		room := ZMM()
+		VPSUBD(s, vPos, room)
+		k3 := K()
+		VPTESTMD(c, c, valid, k3)
+		VPCMPD(U8(6), room, c, k3, k3)
+		KORW(k3, kbad, kbad)
+		Comment("sum the counts in 64-bit lanes")
+		lo, hi := ZMM(), ZMM()
+		VPMOVZXDQ(c.AsY(), lo)
+		VEXTRACTI64X4(U8(1), c, hi.AsY())
+		VPMOVZXDQ(hi.AsY(), hi)
+		VPADDQ(lo, sum, sum)
+		VPADDQ(hi, sum, sum)
+		ADDQ(U8(16), i)
+		JMP(LabelRef(loop))
+
+		Label(done)
+		KORTESTW(kbad, kbad)
+		JNZ(LabelRef(bad))
+		h := YMM()
+		VEXTRACTI64X4(U8(1), sum, h)
+		VPADDQ(h, sum.AsY(), sum.AsY())
+	} else {
+		lm := v.iota()
+		acc := YMM()
+		VPXOR(acc, acc, acc)
+		Label(loop)
+		rem := GP64()
+		MOVQ(n, rem)
+		SUBQ(i, rem)
+		JLE(LabelRef(done))
+		valid := ymask(v.minLanes(rem), lm)
+		r, s, c := YMM(), YMM(), YMM()
+		VPMASKMOVD(at(rows, i), valid, r)
+		VPMASKMOVD(at(start, i), valid, s)
+		VPMASKMOVD(at(count, i), valid, c)
+		Comment("row, start or count negative")
+		neg := YMM()
+		VPOR(r, s, neg)
+		VPOR(c, neg, neg)
+		VPSRAD(U8(31), neg, neg)
+		Comment("count > 0 and count > positions-start")
+		room, col, cz := YMM(), YMM(), YMM()
+		VPSUBD(s, vPos, room)
+		VPCMPGTD(room, c, col)
+		VPCMPEQD(zero, c, cz)
+		VPANDN(col, cz, col)
+		VPOR(col, neg, neg)
+		VPAND(valid, neg, neg)
+		Comment("not (nrows > row), in a valid lane")
+		rowOK := YMM()
+		VPCMPGTD(r, vNrows, rowOK)
+		VPANDN(valid, rowOK, rowOK)
+		VPOR(rowOK, neg, neg)
+		VPOR(neg, acc, acc)
+		Comment("sum the counts in 64-bit lanes")
+		lo, hi := YMM(), YMM()
+		VPMOVZXDQ(c.AsX(), lo)
+		VEXTRACTI128(U8(1), c, hi.AsX())
+		VPMOVZXDQ(hi.AsX(), hi)
+		VPADDQ(lo, sum, sum)
+		VPADDQ(hi, sum, sum)
+		ADDQ(U8(8), i)
+		JMP(LabelRef(loop))
+
+		Label(done)
+		VPTEST(acc, acc)
+		JNZ(LabelRef(bad))
+	}
+	x := XMM()
+	VEXTRACTI128(U8(1), sum.AsY(), x)
+	VPADDQ(x, sum.AsX(), x)
+	x2 := XMM()
+	VPSHUFD(U8(0x4e), x, x2)
+	VPADDQ(x2, x, x)
+	total := GP64()
+	VMOVQ(x, total)
+	Store(total, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+
+	Label(bad)
+	m1 := GP64()
+	MOVQ(I32(-1), m1)
+	Store(m1, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// kernel holds the registers a map or expand kernel keeps across its loops.
+type kernel struct {
+	v     isa
+	div   bool       // bs need not be a power of two
+	o     GPVirtual  // next slot to write
+	bs    GPVirtual  // block size
+	shift GPVirtual  // log2(bs) (power-of-two kernels)
+	xbs   VecVirtual // bs in every lane
+	iota  VecVirtual // 0, 1, 2, ... lanes-1
+	step  VecVirtual // lanes in every lane
+	one   VecVirtual // 1 in every lane
+	vsh   VecVirtual // shift, as a shift count (power-of-two kernels)
+	mask  VecVirtual // bs-1 in every lane (power-of-two kernels)
+	rcp   VecVirtual // 1/bs as float64 in every lane (other kernels)
+	xrcp  VecVirtual // 1/bs as a scalar float64 (other kernels)
+}
+
+func newKernel(v isa, div bool, o, bs GPVirtual) *kernel {
+	k := &kernel{v: v, div: div, o: o, bs: bs}
+	k.xbs = v.broadcast(bs)
+	k.iota = v.iota()
+	k.step = v.broadcastImm(uint32(v.lanes))
+	return k
+}
+
+// decodeSetup loads what the vector decode path needs.
+func (k *kernel) decodeSetup() {
+	k.one = k.v.broadcastImm(1)
+	if k.div {
+		k.xrcp = XMM()
+		Load(Param("recip"), k.xrcp)
+		k.rcp = k.v.vec()
+		VBROADCASTSD(k.xrcp, k.rcp)
+		return
+	}
+	k.shift = GP64()
+	TZCNTQ(k.bs, k.shift)
+	k.vsh = XMM()
+	VMOVQ(k.shift, k.vsh)
+	k.mask = k.v.vec()
+	VPSUBD(k.one, k.xbs, k.mask)
+}
+
+// divmod splits the starts in s into block columns and offsets.
+func (k *kernel) divmod(s VecVirtual) (col, off VecVirtual) {
+	col, off = k.v.vec(), k.v.vec()
+	if !k.div {
+		VPSRLD(k.vsh, s, col)
+		VPANDD_or_VPAND(k.v, k.mask, s, off)
+		return col, off
+	}
+	Comment("column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31")
+	if k.v.lanes == 16 {
+		d0, d1 := ZMM(), ZMM()
+		VCVTDQ2PD(s.AsY(), d0)
+		VEXTRACTI64X4(U8(1), s, d1.AsY())
+		VCVTDQ2PD(d1.AsY(), d1)
+		VMULPD(k.rcp, d0, d0)
+		VMULPD(k.rcp, d1, d1)
+		VCVTTPD2DQ(d0, col.AsY())
+		VCVTTPD2DQ(d1, d1.AsY())
+		VINSERTI64X4(U8(1), d1.AsY(), col, col)
+		VPMULLD(k.xbs, col, off)
+		VPSUBD(off, s, off)
+		ge := K()
+		VPCMPUD(U8(5), k.xbs, off, ge)
+		VPADDD(k.one, col, ge, col)
+		VPSUBD(k.xbs, off, ge, off)
+		return col, off
+	}
+	d0, d1 := YMM(), YMM()
+	VCVTDQ2PD(s.AsX(), d0)
+	VEXTRACTI128(U8(1), s, d1.AsX())
+	VCVTDQ2PD(d1.AsX(), d1)
+	VMULPD(k.rcp, d0, d0)
+	VMULPD(k.rcp, d1, d1)
+	VCVTTPD2DQY(d0, col.AsX())
+	VCVTTPD2DQY(d1, d1.AsX())
+	VINSERTI128(U8(1), d1.AsX(), col, col)
+	VPMULLD(k.xbs, col, off)
+	VPSUBD(off, s, off)
+	Comment("offset >= bs (unsigned) where max(offset, bs) == offset")
+	ge := YMM()
+	VPMAXUD(k.xbs, off, ge)
+	VPCMPEQD(off, ge, ge)
+	VPSUBD(ge, col, col)
+	VPAND(k.xbs, ge, ge)
+	VPSUBD(ge, off, off)
+	return col, off
+}
+
+// VPANDD_or_VPAND is a bitwise and of the ISA's width.
+func VPANDD_or_VPAND(v isa, a, b, dst Op) {
+	if v.lanes == 16 {
+		VPANDD(a, b, dst)
+	} else {
+		VPAND(a, b, dst)
+	}
+}
+
+// slots turns gathered block ids g into slots g*bs + off, in place.
+func (k *kernel) slots(g, off VecVirtual) {
+	if k.div {
+		VPMULLD(k.xbs, g, g)
+		VPADDD(off, g, g)
+		return
+	}
+	VPSLLD(k.vsh, g, g)
+	if k.v.lanes == 16 {
+		VPORD(off, g, g)
+	} else {
+		VPOR(off, g, g)
+	}
+}
+
+// scalarDivmod splits start s (0 <= s < 2^31) into column and offset.
+func (k *kernel) scalarDivmod(s GPVirtual) (col, off GPVirtual) {
+	col, off = GP64(), GP64()
+	if !k.div {
+		SHRXL(k.shift.As32(), s.As32(), col.As32())
+		MOVL(k.bs.As32(), off.As32())
+		DECL(off.As32())
+		ANDL(s.As32(), off.As32())
+		return col, off
+	}
+	x := XMM()
+	VCVTSI2SDL(s.As32(), k.xrcp, x)
+	VMULSD(k.xrcp, x, x)
+	VCVTTSD2SI(x, col.As32())
+	MOVL(col.As32(), off.As32())
+	IMULL(k.bs.As32(), off.As32())
+	NEGL(off.As32())
+	ADDL(s.As32(), off.As32())
+	Comment("if offset >= bs: column++, offset -= bs")
+	t := GP32()
+	MOVL(off.As32(), t)
+	SUBL(k.bs.As32(), t)
+	CMOVLCC(t, off.As32())
+	SBBL(I8(-1), col.As32())
+	return col, off
+}
+
+// fill writes m (> 0 or 0) consecutive slots first, first+1, ... at o and
+// advances o.
+func (k *kernel) fill(first GP, m GPVirtual) {
+	lanes := k.v.lanes
+	loop, tail, end := label("fill"), label("filltail"), label("fillend")
+	x := k.v.broadcast(first)
+	VPADDD(k.iota, x, x)
+	CMPQ(m, U8(lanes))
+	JB(LabelRef(tail))
+	Label(loop)
+	k.store(x)
+	ADDQ(U8(4*lanes), k.o)
+	VPADDD(k.step, x, x)
+	SUBQ(U8(lanes), m)
+	CMPQ(m, U8(lanes))
+	JAE(LabelRef(loop))
+	Label(tail)
+	TESTQ(m, m)
+	JZ(LabelRef(end))
+	k.storeN(x, m)
+	LEAQ(at(k.o, m), k.o)
+	Label(end)
+}
+
+func (k *kernel) store(x VecVirtual) {
+	if k.v.lanes == 16 {
+		VMOVDQU32(x, Mem{Base: k.o})
+	} else {
+		VMOVDQU(x, Mem{Base: k.o})
+	}
+}
+
+// storeN stores the low n lanes of x at o (0 < n < lanes).
+func (k *kernel) storeN(x VecVirtual, n GPVirtual) {
+	if k.v.lanes == 16 {
+		VMOVDQU32(x, kmask(n), Mem{Base: k.o})
+	} else {
+		VPMASKMOVD(x, ymask(n, k.iota), Mem{Base: k.o})
+	}
+}
+
+// blocks writes c (> 0) slots of consecutive positions starting at offset
+// off of block *tp, then of tp[1], tp[2], ... and advances o.
+func (k *kernel) blocks(tp, off, c GPVirtual) {
+	lanes := k.v.lanes
+	fast, slow, tail, end := label("fast"), label("slow"), label("tail"), label("blocksend")
+	Comment("first block, from the offset")
+	m := GP64()
+	MOVQ(k.bs, m)
+	SUBQ(off, m)
+	CMPQ(m, c)
+	CMOVQGT(c, m)
+	first := GP32()
+	MOVL(Mem{Base: tp}, first)
+	IMULL(k.bs.As32(), first)
+	ADDL(off.As32(), first)
+	SUBQ(m, c)
+	k.fill(first, m)
+	TESTQ(c, c)
+	JZ(LabelRef(end))
+	ADDQ(U8(4), tp)
+	CMPQ(c, k.bs)
+	JB(LabelRef(tail))
+	TESTQ(U32(lanes-1), k.bs)
+	JNZ(LabelRef(slow))
+
+	Comment("whole blocks, bs a multiple of the lanes: full stores only")
+	Label(fast)
+	x := k.v.vec()
+	VPBROADCASTD(Mem{Base: tp}, x)
+	VPMULLD(k.xbs, x, x)
+	VPADDD(k.iota, x, x)
+	j := GP64()
+	MOVQ(k.bs, j)
+	inner := label("inner")
+	Label(inner)
+	k.store(x)
+	ADDQ(U8(4*lanes), k.o)
+	VPADDD(k.step, x, x)
+	SUBQ(U8(lanes), j)
+	JNZ(LabelRef(inner))
+	ADDQ(U8(4), tp)
+	SUBQ(k.bs, c)
+	CMPQ(c, k.bs)
+	JAE(LabelRef(fast))
+	JMP(LabelRef(tail))
+
+	Comment("whole blocks, any bs")
+	Label(slow)
+	b := GP32()
+	MOVL(Mem{Base: tp}, b)
+	IMULL(k.bs.As32(), b)
+	mm := GP64()
+	MOVQ(k.bs, mm)
+	k.fill(b, mm)
+	ADDQ(U8(4), tp)
+	SUBQ(k.bs, c)
+	CMPQ(c, k.bs)
+	JAE(LabelRef(slow))
+
+	Comment("last block, partial")
+	Label(tail)
+	TESTQ(c, c)
+	JZ(LabelRef(end))
+	b2 := GP32()
+	MOVL(Mem{Base: tp}, b2)
+	IMULL(k.bs.As32(), b2)
+	k.fill(b2, c)
+	Label(end)
+}
+
+// genMap emits map<Pow2|Div><ISA>.
+func genMap(v isa, div bool) {
+	name := "mapPow2" + v.name
+	sig := "func(dst, rows, start, count *int32, n int, table *int32, stride, blockSize int)"
+	doc := "for a power-of-two blockSize"
+	if div {
+		name = "mapDiv" + v.name
+		sig = "func(dst, rows, start, count *int32, n int, table *int32, stride, blockSize int, recip float64)"
+		doc = "for any blockSize >= 2 (recip = 1/blockSize)"
+	}
+	TEXT(name, NOSPLIT, sig)
+	Doc(name+" writes the slots of n checked requests (n > 0) to dst, "+doc+".",
+		"Table indexes must fit in an int32.")
+	o := param("dst")
+	rows := param("rows")
+	start := param("start")
+	count := param("count")
+	rem := param("n")
+	table := param("table")
+	stride := param("stride")
+	bs := param("blockSize")
+	k := newKernel(v, div, o, bs)
+	k.decodeSetup()
+	vStride := v.broadcast(stride)
+
+	loop, scalar, next, done := label("loop"), label("scalar"), label("next"), label("done")
+	Label(loop)
+	TESTQ(rem, rem)
+	JLE(LabelRef(done))
+	Comment("j = the number of leading requests with count 1 (decodes)")
+	j := GP64()
+	var run Op // mask of the j decodes
+	var runV VecVirtual
+	if v.lanes == 16 {
+		valid := kmask(v.minLanes(rem))
+		c := ZMM()
+		VMOVDQU32_Z(Mem{Base: count}, valid, c)
+		ones := K()
+		VPCMPEQD(k.one, c, valid, ones)
+		KMOVW(ones, j.As32())
+	} else {
+		valid := ymask(v.minLanes(rem), k.iota)
+		c := YMM()
+		VPMASKMOVD(Mem{Base: count}, valid, c)
+		VPCMPEQD(k.one, c, c)
+		VPAND(valid, c, c)
+		VMOVMSKPS(c, j.As32())
+	}
+	NOTL(j.As32())
+	TZCNTL(j.As32(), j.As32())
+	TESTL(j.As32(), j.As32())
+	JZ(LabelRef(scalar))
+
+	Comment("map the j decodes: gather one block id each")
+	s, idx := v.vec(), v.vec()
+	var g VecVirtual
+	if v.lanes == 16 {
+		run = kmask(j)
+		VMOVDQU32_Z(Mem{Base: start}, run, s)
+		VPMULLD_Z(Mem{Base: rows}, vStride, run, idx)
+	} else {
+		runV = ymask(j, k.iota)
+		VPMASKMOVD(Mem{Base: start}, runV, s)
+		VPMASKMOVD(Mem{Base: rows}, runV, idx)
+		VPMULLD(vStride, idx, idx)
+	}
+	col, off := k.divmod(s)
+	VPADDD(col, idx, idx)
+	g = v.zero()
+	if v.lanes == 16 {
+		gm := K()
+		KMOVW(run, gm)
+		VPGATHERDD(Mem{Base: table, Index: idx, Scale: 4}, gm, g)
+		k.slots(g, off)
+		VMOVDQU32(g, run, Mem{Base: o})
+	} else {
+		gm := YMM()
+		VMOVDQA(runV, gm)
+		VPGATHERDD(gm, Mem{Base: table, Index: idx, Scale: 4}, g)
+		k.slots(g, off)
+		VPMASKMOVD(g, runV, Mem{Base: o})
+	}
+	LEAQ(at(o, j), o)
+	LEAQ(at(rows, j), rows)
+	LEAQ(at(start, j), start)
+	LEAQ(at(count, j), count)
+	SUBQ(j, rem)
+	CMPQ(j, U8(v.lanes))
+	JE(LabelRef(loop))
+
+	Comment("the next request is not a decode (or there is none)")
+	Label(scalar)
+	TESTQ(rem, rem)
+	JLE(LabelRef(done))
+	cnt := GP64()
+	MOVL(Mem{Base: count}, cnt.As32())
+	TESTQ(cnt, cnt)
+	JZ(LabelRef(next))
+	sv := GP64()
+	MOVL(Mem{Base: start}, sv.As32())
+	r := GP64()
+	MOVL(Mem{Base: rows}, r.As32())
+	IMULQ(stride, r)
+	scol, soff := k.scalarDivmod(sv)
+	ADDQ(scol, r)
+	tp := GP64()
+	LEAQ(at(table, r), tp)
+	k.blocks(tp, soff, cnt)
+	Label(next)
+	ADDQ(U8(4), rows)
+	ADDQ(U8(4), start)
+	ADDQ(U8(4), count)
+	DECQ(rem)
+	JMP(LabelRef(loop))
+
+	Label(done)
+	VZEROUPPER()
+	RET()
+}
+
+// genExpand emits expand<ISA>.
+func genExpand(v isa) {
+	TEXT("expand"+v.name, NOSPLIT, "func(dst, blocks *int32, tokens, blockSize int)")
+	Doc("expand" + v.name + " writes the slots of positions [0, tokens) over blocks (tokens > 0).")
+	o := param("dst")
+	tp := param("blocks")
+	c := param("tokens")
+	bs := param("blockSize")
+	k := newKernel(v, false, o, bs)
+	off := GP64()
+	XORQ(off, off)
+	k.blocks(tp, off, c)
+	VZEROUPPER()
+	RET()
+}
+
+// param loads the named integer or pointer argument into a new register.
+func param(name string) GPVirtual {
+	r := GP64()
+	Load(Param(name), r)
+	return r
+}

@@ -103,9 +103,13 @@ func checkBatch(b *Batch, blockSize int) error {
 // holds (clamped so that every position fits in an int32). b passed
 // checkBatch and has requests, so Stride > 0.
 func limits(b *Batch, blockSize int) (rows int, positions int64) {
-	rows = len(b.Table) / b.Stride
+	if uint64(len(b.Table)) <= math.MaxUint32 && uint64(b.Stride) <= math.MaxUint32 {
+		rows = int(uint32(len(b.Table)) / uint32(b.Stride)) // a 32-bit division is cheaper
+	} else {
+		rows = len(b.Table) / b.Stride
+	}
 	positions = math.MaxInt32
-	if int64(b.Stride) <= math.MaxInt32/int64(blockSize) {
+	if b.Stride < math.MaxInt32 { // then Stride*blockSize < 2^62
 		positions = min(int64(b.Stride)*int64(blockSize), math.MaxInt32)
 	}
 	return rows, positions

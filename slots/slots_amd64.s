@@ -200,6 +200,10 @@ fillend_14:
 	ADDQ  $0x04, R12
 	CMPQ  R11, R9
 	JB    tail_10
+	CMPQ  R9, $0x10
+	JE    bs16_15
+	CMPQ  R9, $0x20
+	JE    bs32_16
 	TESTQ $0x0000000f, R9
 	JNZ   slow_9
 
@@ -210,17 +214,111 @@ fast_8:
 	VPADDD       Z1, Z8, Z8
 	MOVQ         R9, R13
 
-inner_15:
+inner_17:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R13
-	JNZ       inner_15
+	JNZ       inner_17
 	ADDQ      $0x04, R12
 	SUBQ      R9, R11
 	CMPQ      R11, R9
 	JAE       fast_8
 	JMP       tail_10
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_15:
+	CMPQ R11, $0x00000040
+	JB   one_19
+
+four_18:
+	VPBROADCASTD (R12), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD 4(R12), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD 8(R12), Z10
+	VPMULLD      Z0, Z10, Z10
+	VPADDD       Z1, Z10, Z10
+	VPBROADCASTD 12(R12), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VMOVDQU32    Z8, (AX)
+	VMOVDQU32    Z9, 64(AX)
+	VMOVDQU32    Z10, 128(AX)
+	VMOVDQU32    Z11, 192(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, R12
+	SUBQ         $0x00000040, R11
+	CMPQ         R11, $0x00000040
+	JAE          four_18
+	CMPQ         R11, $0x00000010
+	JB           tail_10
+
+one_19:
+	VPBROADCASTD (R12), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VMOVDQU32    Z8, (AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, R12
+	SUBQ         $0x00000010, R11
+	CMPQ         R11, $0x00000010
+	JAE          one_19
+	JMP          tail_10
+
+	// whole blocks, bs = 32: unrolled full stores
+bs32_16:
+	CMPQ R11, $0x00000080
+	JB   one_21
+
+four_20:
+	VPBROADCASTD (R12), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD 4(R12), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD 8(R12), Z10
+	VPMULLD      Z0, Z10, Z10
+	VPADDD       Z1, Z10, Z10
+	VPBROADCASTD 12(R12), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VMOVDQU32    Z8, (AX)
+	VPADDD       Z3, Z8, Z8
+	VMOVDQU32    Z8, 64(AX)
+	VMOVDQU32    Z9, 128(AX)
+	VPADDD       Z3, Z9, Z9
+	VMOVDQU32    Z9, 192(AX)
+	VMOVDQU32    Z10, 256(AX)
+	VPADDD       Z3, Z10, Z10
+	VMOVDQU32    Z10, 320(AX)
+	VMOVDQU32    Z11, 384(AX)
+	VPADDD       Z3, Z11, Z11
+	VMOVDQU32    Z11, 448(AX)
+	ADDQ         $0x00000200, AX
+	ADDQ         $0x10, R12
+	SUBQ         $0x00000080, R11
+	CMPQ         R11, $0x00000080
+	JAE          four_20
+	CMPQ         R11, $0x00000020
+	JB           tail_10
+
+one_21:
+	VPBROADCASTD (R12), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VMOVDQU32    Z8, (AX)
+	VPADDD       Z3, Z8, Z8
+	VMOVDQU32    Z8, 64(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x04, R12
+	SUBQ         $0x00000020, R11
+	CMPQ         R11, $0x00000020
+	JAE          one_21
+	JMP          tail_10
 
 	// whole blocks, any bs
 slow_9:
@@ -230,26 +328,26 @@ slow_9:
 	VPBROADCASTD R13, Z8
 	VPADDD       Z1, Z8, Z8
 	CMPQ         R14, $0x10
-	JB           filltail_17
+	JB           filltail_23
 
-fill_16:
+fill_22:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R14
 	CMPQ      R14, $0x10
-	JAE       fill_16
+	JAE       fill_22
 
-filltail_17:
+filltail_23:
 	TESTQ     R14, R14
-	JZ        fillend_18
+	JZ        fillend_24
 	MOVL      $0x0000ffff, R13
 	BZHIL     R14, R13, R13
 	KMOVW     R13, K1
 	VMOVDQU32 Z8, K1, (AX)
 	LEAQ      (AX)(R14*4), AX
 
-fillend_18:
+fillend_24:
 	ADDQ $0x04, R12
 	SUBQ R9, R11
 	CMPQ R11, R9
@@ -264,26 +362,26 @@ tail_10:
 	VPBROADCASTD R12, Z8
 	VPADDD       Z1, Z8, Z8
 	CMPQ         R11, $0x10
-	JB           filltail_20
+	JB           filltail_26
 
-fill_19:
+fill_25:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R11
 	CMPQ      R11, $0x10
-	JAE       fill_19
+	JAE       fill_25
 
-filltail_20:
+filltail_26:
 	TESTQ     R11, R11
-	JZ        fillend_21
+	JZ        fillend_27
 	MOVL      $0x0000ffff, R12
 	BZHIL     R11, R12, R12
 	KMOVW     R12, K1
 	VMOVDQU32 Z8, K1, (AX)
 	LEAQ      (AX)(R11*4), AX
 
-fillend_21:
+fillend_27:
 blocksend_11:
 next_6:
 	ADDQ $0x04, CX
@@ -321,9 +419,9 @@ TEXT ·mapDivAVX512(SB), NOSPLIT, $0-72
 	VBROADCASTSD X5, Z6
 	VPBROADCASTD R8, Z7
 
-loop_22:
+loop_28:
 	TESTQ SI, SI
-	JLE   done_25
+	JLE   done_31
 
 	// j = the number of leading requests with count 1 (decodes)
 	MOVQ        $0x00000010, R10
@@ -338,7 +436,7 @@ loop_22:
 	NOTL        R10
 	TZCNTL      R10, R10
 	TESTL       R10, R10
-	JZ          scalar_23
+	JZ          scalar_29
 
 	// map the j decodes: gather one block id each
 	MOVL        $0x0000ffff, R11
@@ -374,15 +472,15 @@ loop_22:
 	LEAQ          (BX)(R10*4), BX
 	SUBQ          R10, SI
 	CMPQ          R10, $0x10
-	JE            loop_22
+	JE            loop_28
 
 	// the next request is not a decode (or there is none)
-scalar_23:
+scalar_29:
 	TESTQ      SI, SI
-	JLE        done_25
+	JLE        done_31
 	MOVL       (BX), R10
 	TESTQ      R10, R10
-	JZ         next_24
+	JZ         next_30
 	MOVL       (DX), R11
 	MOVL       (CX), R12
 	IMULQ      R8, R12
@@ -414,124 +512,222 @@ scalar_23:
 	VPBROADCASTD R13, Z8
 	VPADDD       Z1, Z8, Z8
 	CMPQ         R12, $0x10
-	JB           filltail_31
+	JB           filltail_37
 
-fill_30:
+fill_36:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R12
 	CMPQ      R12, $0x10
-	JAE       fill_30
+	JAE       fill_36
 
-filltail_31:
+filltail_37:
 	TESTQ     R12, R12
-	JZ        fillend_32
+	JZ        fillend_38
 	MOVL      $0x0000ffff, R13
 	BZHIL     R12, R13, R13
 	KMOVW     R13, K1
 	VMOVDQU32 Z8, K1, (AX)
 	LEAQ      (AX)(R12*4), AX
 
-fillend_32:
+fillend_38:
 	TESTQ R10, R10
-	JZ    blocksend_29
+	JZ    blocksend_35
 	ADDQ  $0x04, R11
 	CMPQ  R10, R9
-	JB    tail_28
+	JB    tail_34
+	CMPQ  R9, $0x10
+	JE    bs16_39
+	CMPQ  R9, $0x20
+	JE    bs32_40
 	TESTQ $0x0000000f, R9
-	JNZ   slow_27
+	JNZ   slow_33
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_26:
+fast_32:
 	VPBROADCASTD (R11), Z8
 	VPMULLD      Z0, Z8, Z8
 	VPADDD       Z1, Z8, Z8
 	MOVQ         R9, R12
 
-inner_33:
+inner_41:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R12
-	JNZ       inner_33
+	JNZ       inner_41
 	ADDQ      $0x04, R11
 	SUBQ      R9, R10
 	CMPQ      R10, R9
-	JAE       fast_26
-	JMP       tail_28
+	JAE       fast_32
+	JMP       tail_34
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_39:
+	CMPQ R10, $0x00000040
+	JB   one_43
+
+four_42:
+	VPBROADCASTD (R11), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD 4(R11), Z10
+	VPMULLD      Z0, Z10, Z10
+	VPADDD       Z1, Z10, Z10
+	VPBROADCASTD 8(R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VPBROADCASTD 12(R11), Z12
+	VPMULLD      Z0, Z12, Z12
+	VPADDD       Z1, Z12, Z12
+	VMOVDQU32    Z8, (AX)
+	VMOVDQU32    Z10, 64(AX)
+	VMOVDQU32    Z11, 128(AX)
+	VMOVDQU32    Z12, 192(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, R11
+	SUBQ         $0x00000040, R10
+	CMPQ         R10, $0x00000040
+	JAE          four_42
+	CMPQ         R10, $0x00000010
+	JB           tail_34
+
+one_43:
+	VPBROADCASTD (R11), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VMOVDQU32    Z8, (AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, R11
+	SUBQ         $0x00000010, R10
+	CMPQ         R10, $0x00000010
+	JAE          one_43
+	JMP          tail_34
+
+	// whole blocks, bs = 32: unrolled full stores
+bs32_40:
+	CMPQ R10, $0x00000080
+	JB   one_45
+
+four_44:
+	VPBROADCASTD (R11), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD 4(R11), Z10
+	VPMULLD      Z0, Z10, Z10
+	VPADDD       Z1, Z10, Z10
+	VPBROADCASTD 8(R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VPBROADCASTD 12(R11), Z12
+	VPMULLD      Z0, Z12, Z12
+	VPADDD       Z1, Z12, Z12
+	VMOVDQU32    Z8, (AX)
+	VPADDD       Z3, Z8, Z8
+	VMOVDQU32    Z8, 64(AX)
+	VMOVDQU32    Z10, 128(AX)
+	VPADDD       Z3, Z10, Z10
+	VMOVDQU32    Z10, 192(AX)
+	VMOVDQU32    Z11, 256(AX)
+	VPADDD       Z3, Z11, Z11
+	VMOVDQU32    Z11, 320(AX)
+	VMOVDQU32    Z12, 384(AX)
+	VPADDD       Z3, Z12, Z12
+	VMOVDQU32    Z12, 448(AX)
+	ADDQ         $0x00000200, AX
+	ADDQ         $0x10, R11
+	SUBQ         $0x00000080, R10
+	CMPQ         R10, $0x00000080
+	JAE          four_44
+	CMPQ         R10, $0x00000020
+	JB           tail_34
+
+one_45:
+	VPBROADCASTD (R11), Z8
+	VPMULLD      Z0, Z8, Z8
+	VPADDD       Z1, Z8, Z8
+	VMOVDQU32    Z8, (AX)
+	VPADDD       Z3, Z8, Z8
+	VMOVDQU32    Z8, 64(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x04, R11
+	SUBQ         $0x00000020, R10
+	CMPQ         R10, $0x00000020
+	JAE          one_45
+	JMP          tail_34
 
 	// whole blocks, any bs
-slow_27:
+slow_33:
 	MOVL         (R11), R12
 	IMULL        R9, R12
 	MOVQ         R9, R13
 	VPBROADCASTD R12, Z8
 	VPADDD       Z1, Z8, Z8
 	CMPQ         R13, $0x10
-	JB           filltail_35
+	JB           filltail_47
 
-fill_34:
+fill_46:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R13
 	CMPQ      R13, $0x10
-	JAE       fill_34
+	JAE       fill_46
 
-filltail_35:
+filltail_47:
 	TESTQ     R13, R13
-	JZ        fillend_36
+	JZ        fillend_48
 	MOVL      $0x0000ffff, R12
 	BZHIL     R13, R12, R12
 	KMOVW     R12, K1
 	VMOVDQU32 Z8, K1, (AX)
 	LEAQ      (AX)(R13*4), AX
 
-fillend_36:
+fillend_48:
 	ADDQ $0x04, R11
 	SUBQ R9, R10
 	CMPQ R10, R9
-	JAE  slow_27
+	JAE  slow_33
 
 	// last block, partial
-tail_28:
+tail_34:
 	TESTQ        R10, R10
-	JZ           blocksend_29
+	JZ           blocksend_35
 	MOVL         (R11), R11
 	IMULL        R9, R11
 	VPBROADCASTD R11, Z8
 	VPADDD       Z1, Z8, Z8
 	CMPQ         R10, $0x10
-	JB           filltail_38
+	JB           filltail_50
 
-fill_37:
+fill_49:
 	VMOVDQU32 Z8, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z3, Z8, Z8
 	SUBQ      $0x10, R10
 	CMPQ      R10, $0x10
-	JAE       fill_37
+	JAE       fill_49
 
-filltail_38:
+filltail_50:
 	TESTQ     R10, R10
-	JZ        fillend_39
+	JZ        fillend_51
 	MOVL      $0x0000ffff, R11
 	BZHIL     R10, R11, R11
 	KMOVW     R11, K1
 	VMOVDQU32 Z8, K1, (AX)
 	LEAQ      (AX)(R10*4), AX
 
-fillend_39:
-blocksend_29:
-next_24:
+fillend_51:
+blocksend_35:
+next_30:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_22
+	JMP  loop_28
 
-done_25:
+done_31:
 	VZEROUPPER
 	RET
 
@@ -564,116 +760,214 @@ TEXT ·expandAVX512(SB), NOSPLIT, $0-32
 	VPBROADCASTD R8, Z3
 	VPADDD       Z1, Z3, Z3
 	CMPQ         DI, $0x10
-	JB           filltail_45
+	JB           filltail_57
 
-fill_44:
+fill_56:
 	VMOVDQU32 Z3, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z3, Z3
 	SUBQ      $0x10, DI
 	CMPQ      DI, $0x10
-	JAE       fill_44
+	JAE       fill_56
 
-filltail_45:
+filltail_57:
 	TESTQ     DI, DI
-	JZ        fillend_46
+	JZ        fillend_58
 	MOVL      $0x0000ffff, SI
 	BZHIL     DI, SI, SI
 	KMOVW     SI, K1
 	VMOVDQU32 Z3, K1, (AX)
 	LEAQ      (AX)(DI*4), AX
 
-fillend_46:
+fillend_58:
 	TESTQ DX, DX
-	JZ    blocksend_43
+	JZ    blocksend_55
 	ADDQ  $0x04, CX
 	CMPQ  DX, BX
-	JB    tail_42
+	JB    tail_54
+	CMPQ  BX, $0x10
+	JE    bs16_59
+	CMPQ  BX, $0x20
+	JE    bs32_60
 	TESTQ $0x0000000f, BX
-	JNZ   slow_41
+	JNZ   slow_53
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_40:
+fast_52:
 	VPBROADCASTD (CX), Z3
 	VPMULLD      Z0, Z3, Z3
 	VPADDD       Z1, Z3, Z3
 	MOVQ         BX, SI
 
-inner_47:
+inner_61:
 	VMOVDQU32 Z3, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z3, Z3
 	SUBQ      $0x10, SI
-	JNZ       inner_47
+	JNZ       inner_61
 	ADDQ      $0x04, CX
 	SUBQ      BX, DX
 	CMPQ      DX, BX
-	JAE       fast_40
-	JMP       tail_42
+	JAE       fast_52
+	JMP       tail_54
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_59:
+	CMPQ DX, $0x00000040
+	JB   one_63
+
+four_62:
+	VPBROADCASTD (CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VPBROADCASTD 4(CX), Z4
+	VPMULLD      Z0, Z4, Z4
+	VPADDD       Z1, Z4, Z4
+	VPBROADCASTD 8(CX), Z5
+	VPMULLD      Z0, Z5, Z5
+	VPADDD       Z1, Z5, Z5
+	VPBROADCASTD 12(CX), Z6
+	VPMULLD      Z0, Z6, Z6
+	VPADDD       Z1, Z6, Z6
+	VMOVDQU32    Z3, (AX)
+	VMOVDQU32    Z4, 64(AX)
+	VMOVDQU32    Z5, 128(AX)
+	VMOVDQU32    Z6, 192(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000040, DX
+	CMPQ         DX, $0x00000040
+	JAE          four_62
+	CMPQ         DX, $0x00000010
+	JB           tail_54
+
+one_63:
+	VPBROADCASTD (CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VMOVDQU32    Z3, (AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000010, DX
+	CMPQ         DX, $0x00000010
+	JAE          one_63
+	JMP          tail_54
+
+	// whole blocks, bs = 32: unrolled full stores
+bs32_60:
+	CMPQ DX, $0x00000080
+	JB   one_65
+
+four_64:
+	VPBROADCASTD (CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VPBROADCASTD 4(CX), Z4
+	VPMULLD      Z0, Z4, Z4
+	VPADDD       Z1, Z4, Z4
+	VPBROADCASTD 8(CX), Z5
+	VPMULLD      Z0, Z5, Z5
+	VPADDD       Z1, Z5, Z5
+	VPBROADCASTD 12(CX), Z6
+	VPMULLD      Z0, Z6, Z6
+	VPADDD       Z1, Z6, Z6
+	VMOVDQU32    Z3, (AX)
+	VPADDD       Z2, Z3, Z3
+	VMOVDQU32    Z3, 64(AX)
+	VMOVDQU32    Z4, 128(AX)
+	VPADDD       Z2, Z4, Z4
+	VMOVDQU32    Z4, 192(AX)
+	VMOVDQU32    Z5, 256(AX)
+	VPADDD       Z2, Z5, Z5
+	VMOVDQU32    Z5, 320(AX)
+	VMOVDQU32    Z6, 384(AX)
+	VPADDD       Z2, Z6, Z6
+	VMOVDQU32    Z6, 448(AX)
+	ADDQ         $0x00000200, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000080, DX
+	CMPQ         DX, $0x00000080
+	JAE          four_64
+	CMPQ         DX, $0x00000020
+	JB           tail_54
+
+one_65:
+	VPBROADCASTD (CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VMOVDQU32    Z3, (AX)
+	VPADDD       Z2, Z3, Z3
+	VMOVDQU32    Z3, 64(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000020, DX
+	CMPQ         DX, $0x00000020
+	JAE          one_65
+	JMP          tail_54
 
 	// whole blocks, any bs
-slow_41:
+slow_53:
 	MOVL         (CX), SI
 	IMULL        BX, SI
 	MOVQ         BX, DI
 	VPBROADCASTD SI, Z0
 	VPADDD       Z1, Z0, Z0
 	CMPQ         DI, $0x10
-	JB           filltail_49
+	JB           filltail_67
 
-fill_48:
+fill_66:
 	VMOVDQU32 Z0, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z0, Z0
 	SUBQ      $0x10, DI
 	CMPQ      DI, $0x10
-	JAE       fill_48
+	JAE       fill_66
 
-filltail_49:
+filltail_67:
 	TESTQ     DI, DI
-	JZ        fillend_50
+	JZ        fillend_68
 	MOVL      $0x0000ffff, SI
 	BZHIL     DI, SI, SI
 	KMOVW     SI, K1
 	VMOVDQU32 Z0, K1, (AX)
 	LEAQ      (AX)(DI*4), AX
 
-fillend_50:
+fillend_68:
 	ADDQ $0x04, CX
 	SUBQ BX, DX
 	CMPQ DX, BX
-	JAE  slow_41
+	JAE  slow_53
 
 	// last block, partial
-tail_42:
+tail_54:
 	TESTQ        DX, DX
-	JZ           blocksend_43
+	JZ           blocksend_55
 	MOVL         (CX), CX
 	IMULL        BX, CX
 	VPBROADCASTD CX, Z0
 	VPADDD       Z1, Z0, Z0
 	CMPQ         DX, $0x10
-	JB           filltail_52
+	JB           filltail_70
 
-fill_51:
+fill_69:
 	VMOVDQU32 Z0, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z0, Z0
 	SUBQ      $0x10, DX
 	CMPQ      DX, $0x10
-	JAE       fill_51
+	JAE       fill_69
 
-filltail_52:
+filltail_70:
 	TESTQ     DX, DX
-	JZ        fillend_53
+	JZ        fillend_71
 	MOVL      $0x0000ffff, CX
 	BZHIL     DX, CX, CX
 	KMOVW     CX, K1
 	VMOVDQU32 Z0, K1, (AX)
 	LEAQ      (AX)(DX*4), AX
 
-fillend_53:
-blocksend_43:
+fillend_71:
+blocksend_55:
 	VZEROUPPER
 	RET
 
@@ -698,10 +992,10 @@ TEXT ·checkAVX2(SB), NOSPLIT, $0-56
 	VPMOVZXBD    X4, Y4
 	VPXOR        Y5, Y5, Y5
 
-loop_54:
+loop_72:
 	MOVQ         BX, DI
 	SUBQ         SI, DI
-	JLE          done_55
+	JLE          done_73
 	MOVQ         $0x00000008, R8
 	CMPQ         DI, R8
 	CMOVQLT      DI, R8
@@ -738,11 +1032,11 @@ loop_54:
 	VPADDQ       Y6, Y3, Y3
 	VPADDQ       Y7, Y3, Y3
 	ADDQ         $0x08, SI
-	JMP          loop_54
+	JMP          loop_72
 
-done_55:
+done_73:
 	VPTEST       Y5, Y5
-	JNZ          bad_56
+	JNZ          bad_74
 	VEXTRACTI128 $0x01, Y3, X0
 	VPADDQ       X0, X3, X0
 	VPSHUFD      $0x4e, X0, X1
@@ -752,7 +1046,7 @@ done_55:
 	VZEROUPPER
 	RET
 
-bad_56:
+bad_74:
 	MOVQ $-1, AX
 	MOVQ AX, ret+48(FP)
 	VZEROUPPER
@@ -786,9 +1080,9 @@ TEXT ·mapPow2AVX2(SB), NOSPLIT, $0-64
 	VMOVD        R8, X6
 	VPBROADCASTD X6, Y6
 
-loop_57:
+loop_75:
 	TESTQ SI, SI
-	JLE   done_60
+	JLE   done_78
 
 	// j = the number of leading requests with count 1 (decodes)
 	MOVQ         $0x00000008, R11
@@ -804,7 +1098,7 @@ loop_57:
 	NOTL         R11
 	TZCNTL       R11, R11
 	TESTL        R11, R11
-	JZ           scalar_58
+	JZ           scalar_76
 
 	// map the j decodes: gather one block id each
 	VMOVD        R11, X9
@@ -828,15 +1122,15 @@ loop_57:
 	LEAQ         (BX)(R11*4), BX
 	SUBQ         R11, SI
 	CMPQ         R11, $0x08
-	JE           loop_57
+	JE           loop_75
 
 	// the next request is not a decode (or there is none)
-scalar_58:
+scalar_76:
 	TESTQ SI, SI
-	JLE   done_60
+	JLE   done_78
 	MOVL  (BX), R11
 	TESTQ R11, R11
-	JZ    next_59
+	JZ    next_77
 	MOVL  (DX), R12
 	MOVL  (CX), R13
 	IMULQ R8, R13
@@ -860,55 +1154,153 @@ scalar_58:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R13, $0x08
-	JB           filltail_66
+	JB           filltail_84
 
-fill_65:
+fill_83:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
 	CMPQ    R13, $0x08
-	JAE     fill_65
+	JAE     fill_83
 
-filltail_66:
+filltail_84:
 	TESTQ        R13, R13
-	JZ           fillend_67
+	JZ           fillend_85
 	VMOVD        R13, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R13*4), AX
 
-fillend_67:
+fillend_85:
 	TESTQ R11, R11
-	JZ    blocksend_64
+	JZ    blocksend_82
 	ADDQ  $0x04, R12
 	CMPQ  R11, R9
-	JB    tail_63
+	JB    tail_81
+	CMPQ  R9, $0x08
+	JE    bs8_86
+	CMPQ  R9, $0x10
+	JE    bs16_87
 	TESTQ $0x00000007, R9
-	JNZ   slow_62
+	JNZ   slow_80
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_61:
+fast_79:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
 	MOVQ         R9, R13
 
-inner_68:
+inner_88:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
-	JNZ     inner_68
+	JNZ     inner_88
 	ADDQ    $0x04, R12
 	SUBQ    R9, R11
 	CMPQ    R11, R9
-	JAE     fast_61
-	JMP     tail_63
+	JAE     fast_79
+	JMP     tail_81
+
+	// whole blocks, bs = 8: unrolled full stores
+bs8_86:
+	CMPQ R11, $0x00000020
+	JB   one_90
+
+four_89:
+	VPBROADCASTD (R12), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VPBROADCASTD 4(R12), Y8
+	VPMULLD      Y0, Y8, Y8
+	VPADDD       Y1, Y8, Y8
+	VPBROADCASTD 8(R12), Y9
+	VPMULLD      Y0, Y9, Y9
+	VPADDD       Y1, Y9, Y9
+	VPBROADCASTD 12(R12), Y10
+	VPMULLD      Y0, Y10, Y10
+	VPADDD       Y1, Y10, Y10
+	VMOVDQU      Y7, (AX)
+	VMOVDQU      Y8, 32(AX)
+	VMOVDQU      Y9, 64(AX)
+	VMOVDQU      Y10, 96(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x10, R12
+	SUBQ         $0x00000020, R11
+	CMPQ         R11, $0x00000020
+	JAE          four_89
+	CMPQ         R11, $0x00000008
+	JB           tail_81
+
+one_90:
+	VPBROADCASTD (R12), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VMOVDQU      Y7, (AX)
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x04, R12
+	SUBQ         $0x00000008, R11
+	CMPQ         R11, $0x00000008
+	JAE          one_90
+	JMP          tail_81
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_87:
+	CMPQ R11, $0x00000040
+	JB   one_92
+
+four_91:
+	VPBROADCASTD (R12), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VPBROADCASTD 4(R12), Y8
+	VPMULLD      Y0, Y8, Y8
+	VPADDD       Y1, Y8, Y8
+	VPBROADCASTD 8(R12), Y9
+	VPMULLD      Y0, Y9, Y9
+	VPADDD       Y1, Y9, Y9
+	VPBROADCASTD 12(R12), Y10
+	VPMULLD      Y0, Y10, Y10
+	VPADDD       Y1, Y10, Y10
+	VMOVDQU      Y7, (AX)
+	VPADDD       Y2, Y7, Y7
+	VMOVDQU      Y7, 32(AX)
+	VMOVDQU      Y8, 64(AX)
+	VPADDD       Y2, Y8, Y8
+	VMOVDQU      Y8, 96(AX)
+	VMOVDQU      Y9, 128(AX)
+	VPADDD       Y2, Y9, Y9
+	VMOVDQU      Y9, 160(AX)
+	VMOVDQU      Y10, 192(AX)
+	VPADDD       Y2, Y10, Y10
+	VMOVDQU      Y10, 224(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, R12
+	SUBQ         $0x00000040, R11
+	CMPQ         R11, $0x00000040
+	JAE          four_91
+	CMPQ         R11, $0x00000010
+	JB           tail_81
+
+one_92:
+	VPBROADCASTD (R12), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VMOVDQU      Y7, (AX)
+	VPADDD       Y2, Y7, Y7
+	VMOVDQU      Y7, 32(AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, R12
+	SUBQ         $0x00000010, R11
+	CMPQ         R11, $0x00000010
+	JAE          one_92
+	JMP          tail_81
 
 	// whole blocks, any bs
-slow_62:
+slow_80:
 	MOVL         (R12), R13
 	IMULL        R9, R13
 	MOVQ         R9, R14
@@ -916,70 +1308,70 @@ slow_62:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R14, $0x08
-	JB           filltail_70
+	JB           filltail_94
 
-fill_69:
+fill_93:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R14
 	CMPQ    R14, $0x08
-	JAE     fill_69
+	JAE     fill_93
 
-filltail_70:
+filltail_94:
 	TESTQ        R14, R14
-	JZ           fillend_71
+	JZ           fillend_95
 	VMOVD        R14, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R14*4), AX
 
-fillend_71:
+fillend_95:
 	ADDQ $0x04, R12
 	SUBQ R9, R11
 	CMPQ R11, R9
-	JAE  slow_62
+	JAE  slow_80
 
 	// last block, partial
-tail_63:
+tail_81:
 	TESTQ        R11, R11
-	JZ           blocksend_64
+	JZ           blocksend_82
 	MOVL         (R12), R12
 	IMULL        R9, R12
 	VMOVD        R12, X7
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R11, $0x08
-	JB           filltail_73
+	JB           filltail_97
 
-fill_72:
+fill_96:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R11
 	CMPQ    R11, $0x08
-	JAE     fill_72
+	JAE     fill_96
 
-filltail_73:
+filltail_97:
 	TESTQ        R11, R11
-	JZ           fillend_74
+	JZ           fillend_98
 	VMOVD        R11, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R11*4), AX
 
-fillend_74:
-blocksend_64:
-next_59:
+fillend_98:
+blocksend_82:
+next_77:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_57
+	JMP  loop_75
 
-done_60:
+done_78:
 	VZEROUPPER
 	RET
 
@@ -1010,9 +1402,9 @@ TEXT ·mapDivAVX2(SB), NOSPLIT, $0-72
 	VMOVD        R8, X6
 	VPBROADCASTD X6, Y6
 
-loop_75:
+loop_99:
 	TESTQ SI, SI
-	JLE   done_78
+	JLE   done_102
 
 	// j = the number of leading requests with count 1 (decodes)
 	MOVQ         $0x00000008, R10
@@ -1028,7 +1420,7 @@ loop_75:
 	NOTL         R10
 	TZCNTL       R10, R10
 	TESTL        R10, R10
-	JZ           scalar_76
+	JZ           scalar_100
 
 	// map the j decodes: gather one block id each
 	VMOVD        R10, X10
@@ -1069,15 +1461,15 @@ loop_75:
 	LEAQ       (BX)(R10*4), BX
 	SUBQ       R10, SI
 	CMPQ       R10, $0x08
-	JE         loop_75
+	JE         loop_99
 
 	// the next request is not a decode (or there is none)
-scalar_76:
+scalar_100:
 	TESTQ      SI, SI
-	JLE        done_78
+	JLE        done_102
 	MOVL       (BX), R10
 	TESTQ      R10, R10
-	JZ         next_77
+	JZ         next_101
 	MOVL       (DX), R11
 	MOVL       (CX), R12
 	IMULQ      R8, R12
@@ -1110,55 +1502,153 @@ scalar_76:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R12, $0x08
-	JB           filltail_84
+	JB           filltail_108
 
-fill_83:
+fill_107:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R12
 	CMPQ    R12, $0x08
-	JAE     fill_83
+	JAE     fill_107
 
-filltail_84:
+filltail_108:
 	TESTQ        R12, R12
-	JZ           fillend_85
+	JZ           fillend_109
 	VMOVD        R12, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R12*4), AX
 
-fillend_85:
+fillend_109:
 	TESTQ R10, R10
-	JZ    blocksend_82
+	JZ    blocksend_106
 	ADDQ  $0x04, R11
 	CMPQ  R10, R9
-	JB    tail_81
+	JB    tail_105
+	CMPQ  R9, $0x08
+	JE    bs8_110
+	CMPQ  R9, $0x10
+	JE    bs16_111
 	TESTQ $0x00000007, R9
-	JNZ   slow_80
+	JNZ   slow_104
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_79:
+fast_103:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
 	MOVQ         R9, R12
 
-inner_86:
+inner_112:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R12
-	JNZ     inner_86
+	JNZ     inner_112
 	ADDQ    $0x04, R11
 	SUBQ    R9, R10
 	CMPQ    R10, R9
-	JAE     fast_79
-	JMP     tail_81
+	JAE     fast_103
+	JMP     tail_105
+
+	// whole blocks, bs = 8: unrolled full stores
+bs8_110:
+	CMPQ R10, $0x00000020
+	JB   one_114
+
+four_113:
+	VPBROADCASTD (R11), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VPBROADCASTD 4(R11), Y8
+	VPMULLD      Y0, Y8, Y8
+	VPADDD       Y1, Y8, Y8
+	VPBROADCASTD 8(R11), Y10
+	VPMULLD      Y0, Y10, Y10
+	VPADDD       Y1, Y10, Y10
+	VPBROADCASTD 12(R11), Y11
+	VPMULLD      Y0, Y11, Y11
+	VPADDD       Y1, Y11, Y11
+	VMOVDQU      Y7, (AX)
+	VMOVDQU      Y8, 32(AX)
+	VMOVDQU      Y10, 64(AX)
+	VMOVDQU      Y11, 96(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x10, R11
+	SUBQ         $0x00000020, R10
+	CMPQ         R10, $0x00000020
+	JAE          four_113
+	CMPQ         R10, $0x00000008
+	JB           tail_105
+
+one_114:
+	VPBROADCASTD (R11), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VMOVDQU      Y7, (AX)
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x04, R11
+	SUBQ         $0x00000008, R10
+	CMPQ         R10, $0x00000008
+	JAE          one_114
+	JMP          tail_105
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_111:
+	CMPQ R10, $0x00000040
+	JB   one_116
+
+four_115:
+	VPBROADCASTD (R11), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VPBROADCASTD 4(R11), Y8
+	VPMULLD      Y0, Y8, Y8
+	VPADDD       Y1, Y8, Y8
+	VPBROADCASTD 8(R11), Y10
+	VPMULLD      Y0, Y10, Y10
+	VPADDD       Y1, Y10, Y10
+	VPBROADCASTD 12(R11), Y11
+	VPMULLD      Y0, Y11, Y11
+	VPADDD       Y1, Y11, Y11
+	VMOVDQU      Y7, (AX)
+	VPADDD       Y2, Y7, Y7
+	VMOVDQU      Y7, 32(AX)
+	VMOVDQU      Y8, 64(AX)
+	VPADDD       Y2, Y8, Y8
+	VMOVDQU      Y8, 96(AX)
+	VMOVDQU      Y10, 128(AX)
+	VPADDD       Y2, Y10, Y10
+	VMOVDQU      Y10, 160(AX)
+	VMOVDQU      Y11, 192(AX)
+	VPADDD       Y2, Y11, Y11
+	VMOVDQU      Y11, 224(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, R11
+	SUBQ         $0x00000040, R10
+	CMPQ         R10, $0x00000040
+	JAE          four_115
+	CMPQ         R10, $0x00000010
+	JB           tail_105
+
+one_116:
+	VPBROADCASTD (R11), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y1, Y7, Y7
+	VMOVDQU      Y7, (AX)
+	VPADDD       Y2, Y7, Y7
+	VMOVDQU      Y7, 32(AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, R11
+	SUBQ         $0x00000010, R10
+	CMPQ         R10, $0x00000010
+	JAE          one_116
+	JMP          tail_105
 
 	// whole blocks, any bs
-slow_80:
+slow_104:
 	MOVL         (R11), R12
 	IMULL        R9, R12
 	MOVQ         R9, R13
@@ -1166,70 +1656,70 @@ slow_80:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R13, $0x08
-	JB           filltail_88
+	JB           filltail_118
 
-fill_87:
+fill_117:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
 	CMPQ    R13, $0x08
-	JAE     fill_87
+	JAE     fill_117
 
-filltail_88:
+filltail_118:
 	TESTQ        R13, R13
-	JZ           fillend_89
+	JZ           fillend_119
 	VMOVD        R13, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R13*4), AX
 
-fillend_89:
+fillend_119:
 	ADDQ $0x04, R11
 	SUBQ R9, R10
 	CMPQ R10, R9
-	JAE  slow_80
+	JAE  slow_104
 
 	// last block, partial
-tail_81:
+tail_105:
 	TESTQ        R10, R10
-	JZ           blocksend_82
+	JZ           blocksend_106
 	MOVL         (R11), R11
 	IMULL        R9, R11
 	VMOVD        R11, X7
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R10, $0x08
-	JB           filltail_91
+	JB           filltail_121
 
-fill_90:
+fill_120:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R10
 	CMPQ    R10, $0x08
-	JAE     fill_90
+	JAE     fill_120
 
-filltail_91:
+filltail_121:
 	TESTQ        R10, R10
-	JZ           fillend_92
+	JZ           fillend_122
 	VMOVD        R10, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R10*4), AX
 
-fillend_92:
-blocksend_82:
-next_77:
+fillend_122:
+blocksend_106:
+next_101:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_75
+	JMP  loop_99
 
-done_78:
+done_102:
 	VZEROUPPER
 	RET
 
@@ -1263,55 +1753,153 @@ TEXT ·expandAVX2(SB), NOSPLIT, $0-32
 	VPBROADCASTD X3, Y3
 	VPADDD       Y1, Y3, Y3
 	CMPQ         DI, $0x08
-	JB           filltail_98
+	JB           filltail_128
 
-fill_97:
+fill_127:
 	VMOVDQU Y3, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y3, Y3
 	SUBQ    $0x08, DI
 	CMPQ    DI, $0x08
-	JAE     fill_97
+	JAE     fill_127
 
-filltail_98:
+filltail_128:
 	TESTQ        DI, DI
-	JZ           fillend_99
+	JZ           fillend_129
 	VMOVD        DI, X4
 	VPBROADCASTD X4, Y4
 	VPCMPGTD     Y1, Y4, Y4
 	VPMASKMOVD   Y3, Y4, (AX)
 	LEAQ         (AX)(DI*4), AX
 
-fillend_99:
+fillend_129:
 	TESTQ DX, DX
-	JZ    blocksend_96
+	JZ    blocksend_126
 	ADDQ  $0x04, CX
 	CMPQ  DX, BX
-	JB    tail_95
+	JB    tail_125
+	CMPQ  BX, $0x08
+	JE    bs8_130
+	CMPQ  BX, $0x10
+	JE    bs16_131
 	TESTQ $0x00000007, BX
-	JNZ   slow_94
+	JNZ   slow_124
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_93:
+fast_123:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
 	MOVQ         BX, SI
 
-inner_100:
+inner_132:
 	VMOVDQU Y3, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y3, Y3
 	SUBQ    $0x08, SI
-	JNZ     inner_100
+	JNZ     inner_132
 	ADDQ    $0x04, CX
 	SUBQ    BX, DX
 	CMPQ    DX, BX
-	JAE     fast_93
-	JMP     tail_95
+	JAE     fast_123
+	JMP     tail_125
+
+	// whole blocks, bs = 8: unrolled full stores
+bs8_130:
+	CMPQ DX, $0x00000020
+	JB   one_134
+
+four_133:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VPBROADCASTD 4(CX), Y4
+	VPMULLD      Y0, Y4, Y4
+	VPADDD       Y1, Y4, Y4
+	VPBROADCASTD 8(CX), Y5
+	VPMULLD      Y0, Y5, Y5
+	VPADDD       Y1, Y5, Y5
+	VPBROADCASTD 12(CX), Y6
+	VPMULLD      Y0, Y6, Y6
+	VPADDD       Y1, Y6, Y6
+	VMOVDQU      Y3, (AX)
+	VMOVDQU      Y4, 32(AX)
+	VMOVDQU      Y5, 64(AX)
+	VMOVDQU      Y6, 96(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000020, DX
+	CMPQ         DX, $0x00000020
+	JAE          four_133
+	CMPQ         DX, $0x00000008
+	JB           tail_125
+
+one_134:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VMOVDQU      Y3, (AX)
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000008, DX
+	CMPQ         DX, $0x00000008
+	JAE          one_134
+	JMP          tail_125
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_131:
+	CMPQ DX, $0x00000040
+	JB   one_136
+
+four_135:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VPBROADCASTD 4(CX), Y4
+	VPMULLD      Y0, Y4, Y4
+	VPADDD       Y1, Y4, Y4
+	VPBROADCASTD 8(CX), Y5
+	VPMULLD      Y0, Y5, Y5
+	VPADDD       Y1, Y5, Y5
+	VPBROADCASTD 12(CX), Y6
+	VPMULLD      Y0, Y6, Y6
+	VPADDD       Y1, Y6, Y6
+	VMOVDQU      Y3, (AX)
+	VPADDD       Y2, Y3, Y3
+	VMOVDQU      Y3, 32(AX)
+	VMOVDQU      Y4, 64(AX)
+	VPADDD       Y2, Y4, Y4
+	VMOVDQU      Y4, 96(AX)
+	VMOVDQU      Y5, 128(AX)
+	VPADDD       Y2, Y5, Y5
+	VMOVDQU      Y5, 160(AX)
+	VMOVDQU      Y6, 192(AX)
+	VPADDD       Y2, Y6, Y6
+	VMOVDQU      Y6, 224(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000040, DX
+	CMPQ         DX, $0x00000040
+	JAE          four_135
+	CMPQ         DX, $0x00000010
+	JB           tail_125
+
+one_136:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VMOVDQU      Y3, (AX)
+	VPADDD       Y2, Y3, Y3
+	VMOVDQU      Y3, 32(AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000010, DX
+	CMPQ         DX, $0x00000010
+	JAE          one_136
+	JMP          tail_125
 
 	// whole blocks, any bs
-slow_94:
+slow_124:
 	MOVL         (CX), SI
 	IMULL        BX, SI
 	MOVQ         BX, DI
@@ -1319,61 +1907,61 @@ slow_94:
 	VPBROADCASTD X0, Y0
 	VPADDD       Y1, Y0, Y0
 	CMPQ         DI, $0x08
-	JB           filltail_102
+	JB           filltail_138
 
-fill_101:
+fill_137:
 	VMOVDQU Y0, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y0, Y0
 	SUBQ    $0x08, DI
 	CMPQ    DI, $0x08
-	JAE     fill_101
+	JAE     fill_137
 
-filltail_102:
+filltail_138:
 	TESTQ        DI, DI
-	JZ           fillend_103
+	JZ           fillend_139
 	VMOVD        DI, X3
 	VPBROADCASTD X3, Y3
 	VPCMPGTD     Y1, Y3, Y3
 	VPMASKMOVD   Y0, Y3, (AX)
 	LEAQ         (AX)(DI*4), AX
 
-fillend_103:
+fillend_139:
 	ADDQ $0x04, CX
 	SUBQ BX, DX
 	CMPQ DX, BX
-	JAE  slow_94
+	JAE  slow_124
 
 	// last block, partial
-tail_95:
+tail_125:
 	TESTQ        DX, DX
-	JZ           blocksend_96
+	JZ           blocksend_126
 	MOVL         (CX), CX
 	IMULL        BX, CX
 	VMOVD        CX, X0
 	VPBROADCASTD X0, Y0
 	VPADDD       Y1, Y0, Y0
 	CMPQ         DX, $0x08
-	JB           filltail_105
+	JB           filltail_141
 
-fill_104:
+fill_140:
 	VMOVDQU Y0, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y0, Y0
 	SUBQ    $0x08, DX
 	CMPQ    DX, $0x08
-	JAE     fill_104
+	JAE     fill_140
 
-filltail_105:
+filltail_141:
 	TESTQ        DX, DX
-	JZ           fillend_106
+	JZ           fillend_142
 	VMOVD        DX, X2
 	VPBROADCASTD X2, Y2
 	VPCMPGTD     Y1, Y2, Y2
 	VPMASKMOVD   Y0, Y2, (AX)
 	LEAQ         (AX)(DX*4), AX
 
-fillend_106:
-blocksend_96:
+fillend_142:
+blocksend_126:
 	VZEROUPPER
 	RET

@@ -508,6 +508,12 @@ func (k *kernel) blocks(tp, off, c GPVirtual) {
 	ADDQ(U8(4), tp)
 	CMPQ(c, k.bs)
 	JB(LabelRef(tail))
+	var unrolled []string
+	for u := 1; u <= 2; u++ {
+		unrolled = append(unrolled, label(fmt.Sprintf("bs%d", u*lanes)))
+		CMPQ(k.bs, U8(u*lanes))
+		JE(LabelRef(unrolled[u-1]))
+	}
 	TESTQ(U32(lanes-1), k.bs)
 	JNZ(LabelRef(slow))
 
@@ -531,6 +537,10 @@ func (k *kernel) blocks(tp, off, c GPVirtual) {
 	CMPQ(c, k.bs)
 	JAE(LabelRef(fast))
 	JMP(LabelRef(tail))
+
+	for u := 1; u <= 2; u++ {
+		k.wholeBlocks(unrolled[u-1], u, tp, c, tail)
+	}
 
 	Comment("whole blocks, any bs")
 	Label(slow)
@@ -697,4 +707,66 @@ func param(name string) GPVirtual {
 	r := GP64()
 	Load(Param(name), r)
 	return r
+}
+
+// wholeBlocks emits the loop for whole blocks when bs is u vectors: four
+// blocks an iteration, then one at a time, then a jump to tail. It starts at
+// label name, with c >= bs.
+func (k *kernel) wholeBlocks(name string, u int, tp, c GPVirtual, tail string) {
+	lanes := k.v.lanes
+	bs := u * lanes
+	four, one := label("four"), label("one")
+	Commentf("whole blocks, bs = %d: unrolled full stores", bs)
+	Label(name)
+	CMPQ(c, U32(4*bs))
+	JB(LabelRef(one))
+	Label(four)
+	var x [4]VecVirtual
+	for b := range x {
+		x[b] = k.v.vec()
+		VPBROADCASTD(Mem{Base: tp, Disp: 4 * b}, x[b])
+		VPMULLD(k.xbs, x[b], x[b])
+		VPADDD(k.iota, x[b], x[b])
+	}
+	for b := range x {
+		for j := 0; j < u; j++ {
+			if j > 0 {
+				VPADDD(k.step, x[b], x[b])
+			}
+			k.storeAt(x[b], 4*lanes*(b*u+j))
+		}
+	}
+	ADDQ(U32(4*4*bs), k.o)
+	ADDQ(U8(16), tp)
+	SUBQ(U32(4*bs), c)
+	CMPQ(c, U32(4*bs))
+	JAE(LabelRef(four))
+	CMPQ(c, U32(bs))
+	JB(LabelRef(tail))
+	Label(one)
+	y := k.v.vec()
+	VPBROADCASTD(Mem{Base: tp}, y)
+	VPMULLD(k.xbs, y, y)
+	VPADDD(k.iota, y, y)
+	for j := 0; j < u; j++ {
+		if j > 0 {
+			VPADDD(k.step, y, y)
+		}
+		k.storeAt(y, 4*lanes*j)
+	}
+	ADDQ(U32(4*bs), k.o)
+	ADDQ(U8(4), tp)
+	SUBQ(U32(bs), c)
+	CMPQ(c, U32(bs))
+	JAE(LabelRef(one))
+	JMP(LabelRef(tail))
+}
+
+// storeAt stores x at o + disp.
+func (k *kernel) storeAt(x VecVirtual, disp int) {
+	if k.v.lanes == 16 {
+		VMOVDQU32(x, Mem{Base: k.o, Disp: disp})
+	} else {
+		VMOVDQU(x, Mem{Base: k.o, Disp: disp})
+	}
 }

@@ -122,28 +122,17 @@ func limits(b *Batch, blockSize int) (rows int, positions int64) {
 // checks only say good or bad, and a bad batch is checked again here.
 func checkRequests(dstLen int, b *Batch, blockSize int) (int, error) {
 	nrows, positions := limits(b, blockSize)
-	lastRow := int64(nrows) - 1
+	maxRow := uint64(nrows)
 	rows := b.Rows
 	starts := b.Start[:len(rows)]
 	counts := b.Count[:len(rows)]
-	total, bad := int64(0), int64(0)
+	total := int64(0)
 	for i, row := range rows {
-		s, c := int64(starts[i]), int64(counts[i])
-		// Branch-free: each term is negative exactly when its check fails
-		// (row < 0, row >= nrows, start < 0, count < 0, count > 0 and
-		// start+count > positions).
-		end := (s + c) & (-c >> 63) // 0 when count is 0
-		bad |= int64(row) | (lastRow - int64(row)) | s | c | (positions - end)
-		total += c
-	}
-	if bad < 0 {
-		for i, row := range rows {
-			s, c := int64(starts[i]), int64(counts[i])
-			if row < 0 || int64(row) > lastRow || s < 0 || c < 0 || c > 0 && s+c > positions {
-				return 0, requestError(b, blockSize, i)
-			}
+		s, c := starts[i], counts[i]
+		if uint64(int64(row)) >= maxRow || s|c < 0 || c != 0 && int64(s)+int64(c) > positions {
+			return 0, requestError(b, blockSize, i)
 		}
-		panic("slots: checkRequests found a bad request and lost it")
+		total += int64(c)
 	}
 	if total > int64(dstLen) {
 		return 0, fmt.Errorf("slots: %d tokens scheduled, len(dst) %d: %w", total, dstLen, ErrShortDst)

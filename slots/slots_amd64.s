@@ -5,7 +5,7 @@
 #include "textflag.h"
 
 // func checkAVX512(rows *int32, start *int32, count *int32, n int, nrows int, positions int) int
-// Requires: AVX, AVX2, AVX512F, BMI2, CMOV
+// Requires: AVX, AVX2, AVX512F, BMI2
 TEXT ·checkAVX512(SB), NOSPLIT, $0-56
 	MOVQ         rows+0(FP), AX
 	MOVQ         start+8(FP), CX
@@ -13,58 +13,82 @@ TEXT ·checkAVX512(SB), NOSPLIT, $0-56
 	MOVQ         n+24(FP), BX
 	MOVQ         nrows+32(FP), SI
 	MOVQ         positions+40(FP), DI
+	DECQ         SI
 	VPBROADCASTD SI, Z0
 	VPBROADCASTD DI, Z1
 	VPXORD       Z2, Z2, Z2
 	VPXORD       Z3, Z3, Z3
-	XORQ         SI, SI
-	KXORW        K1, K1, K1
+	VPXORD       Z4, Z4, Z4
+
+	// low32: 0x00000000ffffffff in every 64-bit lane
+	VPTERNLOGD $0xff, Z5, Z5, Z5
+	VPSRLQ     $0x20, Z5, Z5
+	KXORW      K1, K1, K1
+	XORQ       SI, SI
 
 loop_1:
-	MOVQ        BX, DI
-	SUBQ        SI, DI
-	JLE         done_2
-	MOVQ        $0x00000010, R8
-	CMPQ        DI, R8
-	CMOVQLT     DI, R8
-	MOVL        $0x0000ffff, DI
-	BZHIL       R8, DI, DI
-	KMOVW       DI, K2
-	VMOVDQU32.Z (AX)(SI*4), K2, Z4
-	VMOVDQU32.Z (CX)(SI*4), K2, Z5
-	VMOVDQU32.Z (DX)(SI*4), K2, Z6
+	MOVQ      BX, DI
+	SUBQ      SI, DI
+	CMPQ      DI, $0x10
+	JB        tail_2
+	VMOVDQU32 (AX)(SI*4), Z6
+	VMOVDQU32 (CX)(SI*4), Z7
+	VMOVDQU32 (DX)(SI*4), Z8
 
-	// row >= nrows (unsigned: a negative row too)
-	VPCMPUD $0x05, Z0, Z4, K2, K3
-	KORW    K3, K1, K1
+	// bad if the sign of row | (nrows-1-row) | start | count is set
+	VPSUBD     Z6, Z0, Z9
+	VPTERNLOGD $0xfe, Z6, Z9, Z3
+	VPTERNLOGD $0xfe, Z7, Z8, Z3
 
-	// start or count negative
-	VPORD  Z5, Z6, Z4
-	VPCMPD $0x01, Z2, Z4, K2, K3
-	KORW   K3, K1, K1
-
-	// count > 0 and count > positions-start
-	VPSUBD   Z5, Z1, Z4
-	VPTESTMD Z6, Z6, K2, K2
-	VPCMPD   $0x06, Z4, Z6, K2, K2
+	// bad if count > 0 and positions-start < count
+	VPSUBD   Z7, Z1, Z6
+	VPTESTMD Z8, Z8, K2
+	VPCMPD   $0x01, Z8, Z6, K2, K2
 	KORW     K2, K1, K1
 
-	// sum the counts in 64-bit lanes
-	VPMOVZXDQ     Y6, Z4
-	VEXTRACTI64X4 $0x01, Z6, Y5
-	VPMOVZXDQ     Y5, Z5
-	VPADDQ        Z4, Z3, Z3
-	VPADDQ        Z5, Z3, Z3
-	ADDQ          $0x10, SI
-	JMP           loop_1
+	// sum the counts in 64-bit lanes: even lanes, then odd lanes
+	VPANDQ Z5, Z8, Z6
+	VPSRLQ $0x20, Z8, Z7
+	VPADDQ Z6, Z4, Z4
+	VPADDQ Z7, Z4, Z4
+	ADDQ   $0x10, SI
+	JMP    loop_1
 
-done_2:
-	KORTESTW      K1, K1
-	JNZ           bad_3
-	VEXTRACTI64X4 $0x01, Z3, Y0
-	VPADDQ        Y0, Y3, Y3
-	VEXTRACTI128  $0x01, Y3, X0
-	VPADDQ        X0, X3, X0
+tail_2:
+	TESTQ       DI, DI
+	JZ          done_3
+	MOVL        $0x0000ffff, BX
+	BZHIL       DI, BX, BX
+	KMOVW       BX, K2
+	VMOVDQU32.Z (AX)(SI*4), K2, Z6
+	VMOVDQU32.Z (CX)(SI*4), K2, Z7
+	VMOVDQU32.Z (DX)(SI*4), K2, Z8
+
+	// bad if the sign of row | (nrows-1-row) | start | count is set
+	VPSUBD     Z6, Z0, Z0
+	VPTERNLOGD $0xfe, Z6, Z0, Z3
+	VPTERNLOGD $0xfe, Z7, Z8, Z3
+
+	// bad if count > 0 and positions-start < count
+	VPSUBD   Z7, Z1, Z0
+	VPTESTMD Z8, Z8, K2
+	VPCMPD   $0x01, Z8, Z0, K2, K2
+	KORW     K2, K1, K1
+
+	// sum the counts in 64-bit lanes: even lanes, then odd lanes
+	VPANDQ Z5, Z8, Z0
+	VPSRLQ $0x20, Z8, Z1
+	VPADDQ Z0, Z4, Z4
+	VPADDQ Z1, Z4, Z4
+
+done_3:
+	VPCMPD        $0x01, Z2, Z3, K2
+	KORTESTW      K2, K1
+	JNZ           bad_4
+	VEXTRACTI64X4 $0x01, Z4, Y0
+	VPADDQ        Y0, Y4, Y4
+	VEXTRACTI128  $0x01, Y4, X0
+	VPADDQ        X0, X4, X0
 	VPSHUFD       $0x4e, X0, X1
 	VPADDQ        X1, X0, X0
 	VMOVQ         X0, AX
@@ -72,7 +96,7 @@ done_2:
 	VZEROUPPER
 	RET
 
-bad_3:
+bad_4:
 	MOVQ $-1, AX
 	MOVQ AX, ret+48(FP)
 	VZEROUPPER
@@ -96,63 +120,87 @@ TEXT ·mapPow2AVX512(SB), NOSPLIT, $0-64
 	VPINSRQ      $0x01, R10, X1, X1
 	VPMOVZXBD    X1, Z1
 	MOVL         $0x00000010, R10
-	VPBROADCASTD R10, Z3
-	MOVL         $0x00000001, R10
 	VPBROADCASTD R10, Z4
+	MOVL         $0x00000001, R10
+	VPBROADCASTD R10, Z5
 	TZCNTQ       R9, R10
-	VMOVQ        R10, X5
-	VPSUBD       Z4, Z0, Z6
-	VPBROADCASTD R8, Z7
+	VMOVQ        R10, X6
+	VPSUBD       Z5, Z0, Z7
+	VPBROADCASTD R8, Z8
 
-loop_4:
+loop_5:
+	// a whole vector of decodes (count 1): the common case, whose pointer
+	// updates are constants so that iterations overlap
+	CMPQ       SI, $0x10
+	JB         general_6
+	VPCMPEQD   (BX), Z5, K1
+	KORTESTW   K1, K1
+	JCC        general_6
+	VMOVDQU32  (DX), Z9
+	VPMULLD    (CX), Z8, Z10
+	VPSRLD     X6, Z9, Z11
+	VPANDD     Z7, Z9, Z9
+	VPADDD     Z11, Z10, Z10
+	KXNORW     K2, K2, K2
+	VPXORD     Z2, Z2, Z2
+	VPGATHERDD (DI)(Z10*4), K2, Z2
+	VPSLLD     X6, Z2, Z2
+	VPORD      Z9, Z2, Z2
+	VMOVDQU32  Z2, (AX)
+	ADDQ       $0x40, AX
+	ADDQ       $0x40, CX
+	ADDQ       $0x40, DX
+	ADDQ       $0x40, BX
+	SUBQ       $0x10, SI
+	JMP        loop_5
+
+general_6:
 	TESTQ SI, SI
-	JLE   done_7
+	JLE   done_9
 
-	// j = the number of leading requests with count 1 (decodes)
+	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ        $0x00000010, R11
 	CMPQ        SI, R11
 	CMOVQLT     SI, R11
 	MOVL        $0x0000ffff, R12
 	BZHIL       R11, R12, R12
 	KMOVW       R12, K1
-	VMOVDQU32.Z (BX), K1, Z8
-	VPCMPEQD    Z4, Z8, K1, K1
+	VMOVDQU32.Z (BX), K1, Z9
+	VPCMPEQD    Z5, Z9, K1, K1
 	KMOVW       K1, R11
 	NOTL        R11
 	TZCNTL      R11, R11
 	TESTL       R11, R11
-	JZ          scalar_5
+	JZ          scalar_7
 
 	// map the j decodes: gather one block id each
 	MOVL        $0x0000ffff, R12
 	BZHIL       R11, R12, R12
 	KMOVW       R12, K1
-	VMOVDQU32.Z (DX), K1, Z8
-	VPMULLD.Z   (CX), Z7, K1, Z9
-	VPSRLD      X5, Z8, Z10
-	VPANDD      Z6, Z8, Z8
-	VPADDD      Z10, Z9, Z9
-	VPXORD      Z2, Z2, Z2
-	KMOVW       K1, K2
-	VPGATHERDD  (DI)(Z9*4), K2, Z2
-	VPSLLD      X5, Z2, Z2
-	VPORD       Z8, Z2, Z2
-	VMOVDQU32   Z2, K1, (AX)
+	VMOVDQU32.Z (DX), K1, Z9
+	VPMULLD.Z   (CX), Z8, K1, Z10
+	VPSRLD      X6, Z9, Z11
+	VPANDD      Z7, Z9, Z9
+	VPADDD      Z11, Z10, Z10
+	VPXORD      Z3, Z3, Z3
+	KMOVW       K1, K3
+	VPGATHERDD  (DI)(Z10*4), K3, Z3
+	VPSLLD      X6, Z3, Z3
+	VPORD       Z9, Z3, Z3
+	VMOVDQU32   Z3, K1, (AX)
 	LEAQ        (AX)(R11*4), AX
 	LEAQ        (CX)(R11*4), CX
 	LEAQ        (DX)(R11*4), DX
 	LEAQ        (BX)(R11*4), BX
 	SUBQ        R11, SI
-	CMPQ        R11, $0x10
-	JE          loop_4
 
 	// the next request is not a decode (or there is none)
-scalar_5:
+scalar_7:
 	TESTQ SI, SI
-	JLE   done_7
+	JLE   done_9
 	MOVL  (BX), R11
 	TESTQ R11, R11
-	JZ    next_6
+	JZ    next_8
 	MOVL  (DX), R12
 	MOVL  (CX), R13
 	IMULQ R8, R13
@@ -172,225 +220,225 @@ scalar_5:
 	IMULL        R9, R14
 	ADDL         R15, R14
 	SUBQ         R13, R11
-	VPBROADCASTD R14, Z8
-	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD R14, Z9
+	VPADDD       Z1, Z9, Z9
 	CMPQ         R13, $0x10
-	JB           filltail_13
+	JB           filltail_15
 
-fill_12:
-	VMOVDQU32 Z8, (AX)
+fill_14:
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
+	VPADDD    Z4, Z9, Z9
 	SUBQ      $0x10, R13
 	CMPQ      R13, $0x10
-	JAE       fill_12
+	JAE       fill_14
 
-filltail_13:
+filltail_15:
 	TESTQ     R13, R13
-	JZ        fillend_14
+	JZ        fillend_16
 	MOVL      $0x0000ffff, R14
 	BZHIL     R13, R14, R14
 	KMOVW     R14, K1
-	VMOVDQU32 Z8, K1, (AX)
+	VMOVDQU32 Z9, K1, (AX)
 	LEAQ      (AX)(R13*4), AX
 
-fillend_14:
+fillend_16:
 	TESTQ R11, R11
-	JZ    blocksend_11
+	JZ    blocksend_13
 	ADDQ  $0x04, R12
 	CMPQ  R11, R9
-	JB    tail_10
+	JB    tail_12
 	CMPQ  R9, $0x10
-	JE    bs16_15
+	JE    bs16_17
 	CMPQ  R9, $0x20
-	JE    bs32_16
+	JE    bs32_18
 	TESTQ $0x0000000f, R9
-	JNZ   slow_9
+	JNZ   slow_11
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_8:
-	VPBROADCASTD (R12), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
+fast_10:
+	VPBROADCASTD (R12), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
 	MOVQ         R9, R13
 
-inner_17:
-	VMOVDQU32 Z8, (AX)
+inner_19:
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
+	VPADDD    Z4, Z9, Z9
 	SUBQ      $0x10, R13
-	JNZ       inner_17
+	JNZ       inner_19
 	ADDQ      $0x04, R12
 	SUBQ      R9, R11
 	CMPQ      R11, R9
-	JAE       fast_8
-	JMP       tail_10
+	JAE       fast_10
+	JMP       tail_12
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_15:
+bs16_17:
 	CMPQ R11, $0x00000040
-	JB   one_19
+	JB   one_21
 
-four_18:
-	VPBROADCASTD (R12), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
-	VPBROADCASTD 4(R12), Z9
+four_20:
+	VPBROADCASTD (R12), Z9
 	VPMULLD      Z0, Z9, Z9
 	VPADDD       Z1, Z9, Z9
-	VPBROADCASTD 8(R12), Z10
+	VPBROADCASTD 4(R12), Z10
 	VPMULLD      Z0, Z10, Z10
 	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 12(R12), Z11
+	VPBROADCASTD 8(R12), Z11
 	VPMULLD      Z0, Z11, Z11
 	VPADDD       Z1, Z11, Z11
-	VMOVDQU32    Z8, (AX)
-	VMOVDQU32    Z9, 64(AX)
-	VMOVDQU32    Z10, 128(AX)
-	VMOVDQU32    Z11, 192(AX)
+	VPBROADCASTD 12(R12), Z12
+	VPMULLD      Z0, Z12, Z12
+	VPADDD       Z1, Z12, Z12
+	VMOVDQU32    Z9, (AX)
+	VMOVDQU32    Z10, 64(AX)
+	VMOVDQU32    Z11, 128(AX)
+	VMOVDQU32    Z12, 192(AX)
 	ADDQ         $0x00000100, AX
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000040, R11
 	CMPQ         R11, $0x00000040
-	JAE          four_18
+	JAE          four_20
 	CMPQ         R11, $0x00000010
-	JB           tail_10
+	JB           tail_12
 
-one_19:
-	VPBROADCASTD (R12), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
-	VMOVDQU32    Z8, (AX)
+one_21:
+	VPBROADCASTD (R12), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
+	VMOVDQU32    Z9, (AX)
 	ADDQ         $0x00000040, AX
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000010, R11
 	CMPQ         R11, $0x00000010
-	JAE          one_19
-	JMP          tail_10
+	JAE          one_21
+	JMP          tail_12
 
 	// whole blocks, bs = 32: unrolled full stores
-bs32_16:
+bs32_18:
 	CMPQ R11, $0x00000080
-	JB   one_21
+	JB   one_23
 
-four_20:
-	VPBROADCASTD (R12), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
-	VPBROADCASTD 4(R12), Z9
+four_22:
+	VPBROADCASTD (R12), Z9
 	VPMULLD      Z0, Z9, Z9
 	VPADDD       Z1, Z9, Z9
-	VPBROADCASTD 8(R12), Z10
+	VPBROADCASTD 4(R12), Z10
 	VPMULLD      Z0, Z10, Z10
 	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 12(R12), Z11
+	VPBROADCASTD 8(R12), Z11
 	VPMULLD      Z0, Z11, Z11
 	VPADDD       Z1, Z11, Z11
-	VMOVDQU32    Z8, (AX)
-	VPADDD       Z3, Z8, Z8
-	VMOVDQU32    Z8, 64(AX)
-	VMOVDQU32    Z9, 128(AX)
-	VPADDD       Z3, Z9, Z9
-	VMOVDQU32    Z9, 192(AX)
-	VMOVDQU32    Z10, 256(AX)
-	VPADDD       Z3, Z10, Z10
-	VMOVDQU32    Z10, 320(AX)
-	VMOVDQU32    Z11, 384(AX)
-	VPADDD       Z3, Z11, Z11
-	VMOVDQU32    Z11, 448(AX)
+	VPBROADCASTD 12(R12), Z12
+	VPMULLD      Z0, Z12, Z12
+	VPADDD       Z1, Z12, Z12
+	VMOVDQU32    Z9, (AX)
+	VPADDD       Z4, Z9, Z9
+	VMOVDQU32    Z9, 64(AX)
+	VMOVDQU32    Z10, 128(AX)
+	VPADDD       Z4, Z10, Z10
+	VMOVDQU32    Z10, 192(AX)
+	VMOVDQU32    Z11, 256(AX)
+	VPADDD       Z4, Z11, Z11
+	VMOVDQU32    Z11, 320(AX)
+	VMOVDQU32    Z12, 384(AX)
+	VPADDD       Z4, Z12, Z12
+	VMOVDQU32    Z12, 448(AX)
 	ADDQ         $0x00000200, AX
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000080, R11
 	CMPQ         R11, $0x00000080
-	JAE          four_20
+	JAE          four_22
 	CMPQ         R11, $0x00000020
-	JB           tail_10
+	JB           tail_12
 
-one_21:
-	VPBROADCASTD (R12), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
-	VMOVDQU32    Z8, (AX)
-	VPADDD       Z3, Z8, Z8
-	VMOVDQU32    Z8, 64(AX)
+one_23:
+	VPBROADCASTD (R12), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
+	VMOVDQU32    Z9, (AX)
+	VPADDD       Z4, Z9, Z9
+	VMOVDQU32    Z9, 64(AX)
 	ADDQ         $0x00000080, AX
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000020, R11
 	CMPQ         R11, $0x00000020
-	JAE          one_21
-	JMP          tail_10
+	JAE          one_23
+	JMP          tail_12
 
 	// whole blocks, any bs
-slow_9:
+slow_11:
 	MOVL         (R12), R13
 	IMULL        R9, R13
 	MOVQ         R9, R14
-	VPBROADCASTD R13, Z8
-	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD R13, Z9
+	VPADDD       Z1, Z9, Z9
 	CMPQ         R14, $0x10
-	JB           filltail_23
+	JB           filltail_25
 
-fill_22:
-	VMOVDQU32 Z8, (AX)
+fill_24:
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
+	VPADDD    Z4, Z9, Z9
 	SUBQ      $0x10, R14
 	CMPQ      R14, $0x10
-	JAE       fill_22
+	JAE       fill_24
 
-filltail_23:
+filltail_25:
 	TESTQ     R14, R14
-	JZ        fillend_24
+	JZ        fillend_26
 	MOVL      $0x0000ffff, R13
 	BZHIL     R14, R13, R13
 	KMOVW     R13, K1
-	VMOVDQU32 Z8, K1, (AX)
+	VMOVDQU32 Z9, K1, (AX)
 	LEAQ      (AX)(R14*4), AX
 
-fillend_24:
+fillend_26:
 	ADDQ $0x04, R12
 	SUBQ R9, R11
 	CMPQ R11, R9
-	JAE  slow_9
+	JAE  slow_11
 
 	// last block, partial
-tail_10:
+tail_12:
 	TESTQ        R11, R11
-	JZ           blocksend_11
+	JZ           blocksend_13
 	MOVL         (R12), R12
 	IMULL        R9, R12
-	VPBROADCASTD R12, Z8
-	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD R12, Z9
+	VPADDD       Z1, Z9, Z9
 	CMPQ         R11, $0x10
-	JB           filltail_26
+	JB           filltail_28
 
-fill_25:
-	VMOVDQU32 Z8, (AX)
+fill_27:
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
+	VPADDD    Z4, Z9, Z9
 	SUBQ      $0x10, R11
 	CMPQ      R11, $0x10
-	JAE       fill_25
+	JAE       fill_27
 
-filltail_26:
+filltail_28:
 	TESTQ     R11, R11
-	JZ        fillend_27
+	JZ        fillend_29
 	MOVL      $0x0000ffff, R12
 	BZHIL     R11, R12, R12
 	KMOVW     R12, K1
-	VMOVDQU32 Z8, K1, (AX)
+	VMOVDQU32 Z9, K1, (AX)
 	LEAQ      (AX)(R11*4), AX
 
-fillend_27:
-blocksend_11:
-next_6:
+fillend_29:
+blocksend_13:
+next_8:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_4
+	JMP  loop_5
 
-done_7:
+done_9:
 	VZEROUPPER
 	RET
 
@@ -412,81 +460,118 @@ TEXT ·mapDivAVX512(SB), NOSPLIT, $0-72
 	VPINSRQ      $0x01, R10, X1, X1
 	VPMOVZXBD    X1, Z1
 	MOVL         $0x00000010, R10
-	VPBROADCASTD R10, Z3
-	MOVL         $0x00000001, R10
 	VPBROADCASTD R10, Z4
-	MOVSD        recip+64(FP), X5
-	VBROADCASTSD X5, Z6
-	VPBROADCASTD R8, Z7
+	MOVL         $0x00000001, R10
+	VPBROADCASTD R10, Z5
+	MOVSD        recip+64(FP), X6
+	VBROADCASTSD X6, Z7
+	VPBROADCASTD R8, Z8
 
-loop_28:
+loop_30:
+	// a whole vector of decodes (count 1): the common case, whose pointer
+	// updates are constants so that iterations overlap
+	CMPQ      SI, $0x10
+	JB        general_31
+	VPCMPEQD  (BX), Z5, K1
+	KORTESTW  K1, K1
+	JCC       general_31
+	VMOVDQU32 (DX), Z9
+	VPMULLD   (CX), Z8, Z10
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD     Y9, Z12
+	VEXTRACTI64X4 $0x01, Z9, Y14
+	VCVTDQ2PD     Y14, Z14
+	VMULPD        Z7, Z12, Z12
+	VMULPD        Z7, Z14, Z14
+	VCVTTPD2DQ    Z12, Y11
+	VCVTTPD2DQ    Z14, Y14
+	VINSERTI64X4  $0x01, Y14, Z11, Z11
+	VPMULLD       Z0, Z11, Z12
+	VPSUBD        Z12, Z9, Z12
+	VPCMPUD       $0x05, Z0, Z12, K1
+	VPADDD        Z5, Z11, K1, Z11
+	VPSUBD        Z0, Z12, K1, Z12
+	VPADDD        Z11, Z10, Z10
+	KXNORW        K2, K2, K2
+	VPXORD        Z2, Z2, Z2
+	VPGATHERDD    (DI)(Z10*4), K2, Z2
+	VPMULLD       Z0, Z2, Z2
+	VPADDD        Z12, Z2, Z2
+	VMOVDQU32     Z2, (AX)
+	ADDQ          $0x40, AX
+	ADDQ          $0x40, CX
+	ADDQ          $0x40, DX
+	ADDQ          $0x40, BX
+	SUBQ          $0x10, SI
+	JMP           loop_30
+
+general_31:
 	TESTQ SI, SI
-	JLE   done_31
+	JLE   done_34
 
-	// j = the number of leading requests with count 1 (decodes)
+	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ        $0x00000010, R10
 	CMPQ        SI, R10
 	CMOVQLT     SI, R10
 	MOVL        $0x0000ffff, R11
 	BZHIL       R10, R11, R11
 	KMOVW       R11, K1
-	VMOVDQU32.Z (BX), K1, Z8
-	VPCMPEQD    Z4, Z8, K1, K1
+	VMOVDQU32.Z (BX), K1, Z9
+	VPCMPEQD    Z5, Z9, K1, K1
 	KMOVW       K1, R10
 	NOTL        R10
 	TZCNTL      R10, R10
 	TESTL       R10, R10
-	JZ          scalar_29
+	JZ          scalar_32
 
 	// map the j decodes: gather one block id each
 	MOVL        $0x0000ffff, R11
 	BZHIL       R10, R11, R11
 	KMOVW       R11, K1
-	VMOVDQU32.Z (DX), K1, Z8
-	VPMULLD.Z   (CX), Z7, K1, Z10
+	VMOVDQU32.Z (DX), K1, Z9
+	VPMULLD.Z   (CX), Z8, K1, Z10
 
 	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
-	VCVTDQ2PD     Y8, Z11
-	VEXTRACTI64X4 $0x01, Z8, Y12
-	VCVTDQ2PD     Y12, Z12
-	VMULPD        Z6, Z11, Z11
-	VMULPD        Z6, Z12, Z12
-	VCVTTPD2DQ    Z11, Y9
-	VCVTTPD2DQ    Z12, Y12
-	VINSERTI64X4  $0x01, Y12, Z9, Z9
-	VPMULLD       Z0, Z9, Z11
-	VPSUBD        Z11, Z8, Z11
-	VPCMPUD       $0x05, Z0, Z11, K2
-	VPADDD        Z4, Z9, K2, Z9
-	VPSUBD        Z0, Z11, K2, Z11
-	VPADDD        Z9, Z10, Z10
-	VPXORD        Z2, Z2, Z2
-	KMOVW         K1, K2
-	VPGATHERDD    (DI)(Z10*4), K2, Z2
-	VPMULLD       Z0, Z2, Z2
-	VPADDD        Z11, Z2, Z2
-	VMOVDQU32     Z2, K1, (AX)
+	VCVTDQ2PD     Y9, Z12
+	VEXTRACTI64X4 $0x01, Z9, Y14
+	VCVTDQ2PD     Y14, Z14
+	VMULPD        Z7, Z12, Z12
+	VMULPD        Z7, Z14, Z14
+	VCVTTPD2DQ    Z12, Y13
+	VCVTTPD2DQ    Z14, Y14
+	VINSERTI64X4  $0x01, Y14, Z13, Z13
+	VPMULLD       Z0, Z13, Z12
+	VPSUBD        Z12, Z9, Z12
+	VPCMPUD       $0x05, Z0, Z12, K3
+	VPADDD        Z5, Z13, K3, Z13
+	VPSUBD        Z0, Z12, K3, Z12
+	VPADDD        Z13, Z10, Z10
+	VPXORD        Z3, Z3, Z3
+	KMOVW         K1, K3
+	VPGATHERDD    (DI)(Z10*4), K3, Z3
+	VPMULLD       Z0, Z3, Z3
+	VPADDD        Z12, Z3, Z3
+	VMOVDQU32     Z3, K1, (AX)
 	LEAQ          (AX)(R10*4), AX
 	LEAQ          (CX)(R10*4), CX
 	LEAQ          (DX)(R10*4), DX
 	LEAQ          (BX)(R10*4), BX
 	SUBQ          R10, SI
-	CMPQ          R10, $0x10
-	JE            loop_28
 
 	// the next request is not a decode (or there is none)
-scalar_29:
+scalar_32:
 	TESTQ      SI, SI
-	JLE        done_31
+	JLE        done_34
 	MOVL       (BX), R10
 	TESTQ      R10, R10
-	JZ         next_30
+	JZ         next_33
 	MOVL       (DX), R11
 	MOVL       (CX), R12
 	IMULQ      R8, R12
-	VCVTSI2SDL R11, X5, X8
-	VMULSD     X5, X8, X8
-	VCVTTSD2SI X8, R13
+	VCVTSI2SDL R11, X6, X9
+	VMULSD     X6, X9, X9
+	VCVTTSD2SI X9, R13
 	MOVL       R13, R14
 	IMULL      R9, R14
 	NEGL       R14
@@ -509,225 +594,225 @@ scalar_29:
 	IMULL        R9, R13
 	ADDL         R14, R13
 	SUBQ         R12, R10
-	VPBROADCASTD R13, Z8
-	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD R13, Z9
+	VPADDD       Z1, Z9, Z9
 	CMPQ         R12, $0x10
-	JB           filltail_37
+	JB           filltail_40
 
-fill_36:
-	VMOVDQU32 Z8, (AX)
+fill_39:
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
+	VPADDD    Z4, Z9, Z9
 	SUBQ      $0x10, R12
 	CMPQ      R12, $0x10
-	JAE       fill_36
+	JAE       fill_39
 
-filltail_37:
+filltail_40:
 	TESTQ     R12, R12
-	JZ        fillend_38
+	JZ        fillend_41
 	MOVL      $0x0000ffff, R13
 	BZHIL     R12, R13, R13
 	KMOVW     R13, K1
-	VMOVDQU32 Z8, K1, (AX)
+	VMOVDQU32 Z9, K1, (AX)
 	LEAQ      (AX)(R12*4), AX
 
-fillend_38:
+fillend_41:
 	TESTQ R10, R10
-	JZ    blocksend_35
+	JZ    blocksend_38
 	ADDQ  $0x04, R11
 	CMPQ  R10, R9
-	JB    tail_34
+	JB    tail_37
 	CMPQ  R9, $0x10
-	JE    bs16_39
+	JE    bs16_42
 	CMPQ  R9, $0x20
-	JE    bs32_40
+	JE    bs32_43
 	TESTQ $0x0000000f, R9
-	JNZ   slow_33
+	JNZ   slow_36
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_32:
-	VPBROADCASTD (R11), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
+fast_35:
+	VPBROADCASTD (R11), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
 	MOVQ         R9, R12
 
-inner_41:
-	VMOVDQU32 Z8, (AX)
+inner_44:
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
+	VPADDD    Z4, Z9, Z9
 	SUBQ      $0x10, R12
-	JNZ       inner_41
+	JNZ       inner_44
 	ADDQ      $0x04, R11
 	SUBQ      R9, R10
 	CMPQ      R10, R9
-	JAE       fast_32
-	JMP       tail_34
+	JAE       fast_35
+	JMP       tail_37
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_39:
+bs16_42:
 	CMPQ R10, $0x00000040
-	JB   one_43
+	JB   one_46
 
-four_42:
-	VPBROADCASTD (R11), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
+four_45:
+	VPBROADCASTD (R11), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
 	VPBROADCASTD 4(R11), Z10
 	VPMULLD      Z0, Z10, Z10
 	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 8(R11), Z11
-	VPMULLD      Z0, Z11, Z11
-	VPADDD       Z1, Z11, Z11
-	VPBROADCASTD 12(R11), Z12
+	VPBROADCASTD 8(R11), Z12
 	VPMULLD      Z0, Z12, Z12
 	VPADDD       Z1, Z12, Z12
-	VMOVDQU32    Z8, (AX)
+	VPBROADCASTD 12(R11), Z14
+	VPMULLD      Z0, Z14, Z14
+	VPADDD       Z1, Z14, Z14
+	VMOVDQU32    Z9, (AX)
 	VMOVDQU32    Z10, 64(AX)
-	VMOVDQU32    Z11, 128(AX)
-	VMOVDQU32    Z12, 192(AX)
+	VMOVDQU32    Z12, 128(AX)
+	VMOVDQU32    Z14, 192(AX)
 	ADDQ         $0x00000100, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000040, R10
 	CMPQ         R10, $0x00000040
-	JAE          four_42
+	JAE          four_45
 	CMPQ         R10, $0x00000010
-	JB           tail_34
+	JB           tail_37
 
-one_43:
-	VPBROADCASTD (R11), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
-	VMOVDQU32    Z8, (AX)
+one_46:
+	VPBROADCASTD (R11), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
+	VMOVDQU32    Z9, (AX)
 	ADDQ         $0x00000040, AX
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000010, R10
 	CMPQ         R10, $0x00000010
-	JAE          one_43
-	JMP          tail_34
+	JAE          one_46
+	JMP          tail_37
 
 	// whole blocks, bs = 32: unrolled full stores
-bs32_40:
+bs32_43:
 	CMPQ R10, $0x00000080
-	JB   one_45
+	JB   one_48
 
-four_44:
-	VPBROADCASTD (R11), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
+four_47:
+	VPBROADCASTD (R11), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
 	VPBROADCASTD 4(R11), Z10
 	VPMULLD      Z0, Z10, Z10
 	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 8(R11), Z11
-	VPMULLD      Z0, Z11, Z11
-	VPADDD       Z1, Z11, Z11
-	VPBROADCASTD 12(R11), Z12
+	VPBROADCASTD 8(R11), Z12
 	VPMULLD      Z0, Z12, Z12
 	VPADDD       Z1, Z12, Z12
-	VMOVDQU32    Z8, (AX)
-	VPADDD       Z3, Z8, Z8
-	VMOVDQU32    Z8, 64(AX)
+	VPBROADCASTD 12(R11), Z14
+	VPMULLD      Z0, Z14, Z14
+	VPADDD       Z1, Z14, Z14
+	VMOVDQU32    Z9, (AX)
+	VPADDD       Z4, Z9, Z9
+	VMOVDQU32    Z9, 64(AX)
 	VMOVDQU32    Z10, 128(AX)
-	VPADDD       Z3, Z10, Z10
+	VPADDD       Z4, Z10, Z10
 	VMOVDQU32    Z10, 192(AX)
-	VMOVDQU32    Z11, 256(AX)
-	VPADDD       Z3, Z11, Z11
-	VMOVDQU32    Z11, 320(AX)
-	VMOVDQU32    Z12, 384(AX)
-	VPADDD       Z3, Z12, Z12
-	VMOVDQU32    Z12, 448(AX)
+	VMOVDQU32    Z12, 256(AX)
+	VPADDD       Z4, Z12, Z12
+	VMOVDQU32    Z12, 320(AX)
+	VMOVDQU32    Z14, 384(AX)
+	VPADDD       Z4, Z14, Z14
+	VMOVDQU32    Z14, 448(AX)
 	ADDQ         $0x00000200, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000080, R10
 	CMPQ         R10, $0x00000080
-	JAE          four_44
+	JAE          four_47
 	CMPQ         R10, $0x00000020
-	JB           tail_34
+	JB           tail_37
 
-one_45:
-	VPBROADCASTD (R11), Z8
-	VPMULLD      Z0, Z8, Z8
-	VPADDD       Z1, Z8, Z8
-	VMOVDQU32    Z8, (AX)
-	VPADDD       Z3, Z8, Z8
-	VMOVDQU32    Z8, 64(AX)
+one_48:
+	VPBROADCASTD (R11), Z9
+	VPMULLD      Z0, Z9, Z9
+	VPADDD       Z1, Z9, Z9
+	VMOVDQU32    Z9, (AX)
+	VPADDD       Z4, Z9, Z9
+	VMOVDQU32    Z9, 64(AX)
 	ADDQ         $0x00000080, AX
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000020, R10
 	CMPQ         R10, $0x00000020
-	JAE          one_45
-	JMP          tail_34
+	JAE          one_48
+	JMP          tail_37
 
 	// whole blocks, any bs
-slow_33:
+slow_36:
 	MOVL         (R11), R12
 	IMULL        R9, R12
 	MOVQ         R9, R13
-	VPBROADCASTD R12, Z8
-	VPADDD       Z1, Z8, Z8
+	VPBROADCASTD R12, Z9
+	VPADDD       Z1, Z9, Z9
 	CMPQ         R13, $0x10
-	JB           filltail_47
-
-fill_46:
-	VMOVDQU32 Z8, (AX)
-	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
-	SUBQ      $0x10, R13
-	CMPQ      R13, $0x10
-	JAE       fill_46
-
-filltail_47:
-	TESTQ     R13, R13
-	JZ        fillend_48
-	MOVL      $0x0000ffff, R12
-	BZHIL     R13, R12, R12
-	KMOVW     R12, K1
-	VMOVDQU32 Z8, K1, (AX)
-	LEAQ      (AX)(R13*4), AX
-
-fillend_48:
-	ADDQ $0x04, R11
-	SUBQ R9, R10
-	CMPQ R10, R9
-	JAE  slow_33
-
-	// last block, partial
-tail_34:
-	TESTQ        R10, R10
-	JZ           blocksend_35
-	MOVL         (R11), R11
-	IMULL        R9, R11
-	VPBROADCASTD R11, Z8
-	VPADDD       Z1, Z8, Z8
-	CMPQ         R10, $0x10
 	JB           filltail_50
 
 fill_49:
-	VMOVDQU32 Z8, (AX)
+	VMOVDQU32 Z9, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z3, Z8, Z8
-	SUBQ      $0x10, R10
-	CMPQ      R10, $0x10
+	VPADDD    Z4, Z9, Z9
+	SUBQ      $0x10, R13
+	CMPQ      R13, $0x10
 	JAE       fill_49
 
 filltail_50:
-	TESTQ     R10, R10
+	TESTQ     R13, R13
 	JZ        fillend_51
+	MOVL      $0x0000ffff, R12
+	BZHIL     R13, R12, R12
+	KMOVW     R12, K1
+	VMOVDQU32 Z9, K1, (AX)
+	LEAQ      (AX)(R13*4), AX
+
+fillend_51:
+	ADDQ $0x04, R11
+	SUBQ R9, R10
+	CMPQ R10, R9
+	JAE  slow_36
+
+	// last block, partial
+tail_37:
+	TESTQ        R10, R10
+	JZ           blocksend_38
+	MOVL         (R11), R11
+	IMULL        R9, R11
+	VPBROADCASTD R11, Z9
+	VPADDD       Z1, Z9, Z9
+	CMPQ         R10, $0x10
+	JB           filltail_53
+
+fill_52:
+	VMOVDQU32 Z9, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z9, Z9
+	SUBQ      $0x10, R10
+	CMPQ      R10, $0x10
+	JAE       fill_52
+
+filltail_53:
+	TESTQ     R10, R10
+	JZ        fillend_54
 	MOVL      $0x0000ffff, R11
 	BZHIL     R10, R11, R11
 	KMOVW     R11, K1
-	VMOVDQU32 Z8, K1, (AX)
+	VMOVDQU32 Z9, K1, (AX)
 	LEAQ      (AX)(R10*4), AX
 
-fillend_51:
-blocksend_35:
-next_30:
+fillend_54:
+blocksend_38:
+next_33:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_28
+	JMP  loop_30
 
-done_31:
+done_34:
 	VZEROUPPER
 	RET
 
@@ -760,63 +845,63 @@ TEXT ·expandAVX512(SB), NOSPLIT, $0-32
 	VPBROADCASTD R8, Z3
 	VPADDD       Z1, Z3, Z3
 	CMPQ         DI, $0x10
-	JB           filltail_57
+	JB           filltail_60
 
-fill_56:
+fill_59:
 	VMOVDQU32 Z3, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z3, Z3
 	SUBQ      $0x10, DI
 	CMPQ      DI, $0x10
-	JAE       fill_56
+	JAE       fill_59
 
-filltail_57:
+filltail_60:
 	TESTQ     DI, DI
-	JZ        fillend_58
+	JZ        fillend_61
 	MOVL      $0x0000ffff, SI
 	BZHIL     DI, SI, SI
 	KMOVW     SI, K1
 	VMOVDQU32 Z3, K1, (AX)
 	LEAQ      (AX)(DI*4), AX
 
-fillend_58:
+fillend_61:
 	TESTQ DX, DX
-	JZ    blocksend_55
+	JZ    blocksend_58
 	ADDQ  $0x04, CX
 	CMPQ  DX, BX
-	JB    tail_54
+	JB    tail_57
 	CMPQ  BX, $0x10
-	JE    bs16_59
+	JE    bs16_62
 	CMPQ  BX, $0x20
-	JE    bs32_60
+	JE    bs32_63
 	TESTQ $0x0000000f, BX
-	JNZ   slow_53
+	JNZ   slow_56
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_52:
+fast_55:
 	VPBROADCASTD (CX), Z3
 	VPMULLD      Z0, Z3, Z3
 	VPADDD       Z1, Z3, Z3
 	MOVQ         BX, SI
 
-inner_61:
+inner_64:
 	VMOVDQU32 Z3, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z3, Z3
 	SUBQ      $0x10, SI
-	JNZ       inner_61
+	JNZ       inner_64
 	ADDQ      $0x04, CX
 	SUBQ      BX, DX
 	CMPQ      DX, BX
-	JAE       fast_52
-	JMP       tail_54
+	JAE       fast_55
+	JMP       tail_57
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_59:
+bs16_62:
 	CMPQ DX, $0x00000040
-	JB   one_63
+	JB   one_66
 
-four_62:
+four_65:
 	VPBROADCASTD (CX), Z3
 	VPMULLD      Z0, Z3, Z3
 	VPADDD       Z1, Z3, Z3
@@ -837,11 +922,11 @@ four_62:
 	ADDQ         $0x10, CX
 	SUBQ         $0x00000040, DX
 	CMPQ         DX, $0x00000040
-	JAE          four_62
+	JAE          four_65
 	CMPQ         DX, $0x00000010
-	JB           tail_54
+	JB           tail_57
 
-one_63:
+one_66:
 	VPBROADCASTD (CX), Z3
 	VPMULLD      Z0, Z3, Z3
 	VPADDD       Z1, Z3, Z3
@@ -850,15 +935,15 @@ one_63:
 	ADDQ         $0x04, CX
 	SUBQ         $0x00000010, DX
 	CMPQ         DX, $0x00000010
-	JAE          one_63
-	JMP          tail_54
+	JAE          one_66
+	JMP          tail_57
 
 	// whole blocks, bs = 32: unrolled full stores
-bs32_60:
+bs32_63:
 	CMPQ DX, $0x00000080
-	JB   one_65
+	JB   one_68
 
-four_64:
+four_67:
 	VPBROADCASTD (CX), Z3
 	VPMULLD      Z0, Z3, Z3
 	VPADDD       Z1, Z3, Z3
@@ -887,11 +972,11 @@ four_64:
 	ADDQ         $0x10, CX
 	SUBQ         $0x00000080, DX
 	CMPQ         DX, $0x00000080
-	JAE          four_64
+	JAE          four_67
 	CMPQ         DX, $0x00000020
-	JB           tail_54
+	JB           tail_57
 
-one_65:
+one_68:
 	VPBROADCASTD (CX), Z3
 	VPMULLD      Z0, Z3, Z3
 	VPADDD       Z1, Z3, Z3
@@ -902,77 +987,77 @@ one_65:
 	ADDQ         $0x04, CX
 	SUBQ         $0x00000020, DX
 	CMPQ         DX, $0x00000020
-	JAE          one_65
-	JMP          tail_54
+	JAE          one_68
+	JMP          tail_57
 
 	// whole blocks, any bs
-slow_53:
+slow_56:
 	MOVL         (CX), SI
 	IMULL        BX, SI
 	MOVQ         BX, DI
 	VPBROADCASTD SI, Z0
 	VPADDD       Z1, Z0, Z0
 	CMPQ         DI, $0x10
-	JB           filltail_67
-
-fill_66:
-	VMOVDQU32 Z0, (AX)
-	ADDQ      $0x40, AX
-	VPADDD    Z2, Z0, Z0
-	SUBQ      $0x10, DI
-	CMPQ      DI, $0x10
-	JAE       fill_66
-
-filltail_67:
-	TESTQ     DI, DI
-	JZ        fillend_68
-	MOVL      $0x0000ffff, SI
-	BZHIL     DI, SI, SI
-	KMOVW     SI, K1
-	VMOVDQU32 Z0, K1, (AX)
-	LEAQ      (AX)(DI*4), AX
-
-fillend_68:
-	ADDQ $0x04, CX
-	SUBQ BX, DX
-	CMPQ DX, BX
-	JAE  slow_53
-
-	// last block, partial
-tail_54:
-	TESTQ        DX, DX
-	JZ           blocksend_55
-	MOVL         (CX), CX
-	IMULL        BX, CX
-	VPBROADCASTD CX, Z0
-	VPADDD       Z1, Z0, Z0
-	CMPQ         DX, $0x10
 	JB           filltail_70
 
 fill_69:
 	VMOVDQU32 Z0, (AX)
 	ADDQ      $0x40, AX
 	VPADDD    Z2, Z0, Z0
-	SUBQ      $0x10, DX
-	CMPQ      DX, $0x10
+	SUBQ      $0x10, DI
+	CMPQ      DI, $0x10
 	JAE       fill_69
 
 filltail_70:
-	TESTQ     DX, DX
+	TESTQ     DI, DI
 	JZ        fillend_71
+	MOVL      $0x0000ffff, SI
+	BZHIL     DI, SI, SI
+	KMOVW     SI, K1
+	VMOVDQU32 Z0, K1, (AX)
+	LEAQ      (AX)(DI*4), AX
+
+fillend_71:
+	ADDQ $0x04, CX
+	SUBQ BX, DX
+	CMPQ DX, BX
+	JAE  slow_56
+
+	// last block, partial
+tail_57:
+	TESTQ        DX, DX
+	JZ           blocksend_58
+	MOVL         (CX), CX
+	IMULL        BX, CX
+	VPBROADCASTD CX, Z0
+	VPADDD       Z1, Z0, Z0
+	CMPQ         DX, $0x10
+	JB           filltail_73
+
+fill_72:
+	VMOVDQU32 Z0, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z2, Z0, Z0
+	SUBQ      $0x10, DX
+	CMPQ      DX, $0x10
+	JAE       fill_72
+
+filltail_73:
+	TESTQ     DX, DX
+	JZ        fillend_74
 	MOVL      $0x0000ffff, CX
 	BZHIL     DX, CX, CX
 	KMOVW     CX, K1
 	VMOVDQU32 Z0, K1, (AX)
 	LEAQ      (AX)(DX*4), AX
 
-fillend_71:
-blocksend_55:
+fillend_74:
+blocksend_58:
 	VZEROUPPER
 	RET
 
 // func checkAVX2(rows *int32, start *int32, count *int32, n int, nrows int, positions int) int
-// Requires: AVX, AVX2, CMOV
+// Requires: AVX, AVX2
 TEXT ·checkAVX2(SB), NOSPLIT, $0-56
 	MOVQ         rows+0(FP), AX
 	MOVQ         start+8(FP), CX
@@ -980,65 +1065,90 @@ TEXT ·checkAVX2(SB), NOSPLIT, $0-56
 	MOVQ         n+24(FP), BX
 	MOVQ         nrows+32(FP), SI
 	MOVQ         positions+40(FP), DI
+	DECQ         SI
 	VMOVD        SI, X0
 	VPBROADCASTD X0, Y0
 	VMOVD        DI, X1
 	VPBROADCASTD X1, Y1
 	VPXOR        Y2, Y2, Y2
 	VPXOR        Y3, Y3, Y3
-	XORQ         SI, SI
-	MOVQ         $0x0706050403020100, DI
-	VMOVQ        DI, X4
-	VPMOVZXBD    X4, Y4
-	VPXOR        Y5, Y5, Y5
+	VPXOR        Y4, Y4, Y4
 
-loop_72:
-	MOVQ         BX, DI
-	SUBQ         SI, DI
-	JLE          done_73
-	MOVQ         $0x00000008, R8
-	CMPQ         DI, R8
-	CMOVQLT      DI, R8
-	VMOVD        R8, X6
-	VPBROADCASTD X6, Y6
-	VPCMPGTD     Y4, Y6, Y6
-	VPMASKMOVD   (AX)(SI*4), Y6, Y7
-	VPMASKMOVD   (CX)(SI*4), Y6, Y8
-	VPMASKMOVD   (DX)(SI*4), Y6, Y9
+	// low32: 0x00000000ffffffff in every 64-bit lane
+	VPCMPEQD  Y5, Y5, Y5
+	VPSRLQ    $0x20, Y5, Y5
+	MOVQ      $0x0706050403020100, SI
+	VMOVQ     SI, X6
+	VPMOVZXBD X6, Y6
+	XORQ      SI, SI
 
-	// row, start or count negative
-	VPOR   Y7, Y8, Y10
+loop_75:
+	MOVQ    BX, DI
+	SUBQ    SI, DI
+	CMPQ    DI, $0x08
+	JB      tail_76
+	VMOVDQU (AX)(SI*4), Y7
+	VMOVDQU (CX)(SI*4), Y8
+	VMOVDQU (DX)(SI*4), Y9
+
+	// bad if the sign of row | (nrows-1-row) | start | count is set
+	VPSUBD Y7, Y0, Y10
+	VPOR   Y7, Y10, Y10
+	VPOR   Y8, Y10, Y10
 	VPOR   Y9, Y10, Y10
-	VPSRAD $0x1f, Y10, Y10
+	VPOR   Y10, Y3, Y3
 
-	// count > 0 and count > positions-start
-	VPSUBD   Y8, Y1, Y8
-	VPCMPGTD Y8, Y9, Y8
-	VPCMPEQD Y2, Y9, Y11
-	VPANDN   Y8, Y11, Y8
-	VPOR     Y8, Y10, Y10
-	VPAND    Y6, Y10, Y10
+	// bad if count > 0 and positions-start < count
+	VPSUBD   Y8, Y1, Y7
+	VPCMPGTD Y7, Y9, Y7
+	VPCMPEQD Y2, Y9, Y8
+	VPANDN   Y7, Y8, Y7
+	VPOR     Y7, Y3, Y3
 
-	// not (nrows > row), in a valid lane
-	VPCMPGTD Y7, Y0, Y7
-	VPANDN   Y6, Y7, Y7
-	VPOR     Y7, Y10, Y10
-	VPOR     Y10, Y5, Y5
+	// sum the counts in 64-bit lanes: even lanes, then odd lanes
+	VPAND  Y5, Y9, Y7
+	VPSRLQ $0x20, Y9, Y8
+	VPADDQ Y7, Y4, Y4
+	VPADDQ Y8, Y4, Y4
+	ADDQ   $0x08, SI
+	JMP    loop_75
 
-	// sum the counts in 64-bit lanes
-	VPMOVZXDQ    X9, Y6
-	VEXTRACTI128 $0x01, Y9, X7
-	VPMOVZXDQ    X7, Y7
-	VPADDQ       Y6, Y3, Y3
-	VPADDQ       Y7, Y3, Y3
-	ADDQ         $0x08, SI
-	JMP          loop_72
+tail_76:
+	TESTQ        DI, DI
+	JZ           done_77
+	VMOVD        DI, X7
+	VPBROADCASTD X7, Y7
+	VPCMPGTD     Y6, Y7, Y7
+	VPMASKMOVD   (AX)(SI*4), Y7, Y6
+	VPMASKMOVD   (CX)(SI*4), Y7, Y8
+	VPMASKMOVD   (DX)(SI*4), Y7, Y7
 
-done_73:
-	VPTEST       Y5, Y5
-	JNZ          bad_74
-	VEXTRACTI128 $0x01, Y3, X0
-	VPADDQ       X0, X3, X0
+	// bad if the sign of row | (nrows-1-row) | start | count is set
+	VPSUBD Y6, Y0, Y0
+	VPOR   Y6, Y0, Y0
+	VPOR   Y8, Y0, Y0
+	VPOR   Y7, Y0, Y0
+	VPOR   Y0, Y3, Y3
+
+	// bad if count > 0 and positions-start < count
+	VPSUBD   Y8, Y1, Y0
+	VPCMPGTD Y0, Y7, Y0
+	VPCMPEQD Y2, Y7, Y1
+	VPANDN   Y0, Y1, Y0
+	VPOR     Y0, Y3, Y3
+
+	// sum the counts in 64-bit lanes: even lanes, then odd lanes
+	VPAND  Y5, Y7, Y0
+	VPSRLQ $0x20, Y7, Y1
+	VPADDQ Y0, Y4, Y4
+	VPADDQ Y1, Y4, Y4
+
+done_77:
+	VMOVMSKPS    Y3, AX
+	TESTL        AX, AX
+	JNZ          bad_78
+	VEXTRACTI128 $0x01, Y4, X0
+	VPADDQ       X0, X4, X0
 	VPSHUFD      $0x4e, X0, X1
 	VPADDQ       X1, X0, X0
 	VMOVQ        X0, AX
@@ -1046,7 +1156,7 @@ done_73:
 	VZEROUPPER
 	RET
 
-bad_74:
+bad_78:
 	MOVQ $-1, AX
 	MOVQ AX, ret+48(FP)
 	VZEROUPPER
@@ -1080,11 +1190,38 @@ TEXT ·mapPow2AVX2(SB), NOSPLIT, $0-64
 	VMOVD        R8, X6
 	VPBROADCASTD X6, Y6
 
-loop_75:
-	TESTQ SI, SI
-	JLE   done_78
+loop_79:
+	// a whole vector of decodes (count 1): the common case, whose pointer
+	// updates are constants so that iterations overlap
+	CMPQ       SI, $0x08
+	JB         general_80
+	VPCMPEQD   (BX), Y3, Y7
+	VMOVMSKPS  Y7, R11
+	CMPL       R11, $0xff
+	JNE        general_80
+	VMOVDQU    (DX), Y7
+	VPMULLD    (CX), Y6, Y8
+	VPSRLD     X4, Y7, Y9
+	VPAND      Y5, Y7, Y7
+	VPADDD     Y9, Y8, Y8
+	VPCMPEQD   Y10, Y10, Y10
+	VPXOR      Y9, Y9, Y9
+	VPGATHERDD Y10, (DI)(Y8*4), Y9
+	VPSLLD     X4, Y9, Y9
+	VPOR       Y7, Y9, Y9
+	VMOVDQU    Y9, (AX)
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, CX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, BX
+	SUBQ       $0x08, SI
+	JMP        loop_79
 
-	// j = the number of leading requests with count 1 (decodes)
+general_80:
+	TESTQ SI, SI
+	JLE   done_83
+
+	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ         $0x00000008, R11
 	CMPQ         SI, R11
 	CMOVQLT      SI, R11
@@ -1098,7 +1235,7 @@ loop_75:
 	NOTL         R11
 	TZCNTL       R11, R11
 	TESTL        R11, R11
-	JZ           scalar_76
+	JZ           scalar_81
 
 	// map the j decodes: gather one block id each
 	VMOVD        R11, X9
@@ -1121,16 +1258,14 @@ loop_75:
 	LEAQ         (DX)(R11*4), DX
 	LEAQ         (BX)(R11*4), BX
 	SUBQ         R11, SI
-	CMPQ         R11, $0x08
-	JE           loop_75
 
 	// the next request is not a decode (or there is none)
-scalar_76:
+scalar_81:
 	TESTQ SI, SI
-	JLE   done_78
+	JLE   done_83
 	MOVL  (BX), R11
 	TESTQ R11, R11
-	JZ    next_77
+	JZ    next_82
 	MOVL  (DX), R12
 	MOVL  (CX), R13
 	IMULQ R8, R13
@@ -1154,63 +1289,63 @@ scalar_76:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R13, $0x08
-	JB           filltail_84
+	JB           filltail_89
 
-fill_83:
+fill_88:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
 	CMPQ    R13, $0x08
-	JAE     fill_83
+	JAE     fill_88
 
-filltail_84:
+filltail_89:
 	TESTQ        R13, R13
-	JZ           fillend_85
+	JZ           fillend_90
 	VMOVD        R13, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R13*4), AX
 
-fillend_85:
+fillend_90:
 	TESTQ R11, R11
-	JZ    blocksend_82
+	JZ    blocksend_87
 	ADDQ  $0x04, R12
 	CMPQ  R11, R9
-	JB    tail_81
+	JB    tail_86
 	CMPQ  R9, $0x08
-	JE    bs8_86
+	JE    bs8_91
 	CMPQ  R9, $0x10
-	JE    bs16_87
+	JE    bs16_92
 	TESTQ $0x00000007, R9
-	JNZ   slow_80
+	JNZ   slow_85
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_79:
+fast_84:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
 	MOVQ         R9, R13
 
-inner_88:
+inner_93:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
-	JNZ     inner_88
+	JNZ     inner_93
 	ADDQ    $0x04, R12
 	SUBQ    R9, R11
 	CMPQ    R11, R9
-	JAE     fast_79
-	JMP     tail_81
+	JAE     fast_84
+	JMP     tail_86
 
 	// whole blocks, bs = 8: unrolled full stores
-bs8_86:
+bs8_91:
 	CMPQ R11, $0x00000020
-	JB   one_90
+	JB   one_95
 
-four_89:
+four_94:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1231,11 +1366,11 @@ four_89:
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000020, R11
 	CMPQ         R11, $0x00000020
-	JAE          four_89
+	JAE          four_94
 	CMPQ         R11, $0x00000008
-	JB           tail_81
+	JB           tail_86
 
-one_90:
+one_95:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1244,15 +1379,15 @@ one_90:
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000008, R11
 	CMPQ         R11, $0x00000008
-	JAE          one_90
-	JMP          tail_81
+	JAE          one_95
+	JMP          tail_86
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_87:
+bs16_92:
 	CMPQ R11, $0x00000040
-	JB   one_92
+	JB   one_97
 
-four_91:
+four_96:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1281,11 +1416,11 @@ four_91:
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000040, R11
 	CMPQ         R11, $0x00000040
-	JAE          four_91
+	JAE          four_96
 	CMPQ         R11, $0x00000010
-	JB           tail_81
+	JB           tail_86
 
-one_92:
+one_97:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1296,11 +1431,11 @@ one_92:
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000010, R11
 	CMPQ         R11, $0x00000010
-	JAE          one_92
-	JMP          tail_81
+	JAE          one_97
+	JMP          tail_86
 
 	// whole blocks, any bs
-slow_80:
+slow_85:
 	MOVL         (R12), R13
 	IMULL        R9, R13
 	MOVQ         R9, R14
@@ -1308,70 +1443,70 @@ slow_80:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R14, $0x08
-	JB           filltail_94
+	JB           filltail_99
 
-fill_93:
+fill_98:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R14
 	CMPQ    R14, $0x08
-	JAE     fill_93
+	JAE     fill_98
 
-filltail_94:
+filltail_99:
 	TESTQ        R14, R14
-	JZ           fillend_95
+	JZ           fillend_100
 	VMOVD        R14, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R14*4), AX
 
-fillend_95:
+fillend_100:
 	ADDQ $0x04, R12
 	SUBQ R9, R11
 	CMPQ R11, R9
-	JAE  slow_80
+	JAE  slow_85
 
 	// last block, partial
-tail_81:
+tail_86:
 	TESTQ        R11, R11
-	JZ           blocksend_82
+	JZ           blocksend_87
 	MOVL         (R12), R12
 	IMULL        R9, R12
 	VMOVD        R12, X7
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R11, $0x08
-	JB           filltail_97
+	JB           filltail_102
 
-fill_96:
+fill_101:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R11
 	CMPQ    R11, $0x08
-	JAE     fill_96
+	JAE     fill_101
 
-filltail_97:
+filltail_102:
 	TESTQ        R11, R11
-	JZ           fillend_98
+	JZ           fillend_103
 	VMOVD        R11, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R11*4), AX
 
-fillend_98:
-blocksend_82:
-next_77:
+fillend_103:
+blocksend_87:
+next_82:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_75
+	JMP  loop_79
 
-done_78:
+done_83:
 	VZEROUPPER
 	RET
 
@@ -1402,11 +1537,55 @@ TEXT ·mapDivAVX2(SB), NOSPLIT, $0-72
 	VMOVD        R8, X6
 	VPBROADCASTD X6, Y6
 
-loop_99:
-	TESTQ SI, SI
-	JLE   done_102
+loop_104:
+	// a whole vector of decodes (count 1): the common case, whose pointer
+	// updates are constants so that iterations overlap
+	CMPQ      SI, $0x08
+	JB        general_105
+	VPCMPEQD  (BX), Y3, Y7
+	VMOVMSKPS Y7, R10
+	CMPL      R10, $0xff
+	JNE       general_105
+	VMOVDQU   (DX), Y7
+	VPMULLD   (CX), Y6, Y8
 
-	// j = the number of leading requests with count 1 (decodes)
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD    X7, Y10
+	VEXTRACTI128 $0x01, Y7, X12
+	VCVTDQ2PD    X12, Y12
+	VMULPD       Y5, Y10, Y10
+	VMULPD       Y5, Y12, Y12
+	VCVTTPD2DQY  Y10, X9
+	VCVTTPD2DQY  Y12, X12
+	VINSERTI128  $0x01, X12, Y9, Y9
+	VPMULLD      Y0, Y9, Y10
+	VPSUBD       Y10, Y7, Y10
+
+	// offset >= bs (unsigned) where max(offset, bs) == offset
+	VPMAXUD    Y0, Y10, Y7
+	VPCMPEQD   Y10, Y7, Y7
+	VPSUBD     Y7, Y9, Y9
+	VPAND      Y0, Y7, Y7
+	VPSUBD     Y7, Y10, Y10
+	VPADDD     Y9, Y8, Y8
+	VPCMPEQD   Y12, Y12, Y12
+	VPXOR      Y7, Y7, Y7
+	VPGATHERDD Y12, (DI)(Y8*4), Y7
+	VPMULLD    Y0, Y7, Y7
+	VPADDD     Y10, Y7, Y7
+	VMOVDQU    Y7, (AX)
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, CX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, BX
+	SUBQ       $0x08, SI
+	JMP        loop_104
+
+general_105:
+	TESTQ SI, SI
+	JLE   done_108
+
+	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ         $0x00000008, R10
 	CMPQ         SI, R10
 	CMOVQLT      SI, R10
@@ -1420,7 +1599,7 @@ loop_99:
 	NOTL         R10
 	TZCNTL       R10, R10
 	TESTL        R10, R10
-	JZ           scalar_100
+	JZ           scalar_106
 
 	// map the j decodes: gather one block id each
 	VMOVD        R10, X10
@@ -1431,45 +1610,43 @@ loop_99:
 	VPMULLD      Y6, Y8, Y8
 
 	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
-	VCVTDQ2PD    X7, Y11
-	VEXTRACTI128 $0x01, Y7, X12
-	VCVTDQ2PD    X12, Y12
-	VMULPD       Y5, Y11, Y11
+	VCVTDQ2PD    X7, Y12
+	VEXTRACTI128 $0x01, Y7, X13
+	VCVTDQ2PD    X13, Y13
 	VMULPD       Y5, Y12, Y12
-	VCVTTPD2DQY  Y11, X9
-	VCVTTPD2DQY  Y12, X12
-	VINSERTI128  $0x01, X12, Y9, Y9
-	VPMULLD      Y0, Y9, Y11
-	VPSUBD       Y11, Y7, Y11
+	VMULPD       Y5, Y13, Y13
+	VCVTTPD2DQY  Y12, X11
+	VCVTTPD2DQY  Y13, X13
+	VINSERTI128  $0x01, X13, Y11, Y11
+	VPMULLD      Y0, Y11, Y12
+	VPSUBD       Y12, Y7, Y12
 
 	// offset >= bs (unsigned) where max(offset, bs) == offset
-	VPMAXUD    Y0, Y11, Y7
-	VPCMPEQD   Y11, Y7, Y7
-	VPSUBD     Y7, Y9, Y9
-	VPAND      Y0, Y7, Y7
+	VPMAXUD    Y0, Y12, Y7
+	VPCMPEQD   Y12, Y7, Y7
 	VPSUBD     Y7, Y11, Y11
-	VPADDD     Y9, Y8, Y8
+	VPAND      Y0, Y7, Y7
+	VPSUBD     Y7, Y12, Y12
+	VPADDD     Y11, Y8, Y8
 	VPXOR      Y7, Y7, Y7
-	VMOVDQA    Y10, Y12
-	VPGATHERDD Y12, (DI)(Y8*4), Y7
+	VMOVDQA    Y10, Y13
+	VPGATHERDD Y13, (DI)(Y8*4), Y7
 	VPMULLD    Y0, Y7, Y7
-	VPADDD     Y11, Y7, Y7
+	VPADDD     Y12, Y7, Y7
 	VPMASKMOVD Y7, Y10, (AX)
 	LEAQ       (AX)(R10*4), AX
 	LEAQ       (CX)(R10*4), CX
 	LEAQ       (DX)(R10*4), DX
 	LEAQ       (BX)(R10*4), BX
 	SUBQ       R10, SI
-	CMPQ       R10, $0x08
-	JE         loop_99
 
 	// the next request is not a decode (or there is none)
-scalar_100:
+scalar_106:
 	TESTQ      SI, SI
-	JLE        done_102
+	JLE        done_108
 	MOVL       (BX), R10
 	TESTQ      R10, R10
-	JZ         next_101
+	JZ         next_107
 	MOVL       (DX), R11
 	MOVL       (CX), R12
 	IMULQ      R8, R12
@@ -1502,63 +1679,63 @@ scalar_100:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R12, $0x08
-	JB           filltail_108
+	JB           filltail_114
 
-fill_107:
+fill_113:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R12
 	CMPQ    R12, $0x08
-	JAE     fill_107
+	JAE     fill_113
 
-filltail_108:
+filltail_114:
 	TESTQ        R12, R12
-	JZ           fillend_109
+	JZ           fillend_115
 	VMOVD        R12, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R12*4), AX
 
-fillend_109:
+fillend_115:
 	TESTQ R10, R10
-	JZ    blocksend_106
+	JZ    blocksend_112
 	ADDQ  $0x04, R11
 	CMPQ  R10, R9
-	JB    tail_105
+	JB    tail_111
 	CMPQ  R9, $0x08
-	JE    bs8_110
+	JE    bs8_116
 	CMPQ  R9, $0x10
-	JE    bs16_111
+	JE    bs16_117
 	TESTQ $0x00000007, R9
-	JNZ   slow_104
+	JNZ   slow_110
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_103:
+fast_109:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
 	MOVQ         R9, R12
 
-inner_112:
+inner_118:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R12
-	JNZ     inner_112
+	JNZ     inner_118
 	ADDQ    $0x04, R11
 	SUBQ    R9, R10
 	CMPQ    R10, R9
-	JAE     fast_103
-	JMP     tail_105
+	JAE     fast_109
+	JMP     tail_111
 
 	// whole blocks, bs = 8: unrolled full stores
-bs8_110:
+bs8_116:
 	CMPQ R10, $0x00000020
-	JB   one_114
+	JB   one_120
 
-four_113:
+four_119:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1568,22 +1745,22 @@ four_113:
 	VPBROADCASTD 8(R11), Y10
 	VPMULLD      Y0, Y10, Y10
 	VPADDD       Y1, Y10, Y10
-	VPBROADCASTD 12(R11), Y11
-	VPMULLD      Y0, Y11, Y11
-	VPADDD       Y1, Y11, Y11
+	VPBROADCASTD 12(R11), Y12
+	VPMULLD      Y0, Y12, Y12
+	VPADDD       Y1, Y12, Y12
 	VMOVDQU      Y7, (AX)
 	VMOVDQU      Y8, 32(AX)
 	VMOVDQU      Y10, 64(AX)
-	VMOVDQU      Y11, 96(AX)
+	VMOVDQU      Y12, 96(AX)
 	ADDQ         $0x00000080, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000020, R10
 	CMPQ         R10, $0x00000020
-	JAE          four_113
+	JAE          four_119
 	CMPQ         R10, $0x00000008
-	JB           tail_105
+	JB           tail_111
 
-one_114:
+one_120:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1592,15 +1769,15 @@ one_114:
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000008, R10
 	CMPQ         R10, $0x00000008
-	JAE          one_114
-	JMP          tail_105
+	JAE          one_120
+	JMP          tail_111
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_111:
+bs16_117:
 	CMPQ R10, $0x00000040
-	JB   one_116
+	JB   one_122
 
-four_115:
+four_121:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1610,9 +1787,9 @@ four_115:
 	VPBROADCASTD 8(R11), Y10
 	VPMULLD      Y0, Y10, Y10
 	VPADDD       Y1, Y10, Y10
-	VPBROADCASTD 12(R11), Y11
-	VPMULLD      Y0, Y11, Y11
-	VPADDD       Y1, Y11, Y11
+	VPBROADCASTD 12(R11), Y12
+	VPMULLD      Y0, Y12, Y12
+	VPADDD       Y1, Y12, Y12
 	VMOVDQU      Y7, (AX)
 	VPADDD       Y2, Y7, Y7
 	VMOVDQU      Y7, 32(AX)
@@ -1622,18 +1799,18 @@ four_115:
 	VMOVDQU      Y10, 128(AX)
 	VPADDD       Y2, Y10, Y10
 	VMOVDQU      Y10, 160(AX)
-	VMOVDQU      Y11, 192(AX)
-	VPADDD       Y2, Y11, Y11
-	VMOVDQU      Y11, 224(AX)
+	VMOVDQU      Y12, 192(AX)
+	VPADDD       Y2, Y12, Y12
+	VMOVDQU      Y12, 224(AX)
 	ADDQ         $0x00000100, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000040, R10
 	CMPQ         R10, $0x00000040
-	JAE          four_115
+	JAE          four_121
 	CMPQ         R10, $0x00000010
-	JB           tail_105
+	JB           tail_111
 
-one_116:
+one_122:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1644,11 +1821,11 @@ one_116:
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000010, R10
 	CMPQ         R10, $0x00000010
-	JAE          one_116
-	JMP          tail_105
+	JAE          one_122
+	JMP          tail_111
 
 	// whole blocks, any bs
-slow_104:
+slow_110:
 	MOVL         (R11), R12
 	IMULL        R9, R12
 	MOVQ         R9, R13
@@ -1656,70 +1833,70 @@ slow_104:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R13, $0x08
-	JB           filltail_118
+	JB           filltail_124
 
-fill_117:
+fill_123:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
 	CMPQ    R13, $0x08
-	JAE     fill_117
+	JAE     fill_123
 
-filltail_118:
+filltail_124:
 	TESTQ        R13, R13
-	JZ           fillend_119
+	JZ           fillend_125
 	VMOVD        R13, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R13*4), AX
 
-fillend_119:
+fillend_125:
 	ADDQ $0x04, R11
 	SUBQ R9, R10
 	CMPQ R10, R9
-	JAE  slow_104
+	JAE  slow_110
 
 	// last block, partial
-tail_105:
+tail_111:
 	TESTQ        R10, R10
-	JZ           blocksend_106
+	JZ           blocksend_112
 	MOVL         (R11), R11
 	IMULL        R9, R11
 	VMOVD        R11, X7
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R10, $0x08
-	JB           filltail_121
+	JB           filltail_127
 
-fill_120:
+fill_126:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R10
 	CMPQ    R10, $0x08
-	JAE     fill_120
+	JAE     fill_126
 
-filltail_121:
+filltail_127:
 	TESTQ        R10, R10
-	JZ           fillend_122
+	JZ           fillend_128
 	VMOVD        R10, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R10*4), AX
 
-fillend_122:
-blocksend_106:
-next_101:
+fillend_128:
+blocksend_112:
+next_107:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_99
+	JMP  loop_104
 
-done_102:
+done_108:
 	VZEROUPPER
 	RET
 
@@ -1753,63 +1930,63 @@ TEXT ·expandAVX2(SB), NOSPLIT, $0-32
 	VPBROADCASTD X3, Y3
 	VPADDD       Y1, Y3, Y3
 	CMPQ         DI, $0x08
-	JB           filltail_128
+	JB           filltail_134
 
-fill_127:
+fill_133:
 	VMOVDQU Y3, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y3, Y3
 	SUBQ    $0x08, DI
 	CMPQ    DI, $0x08
-	JAE     fill_127
+	JAE     fill_133
 
-filltail_128:
+filltail_134:
 	TESTQ        DI, DI
-	JZ           fillend_129
+	JZ           fillend_135
 	VMOVD        DI, X4
 	VPBROADCASTD X4, Y4
 	VPCMPGTD     Y1, Y4, Y4
 	VPMASKMOVD   Y3, Y4, (AX)
 	LEAQ         (AX)(DI*4), AX
 
-fillend_129:
+fillend_135:
 	TESTQ DX, DX
-	JZ    blocksend_126
+	JZ    blocksend_132
 	ADDQ  $0x04, CX
 	CMPQ  DX, BX
-	JB    tail_125
+	JB    tail_131
 	CMPQ  BX, $0x08
-	JE    bs8_130
+	JE    bs8_136
 	CMPQ  BX, $0x10
-	JE    bs16_131
+	JE    bs16_137
 	TESTQ $0x00000007, BX
-	JNZ   slow_124
+	JNZ   slow_130
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_123:
+fast_129:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
 	MOVQ         BX, SI
 
-inner_132:
+inner_138:
 	VMOVDQU Y3, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y3, Y3
 	SUBQ    $0x08, SI
-	JNZ     inner_132
+	JNZ     inner_138
 	ADDQ    $0x04, CX
 	SUBQ    BX, DX
 	CMPQ    DX, BX
-	JAE     fast_123
-	JMP     tail_125
+	JAE     fast_129
+	JMP     tail_131
 
 	// whole blocks, bs = 8: unrolled full stores
-bs8_130:
+bs8_136:
 	CMPQ DX, $0x00000020
-	JB   one_134
+	JB   one_140
 
-four_133:
+four_139:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -1830,11 +2007,11 @@ four_133:
 	ADDQ         $0x10, CX
 	SUBQ         $0x00000020, DX
 	CMPQ         DX, $0x00000020
-	JAE          four_133
+	JAE          four_139
 	CMPQ         DX, $0x00000008
-	JB           tail_125
+	JB           tail_131
 
-one_134:
+one_140:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -1843,15 +2020,15 @@ one_134:
 	ADDQ         $0x04, CX
 	SUBQ         $0x00000008, DX
 	CMPQ         DX, $0x00000008
-	JAE          one_134
-	JMP          tail_125
+	JAE          one_140
+	JMP          tail_131
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_131:
+bs16_137:
 	CMPQ DX, $0x00000040
-	JB   one_136
+	JB   one_142
 
-four_135:
+four_141:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -1880,11 +2057,11 @@ four_135:
 	ADDQ         $0x10, CX
 	SUBQ         $0x00000040, DX
 	CMPQ         DX, $0x00000040
-	JAE          four_135
+	JAE          four_141
 	CMPQ         DX, $0x00000010
-	JB           tail_125
+	JB           tail_131
 
-one_136:
+one_142:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -1895,11 +2072,11 @@ one_136:
 	ADDQ         $0x04, CX
 	SUBQ         $0x00000010, DX
 	CMPQ         DX, $0x00000010
-	JAE          one_136
-	JMP          tail_125
+	JAE          one_142
+	JMP          tail_131
 
 	// whole blocks, any bs
-slow_124:
+slow_130:
 	MOVL         (CX), SI
 	IMULL        BX, SI
 	MOVQ         BX, DI
@@ -1907,61 +2084,61 @@ slow_124:
 	VPBROADCASTD X0, Y0
 	VPADDD       Y1, Y0, Y0
 	CMPQ         DI, $0x08
-	JB           filltail_138
+	JB           filltail_144
 
-fill_137:
+fill_143:
 	VMOVDQU Y0, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y0, Y0
 	SUBQ    $0x08, DI
 	CMPQ    DI, $0x08
-	JAE     fill_137
+	JAE     fill_143
 
-filltail_138:
+filltail_144:
 	TESTQ        DI, DI
-	JZ           fillend_139
+	JZ           fillend_145
 	VMOVD        DI, X3
 	VPBROADCASTD X3, Y3
 	VPCMPGTD     Y1, Y3, Y3
 	VPMASKMOVD   Y0, Y3, (AX)
 	LEAQ         (AX)(DI*4), AX
 
-fillend_139:
+fillend_145:
 	ADDQ $0x04, CX
 	SUBQ BX, DX
 	CMPQ DX, BX
-	JAE  slow_124
+	JAE  slow_130
 
 	// last block, partial
-tail_125:
+tail_131:
 	TESTQ        DX, DX
-	JZ           blocksend_126
+	JZ           blocksend_132
 	MOVL         (CX), CX
 	IMULL        BX, CX
 	VMOVD        CX, X0
 	VPBROADCASTD X0, Y0
 	VPADDD       Y1, Y0, Y0
 	CMPQ         DX, $0x08
-	JB           filltail_141
+	JB           filltail_147
 
-fill_140:
+fill_146:
 	VMOVDQU Y0, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y0, Y0
 	SUBQ    $0x08, DX
 	CMPQ    DX, $0x08
-	JAE     fill_140
+	JAE     fill_146
 
-filltail_141:
+filltail_147:
 	TESTQ        DX, DX
-	JZ           fillend_142
+	JZ           fillend_148
 	VMOVD        DX, X2
 	VPBROADCASTD X2, Y2
 	VPCMPGTD     Y1, Y2, Y2
 	VPMASKMOVD   Y0, Y2, (AX)
 	LEAQ         (AX)(DX*4), AX
 
-fillend_142:
-blocksend_126:
+fillend_148:
+blocksend_132:
 	VZEROUPPER
 	RET

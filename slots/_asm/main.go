@@ -169,6 +169,11 @@ func ymask(n GP, iota VecVirtual) VecVirtual {
 func at(p, i Register) Mem { return Mem{Base: p, Index: i, Scale: 4} }
 
 // genCheck emits check<ISA>: the request pass described in the package doc.
+// Whole vectors are loaded plainly, the last partial one with a mask; lanes
+// past n read as zeros, which pass every test unless the table has no rows,
+// and then the real requests fail anyway. The tests are arithmetic where
+// they can be (a lane is bad when the sign bit of row | (nrows-1-row) |
+// start | count is set), keeping port 5 free of mask compares and shuffles.
 func genCheck(v isa) {
 	TEXT("check"+v.name, NOSPLIT, "func(rows, start, count *int32, n, nrows, positions int) int")
 	Doc(
@@ -180,107 +185,121 @@ func genCheck(v isa) {
 	start := param("start")
 	count := param("count")
 	n := param("n")
-	nrows, positions := GP64(), GP64()
-	Load(Param("nrows"), nrows)
-	Load(Param("positions"), positions)
-	vNrows, vPos := v.broadcast(nrows), v.broadcast(positions)
-	zero := v.zero()
-	sum := v.zero() // 64-bit lanes
-	i := GP64()
-	XORQ(i, i)
-	loop, done, bad := label("loop"), label("done"), label("bad")
-
+	rowMax, positions := param("nrows"), param("positions")
+	DECQ(rowMax)
+	vRowMax, vPos := v.broadcast(rowMax), v.broadcast(positions)
+	zero, acc, sum := v.zero(), v.zero(), v.zero()
+	Comment("low32: 0x00000000ffffffff in every 64-bit lane")
+	low32 := v.vec()
 	if v.lanes == 16 {
-		kbad := K()
+		VPTERNLOGD(U8(0xff), low32, low32, low32)
+	} else {
+		VPCMPEQD(low32, low32, low32)
+	}
+	VPSRLQ(U8(32), low32, low32)
+	var kbad Op
+	if v.lanes == 16 {
+		kbad = K()
 		KXORW(kbad, kbad, kbad)
-		Label(loop)
-		rem := GP64()
-		MOVQ(n, rem)
-		SUBQ(i, rem)
-		JLE(LabelRef(done))
-		valid := kmask(v.minLanes(rem))
-		r, s, c := ZMM(), ZMM(), ZMM()
-		VMOVDQU32_Z(at(rows, i), valid, r)
-		VMOVDQU32_Z(at(start, i), valid, s)
-		VMOVDQU32_Z(at(count, i), valid, c)
-		Comment("row >= nrows (unsigned: a negative row too)")
-		k1 := K()
-		VPCMPUD(U8(5), vNrows, r, valid, k1)
-		KORW(k1, kbad, kbad)
-		Comment("start or count negative")
-		sc := ZMM()
-		VPORD(s, c, sc)
-		k2 := K()
-		VPCMPD(U8(1), zero, sc, valid, k2)
-		KORW(k2, kbad, kbad)
-		Comment("count > 0 and count > positions-start")
-		room := ZMM()
+	}
+	var iota VecVirtual
+	if v.lanes == 8 {
+		iota = v.iota()
+	}
+
+	body := func(r, s, c VecVirtual) {
+		Comment("bad if the sign of row | (nrows-1-row) | start | count is set")
+		t := v.vec()
+		VPSUBD(r, vRowMax, t)
+		if v.lanes == 16 {
+			VPTERNLOGD(U8(0xfe), r, t, acc)
+			VPTERNLOGD(U8(0xfe), s, c, acc)
+		} else {
+			VPOR(r, t, t)
+			VPOR(s, t, t)
+			VPOR(c, t, t)
+			VPOR(t, acc, acc)
+		}
+		Comment("bad if count > 0 and positions-start < count")
+		room := v.vec()
 		VPSUBD(s, vPos, room)
-		k3 := K()
-		VPTESTMD(c, c, valid, k3)
-		VPCMPD(U8(6), room, c, k3, k3)
-		KORW(k3, kbad, kbad)
-		Comment("sum the counts in 64-bit lanes")
-		lo, hi := ZMM(), ZMM()
-		VPMOVZXDQ(c.AsY(), lo)
-		VEXTRACTI64X4(U8(1), c, hi.AsY())
-		VPMOVZXDQ(hi.AsY(), hi)
+		if v.lanes == 16 {
+			kc := K()
+			VPTESTMD(c, c, kc)
+			VPCMPD(U8(1), c, room, kc, kc)
+			KORW(kc, kbad, kbad)
+		} else {
+			col, cz := YMM(), YMM()
+			VPCMPGTD(room, c, col)
+			VPCMPEQD(zero, c, cz)
+			VPANDN(col, cz, col)
+			VPOR(col, acc, acc)
+		}
+		Comment("sum the counts in 64-bit lanes: even lanes, then odd lanes")
+		lo, hi := v.vec(), v.vec()
+		if v.lanes == 16 {
+			VPANDQ(low32, c, lo)
+		} else {
+			VPAND(low32, c, lo)
+		}
+		VPSRLQ(U8(32), c, hi)
 		VPADDQ(lo, sum, sum)
 		VPADDQ(hi, sum, sum)
-		ADDQ(U8(16), i)
-		JMP(LabelRef(loop))
+	}
 
-		Label(done)
-		KORTESTW(kbad, kbad)
+	i := GP64()
+	XORQ(i, i)
+	loop, tail, done, bad := label("loop"), label("tail"), label("done"), label("bad")
+	rem := GP64()
+	Label(loop)
+	MOVQ(n, rem)
+	SUBQ(i, rem)
+	CMPQ(rem, U8(v.lanes))
+	JB(LabelRef(tail))
+	r, st, c := v.vec(), v.vec(), v.vec()
+	if v.lanes == 16 {
+		VMOVDQU32(at(rows, i), r)
+		VMOVDQU32(at(start, i), st)
+		VMOVDQU32(at(count, i), c)
+	} else {
+		VMOVDQU(at(rows, i), r)
+		VMOVDQU(at(start, i), st)
+		VMOVDQU(at(count, i), c)
+	}
+	body(r, st, c)
+	ADDQ(U8(v.lanes), i)
+	JMP(LabelRef(loop))
+
+	Label(tail)
+	TESTQ(rem, rem)
+	JZ(LabelRef(done))
+	r2, st2, c2 := v.vec(), v.vec(), v.vec()
+	if v.lanes == 16 {
+		valid := kmask(rem)
+		VMOVDQU32_Z(at(rows, i), valid, r2)
+		VMOVDQU32_Z(at(start, i), valid, st2)
+		VMOVDQU32_Z(at(count, i), valid, c2)
+	} else {
+		valid := ymask(rem, iota)
+		VPMASKMOVD(at(rows, i), valid, r2)
+		VPMASKMOVD(at(start, i), valid, st2)
+		VPMASKMOVD(at(count, i), valid, c2)
+	}
+	body(r2, st2, c2)
+
+	Label(done)
+	if v.lanes == 16 {
+		kneg := K()
+		VPCMPD(U8(1), zero, acc, kneg)
+		KORTESTW(kneg, kbad)
 		JNZ(LabelRef(bad))
 		h := YMM()
 		VEXTRACTI64X4(U8(1), sum, h)
 		VPADDQ(h, sum.AsY(), sum.AsY())
 	} else {
-		lm := v.iota()
-		acc := YMM()
-		VPXOR(acc, acc, acc)
-		Label(loop)
-		rem := GP64()
-		MOVQ(n, rem)
-		SUBQ(i, rem)
-		JLE(LabelRef(done))
-		valid := ymask(v.minLanes(rem), lm)
-		r, s, c := YMM(), YMM(), YMM()
-		VPMASKMOVD(at(rows, i), valid, r)
-		VPMASKMOVD(at(start, i), valid, s)
-		VPMASKMOVD(at(count, i), valid, c)
-		Comment("row, start or count negative")
-		neg := YMM()
-		VPOR(r, s, neg)
-		VPOR(c, neg, neg)
-		VPSRAD(U8(31), neg, neg)
-		Comment("count > 0 and count > positions-start")
-		room, col, cz := YMM(), YMM(), YMM()
-		VPSUBD(s, vPos, room)
-		VPCMPGTD(room, c, col)
-		VPCMPEQD(zero, c, cz)
-		VPANDN(col, cz, col)
-		VPOR(col, neg, neg)
-		VPAND(valid, neg, neg)
-		Comment("not (nrows > row), in a valid lane")
-		rowOK := YMM()
-		VPCMPGTD(r, vNrows, rowOK)
-		VPANDN(valid, rowOK, rowOK)
-		VPOR(rowOK, neg, neg)
-		VPOR(neg, acc, acc)
-		Comment("sum the counts in 64-bit lanes")
-		lo, hi := YMM(), YMM()
-		VPMOVZXDQ(c.AsX(), lo)
-		VEXTRACTI128(U8(1), c, hi.AsX())
-		VPMOVZXDQ(hi.AsX(), hi)
-		VPADDQ(lo, sum, sum)
-		VPADDQ(hi, sum, sum)
-		ADDQ(U8(8), i)
-		JMP(LabelRef(loop))
-
-		Label(done)
-		VPTEST(acc, acc)
+		m := GP32()
+		VMOVMSKPS(acc, m)
+		TESTL(m, m)
 		JNZ(LabelRef(bad))
 	}
 	x := XMM()
@@ -591,11 +610,58 @@ func genMap(v isa, div bool) {
 	k.decodeSetup()
 	vStride := v.broadcast(stride)
 
-	loop, scalar, next, done := label("loop"), label("scalar"), label("next"), label("done")
+	loop, general, scalar, next, done := label("loop"), label("general"), label("scalar"), label("next"), label("done")
 	Label(loop)
+	Comment("a whole vector of decodes (count 1): the common case, whose pointer")
+	Comment("updates are constants so that iterations overlap")
+	CMPQ(rem, U8(v.lanes))
+	JB(LabelRef(general))
+	{
+		s, idx, g := v.vec(), v.vec(), v.vec()
+		if v.lanes == 16 {
+			all := K()
+			VPCMPEQD(Mem{Base: count}, k.one, all)
+			KORTESTW(all, all)
+			JCC(LabelRef(general))
+			VMOVDQU32(Mem{Base: start}, s)
+			VPMULLD(Mem{Base: rows}, vStride, idx)
+		} else {
+			c, t := YMM(), GP32()
+			VPCMPEQD(Mem{Base: count}, k.one, c)
+			VMOVMSKPS(c, t)
+			CMPL(t, U8(0xff))
+			JNE(LabelRef(general))
+			VMOVDQU(Mem{Base: start}, s)
+			VPMULLD(Mem{Base: rows}, vStride, idx)
+		}
+		col, off := k.divmod(s)
+		VPADDD(col, idx, idx)
+		if v.lanes == 16 {
+			gm := K()
+			KXNORW(gm, gm, gm)
+			VPXORD(g, g, g)
+			VPGATHERDD(Mem{Base: table, Index: idx, Scale: 4}, gm, g)
+			k.slots(g, off)
+			VMOVDQU32(g, Mem{Base: o})
+		} else {
+			gm := YMM()
+			VPCMPEQD(gm, gm, gm)
+			VPXOR(g, g, g)
+			VPGATHERDD(gm, Mem{Base: table, Index: idx, Scale: 4}, g)
+			k.slots(g, off)
+			VMOVDQU(g, Mem{Base: o})
+		}
+		for _, p := range []GPVirtual{o, rows, start, count} {
+			ADDQ(U8(4*v.lanes), p)
+		}
+		SUBQ(U8(v.lanes), rem)
+		JMP(LabelRef(loop))
+	}
+
+	Label(general)
 	TESTQ(rem, rem)
 	JLE(LabelRef(done))
-	Comment("j = the number of leading requests with count 1 (decodes)")
+	Comment("j = the number of leading requests with count 1 (decodes), < lanes here")
 	j := GP64()
 	var run Op // mask of the j decodes
 	var runV VecVirtual
@@ -653,8 +719,6 @@ func genMap(v isa, div bool) {
 	LEAQ(at(start, j), start)
 	LEAQ(at(count, j), count)
 	SUBQ(j, rem)
-	CMPQ(j, U8(v.lanes))
-	JE(LabelRef(loop))
 
 	Comment("the next request is not a decode (or there is none)")
 	Label(scalar)

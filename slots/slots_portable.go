@@ -77,11 +77,21 @@ func fillBlocks(dst []int32, blocks []int32, size, off int32) {
 	for k := 0; len(dst) > 0; k++ {
 		run := dst[:min(int(size-off), len(dst))]
 		slot := blocks[k]*size + off
-		for j := range run {
-			run[j] = slot
-			slot++
-		}
+		fillRun(run, slot)
 		dst = dst[len(run):]
 		off = 0
+	}
+}
+
+// fillRun writes first, first+1, ... to run, eight at a time.
+func fillRun(run []int32, first int32) {
+	for ; len(run) >= 8; run = run[8:] {
+		r := run[:8:8]
+		r[0], r[1], r[2], r[3] = first, first+1, first+2, first+3
+		r[4], r[5], r[6], r[7] = first+4, first+5, first+6, first+7
+		first += 8
+	}
+	for j := range run {
+		run[j] = first + int32(j)
 	}
 }

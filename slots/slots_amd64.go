@@ -74,14 +74,24 @@ func mapSlots(dst []int32, b *Batch, blockSize int) (int, error) {
 }
 
 func expandSlots(dst []int32, blocks []int32, blockSize int) {
-	switch {
-	case useAVX512:
-		expandAVX512(&dst[0], &blocks[0], len(dst), blockSize)
-	case useAVX2:
-		expandAVX2(&dst[0], &blocks[0], len(dst), blockSize)
-	case useGeneric:
-		expandGeneric(dst, blocks, blockSize)
-	default:
+	// The kernels count positions in int32 lanes.
+	if !(useAVX512 || useAVX2) || len(dst) > math.MaxInt32 {
+		if useGeneric {
+			expandGeneric(dst, blocks, blockSize)
+			return
+		}
 		expandPortable(dst, blocks, blockSize)
+		return
+	}
+	pow2 := blockSize&(blockSize-1) == 0
+	switch {
+	case useAVX512 && pow2:
+		expandPow2AVX512(&dst[0], &blocks[0], len(dst), blockSize)
+	case useAVX512:
+		expandDivAVX512(&dst[0], &blocks[0], len(dst), blockSize, 1/float64(blockSize))
+	case pow2:
+		expandPow2AVX2(&dst[0], &blocks[0], len(dst), blockSize)
+	default:
+		expandDivAVX2(&dst[0], &blocks[0], len(dst), blockSize, 1/float64(blockSize))
 	}
 }

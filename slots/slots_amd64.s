@@ -120,32 +120,32 @@ TEXT ·mapPow2AVX512(SB), NOSPLIT, $0-64
 	VPINSRQ      $0x01, R10, X1, X1
 	VPMOVZXBD    X1, Z1
 	MOVL         $0x00000010, R10
-	VPBROADCASTD R10, Z4
+	VPBROADCASTD R10, Z6
 	MOVL         $0x00000001, R10
-	VPBROADCASTD R10, Z5
+	VPBROADCASTD R10, Z7
 	TZCNTQ       R9, R10
-	VMOVQ        R10, X6
-	VPSUBD       Z5, Z0, Z7
-	VPBROADCASTD R8, Z8
+	VMOVQ        R10, X8
+	VPSUBD       Z7, Z0, Z9
+	VPBROADCASTD R8, Z10
 
 loop_5:
 	// a whole vector of decodes (count 1): the common case, whose pointer
 	// updates are constants so that iterations overlap
 	CMPQ       SI, $0x10
 	JB         general_6
-	VPCMPEQD   (BX), Z5, K1
+	VPCMPEQD   (BX), Z7, K1
 	KORTESTW   K1, K1
 	JCC        general_6
-	VMOVDQU32  (DX), Z9
-	VPMULLD    (CX), Z8, Z10
-	VPSRLD     X6, Z9, Z11
-	VPANDD     Z7, Z9, Z9
-	VPADDD     Z11, Z10, Z10
+	VMOVDQU32  (DX), Z11
+	VPMULLD    (CX), Z10, Z12
+	VPSRLD     X8, Z11, Z13
+	VPANDD     Z9, Z11, Z11
+	VPADDD     Z13, Z12, Z12
 	KXNORW     K2, K2, K2
 	VPXORD     Z2, Z2, Z2
-	VPGATHERDD (DI)(Z10*4), K2, Z2
-	VPSLLD     X6, Z2, Z2
-	VPORD      Z9, Z2, Z2
+	VPGATHERDD (DI)(Z12*4), K2, Z2
+	VPSLLD     X8, Z2, Z2
+	VPORD      Z11, Z2, Z2
 	VMOVDQU32  Z2, (AX)
 	ADDQ       $0x40, AX
 	ADDQ       $0x40, CX
@@ -165,8 +165,8 @@ general_6:
 	MOVL        $0x0000ffff, R12
 	BZHIL       R11, R12, R12
 	KMOVW       R12, K1
-	VMOVDQU32.Z (BX), K1, Z9
-	VPCMPEQD    Z5, Z9, K1, K1
+	VMOVDQU32.Z (BX), K1, Z11
+	VPCMPEQD    Z7, Z11, K1, K1
 	KMOVW       K1, R11
 	NOTL        R11
 	TZCNTL      R11, R11
@@ -177,16 +177,16 @@ general_6:
 	MOVL        $0x0000ffff, R12
 	BZHIL       R11, R12, R12
 	KMOVW       R12, K1
-	VMOVDQU32.Z (DX), K1, Z9
-	VPMULLD.Z   (CX), Z8, K1, Z10
-	VPSRLD      X6, Z9, Z11
-	VPANDD      Z7, Z9, Z9
-	VPADDD      Z11, Z10, Z10
+	VMOVDQU32.Z (DX), K1, Z11
+	VPMULLD.Z   (CX), Z10, K1, Z12
+	VPSRLD      X8, Z11, Z13
+	VPANDD      Z9, Z11, Z11
+	VPADDD      Z13, Z12, Z12
 	VPXORD      Z3, Z3, Z3
-	KMOVW       K1, K3
-	VPGATHERDD  (DI)(Z10*4), K3, Z3
-	VPSLLD      X6, Z3, Z3
-	VPORD       Z9, Z3, Z3
+	KMOVW       K1, K4
+	VPGATHERDD  (DI)(Z12*4), K4, Z3
+	VPSLLD      X8, Z3, Z3
+	VPORD       Z11, Z3, Z3
 	VMOVDQU32   Z3, K1, (AX)
 	LEAQ        (AX)(R11*4), AX
 	LEAQ        (CX)(R11*4), CX
@@ -204,6 +204,8 @@ scalar_7:
 	MOVL  (DX), R12
 	MOVL  (CX), R13
 	IMULQ R8, R13
+	CMPQ  R9, $0x10
+	JB    small_10
 	SHRXL R10, R12, R14
 	MOVL  R9, R15
 	DECL  R15
@@ -220,217 +222,260 @@ scalar_7:
 	IMULL        R9, R14
 	ADDL         R15, R14
 	SUBQ         R13, R11
-	VPBROADCASTD R14, Z9
-	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD R14, Z11
+	VPADDD       Z1, Z11, Z11
 	CMPQ         R13, $0x10
-	JB           filltail_15
+	JB           filltail_16
 
-fill_14:
-	VMOVDQU32 Z9, (AX)
+fill_15:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R13
 	CMPQ      R13, $0x10
-	JAE       fill_14
+	JAE       fill_15
 
-filltail_15:
+filltail_16:
 	TESTQ     R13, R13
-	JZ        fillend_16
+	JZ        fillend_17
 	MOVL      $0x0000ffff, R14
 	BZHIL     R13, R14, R14
 	KMOVW     R14, K1
-	VMOVDQU32 Z9, K1, (AX)
+	VMOVDQU32 Z11, K1, (AX)
 	LEAQ      (AX)(R13*4), AX
 
-fillend_16:
+fillend_17:
 	TESTQ R11, R11
-	JZ    blocksend_13
+	JZ    blocksend_14
 	ADDQ  $0x04, R12
 	CMPQ  R11, R9
-	JB    tail_12
+	JB    tail_13
 	CMPQ  R9, $0x10
-	JE    bs16_17
+	JE    bs16_18
 	CMPQ  R9, $0x20
-	JE    bs32_18
+	JE    bs32_19
 	TESTQ $0x0000000f, R9
-	JNZ   slow_11
+	JNZ   slow_12
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_10:
-	VPBROADCASTD (R12), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
+fast_11:
+	VPBROADCASTD (R12), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
 	MOVQ         R9, R13
 
-inner_19:
-	VMOVDQU32 Z9, (AX)
+inner_20:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R13
-	JNZ       inner_19
+	JNZ       inner_20
 	ADDQ      $0x04, R12
 	SUBQ      R9, R11
 	CMPQ      R11, R9
-	JAE       fast_10
-	JMP       tail_12
+	JAE       fast_11
+	JMP       tail_13
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_17:
+bs16_18:
 	CMPQ R11, $0x00000040
-	JB   one_21
+	JB   one_22
 
-four_20:
-	VPBROADCASTD (R12), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VPBROADCASTD 4(R12), Z10
-	VPMULLD      Z0, Z10, Z10
-	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 8(R12), Z11
+four_21:
+	VPBROADCASTD (R12), Z11
 	VPMULLD      Z0, Z11, Z11
 	VPADDD       Z1, Z11, Z11
-	VPBROADCASTD 12(R12), Z12
+	VPBROADCASTD 4(R12), Z12
 	VPMULLD      Z0, Z12, Z12
 	VPADDD       Z1, Z12, Z12
-	VMOVDQU32    Z9, (AX)
-	VMOVDQU32    Z10, 64(AX)
-	VMOVDQU32    Z11, 128(AX)
-	VMOVDQU32    Z12, 192(AX)
+	VPBROADCASTD 8(R12), Z13
+	VPMULLD      Z0, Z13, Z13
+	VPADDD       Z1, Z13, Z13
+	VPBROADCASTD 12(R12), Z14
+	VPMULLD      Z0, Z14, Z14
+	VPADDD       Z1, Z14, Z14
+	VMOVDQU32    Z11, (AX)
+	VMOVDQU32    Z12, 64(AX)
+	VMOVDQU32    Z13, 128(AX)
+	VMOVDQU32    Z14, 192(AX)
 	ADDQ         $0x00000100, AX
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000040, R11
 	CMPQ         R11, $0x00000040
-	JAE          four_20
+	JAE          four_21
 	CMPQ         R11, $0x00000010
-	JB           tail_12
+	JB           tail_13
 
-one_21:
-	VPBROADCASTD (R12), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VMOVDQU32    Z9, (AX)
+one_22:
+	VPBROADCASTD (R12), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VMOVDQU32    Z11, (AX)
 	ADDQ         $0x00000040, AX
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000010, R11
 	CMPQ         R11, $0x00000010
-	JAE          one_21
-	JMP          tail_12
+	JAE          one_22
+	JMP          tail_13
 
 	// whole blocks, bs = 32: unrolled full stores
-bs32_18:
+bs32_19:
 	CMPQ R11, $0x00000080
-	JB   one_23
+	JB   one_24
 
-four_22:
-	VPBROADCASTD (R12), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VPBROADCASTD 4(R12), Z10
-	VPMULLD      Z0, Z10, Z10
-	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 8(R12), Z11
+four_23:
+	VPBROADCASTD (R12), Z11
 	VPMULLD      Z0, Z11, Z11
 	VPADDD       Z1, Z11, Z11
-	VPBROADCASTD 12(R12), Z12
+	VPBROADCASTD 4(R12), Z12
 	VPMULLD      Z0, Z12, Z12
 	VPADDD       Z1, Z12, Z12
-	VMOVDQU32    Z9, (AX)
-	VPADDD       Z4, Z9, Z9
-	VMOVDQU32    Z9, 64(AX)
-	VMOVDQU32    Z10, 128(AX)
-	VPADDD       Z4, Z10, Z10
-	VMOVDQU32    Z10, 192(AX)
-	VMOVDQU32    Z11, 256(AX)
-	VPADDD       Z4, Z11, Z11
-	VMOVDQU32    Z11, 320(AX)
-	VMOVDQU32    Z12, 384(AX)
-	VPADDD       Z4, Z12, Z12
-	VMOVDQU32    Z12, 448(AX)
+	VPBROADCASTD 8(R12), Z13
+	VPMULLD      Z0, Z13, Z13
+	VPADDD       Z1, Z13, Z13
+	VPBROADCASTD 12(R12), Z14
+	VPMULLD      Z0, Z14, Z14
+	VPADDD       Z1, Z14, Z14
+	VMOVDQU32    Z11, (AX)
+	VPADDD       Z6, Z11, Z11
+	VMOVDQU32    Z11, 64(AX)
+	VMOVDQU32    Z12, 128(AX)
+	VPADDD       Z6, Z12, Z12
+	VMOVDQU32    Z12, 192(AX)
+	VMOVDQU32    Z13, 256(AX)
+	VPADDD       Z6, Z13, Z13
+	VMOVDQU32    Z13, 320(AX)
+	VMOVDQU32    Z14, 384(AX)
+	VPADDD       Z6, Z14, Z14
+	VMOVDQU32    Z14, 448(AX)
 	ADDQ         $0x00000200, AX
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000080, R11
 	CMPQ         R11, $0x00000080
-	JAE          four_22
+	JAE          four_23
 	CMPQ         R11, $0x00000020
-	JB           tail_12
+	JB           tail_13
 
-one_23:
-	VPBROADCASTD (R12), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VMOVDQU32    Z9, (AX)
-	VPADDD       Z4, Z9, Z9
-	VMOVDQU32    Z9, 64(AX)
+one_24:
+	VPBROADCASTD (R12), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VMOVDQU32    Z11, (AX)
+	VPADDD       Z6, Z11, Z11
+	VMOVDQU32    Z11, 64(AX)
 	ADDQ         $0x00000080, AX
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000020, R11
 	CMPQ         R11, $0x00000020
-	JAE          one_23
-	JMP          tail_12
+	JAE          one_24
+	JMP          tail_13
 
 	// whole blocks, any bs
-slow_11:
+slow_12:
 	MOVL         (R12), R13
 	IMULL        R9, R13
 	MOVQ         R9, R14
-	VPBROADCASTD R13, Z9
-	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD R13, Z11
+	VPADDD       Z1, Z11, Z11
 	CMPQ         R14, $0x10
-	JB           filltail_25
+	JB           filltail_26
 
-fill_24:
-	VMOVDQU32 Z9, (AX)
+fill_25:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R14
 	CMPQ      R14, $0x10
-	JAE       fill_24
+	JAE       fill_25
 
-filltail_25:
+filltail_26:
 	TESTQ     R14, R14
-	JZ        fillend_26
+	JZ        fillend_27
 	MOVL      $0x0000ffff, R13
 	BZHIL     R14, R13, R13
 	KMOVW     R13, K1
-	VMOVDQU32 Z9, K1, (AX)
+	VMOVDQU32 Z11, K1, (AX)
 	LEAQ      (AX)(R14*4), AX
 
-fillend_26:
+fillend_27:
 	ADDQ $0x04, R12
 	SUBQ R9, R11
 	CMPQ R11, R9
-	JAE  slow_11
+	JAE  slow_12
 
 	// last block, partial
-tail_12:
+tail_13:
 	TESTQ        R11, R11
-	JZ           blocksend_13
+	JZ           blocksend_14
 	MOVL         (R12), R12
 	IMULL        R9, R12
-	VPBROADCASTD R12, Z9
-	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD R12, Z11
+	VPADDD       Z1, Z11, Z11
 	CMPQ         R11, $0x10
-	JB           filltail_28
+	JB           filltail_29
 
-fill_27:
-	VMOVDQU32 Z9, (AX)
+fill_28:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R11
 	CMPQ      R11, $0x10
-	JAE       fill_27
+	JAE       fill_28
 
-filltail_28:
+filltail_29:
 	TESTQ     R11, R11
-	JZ        fillend_29
+	JZ        fillend_30
 	MOVL      $0x0000ffff, R12
 	BZHIL     R11, R12, R12
 	KMOVW     R12, K1
-	VMOVDQU32 Z9, K1, (AX)
+	VMOVDQU32 Z11, K1, (AX)
 	LEAQ      (AX)(R11*4), AX
 
-fillend_29:
-blocksend_13:
+fillend_30:
+blocksend_14:
+	JMP next_8
+
+small_10:
+	// block size < 16: a gather per vector of positions
+	VPBROADCASTD R13, Z11
+	VPBROADCASTD R12, Z12
+	VPADDD       Z1, Z12, Z12
+
+gloop_31:
+	CMPQ       R11, $0x10
+	JB         gtail_32
+	VPSRLD     X8, Z12, Z13
+	VPANDD     Z9, Z12, Z14
+	VPADDD     Z11, Z13, Z13
+	VPXORD     Z4, Z4, Z4
+	KXNORW     K3, K3, K3
+	VPGATHERDD (DI)(Z13*4), K3, Z4
+	VPSLLD     X8, Z4, Z4
+	VPORD      Z14, Z4, Z4
+	VMOVDQU32  Z4, (AX)
+	VPADDD     Z6, Z12, Z12
+	ADDQ       $0x40, AX
+	SUBQ       $0x10, R11
+	JMP        gloop_31
+
+gtail_32:
+	TESTQ      R11, R11
+	JZ         gend_33
+	VPSRLD     X8, Z12, Z13
+	VPANDD     Z9, Z12, Z12
+	VPADDD     Z11, Z13, Z13
+	VPXORD     Z5, Z5, Z5
+	MOVL       $0x0000ffff, R12
+	BZHIL      R11, R12, R12
+	KMOVW      R12, K4
+	KMOVW      K4, K1
+	VPGATHERDD (DI)(Z13*4), K1, Z5
+	VPSLLD     X8, Z5, Z5
+	VPORD      Z12, Z5, Z5
+	VMOVDQU32  Z5, K4, (AX)
+	LEAQ       (AX)(R11*4), AX
+
+gend_33:
 next_8:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
@@ -443,7 +488,7 @@ done_9:
 	RET
 
 // func mapDivAVX512(dst *int32, rows *int32, start *int32, count *int32, n int, table *int32, stride int, blockSize int, recip float64)
-// Requires: AVX, AVX512F, BMI, BMI2, CMOV, SSE2
+// Requires: AVX, AVX512F, BMI, BMI2, CMOV
 TEXT ·mapDivAVX512(SB), NOSPLIT, $0-72
 	MOVQ         dst+0(FP), AX
 	MOVQ         rows+8(FP), CX
@@ -460,55 +505,58 @@ TEXT ·mapDivAVX512(SB), NOSPLIT, $0-72
 	VPINSRQ      $0x01, R10, X1, X1
 	VPMOVZXBD    X1, Z1
 	MOVL         $0x00000010, R10
-	VPBROADCASTD R10, Z4
+	VPBROADCASTD R10, Z6
 	MOVL         $0x00000001, R10
-	VPBROADCASTD R10, Z5
-	MOVSD        recip+64(FP), X6
-	VBROADCASTSD X6, Z7
-	VPBROADCASTD R8, Z8
+	VPBROADCASTD R10, Z7
 
-loop_30:
+	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
+	// a call (measured), the AVX-SSE transition on dirty upper state
+	VMOVSD       recip+64(FP), X8
+	VBROADCASTSD X8, Z9
+	VPBROADCASTD R8, Z10
+
+loop_34:
 	// a whole vector of decodes (count 1): the common case, whose pointer
 	// updates are constants so that iterations overlap
 	CMPQ      SI, $0x10
-	JB        general_31
-	VPCMPEQD  (BX), Z5, K1
+	JB        general_35
+	VPCMPEQD  (BX), Z7, K1
 	KORTESTW  K1, K1
-	JCC       general_31
-	VMOVDQU32 (DX), Z9
-	VPMULLD   (CX), Z8, Z10
+	JCC       general_35
+	VMOVDQU32 (DX), Z11
+	VPMULLD   (CX), Z10, Z12
 
 	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
-	VCVTDQ2PD     Y9, Z12
-	VEXTRACTI64X4 $0x01, Z9, Y14
-	VCVTDQ2PD     Y14, Z14
-	VMULPD        Z7, Z12, Z12
-	VMULPD        Z7, Z14, Z14
-	VCVTTPD2DQ    Z12, Y11
-	VCVTTPD2DQ    Z14, Y14
-	VINSERTI64X4  $0x01, Y14, Z11, Z11
-	VPMULLD       Z0, Z11, Z12
-	VPSUBD        Z12, Z9, Z12
-	VPCMPUD       $0x05, Z0, Z12, K1
-	VPADDD        Z5, Z11, K1, Z11
-	VPSUBD        Z0, Z12, K1, Z12
-	VPADDD        Z11, Z10, Z10
+	VCVTDQ2PD     Y11, Z14
+	VEXTRACTI64X4 $0x01, Z11, Y18
+	VCVTDQ2PD     Y18, Z18
+	VMULPD        Z9, Z14, Z14
+	VMULPD        Z9, Z18, Z18
+	VCVTTPD2DQ    Z14, Y13
+	VCVTTPD2DQ    Z18, Y18
+	VINSERTI64X4  $0x01, Y18, Z13, Z13
+	VPMULLD       Z0, Z13, Z14
+	VPSUBD        Z14, Z11, Z14
+	VPCMPUD       $0x05, Z0, Z14, K1
+	VPADDD        Z7, Z13, K1, Z13
+	VPSUBD        Z0, Z14, K1, Z14
+	VPADDD        Z13, Z12, Z12
 	KXNORW        K2, K2, K2
 	VPXORD        Z2, Z2, Z2
-	VPGATHERDD    (DI)(Z10*4), K2, Z2
+	VPGATHERDD    (DI)(Z12*4), K2, Z2
 	VPMULLD       Z0, Z2, Z2
-	VPADDD        Z12, Z2, Z2
+	VPADDD        Z14, Z2, Z2
 	VMOVDQU32     Z2, (AX)
 	ADDQ          $0x40, AX
 	ADDQ          $0x40, CX
 	ADDQ          $0x40, DX
 	ADDQ          $0x40, BX
 	SUBQ          $0x10, SI
-	JMP           loop_30
+	JMP           loop_34
 
-general_31:
+general_35:
 	TESTQ SI, SI
-	JLE   done_34
+	JLE   done_38
 
 	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ        $0x00000010, R10
@@ -517,41 +565,41 @@ general_31:
 	MOVL        $0x0000ffff, R11
 	BZHIL       R10, R11, R11
 	KMOVW       R11, K1
-	VMOVDQU32.Z (BX), K1, Z9
-	VPCMPEQD    Z5, Z9, K1, K1
+	VMOVDQU32.Z (BX), K1, Z11
+	VPCMPEQD    Z7, Z11, K1, K1
 	KMOVW       K1, R10
 	NOTL        R10
 	TZCNTL      R10, R10
 	TESTL       R10, R10
-	JZ          scalar_32
+	JZ          scalar_36
 
 	// map the j decodes: gather one block id each
 	MOVL        $0x0000ffff, R11
 	BZHIL       R10, R11, R11
 	KMOVW       R11, K1
-	VMOVDQU32.Z (DX), K1, Z9
-	VPMULLD.Z   (CX), Z8, K1, Z10
+	VMOVDQU32.Z (DX), K1, Z11
+	VPMULLD.Z   (CX), Z10, K1, Z12
 
 	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
-	VCVTDQ2PD     Y9, Z12
-	VEXTRACTI64X4 $0x01, Z9, Y14
-	VCVTDQ2PD     Y14, Z14
-	VMULPD        Z7, Z12, Z12
-	VMULPD        Z7, Z14, Z14
-	VCVTTPD2DQ    Z12, Y13
-	VCVTTPD2DQ    Z14, Y14
-	VINSERTI64X4  $0x01, Y14, Z13, Z13
-	VPMULLD       Z0, Z13, Z12
-	VPSUBD        Z12, Z9, Z12
-	VPCMPUD       $0x05, Z0, Z12, K3
-	VPADDD        Z5, Z13, K3, Z13
-	VPSUBD        Z0, Z12, K3, Z12
-	VPADDD        Z13, Z10, Z10
+	VCVTDQ2PD     Y11, Z14
+	VEXTRACTI64X4 $0x01, Z11, Y18
+	VCVTDQ2PD     Y18, Z18
+	VMULPD        Z9, Z14, Z14
+	VMULPD        Z9, Z18, Z18
+	VCVTTPD2DQ    Z14, Y15
+	VCVTTPD2DQ    Z18, Y18
+	VINSERTI64X4  $0x01, Y18, Z15, Z15
+	VPMULLD       Z0, Z15, Z14
+	VPSUBD        Z14, Z11, Z14
+	VPCMPUD       $0x05, Z0, Z14, K4
+	VPADDD        Z7, Z15, K4, Z15
+	VPSUBD        Z0, Z14, K4, Z14
+	VPADDD        Z15, Z12, Z12
 	VPXORD        Z3, Z3, Z3
-	KMOVW         K1, K3
-	VPGATHERDD    (DI)(Z10*4), K3, Z3
+	KMOVW         K1, K4
+	VPGATHERDD    (DI)(Z12*4), K4, Z3
 	VPMULLD       Z0, Z3, Z3
-	VPADDD        Z12, Z3, Z3
+	VPADDD        Z14, Z3, Z3
 	VMOVDQU32     Z3, K1, (AX)
 	LEAQ          (AX)(R10*4), AX
 	LEAQ          (CX)(R10*4), CX
@@ -560,18 +608,20 @@ general_31:
 	SUBQ          R10, SI
 
 	// the next request is not a decode (or there is none)
-scalar_32:
+scalar_36:
 	TESTQ      SI, SI
-	JLE        done_34
+	JLE        done_38
 	MOVL       (BX), R10
 	TESTQ      R10, R10
-	JZ         next_33
+	JZ         next_37
 	MOVL       (DX), R11
 	MOVL       (CX), R12
 	IMULQ      R8, R12
-	VCVTSI2SDL R11, X6, X9
-	VMULSD     X6, X9, X9
-	VCVTTSD2SI X9, R13
+	CMPQ       R9, $0x10
+	JB         small_39
+	VCVTSI2SDL R11, X8, X11
+	VMULSD     X8, X11, X11
+	VCVTTSD2SI X11, R13
 	MOVL       R13, R14
 	IMULL      R9, R14
 	NEGL       R14
@@ -594,231 +644,300 @@ scalar_32:
 	IMULL        R9, R13
 	ADDL         R14, R13
 	SUBQ         R12, R10
-	VPBROADCASTD R13, Z9
-	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD R13, Z11
+	VPADDD       Z1, Z11, Z11
 	CMPQ         R12, $0x10
-	JB           filltail_40
+	JB           filltail_45
 
-fill_39:
-	VMOVDQU32 Z9, (AX)
+fill_44:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R12
 	CMPQ      R12, $0x10
-	JAE       fill_39
+	JAE       fill_44
 
-filltail_40:
+filltail_45:
 	TESTQ     R12, R12
-	JZ        fillend_41
+	JZ        fillend_46
 	MOVL      $0x0000ffff, R13
 	BZHIL     R12, R13, R13
 	KMOVW     R13, K1
-	VMOVDQU32 Z9, K1, (AX)
+	VMOVDQU32 Z11, K1, (AX)
 	LEAQ      (AX)(R12*4), AX
 
-fillend_41:
+fillend_46:
 	TESTQ R10, R10
-	JZ    blocksend_38
+	JZ    blocksend_43
 	ADDQ  $0x04, R11
 	CMPQ  R10, R9
-	JB    tail_37
+	JB    tail_42
 	CMPQ  R9, $0x10
-	JE    bs16_42
+	JE    bs16_47
 	CMPQ  R9, $0x20
-	JE    bs32_43
+	JE    bs32_48
 	TESTQ $0x0000000f, R9
-	JNZ   slow_36
+	JNZ   slow_41
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_35:
-	VPBROADCASTD (R11), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
+fast_40:
+	VPBROADCASTD (R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
 	MOVQ         R9, R12
 
-inner_44:
-	VMOVDQU32 Z9, (AX)
+inner_49:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R12
-	JNZ       inner_44
+	JNZ       inner_49
 	ADDQ      $0x04, R11
 	SUBQ      R9, R10
 	CMPQ      R10, R9
-	JAE       fast_35
-	JMP       tail_37
+	JAE       fast_40
+	JMP       tail_42
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_42:
+bs16_47:
 	CMPQ R10, $0x00000040
-	JB   one_46
+	JB   one_51
 
-four_45:
-	VPBROADCASTD (R11), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VPBROADCASTD 4(R11), Z10
-	VPMULLD      Z0, Z10, Z10
-	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 8(R11), Z12
+four_50:
+	VPBROADCASTD (R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VPBROADCASTD 4(R11), Z12
 	VPMULLD      Z0, Z12, Z12
 	VPADDD       Z1, Z12, Z12
-	VPBROADCASTD 12(R11), Z14
+	VPBROADCASTD 8(R11), Z14
 	VPMULLD      Z0, Z14, Z14
 	VPADDD       Z1, Z14, Z14
-	VMOVDQU32    Z9, (AX)
-	VMOVDQU32    Z10, 64(AX)
-	VMOVDQU32    Z12, 128(AX)
-	VMOVDQU32    Z14, 192(AX)
+	VPBROADCASTD 12(R11), Z18
+	VPMULLD      Z0, Z18, Z18
+	VPADDD       Z1, Z18, Z18
+	VMOVDQU32    Z11, (AX)
+	VMOVDQU32    Z12, 64(AX)
+	VMOVDQU32    Z14, 128(AX)
+	VMOVDQU32    Z18, 192(AX)
 	ADDQ         $0x00000100, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000040, R10
 	CMPQ         R10, $0x00000040
-	JAE          four_45
+	JAE          four_50
 	CMPQ         R10, $0x00000010
-	JB           tail_37
+	JB           tail_42
 
-one_46:
-	VPBROADCASTD (R11), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VMOVDQU32    Z9, (AX)
+one_51:
+	VPBROADCASTD (R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VMOVDQU32    Z11, (AX)
 	ADDQ         $0x00000040, AX
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000010, R10
 	CMPQ         R10, $0x00000010
-	JAE          one_46
-	JMP          tail_37
+	JAE          one_51
+	JMP          tail_42
 
 	// whole blocks, bs = 32: unrolled full stores
-bs32_43:
+bs32_48:
 	CMPQ R10, $0x00000080
-	JB   one_48
+	JB   one_53
 
-four_47:
-	VPBROADCASTD (R11), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VPBROADCASTD 4(R11), Z10
-	VPMULLD      Z0, Z10, Z10
-	VPADDD       Z1, Z10, Z10
-	VPBROADCASTD 8(R11), Z12
+four_52:
+	VPBROADCASTD (R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VPBROADCASTD 4(R11), Z12
 	VPMULLD      Z0, Z12, Z12
 	VPADDD       Z1, Z12, Z12
-	VPBROADCASTD 12(R11), Z14
+	VPBROADCASTD 8(R11), Z14
 	VPMULLD      Z0, Z14, Z14
 	VPADDD       Z1, Z14, Z14
-	VMOVDQU32    Z9, (AX)
-	VPADDD       Z4, Z9, Z9
-	VMOVDQU32    Z9, 64(AX)
-	VMOVDQU32    Z10, 128(AX)
-	VPADDD       Z4, Z10, Z10
-	VMOVDQU32    Z10, 192(AX)
-	VMOVDQU32    Z12, 256(AX)
-	VPADDD       Z4, Z12, Z12
-	VMOVDQU32    Z12, 320(AX)
-	VMOVDQU32    Z14, 384(AX)
-	VPADDD       Z4, Z14, Z14
-	VMOVDQU32    Z14, 448(AX)
+	VPBROADCASTD 12(R11), Z18
+	VPMULLD      Z0, Z18, Z18
+	VPADDD       Z1, Z18, Z18
+	VMOVDQU32    Z11, (AX)
+	VPADDD       Z6, Z11, Z11
+	VMOVDQU32    Z11, 64(AX)
+	VMOVDQU32    Z12, 128(AX)
+	VPADDD       Z6, Z12, Z12
+	VMOVDQU32    Z12, 192(AX)
+	VMOVDQU32    Z14, 256(AX)
+	VPADDD       Z6, Z14, Z14
+	VMOVDQU32    Z14, 320(AX)
+	VMOVDQU32    Z18, 384(AX)
+	VPADDD       Z6, Z18, Z18
+	VMOVDQU32    Z18, 448(AX)
 	ADDQ         $0x00000200, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000080, R10
 	CMPQ         R10, $0x00000080
-	JAE          four_47
+	JAE          four_52
 	CMPQ         R10, $0x00000020
-	JB           tail_37
+	JB           tail_42
 
-one_48:
-	VPBROADCASTD (R11), Z9
-	VPMULLD      Z0, Z9, Z9
-	VPADDD       Z1, Z9, Z9
-	VMOVDQU32    Z9, (AX)
-	VPADDD       Z4, Z9, Z9
-	VMOVDQU32    Z9, 64(AX)
+one_53:
+	VPBROADCASTD (R11), Z11
+	VPMULLD      Z0, Z11, Z11
+	VPADDD       Z1, Z11, Z11
+	VMOVDQU32    Z11, (AX)
+	VPADDD       Z6, Z11, Z11
+	VMOVDQU32    Z11, 64(AX)
 	ADDQ         $0x00000080, AX
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000020, R10
 	CMPQ         R10, $0x00000020
-	JAE          one_48
-	JMP          tail_37
+	JAE          one_53
+	JMP          tail_42
 
 	// whole blocks, any bs
-slow_36:
+slow_41:
 	MOVL         (R11), R12
 	IMULL        R9, R12
 	MOVQ         R9, R13
-	VPBROADCASTD R12, Z9
-	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD R12, Z11
+	VPADDD       Z1, Z11, Z11
 	CMPQ         R13, $0x10
-	JB           filltail_50
+	JB           filltail_55
 
-fill_49:
-	VMOVDQU32 Z9, (AX)
+fill_54:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R13
 	CMPQ      R13, $0x10
-	JAE       fill_49
+	JAE       fill_54
 
-filltail_50:
+filltail_55:
 	TESTQ     R13, R13
-	JZ        fillend_51
+	JZ        fillend_56
 	MOVL      $0x0000ffff, R12
 	BZHIL     R13, R12, R12
 	KMOVW     R12, K1
-	VMOVDQU32 Z9, K1, (AX)
+	VMOVDQU32 Z11, K1, (AX)
 	LEAQ      (AX)(R13*4), AX
 
-fillend_51:
+fillend_56:
 	ADDQ $0x04, R11
 	SUBQ R9, R10
 	CMPQ R10, R9
-	JAE  slow_36
+	JAE  slow_41
 
 	// last block, partial
-tail_37:
+tail_42:
 	TESTQ        R10, R10
-	JZ           blocksend_38
+	JZ           blocksend_43
 	MOVL         (R11), R11
 	IMULL        R9, R11
-	VPBROADCASTD R11, Z9
-	VPADDD       Z1, Z9, Z9
+	VPBROADCASTD R11, Z11
+	VPADDD       Z1, Z11, Z11
 	CMPQ         R10, $0x10
-	JB           filltail_53
+	JB           filltail_58
 
-fill_52:
-	VMOVDQU32 Z9, (AX)
+fill_57:
+	VMOVDQU32 Z11, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z4, Z9, Z9
+	VPADDD    Z6, Z11, Z11
 	SUBQ      $0x10, R10
 	CMPQ      R10, $0x10
-	JAE       fill_52
+	JAE       fill_57
 
-filltail_53:
+filltail_58:
 	TESTQ     R10, R10
-	JZ        fillend_54
+	JZ        fillend_59
 	MOVL      $0x0000ffff, R11
 	BZHIL     R10, R11, R11
 	KMOVW     R11, K1
-	VMOVDQU32 Z9, K1, (AX)
+	VMOVDQU32 Z11, K1, (AX)
 	LEAQ      (AX)(R10*4), AX
 
-fillend_54:
-blocksend_38:
-next_33:
+fillend_59:
+blocksend_43:
+	JMP next_37
+
+small_39:
+	// block size < 16: a gather per vector of positions
+	VPBROADCASTD R12, Z11
+	VPBROADCASTD R11, Z12
+	VPADDD       Z1, Z12, Z12
+
+gloop_60:
+	CMPQ R10, $0x10
+	JB   gtail_61
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD     Y12, Z14
+	VEXTRACTI64X4 $0x01, Z12, Y18
+	VCVTDQ2PD     Y18, Z18
+	VMULPD        Z9, Z14, Z14
+	VMULPD        Z9, Z18, Z18
+	VCVTTPD2DQ    Z14, Y16
+	VCVTTPD2DQ    Z18, Y18
+	VINSERTI64X4  $0x01, Y18, Z16, Z16
+	VPMULLD       Z0, Z16, Z14
+	VPSUBD        Z14, Z12, Z14
+	VPCMPUD       $0x05, Z0, Z14, K1
+	VPADDD        Z7, Z16, K1, Z16
+	VPSUBD        Z0, Z14, K1, Z14
+	VPADDD        Z11, Z16, Z16
+	VPXORD        Z4, Z4, Z4
+	KXNORW        K3, K3, K3
+	VPGATHERDD    (DI)(Z16*4), K3, Z4
+	VPMULLD       Z0, Z4, Z4
+	VPADDD        Z14, Z4, Z4
+	VMOVDQU32     Z4, (AX)
+	VPADDD        Z6, Z12, Z12
+	ADDQ          $0x40, AX
+	SUBQ          $0x10, R10
+	JMP           gloop_60
+
+gtail_61:
+	TESTQ R10, R10
+	JZ    gend_62
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD     Y12, Z14
+	VEXTRACTI64X4 $0x01, Z12, Y18
+	VCVTDQ2PD     Y18, Z18
+	VMULPD        Z9, Z14, Z14
+	VMULPD        Z9, Z18, Z18
+	VCVTTPD2DQ    Z14, Y17
+	VCVTTPD2DQ    Z18, Y18
+	VINSERTI64X4  $0x01, Y18, Z17, Z17
+	VPMULLD       Z0, Z17, Z14
+	VPSUBD        Z14, Z12, Z14
+	VPCMPUD       $0x05, Z0, Z14, K1
+	VPADDD        Z7, Z17, K1, Z17
+	VPSUBD        Z0, Z14, K1, Z14
+	VPADDD        Z11, Z17, Z17
+	VPXORD        Z5, Z5, Z5
+	MOVL          $0x0000ffff, R11
+	BZHIL         R10, R11, R11
+	KMOVW         R11, K4
+	KMOVW         K4, K1
+	VPGATHERDD    (DI)(Z17*4), K1, Z5
+	VPMULLD       Z0, Z5, Z5
+	VPADDD        Z14, Z5, Z5
+	VMOVDQU32     Z5, K4, (AX)
+	LEAQ          (AX)(R10*4), AX
+
+gend_62:
+next_37:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_30
+	JMP  loop_34
 
-done_34:
+done_38:
 	VZEROUPPER
 	RET
 
-// func expandAVX512(dst *int32, blocks *int32, tokens int, blockSize int)
-// Requires: AVX, AVX512F, BMI2, CMOV
-TEXT ·expandAVX512(SB), NOSPLIT, $0-32
+// func expandPow2AVX512(dst *int32, blocks *int32, tokens int, blockSize int)
+// Requires: AVX, AVX512F, BMI, BMI2, CMOV
+TEXT ·expandPow2AVX512(SB), NOSPLIT, $0-32
 	MOVQ         dst+0(FP), AX
 	MOVQ         blocks+8(FP), CX
 	MOVQ         tokens+16(FP), DX
@@ -830,8 +949,10 @@ TEXT ·expandAVX512(SB), NOSPLIT, $0-32
 	VPINSRQ      $0x01, SI, X1, X1
 	VPMOVZXBD    X1, Z1
 	MOVL         $0x00000010, SI
-	VPBROADCASTD SI, Z2
+	VPBROADCASTD SI, Z4
 	XORQ         SI, SI
+	CMPQ         BX, $0x10
+	JB           small_63
 
 	// first block, from the offset
 	MOVQ         BX, DI
@@ -842,168 +963,15 @@ TEXT ·expandAVX512(SB), NOSPLIT, $0-32
 	IMULL        BX, R8
 	ADDL         SI, R8
 	SUBQ         DI, DX
-	VPBROADCASTD R8, Z3
-	VPADDD       Z1, Z3, Z3
-	CMPQ         DI, $0x10
-	JB           filltail_60
-
-fill_59:
-	VMOVDQU32 Z3, (AX)
-	ADDQ      $0x40, AX
-	VPADDD    Z2, Z3, Z3
-	SUBQ      $0x10, DI
-	CMPQ      DI, $0x10
-	JAE       fill_59
-
-filltail_60:
-	TESTQ     DI, DI
-	JZ        fillend_61
-	MOVL      $0x0000ffff, SI
-	BZHIL     DI, SI, SI
-	KMOVW     SI, K1
-	VMOVDQU32 Z3, K1, (AX)
-	LEAQ      (AX)(DI*4), AX
-
-fillend_61:
-	TESTQ DX, DX
-	JZ    blocksend_58
-	ADDQ  $0x04, CX
-	CMPQ  DX, BX
-	JB    tail_57
-	CMPQ  BX, $0x10
-	JE    bs16_62
-	CMPQ  BX, $0x20
-	JE    bs32_63
-	TESTQ $0x0000000f, BX
-	JNZ   slow_56
-
-	// whole blocks, bs a multiple of the lanes: full stores only
-fast_55:
-	VPBROADCASTD (CX), Z3
-	VPMULLD      Z0, Z3, Z3
-	VPADDD       Z1, Z3, Z3
-	MOVQ         BX, SI
-
-inner_64:
-	VMOVDQU32 Z3, (AX)
-	ADDQ      $0x40, AX
-	VPADDD    Z2, Z3, Z3
-	SUBQ      $0x10, SI
-	JNZ       inner_64
-	ADDQ      $0x04, CX
-	SUBQ      BX, DX
-	CMPQ      DX, BX
-	JAE       fast_55
-	JMP       tail_57
-
-	// whole blocks, bs = 16: unrolled full stores
-bs16_62:
-	CMPQ DX, $0x00000040
-	JB   one_66
-
-four_65:
-	VPBROADCASTD (CX), Z3
-	VPMULLD      Z0, Z3, Z3
-	VPADDD       Z1, Z3, Z3
-	VPBROADCASTD 4(CX), Z4
-	VPMULLD      Z0, Z4, Z4
-	VPADDD       Z1, Z4, Z4
-	VPBROADCASTD 8(CX), Z5
-	VPMULLD      Z0, Z5, Z5
-	VPADDD       Z1, Z5, Z5
-	VPBROADCASTD 12(CX), Z6
-	VPMULLD      Z0, Z6, Z6
-	VPADDD       Z1, Z6, Z6
-	VMOVDQU32    Z3, (AX)
-	VMOVDQU32    Z4, 64(AX)
-	VMOVDQU32    Z5, 128(AX)
-	VMOVDQU32    Z6, 192(AX)
-	ADDQ         $0x00000100, AX
-	ADDQ         $0x10, CX
-	SUBQ         $0x00000040, DX
-	CMPQ         DX, $0x00000040
-	JAE          four_65
-	CMPQ         DX, $0x00000010
-	JB           tail_57
-
-one_66:
-	VPBROADCASTD (CX), Z3
-	VPMULLD      Z0, Z3, Z3
-	VPADDD       Z1, Z3, Z3
-	VMOVDQU32    Z3, (AX)
-	ADDQ         $0x00000040, AX
-	ADDQ         $0x04, CX
-	SUBQ         $0x00000010, DX
-	CMPQ         DX, $0x00000010
-	JAE          one_66
-	JMP          tail_57
-
-	// whole blocks, bs = 32: unrolled full stores
-bs32_63:
-	CMPQ DX, $0x00000080
-	JB   one_68
-
-four_67:
-	VPBROADCASTD (CX), Z3
-	VPMULLD      Z0, Z3, Z3
-	VPADDD       Z1, Z3, Z3
-	VPBROADCASTD 4(CX), Z4
-	VPMULLD      Z0, Z4, Z4
-	VPADDD       Z1, Z4, Z4
-	VPBROADCASTD 8(CX), Z5
-	VPMULLD      Z0, Z5, Z5
-	VPADDD       Z1, Z5, Z5
-	VPBROADCASTD 12(CX), Z6
-	VPMULLD      Z0, Z6, Z6
-	VPADDD       Z1, Z6, Z6
-	VMOVDQU32    Z3, (AX)
-	VPADDD       Z2, Z3, Z3
-	VMOVDQU32    Z3, 64(AX)
-	VMOVDQU32    Z4, 128(AX)
-	VPADDD       Z2, Z4, Z4
-	VMOVDQU32    Z4, 192(AX)
-	VMOVDQU32    Z5, 256(AX)
-	VPADDD       Z2, Z5, Z5
-	VMOVDQU32    Z5, 320(AX)
-	VMOVDQU32    Z6, 384(AX)
-	VPADDD       Z2, Z6, Z6
-	VMOVDQU32    Z6, 448(AX)
-	ADDQ         $0x00000200, AX
-	ADDQ         $0x10, CX
-	SUBQ         $0x00000080, DX
-	CMPQ         DX, $0x00000080
-	JAE          four_67
-	CMPQ         DX, $0x00000020
-	JB           tail_57
-
-one_68:
-	VPBROADCASTD (CX), Z3
-	VPMULLD      Z0, Z3, Z3
-	VPADDD       Z1, Z3, Z3
-	VMOVDQU32    Z3, (AX)
-	VPADDD       Z2, Z3, Z3
-	VMOVDQU32    Z3, 64(AX)
-	ADDQ         $0x00000080, AX
-	ADDQ         $0x04, CX
-	SUBQ         $0x00000020, DX
-	CMPQ         DX, $0x00000020
-	JAE          one_68
-	JMP          tail_57
-
-	// whole blocks, any bs
-slow_56:
-	MOVL         (CX), SI
-	IMULL        BX, SI
-	MOVQ         BX, DI
-	VPBROADCASTD SI, Z0
-	VPADDD       Z1, Z0, Z0
+	VPBROADCASTD R8, Z2
+	VPADDD       Z1, Z2, Z2
 	CMPQ         DI, $0x10
 	JB           filltail_70
 
 fill_69:
-	VMOVDQU32 Z0, (AX)
+	VMOVDQU32 Z2, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z2, Z0, Z0
+	VPADDD    Z4, Z2, Z2
 	SUBQ      $0x10, DI
 	CMPQ      DI, $0x10
 	JAE       fill_69
@@ -1014,45 +982,568 @@ filltail_70:
 	MOVL      $0x0000ffff, SI
 	BZHIL     DI, SI, SI
 	KMOVW     SI, K1
-	VMOVDQU32 Z0, K1, (AX)
+	VMOVDQU32 Z2, K1, (AX)
 	LEAQ      (AX)(DI*4), AX
 
 fillend_71:
+	TESTQ DX, DX
+	JZ    blocksend_68
+	ADDQ  $0x04, CX
+	CMPQ  DX, BX
+	JB    tail_67
+	CMPQ  BX, $0x10
+	JE    bs16_72
+	CMPQ  BX, $0x20
+	JE    bs32_73
+	TESTQ $0x0000000f, BX
+	JNZ   slow_66
+
+	// whole blocks, bs a multiple of the lanes: full stores only
+fast_65:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	MOVQ         BX, SI
+
+inner_74:
+	VMOVDQU32 Z2, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z2, Z2
+	SUBQ      $0x10, SI
+	JNZ       inner_74
+	ADDQ      $0x04, CX
+	SUBQ      BX, DX
+	CMPQ      DX, BX
+	JAE       fast_65
+	JMP       tail_67
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_72:
+	CMPQ DX, $0x00000040
+	JB   one_76
+
+four_75:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VPBROADCASTD 4(CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VPBROADCASTD 8(CX), Z5
+	VPMULLD      Z0, Z5, Z5
+	VPADDD       Z1, Z5, Z5
+	VPBROADCASTD 12(CX), Z6
+	VPMULLD      Z0, Z6, Z6
+	VPADDD       Z1, Z6, Z6
+	VMOVDQU32    Z2, (AX)
+	VMOVDQU32    Z3, 64(AX)
+	VMOVDQU32    Z5, 128(AX)
+	VMOVDQU32    Z6, 192(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000040, DX
+	CMPQ         DX, $0x00000040
+	JAE          four_75
+	CMPQ         DX, $0x00000010
+	JB           tail_67
+
+one_76:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VMOVDQU32    Z2, (AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000010, DX
+	CMPQ         DX, $0x00000010
+	JAE          one_76
+	JMP          tail_67
+
+	// whole blocks, bs = 32: unrolled full stores
+bs32_73:
+	CMPQ DX, $0x00000080
+	JB   one_78
+
+four_77:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VPBROADCASTD 4(CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VPBROADCASTD 8(CX), Z5
+	VPMULLD      Z0, Z5, Z5
+	VPADDD       Z1, Z5, Z5
+	VPBROADCASTD 12(CX), Z6
+	VPMULLD      Z0, Z6, Z6
+	VPADDD       Z1, Z6, Z6
+	VMOVDQU32    Z2, (AX)
+	VPADDD       Z4, Z2, Z2
+	VMOVDQU32    Z2, 64(AX)
+	VMOVDQU32    Z3, 128(AX)
+	VPADDD       Z4, Z3, Z3
+	VMOVDQU32    Z3, 192(AX)
+	VMOVDQU32    Z5, 256(AX)
+	VPADDD       Z4, Z5, Z5
+	VMOVDQU32    Z5, 320(AX)
+	VMOVDQU32    Z6, 384(AX)
+	VPADDD       Z4, Z6, Z6
+	VMOVDQU32    Z6, 448(AX)
+	ADDQ         $0x00000200, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000080, DX
+	CMPQ         DX, $0x00000080
+	JAE          four_77
+	CMPQ         DX, $0x00000020
+	JB           tail_67
+
+one_78:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VMOVDQU32    Z2, (AX)
+	VPADDD       Z4, Z2, Z2
+	VMOVDQU32    Z2, 64(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000020, DX
+	CMPQ         DX, $0x00000020
+	JAE          one_78
+	JMP          tail_67
+
+	// whole blocks, any bs
+slow_66:
+	MOVL         (CX), SI
+	IMULL        BX, SI
+	MOVQ         BX, DI
+	VPBROADCASTD SI, Z0
+	VPADDD       Z1, Z0, Z0
+	CMPQ         DI, $0x10
+	JB           filltail_80
+
+fill_79:
+	VMOVDQU32 Z0, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z0, Z0
+	SUBQ      $0x10, DI
+	CMPQ      DI, $0x10
+	JAE       fill_79
+
+filltail_80:
+	TESTQ     DI, DI
+	JZ        fillend_81
+	MOVL      $0x0000ffff, SI
+	BZHIL     DI, SI, SI
+	KMOVW     SI, K1
+	VMOVDQU32 Z0, K1, (AX)
+	LEAQ      (AX)(DI*4), AX
+
+fillend_81:
 	ADDQ $0x04, CX
 	SUBQ BX, DX
 	CMPQ DX, BX
-	JAE  slow_56
+	JAE  slow_66
 
 	// last block, partial
-tail_57:
+tail_67:
 	TESTQ        DX, DX
-	JZ           blocksend_58
+	JZ           blocksend_68
 	MOVL         (CX), CX
 	IMULL        BX, CX
 	VPBROADCASTD CX, Z0
 	VPADDD       Z1, Z0, Z0
 	CMPQ         DX, $0x10
-	JB           filltail_73
+	JB           filltail_83
 
-fill_72:
+fill_82:
 	VMOVDQU32 Z0, (AX)
 	ADDQ      $0x40, AX
-	VPADDD    Z2, Z0, Z0
+	VPADDD    Z4, Z0, Z0
 	SUBQ      $0x10, DX
 	CMPQ      DX, $0x10
-	JAE       fill_72
+	JAE       fill_82
 
-filltail_73:
+filltail_83:
 	TESTQ     DX, DX
-	JZ        fillend_74
+	JZ        fillend_84
 	MOVL      $0x0000ffff, CX
 	BZHIL     DX, CX, CX
 	KMOVW     CX, K1
 	VMOVDQU32 Z0, K1, (AX)
 	LEAQ      (AX)(DX*4), AX
 
-fillend_74:
-blocksend_58:
+fillend_84:
+blocksend_68:
+	JMP end_64
+
+small_63:
+	MOVL         $0x00000001, DI
+	VPBROADCASTD DI, Z5
+	TZCNTQ       BX, BX
+	VMOVQ        BX, X6
+	VPSUBD       Z5, Z0, Z0
+
+	// block size < 16: a gather per vector of positions
+	VPBROADCASTD SI, Z5
+	VPBROADCASTD SI, Z7
+	VPADDD       Z1, Z7, Z7
+
+gloop_85:
+	CMPQ       DX, $0x10
+	JB         gtail_86
+	VPSRLD     X6, Z7, Z1
+	VPANDD     Z0, Z7, Z8
+	VPADDD     Z5, Z1, Z1
+	VPXORD     Z2, Z2, Z2
+	KXNORW     K1, K1, K1
+	VPGATHERDD (CX)(Z1*4), K1, Z2
+	VPSLLD     X6, Z2, Z2
+	VPORD      Z8, Z2, Z2
+	VMOVDQU32  Z2, (AX)
+	VPADDD     Z4, Z7, Z7
+	ADDQ       $0x40, AX
+	SUBQ       $0x10, DX
+	JMP        gloop_85
+
+gtail_86:
+	TESTQ      DX, DX
+	JZ         gend_87
+	VPSRLD     X6, Z7, Z1
+	VPANDD     Z0, Z7, Z0
+	VPADDD     Z5, Z1, Z1
+	VPXORD     Z3, Z3, Z3
+	MOVL       $0x0000ffff, BX
+	BZHIL      DX, BX, BX
+	KMOVW      BX, K2
+	KMOVW      K2, K1
+	VPGATHERDD (CX)(Z1*4), K1, Z3
+	VPSLLD     X6, Z3, Z3
+	VPORD      Z0, Z3, Z3
+	VMOVDQU32  Z3, K2, (AX)
+	LEAQ       (AX)(DX*4), AX
+
+gend_87:
+end_64:
+	VZEROUPPER
+	RET
+
+// func expandDivAVX512(dst *int32, blocks *int32, tokens int, blockSize int, recip float64)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·expandDivAVX512(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), AX
+	MOVQ         blocks+8(FP), CX
+	MOVQ         tokens+16(FP), DX
+	MOVQ         blockSize+24(FP), BX
+	VPBROADCASTD BX, Z0
+	MOVQ         $0x0706050403020100, SI
+	VMOVQ        SI, X1
+	MOVQ         $0x0f0e0d0c0b0a0908, SI
+	VPINSRQ      $0x01, SI, X1, X1
+	VPMOVZXBD    X1, Z1
+	MOVL         $0x00000010, SI
+	VPBROADCASTD SI, Z4
+	XORQ         SI, SI
+	CMPQ         BX, $0x10
+	JB           small_88
+
+	// first block, from the offset
+	MOVQ         BX, DI
+	SUBQ         SI, DI
+	CMPQ         DI, DX
+	CMOVQGT      DX, DI
+	MOVL         (CX), R8
+	IMULL        BX, R8
+	ADDL         SI, R8
+	SUBQ         DI, DX
+	VPBROADCASTD R8, Z2
+	VPADDD       Z1, Z2, Z2
+	CMPQ         DI, $0x10
+	JB           filltail_95
+
+fill_94:
+	VMOVDQU32 Z2, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z2, Z2
+	SUBQ      $0x10, DI
+	CMPQ      DI, $0x10
+	JAE       fill_94
+
+filltail_95:
+	TESTQ     DI, DI
+	JZ        fillend_96
+	MOVL      $0x0000ffff, SI
+	BZHIL     DI, SI, SI
+	KMOVW     SI, K1
+	VMOVDQU32 Z2, K1, (AX)
+	LEAQ      (AX)(DI*4), AX
+
+fillend_96:
+	TESTQ DX, DX
+	JZ    blocksend_93
+	ADDQ  $0x04, CX
+	CMPQ  DX, BX
+	JB    tail_92
+	CMPQ  BX, $0x10
+	JE    bs16_97
+	CMPQ  BX, $0x20
+	JE    bs32_98
+	TESTQ $0x0000000f, BX
+	JNZ   slow_91
+
+	// whole blocks, bs a multiple of the lanes: full stores only
+fast_90:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	MOVQ         BX, SI
+
+inner_99:
+	VMOVDQU32 Z2, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z2, Z2
+	SUBQ      $0x10, SI
+	JNZ       inner_99
+	ADDQ      $0x04, CX
+	SUBQ      BX, DX
+	CMPQ      DX, BX
+	JAE       fast_90
+	JMP       tail_92
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_97:
+	CMPQ DX, $0x00000040
+	JB   one_101
+
+four_100:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VPBROADCASTD 4(CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VPBROADCASTD 8(CX), Z5
+	VPMULLD      Z0, Z5, Z5
+	VPADDD       Z1, Z5, Z5
+	VPBROADCASTD 12(CX), Z6
+	VPMULLD      Z0, Z6, Z6
+	VPADDD       Z1, Z6, Z6
+	VMOVDQU32    Z2, (AX)
+	VMOVDQU32    Z3, 64(AX)
+	VMOVDQU32    Z5, 128(AX)
+	VMOVDQU32    Z6, 192(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000040, DX
+	CMPQ         DX, $0x00000040
+	JAE          four_100
+	CMPQ         DX, $0x00000010
+	JB           tail_92
+
+one_101:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VMOVDQU32    Z2, (AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000010, DX
+	CMPQ         DX, $0x00000010
+	JAE          one_101
+	JMP          tail_92
+
+	// whole blocks, bs = 32: unrolled full stores
+bs32_98:
+	CMPQ DX, $0x00000080
+	JB   one_103
+
+four_102:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VPBROADCASTD 4(CX), Z3
+	VPMULLD      Z0, Z3, Z3
+	VPADDD       Z1, Z3, Z3
+	VPBROADCASTD 8(CX), Z5
+	VPMULLD      Z0, Z5, Z5
+	VPADDD       Z1, Z5, Z5
+	VPBROADCASTD 12(CX), Z6
+	VPMULLD      Z0, Z6, Z6
+	VPADDD       Z1, Z6, Z6
+	VMOVDQU32    Z2, (AX)
+	VPADDD       Z4, Z2, Z2
+	VMOVDQU32    Z2, 64(AX)
+	VMOVDQU32    Z3, 128(AX)
+	VPADDD       Z4, Z3, Z3
+	VMOVDQU32    Z3, 192(AX)
+	VMOVDQU32    Z5, 256(AX)
+	VPADDD       Z4, Z5, Z5
+	VMOVDQU32    Z5, 320(AX)
+	VMOVDQU32    Z6, 384(AX)
+	VPADDD       Z4, Z6, Z6
+	VMOVDQU32    Z6, 448(AX)
+	ADDQ         $0x00000200, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000080, DX
+	CMPQ         DX, $0x00000080
+	JAE          four_102
+	CMPQ         DX, $0x00000020
+	JB           tail_92
+
+one_103:
+	VPBROADCASTD (CX), Z2
+	VPMULLD      Z0, Z2, Z2
+	VPADDD       Z1, Z2, Z2
+	VMOVDQU32    Z2, (AX)
+	VPADDD       Z4, Z2, Z2
+	VMOVDQU32    Z2, 64(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000020, DX
+	CMPQ         DX, $0x00000020
+	JAE          one_103
+	JMP          tail_92
+
+	// whole blocks, any bs
+slow_91:
+	MOVL         (CX), SI
+	IMULL        BX, SI
+	MOVQ         BX, DI
+	VPBROADCASTD SI, Z0
+	VPADDD       Z1, Z0, Z0
+	CMPQ         DI, $0x10
+	JB           filltail_105
+
+fill_104:
+	VMOVDQU32 Z0, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z0, Z0
+	SUBQ      $0x10, DI
+	CMPQ      DI, $0x10
+	JAE       fill_104
+
+filltail_105:
+	TESTQ     DI, DI
+	JZ        fillend_106
+	MOVL      $0x0000ffff, SI
+	BZHIL     DI, SI, SI
+	KMOVW     SI, K1
+	VMOVDQU32 Z0, K1, (AX)
+	LEAQ      (AX)(DI*4), AX
+
+fillend_106:
+	ADDQ $0x04, CX
+	SUBQ BX, DX
+	CMPQ DX, BX
+	JAE  slow_91
+
+	// last block, partial
+tail_92:
+	TESTQ        DX, DX
+	JZ           blocksend_93
+	MOVL         (CX), CX
+	IMULL        BX, CX
+	VPBROADCASTD CX, Z0
+	VPADDD       Z1, Z0, Z0
+	CMPQ         DX, $0x10
+	JB           filltail_108
+
+fill_107:
+	VMOVDQU32 Z0, (AX)
+	ADDQ      $0x40, AX
+	VPADDD    Z4, Z0, Z0
+	SUBQ      $0x10, DX
+	CMPQ      DX, $0x10
+	JAE       fill_107
+
+filltail_108:
+	TESTQ     DX, DX
+	JZ        fillend_109
+	MOVL      $0x0000ffff, CX
+	BZHIL     DX, CX, CX
+	KMOVW     CX, K1
+	VMOVDQU32 Z0, K1, (AX)
+	LEAQ      (AX)(DX*4), AX
+
+fillend_109:
+blocksend_93:
+	JMP end_89
+
+small_88:
+	MOVL         $0x00000001, BX
+	VPBROADCASTD BX, Z5
+
+	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
+	// a call (measured), the AVX-SSE transition on dirty upper state
+	VMOVSD       recip+32(FP), X6
+	VBROADCASTSD X6, Z6
+
+	// block size < 16: a gather per vector of positions
+	VPBROADCASTD SI, Z7
+	VPBROADCASTD SI, Z8
+	VPADDD       Z1, Z8, Z8
+
+gloop_110:
+	CMPQ DX, $0x10
+	JB   gtail_111
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD     Y8, Z1
+	VEXTRACTI64X4 $0x01, Z8, Y11
+	VCVTDQ2PD     Y11, Z11
+	VMULPD        Z6, Z1, Z1
+	VMULPD        Z6, Z11, Z11
+	VCVTTPD2DQ    Z1, Y9
+	VCVTTPD2DQ    Z11, Y11
+	VINSERTI64X4  $0x01, Y11, Z9, Z9
+	VPMULLD       Z0, Z9, Z1
+	VPSUBD        Z1, Z8, Z1
+	VPCMPUD       $0x05, Z0, Z1, K1
+	VPADDD        Z5, Z9, K1, Z9
+	VPSUBD        Z0, Z1, K1, Z1
+	VPADDD        Z7, Z9, Z9
+	VPXORD        Z2, Z2, Z2
+	KXNORW        K2, K2, K2
+	VPGATHERDD    (CX)(Z9*4), K2, Z2
+	VPMULLD       Z0, Z2, Z2
+	VPADDD        Z1, Z2, Z2
+	VMOVDQU32     Z2, (AX)
+	VPADDD        Z4, Z8, Z8
+	ADDQ          $0x40, AX
+	SUBQ          $0x10, DX
+	JMP           gloop_110
+
+gtail_111:
+	TESTQ DX, DX
+	JZ    gend_112
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD     Y8, Z1
+	VEXTRACTI64X4 $0x01, Z8, Y2
+	VCVTDQ2PD     Y2, Z2
+	VMULPD        Z6, Z1, Z1
+	VMULPD        Z6, Z2, Z2
+	VCVTTPD2DQ    Z1, Y10
+	VCVTTPD2DQ    Z2, Y2
+	VINSERTI64X4  $0x01, Y2, Z10, Z10
+	VPMULLD       Z0, Z10, Z1
+	VPSUBD        Z1, Z8, Z1
+	VPCMPUD       $0x05, Z0, Z1, K1
+	VPADDD        Z5, Z10, K1, Z10
+	VPSUBD        Z0, Z1, K1, Z1
+	VPADDD        Z7, Z10, Z10
+	VPXORD        Z3, Z3, Z3
+	MOVL          $0x0000ffff, BX
+	BZHIL         DX, BX, BX
+	KMOVW         BX, K2
+	KMOVW         K2, K1
+	VPGATHERDD    (CX)(Z10*4), K1, Z3
+	VPMULLD       Z0, Z3, Z3
+	VPADDD        Z1, Z3, Z3
+	VMOVDQU32     Z3, K2, (AX)
+	LEAQ          (AX)(DX*4), AX
+
+gend_112:
+end_89:
 	VZEROUPPER
 	RET
 
@@ -1082,11 +1573,11 @@ TEXT ·checkAVX2(SB), NOSPLIT, $0-56
 	VPMOVZXBD X6, Y6
 	XORQ      SI, SI
 
-loop_75:
+loop_113:
 	MOVQ    BX, DI
 	SUBQ    SI, DI
 	CMPQ    DI, $0x08
-	JB      tail_76
+	JB      tail_114
 	VMOVDQU (AX)(SI*4), Y7
 	VMOVDQU (CX)(SI*4), Y8
 	VMOVDQU (DX)(SI*4), Y9
@@ -1111,11 +1602,11 @@ loop_75:
 	VPADDQ Y7, Y4, Y4
 	VPADDQ Y8, Y4, Y4
 	ADDQ   $0x08, SI
-	JMP    loop_75
+	JMP    loop_113
 
-tail_76:
+tail_114:
 	TESTQ        DI, DI
-	JZ           done_77
+	JZ           done_115
 	VMOVD        DI, X7
 	VPBROADCASTD X7, Y7
 	VPCMPGTD     Y6, Y7, Y7
@@ -1143,10 +1634,10 @@ tail_76:
 	VPADDQ Y0, Y4, Y4
 	VPADDQ Y1, Y4, Y4
 
-done_77:
+done_115:
 	VMOVMSKPS    Y3, AX
 	TESTL        AX, AX
-	JNZ          bad_78
+	JNZ          bad_116
 	VEXTRACTI128 $0x01, Y4, X0
 	VPADDQ       X0, X4, X0
 	VPSHUFD      $0x4e, X0, X1
@@ -1156,7 +1647,7 @@ done_77:
 	VZEROUPPER
 	RET
 
-bad_78:
+bad_116:
 	MOVQ $-1, AX
 	MOVQ AX, ret+48(FP)
 	VZEROUPPER
@@ -1190,15 +1681,15 @@ TEXT ·mapPow2AVX2(SB), NOSPLIT, $0-64
 	VMOVD        R8, X6
 	VPBROADCASTD X6, Y6
 
-loop_79:
+loop_117:
 	// a whole vector of decodes (count 1): the common case, whose pointer
 	// updates are constants so that iterations overlap
 	CMPQ       SI, $0x08
-	JB         general_80
+	JB         general_118
 	VPCMPEQD   (BX), Y3, Y7
 	VMOVMSKPS  Y7, R11
 	CMPL       R11, $0xff
-	JNE        general_80
+	JNE        general_118
 	VMOVDQU    (DX), Y7
 	VPMULLD    (CX), Y6, Y8
 	VPSRLD     X4, Y7, Y9
@@ -1215,11 +1706,11 @@ loop_79:
 	ADDQ       $0x20, DX
 	ADDQ       $0x20, BX
 	SUBQ       $0x08, SI
-	JMP        loop_79
+	JMP        loop_117
 
-general_80:
+general_118:
 	TESTQ SI, SI
-	JLE   done_83
+	JLE   done_121
 
 	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ         $0x00000008, R11
@@ -1235,7 +1726,7 @@ general_80:
 	NOTL         R11
 	TZCNTL       R11, R11
 	TESTL        R11, R11
-	JZ           scalar_81
+	JZ           scalar_119
 
 	// map the j decodes: gather one block id each
 	VMOVD        R11, X9
@@ -1260,15 +1751,17 @@ general_80:
 	SUBQ         R11, SI
 
 	// the next request is not a decode (or there is none)
-scalar_81:
+scalar_119:
 	TESTQ SI, SI
-	JLE   done_83
+	JLE   done_121
 	MOVL  (BX), R11
 	TESTQ R11, R11
-	JZ    next_82
+	JZ    next_120
 	MOVL  (DX), R12
 	MOVL  (CX), R13
 	IMULQ R8, R13
+	CMPQ  R9, $0x08
+	JB    small_122
 	SHRXL R10, R12, R14
 	MOVL  R9, R15
 	DECL  R15
@@ -1289,63 +1782,63 @@ scalar_81:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R13, $0x08
-	JB           filltail_89
+	JB           filltail_128
 
-fill_88:
+fill_127:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
 	CMPQ    R13, $0x08
-	JAE     fill_88
+	JAE     fill_127
 
-filltail_89:
+filltail_128:
 	TESTQ        R13, R13
-	JZ           fillend_90
+	JZ           fillend_129
 	VMOVD        R13, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R13*4), AX
 
-fillend_90:
+fillend_129:
 	TESTQ R11, R11
-	JZ    blocksend_87
+	JZ    blocksend_126
 	ADDQ  $0x04, R12
 	CMPQ  R11, R9
-	JB    tail_86
+	JB    tail_125
 	CMPQ  R9, $0x08
-	JE    bs8_91
+	JE    bs8_130
 	CMPQ  R9, $0x10
-	JE    bs16_92
+	JE    bs16_131
 	TESTQ $0x00000007, R9
-	JNZ   slow_85
+	JNZ   slow_124
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_84:
+fast_123:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
 	MOVQ         R9, R13
 
-inner_93:
+inner_132:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
-	JNZ     inner_93
+	JNZ     inner_132
 	ADDQ    $0x04, R12
 	SUBQ    R9, R11
 	CMPQ    R11, R9
-	JAE     fast_84
-	JMP     tail_86
+	JAE     fast_123
+	JMP     tail_125
 
 	// whole blocks, bs = 8: unrolled full stores
-bs8_91:
+bs8_130:
 	CMPQ R11, $0x00000020
-	JB   one_95
+	JB   one_134
 
-four_94:
+four_133:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1366,11 +1859,11 @@ four_94:
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000020, R11
 	CMPQ         R11, $0x00000020
-	JAE          four_94
+	JAE          four_133
 	CMPQ         R11, $0x00000008
-	JB           tail_86
+	JB           tail_125
 
-one_95:
+one_134:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1379,15 +1872,15 @@ one_95:
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000008, R11
 	CMPQ         R11, $0x00000008
-	JAE          one_95
-	JMP          tail_86
+	JAE          one_134
+	JMP          tail_125
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_92:
+bs16_131:
 	CMPQ R11, $0x00000040
-	JB   one_97
+	JB   one_136
 
-four_96:
+four_135:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1416,11 +1909,11 @@ four_96:
 	ADDQ         $0x10, R12
 	SUBQ         $0x00000040, R11
 	CMPQ         R11, $0x00000040
-	JAE          four_96
+	JAE          four_135
 	CMPQ         R11, $0x00000010
-	JB           tail_86
+	JB           tail_125
 
-one_97:
+one_136:
 	VPBROADCASTD (R12), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1431,11 +1924,11 @@ one_97:
 	ADDQ         $0x04, R12
 	SUBQ         $0x00000010, R11
 	CMPQ         R11, $0x00000010
-	JAE          one_97
-	JMP          tail_86
+	JAE          one_136
+	JMP          tail_125
 
 	// whole blocks, any bs
-slow_85:
+slow_124:
 	MOVL         (R12), R13
 	IMULL        R9, R13
 	MOVQ         R9, R14
@@ -1443,75 +1936,120 @@ slow_85:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R14, $0x08
-	JB           filltail_99
+	JB           filltail_138
 
-fill_98:
+fill_137:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R14
 	CMPQ    R14, $0x08
-	JAE     fill_98
+	JAE     fill_137
 
-filltail_99:
+filltail_138:
 	TESTQ        R14, R14
-	JZ           fillend_100
+	JZ           fillend_139
 	VMOVD        R14, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R14*4), AX
 
-fillend_100:
+fillend_139:
 	ADDQ $0x04, R12
 	SUBQ R9, R11
 	CMPQ R11, R9
-	JAE  slow_85
+	JAE  slow_124
 
 	// last block, partial
-tail_86:
+tail_125:
 	TESTQ        R11, R11
-	JZ           blocksend_87
+	JZ           blocksend_126
 	MOVL         (R12), R12
 	IMULL        R9, R12
 	VMOVD        R12, X7
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R11, $0x08
-	JB           filltail_102
+	JB           filltail_141
 
-fill_101:
+fill_140:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R11
 	CMPQ    R11, $0x08
-	JAE     fill_101
+	JAE     fill_140
 
-filltail_102:
+filltail_141:
 	TESTQ        R11, R11
-	JZ           fillend_103
+	JZ           fillend_142
 	VMOVD        R11, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R11*4), AX
 
-fillend_103:
-blocksend_87:
-next_82:
+fillend_142:
+blocksend_126:
+	JMP next_120
+
+small_122:
+	// block size < 8: a gather per vector of positions
+	VMOVD        R13, X7
+	VPBROADCASTD X7, Y7
+	VMOVD        R12, X8
+	VPBROADCASTD X8, Y8
+	VPADDD       Y1, Y8, Y8
+
+gloop_143:
+	CMPQ       R11, $0x08
+	JB         gtail_144
+	VPSRLD     X4, Y8, Y9
+	VPAND      Y5, Y8, Y10
+	VPADDD     Y7, Y9, Y9
+	VPXOR      Y11, Y11, Y11
+	VPCMPEQD   Y12, Y12, Y12
+	VPGATHERDD Y12, (DI)(Y9*4), Y11
+	VPSLLD     X4, Y11, Y11
+	VPOR       Y10, Y11, Y11
+	VMOVDQU    Y11, (AX)
+	VPADDD     Y2, Y8, Y8
+	ADDQ       $0x20, AX
+	SUBQ       $0x08, R11
+	JMP        gloop_143
+
+gtail_144:
+	TESTQ        R11, R11
+	JZ           gend_145
+	VPSRLD       X4, Y8, Y9
+	VPAND        Y5, Y8, Y8
+	VPADDD       Y7, Y9, Y9
+	VPXOR        Y7, Y7, Y7
+	VMOVD        R11, X11
+	VPBROADCASTD X11, Y11
+	VPCMPGTD     Y1, Y11, Y11
+	VMOVDQA      Y11, Y10
+	VPGATHERDD   Y10, (DI)(Y9*4), Y7
+	VPSLLD       X4, Y7, Y7
+	VPOR         Y8, Y7, Y7
+	VPMASKMOVD   Y7, Y11, (AX)
+	LEAQ         (AX)(R11*4), AX
+
+gend_145:
+next_120:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_79
+	JMP  loop_117
 
-done_83:
+done_121:
 	VZEROUPPER
 	RET
 
 // func mapDivAVX2(dst *int32, rows *int32, start *int32, count *int32, n int, table *int32, stride int, blockSize int, recip float64)
-// Requires: AVX, AVX2, BMI, CMOV, SSE2
+// Requires: AVX, AVX2, BMI, CMOV
 TEXT ·mapDivAVX2(SB), NOSPLIT, $0-72
 	MOVQ         dst+0(FP), AX
 	MOVQ         rows+8(FP), CX
@@ -1532,32 +2070,35 @@ TEXT ·mapDivAVX2(SB), NOSPLIT, $0-72
 	MOVL         $0x00000001, R10
 	VMOVD        R10, X3
 	VPBROADCASTD X3, Y3
-	MOVSD        recip+64(FP), X4
+
+	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
+	// a call (measured), the AVX-SSE transition on dirty upper state
+	VMOVSD       recip+64(FP), X4
 	VBROADCASTSD X4, Y5
 	VMOVD        R8, X6
 	VPBROADCASTD X6, Y6
 
-loop_104:
+loop_146:
 	// a whole vector of decodes (count 1): the common case, whose pointer
 	// updates are constants so that iterations overlap
 	CMPQ      SI, $0x08
-	JB        general_105
+	JB        general_147
 	VPCMPEQD  (BX), Y3, Y7
 	VMOVMSKPS Y7, R10
 	CMPL      R10, $0xff
-	JNE       general_105
+	JNE       general_147
 	VMOVDQU   (DX), Y7
 	VPMULLD   (CX), Y6, Y8
 
 	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
 	VCVTDQ2PD    X7, Y10
-	VEXTRACTI128 $0x01, Y7, X12
-	VCVTDQ2PD    X12, Y12
+	VEXTRACTI128 $0x01, Y7, X14
+	VCVTDQ2PD    X14, Y14
 	VMULPD       Y5, Y10, Y10
-	VMULPD       Y5, Y12, Y12
+	VMULPD       Y5, Y14, Y14
 	VCVTTPD2DQY  Y10, X9
-	VCVTTPD2DQY  Y12, X12
-	VINSERTI128  $0x01, X12, Y9, Y9
+	VCVTTPD2DQY  Y14, X14
+	VINSERTI128  $0x01, X14, Y9, Y9
 	VPMULLD      Y0, Y9, Y10
 	VPSUBD       Y10, Y7, Y10
 
@@ -1568,9 +2109,9 @@ loop_104:
 	VPAND      Y0, Y7, Y7
 	VPSUBD     Y7, Y10, Y10
 	VPADDD     Y9, Y8, Y8
-	VPCMPEQD   Y12, Y12, Y12
+	VPCMPEQD   Y14, Y14, Y14
 	VPXOR      Y7, Y7, Y7
-	VPGATHERDD Y12, (DI)(Y8*4), Y7
+	VPGATHERDD Y14, (DI)(Y8*4), Y7
 	VPMULLD    Y0, Y7, Y7
 	VPADDD     Y10, Y7, Y7
 	VMOVDQU    Y7, (AX)
@@ -1579,11 +2120,11 @@ loop_104:
 	ADDQ       $0x20, DX
 	ADDQ       $0x20, BX
 	SUBQ       $0x08, SI
-	JMP        loop_104
+	JMP        loop_146
 
-general_105:
+general_147:
 	TESTQ SI, SI
-	JLE   done_108
+	JLE   done_150
 
 	// j = the number of leading requests with count 1 (decodes), < lanes here
 	MOVQ         $0x00000008, R10
@@ -1599,7 +2140,7 @@ general_105:
 	NOTL         R10
 	TZCNTL       R10, R10
 	TESTL        R10, R10
-	JZ           scalar_106
+	JZ           scalar_148
 
 	// map the j decodes: gather one block id each
 	VMOVD        R10, X10
@@ -1610,29 +2151,29 @@ general_105:
 	VPMULLD      Y6, Y8, Y8
 
 	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
-	VCVTDQ2PD    X7, Y12
-	VEXTRACTI128 $0x01, Y7, X13
-	VCVTDQ2PD    X13, Y13
-	VMULPD       Y5, Y12, Y12
-	VMULPD       Y5, Y13, Y13
-	VCVTTPD2DQY  Y12, X11
-	VCVTTPD2DQY  Y13, X13
-	VINSERTI128  $0x01, X13, Y11, Y11
-	VPMULLD      Y0, Y11, Y12
-	VPSUBD       Y12, Y7, Y12
+	VCVTDQ2PD    X7, Y14
+	VEXTRACTI128 $0x01, Y7, X15
+	VCVTDQ2PD    X15, Y15
+	VMULPD       Y5, Y14, Y14
+	VMULPD       Y5, Y15, Y15
+	VCVTTPD2DQY  Y14, X11
+	VCVTTPD2DQY  Y15, X15
+	VINSERTI128  $0x01, X15, Y11, Y11
+	VPMULLD      Y0, Y11, Y14
+	VPSUBD       Y14, Y7, Y14
 
 	// offset >= bs (unsigned) where max(offset, bs) == offset
-	VPMAXUD    Y0, Y12, Y7
-	VPCMPEQD   Y12, Y7, Y7
+	VPMAXUD    Y0, Y14, Y7
+	VPCMPEQD   Y14, Y7, Y7
 	VPSUBD     Y7, Y11, Y11
 	VPAND      Y0, Y7, Y7
-	VPSUBD     Y7, Y12, Y12
+	VPSUBD     Y7, Y14, Y14
 	VPADDD     Y11, Y8, Y8
 	VPXOR      Y7, Y7, Y7
-	VMOVDQA    Y10, Y13
-	VPGATHERDD Y13, (DI)(Y8*4), Y7
+	VMOVDQA    Y10, Y15
+	VPGATHERDD Y15, (DI)(Y8*4), Y7
 	VPMULLD    Y0, Y7, Y7
-	VPADDD     Y12, Y7, Y7
+	VPADDD     Y14, Y7, Y7
 	VPMASKMOVD Y7, Y10, (AX)
 	LEAQ       (AX)(R10*4), AX
 	LEAQ       (CX)(R10*4), CX
@@ -1641,15 +2182,17 @@ general_105:
 	SUBQ       R10, SI
 
 	// the next request is not a decode (or there is none)
-scalar_106:
+scalar_148:
 	TESTQ      SI, SI
-	JLE        done_108
+	JLE        done_150
 	MOVL       (BX), R10
 	TESTQ      R10, R10
-	JZ         next_107
+	JZ         next_149
 	MOVL       (DX), R11
 	MOVL       (CX), R12
 	IMULQ      R8, R12
+	CMPQ       R9, $0x08
+	JB         small_151
 	VCVTSI2SDL R11, X4, X7
 	VMULSD     X4, X7, X7
 	VCVTTSD2SI X7, R13
@@ -1679,63 +2222,63 @@ scalar_106:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R12, $0x08
-	JB           filltail_114
+	JB           filltail_157
 
-fill_113:
+fill_156:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R12
 	CMPQ    R12, $0x08
-	JAE     fill_113
+	JAE     fill_156
 
-filltail_114:
+filltail_157:
 	TESTQ        R12, R12
-	JZ           fillend_115
+	JZ           fillend_158
 	VMOVD        R12, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R12*4), AX
 
-fillend_115:
+fillend_158:
 	TESTQ R10, R10
-	JZ    blocksend_112
+	JZ    blocksend_155
 	ADDQ  $0x04, R11
 	CMPQ  R10, R9
-	JB    tail_111
+	JB    tail_154
 	CMPQ  R9, $0x08
-	JE    bs8_116
+	JE    bs8_159
 	CMPQ  R9, $0x10
-	JE    bs16_117
+	JE    bs16_160
 	TESTQ $0x00000007, R9
-	JNZ   slow_110
+	JNZ   slow_153
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_109:
+fast_152:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
 	MOVQ         R9, R12
 
-inner_118:
+inner_161:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R12
-	JNZ     inner_118
+	JNZ     inner_161
 	ADDQ    $0x04, R11
 	SUBQ    R9, R10
 	CMPQ    R10, R9
-	JAE     fast_109
-	JMP     tail_111
+	JAE     fast_152
+	JMP     tail_154
 
 	// whole blocks, bs = 8: unrolled full stores
-bs8_116:
+bs8_159:
 	CMPQ R10, $0x00000020
-	JB   one_120
+	JB   one_163
 
-four_119:
+four_162:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1745,22 +2288,22 @@ four_119:
 	VPBROADCASTD 8(R11), Y10
 	VPMULLD      Y0, Y10, Y10
 	VPADDD       Y1, Y10, Y10
-	VPBROADCASTD 12(R11), Y12
-	VPMULLD      Y0, Y12, Y12
-	VPADDD       Y1, Y12, Y12
+	VPBROADCASTD 12(R11), Y14
+	VPMULLD      Y0, Y14, Y14
+	VPADDD       Y1, Y14, Y14
 	VMOVDQU      Y7, (AX)
 	VMOVDQU      Y8, 32(AX)
 	VMOVDQU      Y10, 64(AX)
-	VMOVDQU      Y12, 96(AX)
+	VMOVDQU      Y14, 96(AX)
 	ADDQ         $0x00000080, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000020, R10
 	CMPQ         R10, $0x00000020
-	JAE          four_119
+	JAE          four_162
 	CMPQ         R10, $0x00000008
-	JB           tail_111
+	JB           tail_154
 
-one_120:
+one_163:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1769,15 +2312,15 @@ one_120:
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000008, R10
 	CMPQ         R10, $0x00000008
-	JAE          one_120
-	JMP          tail_111
+	JAE          one_163
+	JMP          tail_154
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_117:
+bs16_160:
 	CMPQ R10, $0x00000040
-	JB   one_122
+	JB   one_165
 
-four_121:
+four_164:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1787,9 +2330,9 @@ four_121:
 	VPBROADCASTD 8(R11), Y10
 	VPMULLD      Y0, Y10, Y10
 	VPADDD       Y1, Y10, Y10
-	VPBROADCASTD 12(R11), Y12
-	VPMULLD      Y0, Y12, Y12
-	VPADDD       Y1, Y12, Y12
+	VPBROADCASTD 12(R11), Y14
+	VPMULLD      Y0, Y14, Y14
+	VPADDD       Y1, Y14, Y14
 	VMOVDQU      Y7, (AX)
 	VPADDD       Y2, Y7, Y7
 	VMOVDQU      Y7, 32(AX)
@@ -1799,18 +2342,18 @@ four_121:
 	VMOVDQU      Y10, 128(AX)
 	VPADDD       Y2, Y10, Y10
 	VMOVDQU      Y10, 160(AX)
-	VMOVDQU      Y12, 192(AX)
-	VPADDD       Y2, Y12, Y12
-	VMOVDQU      Y12, 224(AX)
+	VMOVDQU      Y14, 192(AX)
+	VPADDD       Y2, Y14, Y14
+	VMOVDQU      Y14, 224(AX)
 	ADDQ         $0x00000100, AX
 	ADDQ         $0x10, R11
 	SUBQ         $0x00000040, R10
 	CMPQ         R10, $0x00000040
-	JAE          four_121
+	JAE          four_164
 	CMPQ         R10, $0x00000010
-	JB           tail_111
+	JB           tail_154
 
-one_122:
+one_165:
 	VPBROADCASTD (R11), Y7
 	VPMULLD      Y0, Y7, Y7
 	VPADDD       Y1, Y7, Y7
@@ -1821,11 +2364,11 @@ one_122:
 	ADDQ         $0x04, R11
 	SUBQ         $0x00000010, R10
 	CMPQ         R10, $0x00000010
-	JAE          one_122
-	JMP          tail_111
+	JAE          one_165
+	JMP          tail_154
 
 	// whole blocks, any bs
-slow_110:
+slow_153:
 	MOVL         (R11), R12
 	IMULL        R9, R12
 	MOVQ         R9, R13
@@ -1833,76 +2376,155 @@ slow_110:
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R13, $0x08
-	JB           filltail_124
+	JB           filltail_167
 
-fill_123:
+fill_166:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R13
 	CMPQ    R13, $0x08
-	JAE     fill_123
+	JAE     fill_166
 
-filltail_124:
+filltail_167:
 	TESTQ        R13, R13
-	JZ           fillend_125
+	JZ           fillend_168
 	VMOVD        R13, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R13*4), AX
 
-fillend_125:
+fillend_168:
 	ADDQ $0x04, R11
 	SUBQ R9, R10
 	CMPQ R10, R9
-	JAE  slow_110
+	JAE  slow_153
 
 	// last block, partial
-tail_111:
+tail_154:
 	TESTQ        R10, R10
-	JZ           blocksend_112
+	JZ           blocksend_155
 	MOVL         (R11), R11
 	IMULL        R9, R11
 	VMOVD        R11, X7
 	VPBROADCASTD X7, Y7
 	VPADDD       Y1, Y7, Y7
 	CMPQ         R10, $0x08
-	JB           filltail_127
+	JB           filltail_170
 
-fill_126:
+fill_169:
 	VMOVDQU Y7, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y7, Y7
 	SUBQ    $0x08, R10
 	CMPQ    R10, $0x08
-	JAE     fill_126
+	JAE     fill_169
 
-filltail_127:
+filltail_170:
 	TESTQ        R10, R10
-	JZ           fillend_128
+	JZ           fillend_171
 	VMOVD        R10, X8
 	VPBROADCASTD X8, Y8
 	VPCMPGTD     Y1, Y8, Y8
 	VPMASKMOVD   Y7, Y8, (AX)
 	LEAQ         (AX)(R10*4), AX
 
-fillend_128:
-blocksend_112:
-next_107:
+fillend_171:
+blocksend_155:
+	JMP next_149
+
+small_151:
+	// block size < 8: a gather per vector of positions
+	VMOVD        R12, X7
+	VPBROADCASTD X7, Y7
+	VMOVD        R11, X8
+	VPBROADCASTD X8, Y8
+	VPADDD       Y1, Y8, Y8
+
+gloop_172:
+	CMPQ R10, $0x08
+	JB   gtail_173
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD    X8, Y10
+	VEXTRACTI128 $0x01, Y8, X14
+	VCVTDQ2PD    X14, Y14
+	VMULPD       Y5, Y10, Y10
+	VMULPD       Y5, Y14, Y14
+	VCVTTPD2DQY  Y10, X12
+	VCVTTPD2DQY  Y14, X14
+	VINSERTI128  $0x01, X14, Y12, Y12
+	VPMULLD      Y0, Y12, Y10
+	VPSUBD       Y10, Y8, Y10
+
+	// offset >= bs (unsigned) where max(offset, bs) == offset
+	VPMAXUD    Y0, Y10, Y14
+	VPCMPEQD   Y10, Y14, Y14
+	VPSUBD     Y14, Y12, Y12
+	VPAND      Y0, Y14, Y14
+	VPSUBD     Y14, Y10, Y10
+	VPADDD     Y7, Y12, Y12
+	VPXOR      Y14, Y14, Y14
+	VPCMPEQD   Y15, Y15, Y15
+	VPGATHERDD Y15, (DI)(Y12*4), Y14
+	VPMULLD    Y0, Y14, Y14
+	VPADDD     Y10, Y14, Y14
+	VMOVDQU    Y14, (AX)
+	VPADDD     Y2, Y8, Y8
+	ADDQ       $0x20, AX
+	SUBQ       $0x08, R10
+	JMP        gloop_172
+
+gtail_173:
+	TESTQ R10, R10
+	JZ    gend_174
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD    X8, Y10
+	VEXTRACTI128 $0x01, Y8, X14
+	VCVTDQ2PD    X14, Y14
+	VMULPD       Y5, Y10, Y10
+	VMULPD       Y5, Y14, Y14
+	VCVTTPD2DQY  Y10, X13
+	VCVTTPD2DQY  Y14, X14
+	VINSERTI128  $0x01, X14, Y13, Y13
+	VPMULLD      Y0, Y13, Y10
+	VPSUBD       Y10, Y8, Y10
+
+	// offset >= bs (unsigned) where max(offset, bs) == offset
+	VPMAXUD      Y0, Y10, Y8
+	VPCMPEQD     Y10, Y8, Y8
+	VPSUBD       Y8, Y13, Y13
+	VPAND        Y0, Y8, Y8
+	VPSUBD       Y8, Y10, Y10
+	VPADDD       Y7, Y13, Y13
+	VPXOR        Y7, Y7, Y7
+	VMOVD        R10, X14
+	VPBROADCASTD X14, Y14
+	VPCMPGTD     Y1, Y14, Y14
+	VMOVDQA      Y14, Y8
+	VPGATHERDD   Y8, (DI)(Y13*4), Y7
+	VPMULLD      Y0, Y7, Y7
+	VPADDD       Y10, Y7, Y7
+	VPMASKMOVD   Y7, Y14, (AX)
+	LEAQ         (AX)(R10*4), AX
+
+gend_174:
+next_149:
 	ADDQ $0x04, CX
 	ADDQ $0x04, DX
 	ADDQ $0x04, BX
 	DECQ SI
-	JMP  loop_104
+	JMP  loop_146
 
-done_108:
+done_150:
 	VZEROUPPER
 	RET
 
-// func expandAVX2(dst *int32, blocks *int32, tokens int, blockSize int)
-// Requires: AVX, AVX2, CMOV
-TEXT ·expandAVX2(SB), NOSPLIT, $0-32
+// func expandPow2AVX2(dst *int32, blocks *int32, tokens int, blockSize int)
+// Requires: AVX, AVX2, BMI, CMOV
+TEXT ·expandPow2AVX2(SB), NOSPLIT, $0-32
 	MOVQ         dst+0(FP), AX
 	MOVQ         blocks+8(FP), CX
 	MOVQ         tokens+16(FP), DX
@@ -1916,6 +2538,8 @@ TEXT ·expandAVX2(SB), NOSPLIT, $0-32
 	VMOVD        SI, X2
 	VPBROADCASTD X2, Y2
 	XORQ         SI, SI
+	CMPQ         BX, $0x08
+	JB           small_175
 
 	// first block, from the offset
 	MOVQ         BX, DI
@@ -1930,63 +2554,63 @@ TEXT ·expandAVX2(SB), NOSPLIT, $0-32
 	VPBROADCASTD X3, Y3
 	VPADDD       Y1, Y3, Y3
 	CMPQ         DI, $0x08
-	JB           filltail_134
+	JB           filltail_182
 
-fill_133:
+fill_181:
 	VMOVDQU Y3, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y3, Y3
 	SUBQ    $0x08, DI
 	CMPQ    DI, $0x08
-	JAE     fill_133
+	JAE     fill_181
 
-filltail_134:
+filltail_182:
 	TESTQ        DI, DI
-	JZ           fillend_135
+	JZ           fillend_183
 	VMOVD        DI, X4
 	VPBROADCASTD X4, Y4
 	VPCMPGTD     Y1, Y4, Y4
 	VPMASKMOVD   Y3, Y4, (AX)
 	LEAQ         (AX)(DI*4), AX
 
-fillend_135:
+fillend_183:
 	TESTQ DX, DX
-	JZ    blocksend_132
+	JZ    blocksend_180
 	ADDQ  $0x04, CX
 	CMPQ  DX, BX
-	JB    tail_131
+	JB    tail_179
 	CMPQ  BX, $0x08
-	JE    bs8_136
+	JE    bs8_184
 	CMPQ  BX, $0x10
-	JE    bs16_137
+	JE    bs16_185
 	TESTQ $0x00000007, BX
-	JNZ   slow_130
+	JNZ   slow_178
 
 	// whole blocks, bs a multiple of the lanes: full stores only
-fast_129:
+fast_177:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
 	MOVQ         BX, SI
 
-inner_138:
+inner_186:
 	VMOVDQU Y3, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y3, Y3
 	SUBQ    $0x08, SI
-	JNZ     inner_138
+	JNZ     inner_186
 	ADDQ    $0x04, CX
 	SUBQ    BX, DX
 	CMPQ    DX, BX
-	JAE     fast_129
-	JMP     tail_131
+	JAE     fast_177
+	JMP     tail_179
 
 	// whole blocks, bs = 8: unrolled full stores
-bs8_136:
+bs8_184:
 	CMPQ DX, $0x00000020
-	JB   one_140
+	JB   one_188
 
-four_139:
+four_187:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -2007,11 +2631,11 @@ four_139:
 	ADDQ         $0x10, CX
 	SUBQ         $0x00000020, DX
 	CMPQ         DX, $0x00000020
-	JAE          four_139
+	JAE          four_187
 	CMPQ         DX, $0x00000008
-	JB           tail_131
+	JB           tail_179
 
-one_140:
+one_188:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -2020,15 +2644,15 @@ one_140:
 	ADDQ         $0x04, CX
 	SUBQ         $0x00000008, DX
 	CMPQ         DX, $0x00000008
-	JAE          one_140
-	JMP          tail_131
+	JAE          one_188
+	JMP          tail_179
 
 	// whole blocks, bs = 16: unrolled full stores
-bs16_137:
+bs16_185:
 	CMPQ DX, $0x00000040
-	JB   one_142
+	JB   one_190
 
-four_141:
+four_189:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -2057,11 +2681,11 @@ four_141:
 	ADDQ         $0x10, CX
 	SUBQ         $0x00000040, DX
 	CMPQ         DX, $0x00000040
-	JAE          four_141
+	JAE          four_189
 	CMPQ         DX, $0x00000010
-	JB           tail_131
+	JB           tail_179
 
-one_142:
+one_190:
 	VPBROADCASTD (CX), Y3
 	VPMULLD      Y0, Y3, Y3
 	VPADDD       Y1, Y3, Y3
@@ -2072,11 +2696,11 @@ one_142:
 	ADDQ         $0x04, CX
 	SUBQ         $0x00000010, DX
 	CMPQ         DX, $0x00000010
-	JAE          one_142
-	JMP          tail_131
+	JAE          one_190
+	JMP          tail_179
 
 	// whole blocks, any bs
-slow_130:
+slow_178:
 	MOVL         (CX), SI
 	IMULL        BX, SI
 	MOVQ         BX, DI
@@ -2084,61 +2708,448 @@ slow_130:
 	VPBROADCASTD X0, Y0
 	VPADDD       Y1, Y0, Y0
 	CMPQ         DI, $0x08
-	JB           filltail_144
+	JB           filltail_192
 
-fill_143:
+fill_191:
 	VMOVDQU Y0, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y0, Y0
 	SUBQ    $0x08, DI
 	CMPQ    DI, $0x08
-	JAE     fill_143
+	JAE     fill_191
 
-filltail_144:
+filltail_192:
 	TESTQ        DI, DI
-	JZ           fillend_145
+	JZ           fillend_193
 	VMOVD        DI, X3
 	VPBROADCASTD X3, Y3
 	VPCMPGTD     Y1, Y3, Y3
 	VPMASKMOVD   Y0, Y3, (AX)
 	LEAQ         (AX)(DI*4), AX
 
-fillend_145:
+fillend_193:
 	ADDQ $0x04, CX
 	SUBQ BX, DX
 	CMPQ DX, BX
-	JAE  slow_130
+	JAE  slow_178
 
 	// last block, partial
-tail_131:
+tail_179:
 	TESTQ        DX, DX
-	JZ           blocksend_132
+	JZ           blocksend_180
 	MOVL         (CX), CX
 	IMULL        BX, CX
 	VMOVD        CX, X0
 	VPBROADCASTD X0, Y0
 	VPADDD       Y1, Y0, Y0
 	CMPQ         DX, $0x08
-	JB           filltail_147
+	JB           filltail_195
 
-fill_146:
+fill_194:
 	VMOVDQU Y0, (AX)
 	ADDQ    $0x20, AX
 	VPADDD  Y2, Y0, Y0
 	SUBQ    $0x08, DX
 	CMPQ    DX, $0x08
-	JAE     fill_146
+	JAE     fill_194
 
-filltail_147:
+filltail_195:
 	TESTQ        DX, DX
-	JZ           fillend_148
+	JZ           fillend_196
 	VMOVD        DX, X2
 	VPBROADCASTD X2, Y2
 	VPCMPGTD     Y1, Y2, Y2
 	VPMASKMOVD   Y0, Y2, (AX)
 	LEAQ         (AX)(DX*4), AX
 
-fillend_148:
-blocksend_132:
+fillend_196:
+blocksend_180:
+	JMP end_176
+
+small_175:
+	MOVL         $0x00000001, DI
+	VMOVD        DI, X3
+	VPBROADCASTD X3, Y3
+	TZCNTQ       BX, BX
+	VMOVQ        BX, X4
+	VPSUBD       Y3, Y0, Y0
+
+	// block size < 8: a gather per vector of positions
+	VMOVD        SI, X3
+	VPBROADCASTD X3, Y3
+	VMOVD        SI, X5
+	VPBROADCASTD X5, Y5
+	VPADDD       Y1, Y5, Y5
+
+gloop_197:
+	CMPQ       DX, $0x08
+	JB         gtail_198
+	VPSRLD     X4, Y5, Y6
+	VPAND      Y0, Y5, Y7
+	VPADDD     Y3, Y6, Y6
+	VPXOR      Y8, Y8, Y8
+	VPCMPEQD   Y9, Y9, Y9
+	VPGATHERDD Y9, (CX)(Y6*4), Y8
+	VPSLLD     X4, Y8, Y8
+	VPOR       Y7, Y8, Y8
+	VMOVDQU    Y8, (AX)
+	VPADDD     Y2, Y5, Y5
+	ADDQ       $0x20, AX
+	SUBQ       $0x08, DX
+	JMP        gloop_197
+
+gtail_198:
+	TESTQ        DX, DX
+	JZ           gend_199
+	VPSRLD       X4, Y5, Y2
+	VPAND        Y0, Y5, Y0
+	VPADDD       Y3, Y2, Y2
+	VPXOR        Y3, Y3, Y3
+	VMOVD        DX, X5
+	VPBROADCASTD X5, Y5
+	VPCMPGTD     Y1, Y5, Y5
+	VMOVDQA      Y5, Y1
+	VPGATHERDD   Y1, (CX)(Y2*4), Y3
+	VPSLLD       X4, Y3, Y3
+	VPOR         Y0, Y3, Y3
+	VPMASKMOVD   Y3, Y5, (AX)
+	LEAQ         (AX)(DX*4), AX
+
+gend_199:
+end_176:
+	VZEROUPPER
+	RET
+
+// func expandDivAVX2(dst *int32, blocks *int32, tokens int, blockSize int, recip float64)
+// Requires: AVX, AVX2, CMOV
+TEXT ·expandDivAVX2(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), AX
+	MOVQ         blocks+8(FP), CX
+	MOVQ         tokens+16(FP), DX
+	MOVQ         blockSize+24(FP), BX
+	VMOVD        BX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         $0x0706050403020100, SI
+	VMOVQ        SI, X1
+	VPMOVZXBD    X1, Y1
+	MOVL         $0x00000008, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+	XORQ         SI, SI
+	CMPQ         BX, $0x08
+	JB           small_200
+
+	// first block, from the offset
+	MOVQ         BX, DI
+	SUBQ         SI, DI
+	CMPQ         DI, DX
+	CMOVQGT      DX, DI
+	MOVL         (CX), R8
+	IMULL        BX, R8
+	ADDL         SI, R8
+	SUBQ         DI, DX
+	VMOVD        R8, X3
+	VPBROADCASTD X3, Y3
+	VPADDD       Y1, Y3, Y3
+	CMPQ         DI, $0x08
+	JB           filltail_207
+
+fill_206:
+	VMOVDQU Y3, (AX)
+	ADDQ    $0x20, AX
+	VPADDD  Y2, Y3, Y3
+	SUBQ    $0x08, DI
+	CMPQ    DI, $0x08
+	JAE     fill_206
+
+filltail_207:
+	TESTQ        DI, DI
+	JZ           fillend_208
+	VMOVD        DI, X4
+	VPBROADCASTD X4, Y4
+	VPCMPGTD     Y1, Y4, Y4
+	VPMASKMOVD   Y3, Y4, (AX)
+	LEAQ         (AX)(DI*4), AX
+
+fillend_208:
+	TESTQ DX, DX
+	JZ    blocksend_205
+	ADDQ  $0x04, CX
+	CMPQ  DX, BX
+	JB    tail_204
+	CMPQ  BX, $0x08
+	JE    bs8_209
+	CMPQ  BX, $0x10
+	JE    bs16_210
+	TESTQ $0x00000007, BX
+	JNZ   slow_203
+
+	// whole blocks, bs a multiple of the lanes: full stores only
+fast_202:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	MOVQ         BX, SI
+
+inner_211:
+	VMOVDQU Y3, (AX)
+	ADDQ    $0x20, AX
+	VPADDD  Y2, Y3, Y3
+	SUBQ    $0x08, SI
+	JNZ     inner_211
+	ADDQ    $0x04, CX
+	SUBQ    BX, DX
+	CMPQ    DX, BX
+	JAE     fast_202
+	JMP     tail_204
+
+	// whole blocks, bs = 8: unrolled full stores
+bs8_209:
+	CMPQ DX, $0x00000020
+	JB   one_213
+
+four_212:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VPBROADCASTD 4(CX), Y4
+	VPMULLD      Y0, Y4, Y4
+	VPADDD       Y1, Y4, Y4
+	VPBROADCASTD 8(CX), Y5
+	VPMULLD      Y0, Y5, Y5
+	VPADDD       Y1, Y5, Y5
+	VPBROADCASTD 12(CX), Y6
+	VPMULLD      Y0, Y6, Y6
+	VPADDD       Y1, Y6, Y6
+	VMOVDQU      Y3, (AX)
+	VMOVDQU      Y4, 32(AX)
+	VMOVDQU      Y5, 64(AX)
+	VMOVDQU      Y6, 96(AX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000020, DX
+	CMPQ         DX, $0x00000020
+	JAE          four_212
+	CMPQ         DX, $0x00000008
+	JB           tail_204
+
+one_213:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VMOVDQU      Y3, (AX)
+	ADDQ         $0x00000020, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000008, DX
+	CMPQ         DX, $0x00000008
+	JAE          one_213
+	JMP          tail_204
+
+	// whole blocks, bs = 16: unrolled full stores
+bs16_210:
+	CMPQ DX, $0x00000040
+	JB   one_215
+
+four_214:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VPBROADCASTD 4(CX), Y4
+	VPMULLD      Y0, Y4, Y4
+	VPADDD       Y1, Y4, Y4
+	VPBROADCASTD 8(CX), Y5
+	VPMULLD      Y0, Y5, Y5
+	VPADDD       Y1, Y5, Y5
+	VPBROADCASTD 12(CX), Y6
+	VPMULLD      Y0, Y6, Y6
+	VPADDD       Y1, Y6, Y6
+	VMOVDQU      Y3, (AX)
+	VPADDD       Y2, Y3, Y3
+	VMOVDQU      Y3, 32(AX)
+	VMOVDQU      Y4, 64(AX)
+	VPADDD       Y2, Y4, Y4
+	VMOVDQU      Y4, 96(AX)
+	VMOVDQU      Y5, 128(AX)
+	VPADDD       Y2, Y5, Y5
+	VMOVDQU      Y5, 160(AX)
+	VMOVDQU      Y6, 192(AX)
+	VPADDD       Y2, Y6, Y6
+	VMOVDQU      Y6, 224(AX)
+	ADDQ         $0x00000100, AX
+	ADDQ         $0x10, CX
+	SUBQ         $0x00000040, DX
+	CMPQ         DX, $0x00000040
+	JAE          four_214
+	CMPQ         DX, $0x00000010
+	JB           tail_204
+
+one_215:
+	VPBROADCASTD (CX), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y1, Y3, Y3
+	VMOVDQU      Y3, (AX)
+	VPADDD       Y2, Y3, Y3
+	VMOVDQU      Y3, 32(AX)
+	ADDQ         $0x00000040, AX
+	ADDQ         $0x04, CX
+	SUBQ         $0x00000010, DX
+	CMPQ         DX, $0x00000010
+	JAE          one_215
+	JMP          tail_204
+
+	// whole blocks, any bs
+slow_203:
+	MOVL         (CX), SI
+	IMULL        BX, SI
+	MOVQ         BX, DI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	VPADDD       Y1, Y0, Y0
+	CMPQ         DI, $0x08
+	JB           filltail_217
+
+fill_216:
+	VMOVDQU Y0, (AX)
+	ADDQ    $0x20, AX
+	VPADDD  Y2, Y0, Y0
+	SUBQ    $0x08, DI
+	CMPQ    DI, $0x08
+	JAE     fill_216
+
+filltail_217:
+	TESTQ        DI, DI
+	JZ           fillend_218
+	VMOVD        DI, X3
+	VPBROADCASTD X3, Y3
+	VPCMPGTD     Y1, Y3, Y3
+	VPMASKMOVD   Y0, Y3, (AX)
+	LEAQ         (AX)(DI*4), AX
+
+fillend_218:
+	ADDQ $0x04, CX
+	SUBQ BX, DX
+	CMPQ DX, BX
+	JAE  slow_203
+
+	// last block, partial
+tail_204:
+	TESTQ        DX, DX
+	JZ           blocksend_205
+	MOVL         (CX), CX
+	IMULL        BX, CX
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	VPADDD       Y1, Y0, Y0
+	CMPQ         DX, $0x08
+	JB           filltail_220
+
+fill_219:
+	VMOVDQU Y0, (AX)
+	ADDQ    $0x20, AX
+	VPADDD  Y2, Y0, Y0
+	SUBQ    $0x08, DX
+	CMPQ    DX, $0x08
+	JAE     fill_219
+
+filltail_220:
+	TESTQ        DX, DX
+	JZ           fillend_221
+	VMOVD        DX, X2
+	VPBROADCASTD X2, Y2
+	VPCMPGTD     Y1, Y2, Y2
+	VPMASKMOVD   Y0, Y2, (AX)
+	LEAQ         (AX)(DX*4), AX
+
+fillend_221:
+blocksend_205:
+	JMP end_201
+
+small_200:
+	MOVL         $0x00000001, BX
+	VMOVD        BX, X3
+	VPBROADCASTD X3, Y3
+
+	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
+	// a call (measured), the AVX-SSE transition on dirty upper state
+	VMOVSD       recip+32(FP), X3
+	VBROADCASTSD X3, Y3
+
+	// block size < 8: a gather per vector of positions
+	VMOVD        SI, X6
+	VPBROADCASTD X6, Y6
+	VMOVD        SI, X7
+	VPBROADCASTD X7, Y7
+	VPADDD       Y1, Y7, Y7
+
+gloop_222:
+	CMPQ DX, $0x08
+	JB   gtail_223
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD    X7, Y8
+	VEXTRACTI128 $0x01, Y7, X9
+	VCVTDQ2PD    X9, Y9
+	VMULPD       Y3, Y8, Y8
+	VMULPD       Y3, Y9, Y9
+	VCVTTPD2DQY  Y8, X4
+	VCVTTPD2DQY  Y9, X9
+	VINSERTI128  $0x01, X9, Y4, Y4
+	VPMULLD      Y0, Y4, Y8
+	VPSUBD       Y8, Y7, Y8
+
+	// offset >= bs (unsigned) where max(offset, bs) == offset
+	VPMAXUD    Y0, Y8, Y9
+	VPCMPEQD   Y8, Y9, Y9
+	VPSUBD     Y9, Y4, Y4
+	VPAND      Y0, Y9, Y9
+	VPSUBD     Y9, Y8, Y8
+	VPADDD     Y6, Y4, Y4
+	VPXOR      Y9, Y9, Y9
+	VPCMPEQD   Y10, Y10, Y10
+	VPGATHERDD Y10, (CX)(Y4*4), Y9
+	VPMULLD    Y0, Y9, Y9
+	VPADDD     Y8, Y9, Y9
+	VMOVDQU    Y9, (AX)
+	VPADDD     Y2, Y7, Y7
+	ADDQ       $0x20, AX
+	SUBQ       $0x08, DX
+	JMP        gloop_222
+
+gtail_223:
+	TESTQ DX, DX
+	JZ    gend_224
+
+	// column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31
+	VCVTDQ2PD    X7, Y2
+	VEXTRACTI128 $0x01, Y7, X4
+	VCVTDQ2PD    X4, Y4
+	VMULPD       Y3, Y2, Y2
+	VMULPD       Y3, Y4, Y4
+	VCVTTPD2DQY  Y2, X5
+	VCVTTPD2DQY  Y4, X4
+	VINSERTI128  $0x01, X4, Y5, Y5
+	VPMULLD      Y0, Y5, Y2
+	VPSUBD       Y2, Y7, Y2
+
+	// offset >= bs (unsigned) where max(offset, bs) == offset
+	VPMAXUD      Y0, Y2, Y3
+	VPCMPEQD     Y2, Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VPAND        Y0, Y3, Y3
+	VPSUBD       Y3, Y2, Y2
+	VPADDD       Y6, Y5, Y5
+	VPXOR        Y3, Y3, Y3
+	VMOVD        DX, X4
+	VPBROADCASTD X4, Y4
+	VPCMPGTD     Y1, Y4, Y4
+	VMOVDQA      Y4, Y1
+	VPGATHERDD   Y1, (CX)(Y5*4), Y3
+	VPMULLD      Y0, Y3, Y3
+	VPADDD       Y2, Y3, Y3
+	VPMASKMOVD   Y3, Y4, (AX)
+	LEAQ         (AX)(DX*4), AX
+
+gend_224:
+end_201:
 	VZEROUPPER
 	RET

@@ -95,3 +95,37 @@ func BenchmarkExpand(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMapBlockSize runs a decode step and a prefill at other block
+// sizes: below the vector width (gathered per position), not a power of two
+// (divided by reciprocal), and large.
+func BenchmarkMapBlockSize(b *testing.B) {
+	slotstest.Bench(b, func(b *testing.B) {
+		for _, bs := range []int{1, 8, 48, 256} {
+			const rows, tokens = 64, 16384
+			stride := (tokens + bs - 1) / bs
+			for _, shape := range []string{"decode64", "prefill16384"} {
+				b.Run(fmt.Sprintf("bs=%d/shape=%s", bs, shape), func(b *testing.B) {
+					g := newGen(43)
+					batch := slots.Batch{Rows: []int32{3}, Start: []int32{0}, Count: []int32{tokens},
+						Table: g.table(rows, stride, false), Stride: stride}
+					if shape == "decode64" {
+						batch = g.batch(64, rows, stride, bs, false, func(int) int { return 1 })
+					}
+					n, err := slots.Total(batch, bs)
+					if err != nil {
+						b.Fatal(err)
+					}
+					dst := make([]int32, n)
+					b.ReportAllocs()
+					for b.Loop() {
+						if _, err := slots.Map(dst, batch, bs); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+				})
+			}
+		}
+	})
+}

@@ -17,8 +17,13 @@ func mapPow2AVX512(dst *int32, rows *int32, start *int32, count *int32, n int, t
 // Table indexes must fit in an int32.
 func mapDivAVX512(dst *int32, rows *int32, start *int32, count *int32, n int, table *int32, stride int, blockSize int, recip float64)
 
-// expandAVX512 writes the slots of positions [0, tokens) over blocks (tokens > 0).
-func expandAVX512(dst *int32, blocks *int32, tokens int, blockSize int)
+// expandPow2AVX512 writes the slots of positions [0, tokens) over blocks, for a power-of-two blockSize.
+// 0 < tokens <= math.MaxInt32.
+func expandPow2AVX512(dst *int32, blocks *int32, tokens int, blockSize int)
+
+// expandDivAVX512 writes the slots of positions [0, tokens) over blocks, for any blockSize >= 2 (recip = 1/blockSize).
+// 0 < tokens <= math.MaxInt32.
+func expandDivAVX512(dst *int32, blocks *int32, tokens int, blockSize int, recip float64)
 
 // checkAVX2 validates n requests (n > 0) against a table of nrows rows
 // whose rows hold positions positions each, and returns their token total,
@@ -33,5 +38,10 @@ func mapPow2AVX2(dst *int32, rows *int32, start *int32, count *int32, n int, tab
 // Table indexes must fit in an int32.
 func mapDivAVX2(dst *int32, rows *int32, start *int32, count *int32, n int, table *int32, stride int, blockSize int, recip float64)
 
-// expandAVX2 writes the slots of positions [0, tokens) over blocks (tokens > 0).
-func expandAVX2(dst *int32, blocks *int32, tokens int, blockSize int)
+// expandPow2AVX2 writes the slots of positions [0, tokens) over blocks, for a power-of-two blockSize.
+// 0 < tokens <= math.MaxInt32.
+func expandPow2AVX2(dst *int32, blocks *int32, tokens int, blockSize int)
+
+// expandDivAVX2 writes the slots of positions [0, tokens) over blocks, for any blockSize >= 2 (recip = 1/blockSize).
+// 0 < tokens <= math.MaxInt32.
+func expandDivAVX2(dst *int32, blocks *int32, tokens int, blockSize int, recip float64)

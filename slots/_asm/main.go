@@ -60,7 +60,8 @@ func main() {
 		genCheck(v)
 		genMap(v, false)
 		genMap(v, true)
-		genExpand(v)
+		genExpand(v, false)
+		genExpand(v, true)
 	}
 	Generate()
 }
@@ -352,7 +353,13 @@ func (k *kernel) decodeSetup() {
 	k.one = k.v.broadcastImm(1)
 	if k.div {
 		k.xrcp = XMM()
-		Load(Param("recip"), k.xrcp)
+		Comment("VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns")
+		Comment("a call (measured), the AVX-SSE transition on dirty upper state")
+		recip, err := Param("recip").Resolve()
+		if err != nil {
+			panic(err)
+		}
+		VMOVSD(recip.Addr, k.xrcp)
 		k.rcp = k.v.vec()
 		VBROADCASTSD(k.xrcp, k.rcp)
 		return
@@ -733,11 +740,17 @@ func genMap(v isa, div bool) {
 	r := GP64()
 	MOVL(Mem{Base: rows}, r.As32())
 	IMULQ(stride, r)
+	small := label("small")
+	CMPQ(bs, U8(v.lanes))
+	JB(LabelRef(small))
 	scol, soff := k.scalarDivmod(sv)
 	ADDQ(scol, r)
 	tp := GP64()
 	LEAQ(at(table, r), tp)
 	k.blocks(tp, soff, cnt)
+	JMP(LabelRef(next))
+	Label(small)
+	k.gatherRun(table, r, sv, cnt)
 	Label(next)
 	ADDQ(U8(4), rows)
 	ADDQ(U8(4), start)
@@ -750,20 +763,103 @@ func genMap(v isa, div bool) {
 	RET()
 }
 
-// genExpand emits expand<ISA>.
-func genExpand(v isa) {
-	TEXT("expand"+v.name, NOSPLIT, "func(dst, blocks *int32, tokens, blockSize int)")
-	Doc("expand" + v.name + " writes the slots of positions [0, tokens) over blocks (tokens > 0).")
+// genExpand emits expand<Pow2|Div><ISA>.
+func genExpand(v isa, div bool) {
+	name := "expandPow2" + v.name
+	sig := "func(dst, blocks *int32, tokens, blockSize int)"
+	doc := "for a power-of-two blockSize"
+	if div {
+		name = "expandDiv" + v.name
+		sig = "func(dst, blocks *int32, tokens, blockSize int, recip float64)"
+		doc = "for any blockSize >= 2 (recip = 1/blockSize)"
+	}
+	TEXT(name, NOSPLIT, sig)
+	Doc(name+" writes the slots of positions [0, tokens) over blocks, "+doc+".",
+		"0 < tokens <= math.MaxInt32.")
 	o := param("dst")
 	tp := param("blocks")
 	c := param("tokens")
 	bs := param("blockSize")
-	k := newKernel(v, false, o, bs)
-	off := GP64()
-	XORQ(off, off)
-	k.blocks(tp, off, c)
+	k := newKernel(v, div, o, bs)
+	small, end := label("small"), label("end")
+	zero := GP64()
+	XORQ(zero, zero)
+	CMPQ(bs, U8(v.lanes))
+	JB(LabelRef(small))
+	k.blocks(tp, zero, c)
+	JMP(LabelRef(end))
+	Label(small)
+	k.decodeSetup()
+	k.gatherRun(tp, zero, zero, c)
+	Label(end)
 	VZEROUPPER()
 	RET()
+}
+
+// gatherRun writes c (> 0) slots of consecutive positions s, s+1, ... of the
+// request whose table row starts at table + 4*base, a vector of positions at
+// a time: columns and offsets by divmod, one gather of the block ids. For
+// block sizes below the lane count, where a block is less than a store.
+// Needs decodeSetup.
+func (k *kernel) gatherRun(table, base, s, c GPVirtual) {
+	v := k.v
+	loop, tail, end := label("gloop"), label("gtail"), label("gend")
+	Commentf("block size < %d: a gather per vector of positions", v.lanes)
+	vbase := v.broadcast(base)
+	pos := v.broadcast(s)
+	VPADDD(k.iota, pos, pos)
+	one := func(n GPVirtual) {
+		col, off := k.divmod(pos)
+		VPADDD(vbase, col, col)
+		g := v.zero()
+		if v.lanes == 16 {
+			var run Op
+			gm := K()
+			if n == nil {
+				KXNORW(gm, gm, gm)
+			} else {
+				run = kmask(n)
+				KMOVW(run, gm)
+			}
+			VPGATHERDD(Mem{Base: table, Index: col, Scale: 4}, gm, g)
+			k.slots(g, off)
+			if n == nil {
+				VMOVDQU32(g, Mem{Base: k.o})
+			} else {
+				VMOVDQU32(g, run, Mem{Base: k.o})
+			}
+			return
+		}
+		gm := YMM()
+		var run VecVirtual
+		if n == nil {
+			VPCMPEQD(gm, gm, gm)
+		} else {
+			run = ymask(n, k.iota)
+			VMOVDQA(run, gm)
+		}
+		VPGATHERDD(gm, Mem{Base: table, Index: col, Scale: 4}, g)
+		k.slots(g, off)
+		if n == nil {
+			VMOVDQU(g, Mem{Base: k.o})
+		} else {
+			VPMASKMOVD(g, run, Mem{Base: k.o})
+		}
+	}
+	Label(loop)
+	CMPQ(c, U8(v.lanes))
+	JB(LabelRef(tail))
+	one(nil)
+	VPADDD(k.step, pos, pos)
+	ADDQ(U8(4*v.lanes), k.o)
+	SUBQ(U8(v.lanes), c)
+	JMP(LabelRef(loop))
+	Label(tail)
+	TESTQ(c, c)
+	JZ(LabelRef(end))
+	one(c)
+	LEAQ(at(k.o, c), k.o)
+	Label(end)
 }
 
 // param loads the named integer or pointer argument into a new register.

@@ -510,7 +510,7 @@ TEXT ·mapDivAVX512(SB), NOSPLIT, $0-72
 	VPBROADCASTD R10, Z7
 
 	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
-	// a call (measured), the AVX-SSE transition on dirty upper state
+	// a call (measured; an SSE/AVX state transition, presumably)
 	VMOVSD       recip+64(FP), X8
 	VBROADCASTSD X8, Z9
 	VPBROADCASTD R8, Z10
@@ -1473,7 +1473,7 @@ small_88:
 	VPBROADCASTD BX, Z5
 
 	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
-	// a call (measured), the AVX-SSE transition on dirty upper state
+	// a call (measured; an SSE/AVX state transition, presumably)
 	VMOVSD       recip+32(FP), X6
 	VBROADCASTSD X6, Z6
 
@@ -2072,7 +2072,7 @@ TEXT ·mapDivAVX2(SB), NOSPLIT, $0-72
 	VPBROADCASTD X3, Y3
 
 	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
-	// a call (measured), the AVX-SSE transition on dirty upper state
+	// a call (measured; an SSE/AVX state transition, presumably)
 	VMOVSD       recip+64(FP), X4
 	VBROADCASTSD X4, Y5
 	VMOVD        R8, X6
@@ -3070,7 +3070,7 @@ small_200:
 	VPBROADCASTD X3, Y3
 
 	// VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns
-	// a call (measured), the AVX-SSE transition on dirty upper state
+	// a call (measured; an SSE/AVX state transition, presumably)
 	VMOVSD       recip+32(FP), X3
 	VBROADCASTSD X3, Y3
 

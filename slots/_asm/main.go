@@ -7,44 +7,59 @@
 // A step's batch is a list of requests (row, start, count) and a block table
 // (Stride block ids per row). Position pos of a request lives in slot
 // Table[row*Stride + pos/bs]*bs + pos%bs, bs the block size. All arithmetic is
-// int32 and wraps; Go has checked the batch, so every table index fits.
+// int32 and wraps. Go has checked the block size, Stride and the table's
+// length (below 2^31, so that 32-bit gather indexes hold every entry).
 //
-// Check. One vector pass over the requests, 16 (AVX-512) or 8 (AVX2) at a
-// time, the last vector masked: a request is bad when its row is negative or
-// not below the table's row count, when start or count is negative, or when
-// count > 0 and start+count is past the positions a row holds (compared as
-// count > positions-start, which cannot overflow). The counts are widened to
-// 64 bits and summed. The kernel returns the sum, or -1 for a bad batch (Go
-// then words the error).
+// Check. One pass over the requests, a vector (16 lanes AVX-512, 8 AVX2) at a
+// time, the last partial vector loaded with a mask (its empty lanes read as
+// zeros and pass). A request is bad when the sign bit of
+// row | (nrows-1-row) | start | count is set (a negative row, start or count,
+// or a row past the table), or when count > 0 and positions-start < count
+// (start+count past the positions a row holds; the difference cannot
+// overflow). Arithmetic and ternary-logic ORs keep port 5 free of compares.
+// The counts are summed in 64-bit lanes, even and odd lanes apart. The kernel
+// returns the sum, or -1 for a bad batch, and Go then words the error.
 //
-// Map. Decode steps schedule one token per request, so the kernel looks at
-// the counts of the next vector of requests, finds the leading run of lanes
-// whose count is 1 (a compare, a mask, a count of trailing zeros), and maps
-// that run in one go: column = start/bs and offset = start%bs (a shift and a
-// mask for a power-of-two bs; otherwise a multiply by 1/bs in float64 and one
-// correction step, exact for 32-bit starts), index = row*Stride + column, a
-// gather of the block ids, slot = block*bs + offset, a masked store. The
-// request that ended the run (count 0, or a prefill chunk of count >= 2) is
-// mapped by scalar code and the loop goes on with the next vector. A request
-// of count c >= 2 is a run of consecutive positions: its first block from the
-// start's offset, then whole blocks, then a partial last block. Each block is
-// a run of consecutive slots, written as broadcast(block*bs + offset) + iota
-// in whole vector stores, with a masked store for the remainder; when bs is a
-// multiple of the lane count, whole blocks take a tight loop of full stores.
+// Map. Decode steps schedule one token per request. While a whole vector of
+// requests all have count 1, it is mapped at once: column = start/bs and
+// offset = start%bs (a shift and a mask for a power-of-two bs; otherwise a
+// multiply by 1/bs in float64, truncated, and one correction step, exact for
+// starts below 2^31), index = row*Stride + column, a gather of the block ids,
+// slot = block*bs + offset, one store; the pointers advance by constants, so
+// the next vector's loads do not wait for this one. Otherwise the leading
+// run of count-1 lanes (a compare, a mask, a count of trailing zeros) is
+// mapped the same way with masked loads and a masked store, and the request
+// that ended the run (count 0, or a prefill chunk) is mapped alone:
+//
+//   - bs below the lane count: a vector of consecutive positions at a time,
+//     split like the decodes, a gather of their block ids;
+//   - otherwise block by block: the first block from the start's offset,
+//     then whole blocks, then a partial last block. A block is a run of
+//     consecutive slots: broadcast(block*bs + offset) + iota, written in
+//     whole vector stores and a masked store for the remainder. Whole blocks
+//     of one or two vectors (bs 16 or 32 with AVX-512, 8 or 16 with AVX2)
+//     take a loop unrolled four blocks deep; other multiples of the lane
+//     count a tight loop of full stores.
 //
 // Expand. A hit span is a request that starts at position 0 of its own block
-// list: the same block runs, from offset 0.
+// list: the same runs, from offset 0.
 //
-// Masked loads and stores never touch memory past the slices' lengths: the
-// AVX-512 opmask and AVX2 VPMASKMOVD suppress faults on masked-off lanes.
+// Memory: masked loads and stores never touch memory past the slices'
+// lengths (the AVX-512 opmask and AVX2 VPMASKMOVD suppress faults on
+// masked-off lanes). There is no global data: the iota vector is built from
+// immediates, so no global access clobbers R15 when dynamic linking, and the
+// kernels may use every register. Only VEX and EVEX instructions are used
+// (a legacy SSE MOVSD cost ~200ns a call, measured) and every kernel ends with
+// VZEROUPPER.
 //
-// Instruction families: AVX-512 kernels use AVX512F (and AVX512VL for EVEX
-// forms of xmm/ymm instructions), AVX, AVX2, BMI1 (TZCNT), BMI2 (BZHI, SHRX);
-// AVX2 kernels use AVX, AVX2, BMI1 and BMI2. slots_amd64.go gates them all.
+// Instruction families, as the "Requires:" comments of the output list them:
+// AVX-512 kernels use AVX512F (AVX512VL where the assembler gives xmm/ymm
+// instructions on registers 16-31 their EVEX forms), AVX, AVX2, BMI1 (TZCNT)
+// and BMI2 (BZHI, SHRX); AVX2 kernels use AVX, AVX2, BMI1 and BMI2. Both use
+// CMOV. slots_amd64.go gates every one of them.
 package main
 
 import (
-	"flag"
 	"fmt"
 
 	. "github.com/mmcloughlin/avo/build"
@@ -53,7 +68,6 @@ import (
 )
 
 func main() {
-	flag.Parse()
 	ConstraintExpr("amd64,!purego,!noasm")
 
 	for _, v := range []isa{avx512, avx2} {
@@ -85,9 +99,10 @@ func (v isa) vec() VecVirtual {
 	return YMM()
 }
 
-// labels makes function-unique label names.
+// labelCount numbers the labels, so that each is unique in the file.
 var labelCount int
 
+// label returns a new label name.
 func label(name string) string {
 	labelCount++
 	return fmt.Sprintf("%s_%d", name, labelCount)
@@ -159,10 +174,11 @@ func (v isa) iota() VecVirtual {
 	return y
 }
 
-// ymask returns a vector whose low n lanes are all ones (0 <= n <= 8).
-func ymask(n GP, iota VecVirtual) VecVirtual {
+// ymask returns a vector whose low n lanes are all ones (0 <= n <= 8), given
+// the AVX2 iota vector.
+func ymask(n GP, iota8 VecVirtual) VecVirtual {
 	y := avx2.broadcast(n)
-	VPCMPGTD(iota, y, y)
+	VPCMPGTD(iota8, y, y)
 	return y
 }
 
@@ -203,9 +219,9 @@ func genCheck(v isa) {
 		kbad = K()
 		KXORW(kbad, kbad, kbad)
 	}
-	var iota VecVirtual
+	var iota8 VecVirtual
 	if v.lanes == 8 {
-		iota = v.iota()
+		iota8 = v.iota()
 	}
 
 	body := func(r, s, c VecVirtual) {
@@ -281,7 +297,7 @@ func genCheck(v isa) {
 		VMOVDQU32_Z(at(start, i), valid, st2)
 		VMOVDQU32_Z(at(count, i), valid, c2)
 	} else {
-		valid := ymask(rem, iota)
+		valid := ymask(rem, iota8)
 		VPMASKMOVD(at(rows, i), valid, r2)
 		VPMASKMOVD(at(start, i), valid, st2)
 		VPMASKMOVD(at(count, i), valid, c2)
@@ -354,7 +370,7 @@ func (k *kernel) decodeSetup() {
 	if k.div {
 		k.xrcp = XMM()
 		Comment("VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns")
-		Comment("a call (measured), the AVX-SSE transition on dirty upper state")
+		Comment("a call (measured; an SSE/AVX state transition, presumably)")
 		recip, err := Param("recip").Resolve()
 		if err != nil {
 			panic(err)
@@ -377,7 +393,7 @@ func (k *kernel) divmod(s VecVirtual) (col, off VecVirtual) {
 	col, off = k.v.vec(), k.v.vec()
 	if !k.div {
 		VPSRLD(k.vsh, s, col)
-		VPANDD_or_VPAND(k.v, k.mask, s, off)
+		k.v.and(k.mask, s, off)
 		return col, off
 	}
 	Comment("column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31")
@@ -420,8 +436,8 @@ func (k *kernel) divmod(s VecVirtual) (col, off VecVirtual) {
 	return col, off
 }
 
-// VPANDD_or_VPAND is a bitwise and of the ISA's width.
-func VPANDD_or_VPAND(v isa, a, b, dst Op) {
+// and is the bitwise and of the ISA's width.
+func (v isa) and(a, b, dst Op) {
 	if v.lanes == 16 {
 		VPANDD(a, b, dst)
 	} else {

@@ -9,11 +9,11 @@ import (
 )
 
 // The kernels' instruction families (see the "Requires:" lines of
-// slots_amd64.s): AVX-512 kernels use AVX512F, AVX and AVX2, BMI1 (TZCNT) and
-// BMI2 (BZHI, SHRX); VL is needed because the assembler gives ymm/xmm
-// instructions on registers 16-31 their EVEX forms. BW is not used: it is
-// required as the baseline every AVX-512 CPU since Skylake-SP has, so that
-// the AVX-512 path runs only on the CPUs it was measured on.
+// slots_amd64.s): AVX-512 kernels use AVX512F, AVX and AVX2, BMI1 (TZCNT),
+// BMI2 (BZHI, SHRX) and CMOV; AVX512VL because the assembler gives xmm/ymm
+// instructions on registers 16-31 their EVEX forms. AVX512BW is not used; it
+// is required with F and VL as the project's AVX-512 baseline, which excludes
+// no CPU that has VL. AVX2 kernels use AVX, AVX2, BMI1, BMI2 and CMOV.
 var (
 	hasAVX512 = cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512VL,
 		cpuid.AVX, cpuid.AVX2, cpuid.BMI1, cpuid.BMI2, cpuid.CMOV)

@@ -96,10 +96,10 @@ func BenchmarkExpand(b *testing.B) {
 	})
 }
 
-// BenchmarkMapBlockSize runs a decode step and a prefill at other block
+// BenchmarkBlockSize runs Map on a decode step and a prefill at other block
 // sizes: below the vector width (gathered per position), not a power of two
 // (divided by reciprocal), and large.
-func BenchmarkMapBlockSize(b *testing.B) {
+func BenchmarkBlockSize(b *testing.B) {
 	slotstest.Bench(b, func(b *testing.B) {
 		for _, bs := range []int{1, 8, 48, 256} {
 			const rows, tokens = 64, 16384

@@ -12,10 +12,10 @@
 // over the tokens), return documented sentinel errors, and never write past
 // len(dst).
 //
-//	Batch (one step)             Table, Stride = 4          dst
-//	  Rows  [1 0]                  row 0: [ 7  2  9  .]       row 1, pos 5..6:  slots of block 4
-//	  Start [5 0]       ──►        row 1: [ 3  4  .  .]  ──►  row 0, pos 0..2:  slots of block 7
-//	  Count [2 3]
+//	Batch (one step)      Table, Stride = 4      dst, blockSize = 4
+//	  Rows  [1 0]           row 0: [7 2 9 .]       [17 18 | 28 29 30]
+//	  Start [5 0]    ──►    row 1: [3 4 . .]  ──►   row 1: pos 5, 6 in block 4 (column 1)
+//	  Count [2 3]                                   row 0: pos 0, 1, 2 in block 7 (column 0)
 //
 // Slot arithmetic is int32 and wraps like Go's int32 arithmetic: block ids are
 // taken as they are, not checked.

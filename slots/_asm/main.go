@@ -487,7 +487,7 @@ func (k *kernel) scalarDivmod(s GPVirtual) (col, off GPVirtual) {
 	return col, off
 }
 
-// fill writes m (> 0 or 0) consecutive slots first, first+1, ... at o and
+// fill writes m (>= 0) consecutive slots first, first+1, ... at o and
 // advances o.
 func (k *kernel) fill(first GP, m GPVirtual) {
 	lanes := k.v.lanes

@@ -1,0 +1,948 @@
+// Command _asm generates the AVX2 and AVX-512 kernels of package slots
+// (slots_amd64.s and slots_stubs_amd64.go) with avo. Run it through
+// `make generate`; `make check-generate` fails when the committed files drift.
+//
+// # The algorithm
+//
+// A step's batch is a list of requests (row, start, count) and a block table
+// (Stride block ids per row). Position pos of a request lives in slot
+// Table[row*Stride + pos/bs]*bs + pos%bs, bs the block size. All arithmetic is
+// int32 and wraps. Go has checked the block size, Stride and the table's
+// length (below 2^31, so that 32-bit gather indexes hold every entry).
+//
+// Check. One pass over the requests, a vector (16 lanes AVX-512, 8 AVX2) at a
+// time, the last partial vector loaded with a mask (its empty lanes read as
+// zeros and pass). A request is bad when the sign bit of
+// row | (nrows-1-row) | start | count is set (a negative row, start or count,
+// or a row past the table), or when count > 0 and positions-start < count
+// (start+count past the positions a row holds; the difference cannot
+// overflow). Arithmetic and ternary-logic ORs keep port 5 free of compares.
+// The counts are summed in 64-bit lanes, even and odd lanes apart. The kernel
+// returns the sum, or -1 for a bad batch, and Go then words the error.
+//
+// Map. Decode steps schedule one token per request. While a whole vector of
+// requests all have count 1, it is mapped at once: column = start/bs and
+// offset = start%bs (a shift and a mask for a power-of-two bs; otherwise a
+// multiply by 1/bs in float64, truncated, and one correction step, exact for
+// starts below 2^31), index = row*Stride + column, a gather of the block ids,
+// slot = block*bs + offset, one store; the pointers advance by constants, so
+// the next vector's loads do not wait for this one. Otherwise the leading
+// run of count-1 lanes (a compare, a mask, a count of trailing zeros) is
+// mapped the same way with masked loads and a masked store, and the request
+// that ended the run (count 0, or a prefill chunk) is mapped alone:
+//
+//   - bs below the lane count: a vector of consecutive positions at a time,
+//     split like the decodes, a gather of their block ids;
+//   - otherwise block by block: the first block from the start's offset,
+//     then whole blocks, then a partial last block. A block is a run of
+//     consecutive slots: broadcast(block*bs + offset) + iota, written in
+//     whole vector stores and a masked store for the remainder. Whole blocks
+//     of one or two vectors (bs 16 or 32 with AVX-512, 8 or 16 with AVX2)
+//     take a loop unrolled four blocks deep; other multiples of the lane
+//     count a tight loop of full stores.
+//
+// Expand. A hit span is a request that starts at position 0 of its own block
+// list: the same runs, from offset 0.
+//
+// Memory: masked loads and stores never touch memory past the slices'
+// lengths (the AVX-512 opmask and AVX2 VPMASKMOVD suppress faults on
+// masked-off lanes). There is no global data: the iota vector is built from
+// immediates, so no global access clobbers R15 when dynamic linking, and the
+// kernels may use every register. Only VEX and EVEX instructions are used
+// (a legacy SSE MOVSD cost ~200ns a call, measured) and every kernel ends with
+// VZEROUPPER.
+//
+// Instruction families, as the "Requires:" comments of the output list them:
+// AVX-512 kernels use AVX512F (AVX512VL where the assembler gives xmm/ymm
+// instructions on registers 16-31 their EVEX forms), AVX, AVX2, BMI1 (TZCNT)
+// and BMI2 (BZHI, SHRX); AVX2 kernels use AVX, AVX2, BMI1 and BMI2. Both use
+// CMOV. slots_amd64.go gates every one of them.
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+func main() {
+	ConstraintExpr("amd64,!purego,!noasm")
+
+	for _, v := range []isa{avx512, avx2} {
+		genCheck(v)
+		genMap(v, false)
+		genMap(v, true)
+		genExpand(v, false)
+		genExpand(v, true)
+	}
+	Generate()
+}
+
+// isa abstracts the vector width: the AVX-512 kernels use zmm registers and
+// opmasks, the AVX2 kernels ymm registers and mask vectors.
+type isa struct {
+	name  string // function name suffix
+	lanes int    // int32 lanes per vector
+}
+
+var (
+	avx512 = isa{name: "AVX512", lanes: 16}
+	avx2   = isa{name: "AVX2", lanes: 8}
+)
+
+func (v isa) vec() VecVirtual {
+	if v.lanes == 16 {
+		return ZMM()
+	}
+	return YMM()
+}
+
+// labelCount numbers the labels, so that each is unique in the file.
+var labelCount int
+
+// label returns a new label name.
+func label(name string) string {
+	labelCount++
+	return fmt.Sprintf("%s_%d", name, labelCount)
+}
+
+// zero returns a zeroed vector.
+func (v isa) zero() VecVirtual {
+	x := v.vec()
+	if v.lanes == 16 {
+		VPXORD(x, x, x)
+	} else {
+		VPXOR(x, x, x)
+	}
+	return x
+}
+
+// broadcast returns a vector with r's low 32 bits in every lane.
+func (v isa) broadcast(r GP) VecVirtual {
+	x := v.vec()
+	if v.lanes == 16 {
+		VPBROADCASTD(r.As32(), x)
+	} else {
+		VMOVD(r.As32(), x.AsX())
+		VPBROADCASTD(x.AsX(), x)
+	}
+	return x
+}
+
+// broadcastImm returns a vector with c in every lane.
+func (v isa) broadcastImm(c uint32) VecVirtual {
+	r := GP32()
+	MOVL(U32(c), r)
+	return v.broadcast(r)
+}
+
+// minLanes returns min(rem, lanes) in a new register.
+func (v isa) minLanes(rem GPVirtual) GPVirtual {
+	n := GP64()
+	MOVQ(U32(v.lanes), n)
+	CMPQ(rem, n)
+	CMOVQLT(rem, n)
+	return n
+}
+
+// kmask returns an opmask with the low n bits set (0 <= n <= 16).
+func kmask(n GP) Op {
+	t := GP32()
+	MOVL(U32(0xffff), t)
+	BZHIL(n.As32(), t, t)
+	k := K()
+	KMOVW(t, k)
+	return k
+}
+
+// iota returns the vector 0, 1, 2, ... lanes-1. It is built from
+// immediates, not loaded from a global: a global access would clobber R15
+// when dynamic linking, and the kernels use every register.
+func (v isa) iota() VecVirtual {
+	r := GP64()
+	MOVQ(U64(0x0706050403020100), r)
+	x := XMM()
+	VMOVQ(r, x)
+	y := v.vec()
+	if v.lanes == 16 {
+		MOVQ(U64(0x0f0e0d0c0b0a0908), r)
+		VPINSRQ(U8(1), r, x, x)
+	}
+	VPMOVZXBD(x, y)
+	return y
+}
+
+// ymask returns a vector whose low n lanes are all ones (0 <= n <= 8), given
+// the AVX2 iota vector.
+func ymask(n GP, iota8 VecVirtual) VecVirtual {
+	y := avx2.broadcast(n)
+	VPCMPGTD(iota8, y, y)
+	return y
+}
+
+// at returns the memory operand p + 4*i.
+func at(p, i Register) Mem { return Mem{Base: p, Index: i, Scale: 4} }
+
+// genCheck emits check<ISA>: the request pass described in the package doc.
+// Whole vectors are loaded plainly, the last partial one with a mask; lanes
+// past n read as zeros, which pass every test unless the table has no rows,
+// and then the real requests fail anyway. The tests are arithmetic where
+// they can be (a lane is bad when the sign bit of row | (nrows-1-row) |
+// start | count is set), keeping port 5 free of mask compares and shuffles.
+func genCheck(v isa) {
+	TEXT("check"+v.name, NOSPLIT, "func(rows, start, count *int32, n, nrows, positions int) int")
+	Doc(
+		"check"+v.name+" validates n requests (n > 0) against a table of nrows rows",
+		"whose rows hold positions positions each, and returns their token total,",
+		"or -1 if a request is bad.",
+	)
+	rows := param("rows")
+	start := param("start")
+	count := param("count")
+	n := param("n")
+	rowMax, positions := param("nrows"), param("positions")
+	DECQ(rowMax)
+	vRowMax, vPos := v.broadcast(rowMax), v.broadcast(positions)
+	zero, acc, sum := v.zero(), v.zero(), v.zero()
+	Comment("low32: 0x00000000ffffffff in every 64-bit lane")
+	low32 := v.vec()
+	if v.lanes == 16 {
+		VPTERNLOGD(U8(0xff), low32, low32, low32)
+	} else {
+		VPCMPEQD(low32, low32, low32)
+	}
+	VPSRLQ(U8(32), low32, low32)
+	var kbad Op
+	if v.lanes == 16 {
+		kbad = K()
+		KXORW(kbad, kbad, kbad)
+	}
+	var iota8 VecVirtual
+	if v.lanes == 8 {
+		iota8 = v.iota()
+	}
+
+	body := func(r, s, c VecVirtual) {
+		Comment("bad if the sign of row | (nrows-1-row) | start | count is set")
+		t := v.vec()
+		VPSUBD(r, vRowMax, t)
+		if v.lanes == 16 {
+			VPTERNLOGD(U8(0xfe), r, t, acc)
+			VPTERNLOGD(U8(0xfe), s, c, acc)
+		} else {
+			VPOR(r, t, t)
+			VPOR(s, t, t)
+			VPOR(c, t, t)
+			VPOR(t, acc, acc)
+		}
+		Comment("bad if count > 0 and positions-start < count")
+		room := v.vec()
+		VPSUBD(s, vPos, room)
+		if v.lanes == 16 {
+			kc := K()
+			VPTESTMD(c, c, kc)
+			VPCMPD(U8(1), c, room, kc, kc)
+			KORW(kc, kbad, kbad)
+		} else {
+			col, cz := YMM(), YMM()
+			VPCMPGTD(room, c, col)
+			VPCMPEQD(zero, c, cz)
+			VPANDN(col, cz, col)
+			VPOR(col, acc, acc)
+		}
+		Comment("sum the counts in 64-bit lanes: even lanes, then odd lanes")
+		lo, hi := v.vec(), v.vec()
+		if v.lanes == 16 {
+			VPANDQ(low32, c, lo)
+		} else {
+			VPAND(low32, c, lo)
+		}
+		VPSRLQ(U8(32), c, hi)
+		VPADDQ(lo, sum, sum)
+		VPADDQ(hi, sum, sum)
+	}
+
+	i := GP64()
+	XORQ(i, i)
+	loop, tail, done, bad := label("loop"), label("tail"), label("done"), label("bad")
+	rem := GP64()
+	Label(loop)
+	MOVQ(n, rem)
+	SUBQ(i, rem)
+	CMPQ(rem, U8(v.lanes))
+	JB(LabelRef(tail))
+	r, st, c := v.vec(), v.vec(), v.vec()
+	if v.lanes == 16 {
+		VMOVDQU32(at(rows, i), r)
+		VMOVDQU32(at(start, i), st)
+		VMOVDQU32(at(count, i), c)
+	} else {
+		VMOVDQU(at(rows, i), r)
+		VMOVDQU(at(start, i), st)
+		VMOVDQU(at(count, i), c)
+	}
+	body(r, st, c)
+	ADDQ(U8(v.lanes), i)
+	JMP(LabelRef(loop))
+
+	Label(tail)
+	TESTQ(rem, rem)
+	JZ(LabelRef(done))
+	r2, st2, c2 := v.vec(), v.vec(), v.vec()
+	if v.lanes == 16 {
+		valid := kmask(rem)
+		VMOVDQU32_Z(at(rows, i), valid, r2)
+		VMOVDQU32_Z(at(start, i), valid, st2)
+		VMOVDQU32_Z(at(count, i), valid, c2)
+	} else {
+		valid := ymask(rem, iota8)
+		VPMASKMOVD(at(rows, i), valid, r2)
+		VPMASKMOVD(at(start, i), valid, st2)
+		VPMASKMOVD(at(count, i), valid, c2)
+	}
+	body(r2, st2, c2)
+
+	Label(done)
+	if v.lanes == 16 {
+		kneg := K()
+		VPCMPD(U8(1), zero, acc, kneg)
+		KORTESTW(kneg, kbad)
+		JNZ(LabelRef(bad))
+		h := YMM()
+		VEXTRACTI64X4(U8(1), sum, h)
+		VPADDQ(h, sum.AsY(), sum.AsY())
+	} else {
+		m := GP32()
+		VMOVMSKPS(acc, m)
+		TESTL(m, m)
+		JNZ(LabelRef(bad))
+	}
+	x := XMM()
+	VEXTRACTI128(U8(1), sum.AsY(), x)
+	VPADDQ(x, sum.AsX(), x)
+	x2 := XMM()
+	VPSHUFD(U8(0x4e), x, x2)
+	VPADDQ(x2, x, x)
+	total := GP64()
+	VMOVQ(x, total)
+	Store(total, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+
+	Label(bad)
+	m1 := GP64()
+	MOVQ(I32(-1), m1)
+	Store(m1, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}
+
+// kernel holds the registers a map or expand kernel keeps across its loops.
+type kernel struct {
+	v     isa
+	div   bool       // bs need not be a power of two
+	o     GPVirtual  // next slot to write
+	bs    GPVirtual  // block size
+	shift GPVirtual  // log2(bs) (power-of-two kernels)
+	xbs   VecVirtual // bs in every lane
+	iota  VecVirtual // 0, 1, 2, ... lanes-1
+	step  VecVirtual // lanes in every lane
+	one   VecVirtual // 1 in every lane
+	vsh   VecVirtual // shift, as a shift count (power-of-two kernels)
+	mask  VecVirtual // bs-1 in every lane (power-of-two kernels)
+	rcp   VecVirtual // 1/bs as float64 in every lane (other kernels)
+	xrcp  VecVirtual // 1/bs as a scalar float64 (other kernels)
+}
+
+func newKernel(v isa, div bool, o, bs GPVirtual) *kernel {
+	k := &kernel{v: v, div: div, o: o, bs: bs}
+	k.xbs = v.broadcast(bs)
+	k.iota = v.iota()
+	k.step = v.broadcastImm(uint32(v.lanes))
+	return k
+}
+
+// decodeSetup loads what the vector decode path needs.
+func (k *kernel) decodeSetup() {
+	k.one = k.v.broadcastImm(1)
+	if k.div {
+		k.xrcp = XMM()
+		Comment("VMOVSD, not Load's MOVSD: a legacy SSE instruction here costs ~200ns")
+		Comment("a call (measured; an SSE/AVX state transition, presumably)")
+		recip, err := Param("recip").Resolve()
+		if err != nil {
+			panic(err)
+		}
+		VMOVSD(recip.Addr, k.xrcp)
+		k.rcp = k.v.vec()
+		VBROADCASTSD(k.xrcp, k.rcp)
+		return
+	}
+	k.shift = GP64()
+	TZCNTQ(k.bs, k.shift)
+	k.vsh = XMM()
+	VMOVQ(k.shift, k.vsh)
+	k.mask = k.v.vec()
+	VPSUBD(k.one, k.xbs, k.mask)
+}
+
+// divmod splits the starts in s into block columns and offsets.
+func (k *kernel) divmod(s VecVirtual) (col, off VecVirtual) {
+	col, off = k.v.vec(), k.v.vec()
+	if !k.div {
+		VPSRLD(k.vsh, s, col)
+		k.v.and(k.mask, s, off)
+		return col, off
+	}
+	Comment("column = trunc(start * (1/bs)), then one correction: exact for 0 <= start < 2^31")
+	if k.v.lanes == 16 {
+		d0, d1 := ZMM(), ZMM()
+		VCVTDQ2PD(s.AsY(), d0)
+		VEXTRACTI64X4(U8(1), s, d1.AsY())
+		VCVTDQ2PD(d1.AsY(), d1)
+		VMULPD(k.rcp, d0, d0)
+		VMULPD(k.rcp, d1, d1)
+		VCVTTPD2DQ(d0, col.AsY())
+		VCVTTPD2DQ(d1, d1.AsY())
+		VINSERTI64X4(U8(1), d1.AsY(), col, col)
+		VPMULLD(k.xbs, col, off)
+		VPSUBD(off, s, off)
+		ge := K()
+		VPCMPUD(U8(5), k.xbs, off, ge)
+		VPADDD(k.one, col, ge, col)
+		VPSUBD(k.xbs, off, ge, off)
+		return col, off
+	}
+	d0, d1 := YMM(), YMM()
+	VCVTDQ2PD(s.AsX(), d0)
+	VEXTRACTI128(U8(1), s, d1.AsX())
+	VCVTDQ2PD(d1.AsX(), d1)
+	VMULPD(k.rcp, d0, d0)
+	VMULPD(k.rcp, d1, d1)
+	VCVTTPD2DQY(d0, col.AsX())
+	VCVTTPD2DQY(d1, d1.AsX())
+	VINSERTI128(U8(1), d1.AsX(), col, col)
+	VPMULLD(k.xbs, col, off)
+	VPSUBD(off, s, off)
+	Comment("offset >= bs (unsigned) where max(offset, bs) == offset")
+	ge := YMM()
+	VPMAXUD(k.xbs, off, ge)
+	VPCMPEQD(off, ge, ge)
+	VPSUBD(ge, col, col)
+	VPAND(k.xbs, ge, ge)
+	VPSUBD(ge, off, off)
+	return col, off
+}
+
+// and is the bitwise and of the ISA's width.
+func (v isa) and(a, b, dst Op) {
+	if v.lanes == 16 {
+		VPANDD(a, b, dst)
+	} else {
+		VPAND(a, b, dst)
+	}
+}
+
+// slots turns gathered block ids g into slots g*bs + off, in place.
+func (k *kernel) slots(g, off VecVirtual) {
+	if k.div {
+		VPMULLD(k.xbs, g, g)
+		VPADDD(off, g, g)
+		return
+	}
+	VPSLLD(k.vsh, g, g)
+	if k.v.lanes == 16 {
+		VPORD(off, g, g)
+	} else {
+		VPOR(off, g, g)
+	}
+}
+
+// scalarDivmod splits start s (0 <= s < 2^31) into column and offset.
+func (k *kernel) scalarDivmod(s GPVirtual) (col, off GPVirtual) {
+	col, off = GP64(), GP64()
+	if !k.div {
+		SHRXL(k.shift.As32(), s.As32(), col.As32())
+		MOVL(k.bs.As32(), off.As32())
+		DECL(off.As32())
+		ANDL(s.As32(), off.As32())
+		return col, off
+	}
+	x := XMM()
+	VCVTSI2SDL(s.As32(), k.xrcp, x)
+	VMULSD(k.xrcp, x, x)
+	VCVTTSD2SI(x, col.As32())
+	MOVL(col.As32(), off.As32())
+	IMULL(k.bs.As32(), off.As32())
+	NEGL(off.As32())
+	ADDL(s.As32(), off.As32())
+	Comment("if offset >= bs: column++, offset -= bs")
+	t := GP32()
+	MOVL(off.As32(), t)
+	SUBL(k.bs.As32(), t)
+	CMOVLCC(t, off.As32())
+	SBBL(I8(-1), col.As32())
+	return col, off
+}
+
+// fill writes m (>= 0) consecutive slots first, first+1, ... at o and
+// advances o.
+func (k *kernel) fill(first GP, m GPVirtual) {
+	lanes := k.v.lanes
+	loop, tail, end := label("fill"), label("filltail"), label("fillend")
+	x := k.v.broadcast(first)
+	VPADDD(k.iota, x, x)
+	CMPQ(m, U8(lanes))
+	JB(LabelRef(tail))
+	Label(loop)
+	k.store(x)
+	ADDQ(U8(4*lanes), k.o)
+	VPADDD(k.step, x, x)
+	SUBQ(U8(lanes), m)
+	CMPQ(m, U8(lanes))
+	JAE(LabelRef(loop))
+	Label(tail)
+	TESTQ(m, m)
+	JZ(LabelRef(end))
+	k.storeN(x, m)
+	LEAQ(at(k.o, m), k.o)
+	Label(end)
+}
+
+func (k *kernel) store(x VecVirtual) {
+	if k.v.lanes == 16 {
+		VMOVDQU32(x, Mem{Base: k.o})
+	} else {
+		VMOVDQU(x, Mem{Base: k.o})
+	}
+}
+
+// storeN stores the low n lanes of x at o (0 < n < lanes).
+func (k *kernel) storeN(x VecVirtual, n GPVirtual) {
+	if k.v.lanes == 16 {
+		VMOVDQU32(x, kmask(n), Mem{Base: k.o})
+	} else {
+		VPMASKMOVD(x, ymask(n, k.iota), Mem{Base: k.o})
+	}
+}
+
+// blocks writes c (> 0) slots of consecutive positions starting at offset
+// off of block *tp, then of tp[1], tp[2], ... and advances o.
+func (k *kernel) blocks(tp, off, c GPVirtual) {
+	lanes := k.v.lanes
+	fast, slow, tail, end := label("fast"), label("slow"), label("tail"), label("blocksend")
+	Comment("first block, from the offset")
+	m := GP64()
+	MOVQ(k.bs, m)
+	SUBQ(off, m)
+	CMPQ(m, c)
+	CMOVQGT(c, m)
+	first := GP32()
+	MOVL(Mem{Base: tp}, first)
+	IMULL(k.bs.As32(), first)
+	ADDL(off.As32(), first)
+	SUBQ(m, c)
+	k.fill(first, m)
+	TESTQ(c, c)
+	JZ(LabelRef(end))
+	ADDQ(U8(4), tp)
+	CMPQ(c, k.bs)
+	JB(LabelRef(tail))
+	var unrolled []string
+	for u := 1; u <= 2; u++ {
+		unrolled = append(unrolled, label(fmt.Sprintf("bs%d", u*lanes)))
+		CMPQ(k.bs, U8(u*lanes))
+		JE(LabelRef(unrolled[u-1]))
+	}
+	TESTQ(U32(lanes-1), k.bs)
+	JNZ(LabelRef(slow))
+
+	Comment("whole blocks, bs a multiple of the lanes: full stores only")
+	Label(fast)
+	x := k.v.vec()
+	VPBROADCASTD(Mem{Base: tp}, x)
+	VPMULLD(k.xbs, x, x)
+	VPADDD(k.iota, x, x)
+	j := GP64()
+	MOVQ(k.bs, j)
+	inner := label("inner")
+	Label(inner)
+	k.store(x)
+	ADDQ(U8(4*lanes), k.o)
+	VPADDD(k.step, x, x)
+	SUBQ(U8(lanes), j)
+	JNZ(LabelRef(inner))
+	ADDQ(U8(4), tp)
+	SUBQ(k.bs, c)
+	CMPQ(c, k.bs)
+	JAE(LabelRef(fast))
+	JMP(LabelRef(tail))
+
+	for u := 1; u <= 2; u++ {
+		k.wholeBlocks(unrolled[u-1], u, tp, c, tail)
+	}
+
+	Comment("whole blocks, any bs")
+	Label(slow)
+	b := GP32()
+	MOVL(Mem{Base: tp}, b)
+	IMULL(k.bs.As32(), b)
+	mm := GP64()
+	MOVQ(k.bs, mm)
+	k.fill(b, mm)
+	ADDQ(U8(4), tp)
+	SUBQ(k.bs, c)
+	CMPQ(c, k.bs)
+	JAE(LabelRef(slow))
+
+	Comment("last block, partial")
+	Label(tail)
+	TESTQ(c, c)
+	JZ(LabelRef(end))
+	b2 := GP32()
+	MOVL(Mem{Base: tp}, b2)
+	IMULL(k.bs.As32(), b2)
+	k.fill(b2, c)
+	Label(end)
+}
+
+// genMap emits map<Pow2|Div><ISA>.
+func genMap(v isa, div bool) {
+	name := "mapPow2" + v.name
+	sig := "func(dst, rows, start, count *int32, n int, table *int32, stride, blockSize int)"
+	doc := "for a power-of-two blockSize"
+	if div {
+		name = "mapDiv" + v.name
+		sig = "func(dst, rows, start, count *int32, n int, table *int32, stride, blockSize int, recip float64)"
+		doc = "for any blockSize >= 2 (recip = 1/blockSize)"
+	}
+	TEXT(name, NOSPLIT, sig)
+	Doc(name+" writes the slots of n checked requests (n > 0) to dst, "+doc+".",
+		"Table indexes must fit in an int32.")
+	o := param("dst")
+	rows := param("rows")
+	start := param("start")
+	count := param("count")
+	rem := param("n")
+	table := param("table")
+	stride := param("stride")
+	bs := param("blockSize")
+	k := newKernel(v, div, o, bs)
+	k.decodeSetup()
+	vStride := v.broadcast(stride)
+
+	loop, general, scalar, next, done := label("loop"), label("general"), label("scalar"), label("next"), label("done")
+	Label(loop)
+	Comment("a whole vector of decodes (count 1): the common case, whose pointer")
+	Comment("updates are constants so that iterations overlap")
+	CMPQ(rem, U8(v.lanes))
+	JB(LabelRef(general))
+	{
+		s, idx, g := v.vec(), v.vec(), v.vec()
+		if v.lanes == 16 {
+			all := K()
+			VPCMPEQD(Mem{Base: count}, k.one, all)
+			KORTESTW(all, all)
+			JCC(LabelRef(general))
+			VMOVDQU32(Mem{Base: start}, s)
+			VPMULLD(Mem{Base: rows}, vStride, idx)
+		} else {
+			c, t := YMM(), GP32()
+			VPCMPEQD(Mem{Base: count}, k.one, c)
+			VMOVMSKPS(c, t)
+			CMPL(t, U8(0xff))
+			JNE(LabelRef(general))
+			VMOVDQU(Mem{Base: start}, s)
+			VPMULLD(Mem{Base: rows}, vStride, idx)
+		}
+		col, off := k.divmod(s)
+		VPADDD(col, idx, idx)
+		if v.lanes == 16 {
+			gm := K()
+			KXNORW(gm, gm, gm)
+			VPXORD(g, g, g)
+			VPGATHERDD(Mem{Base: table, Index: idx, Scale: 4}, gm, g)
+			k.slots(g, off)
+			VMOVDQU32(g, Mem{Base: o})
+		} else {
+			gm := YMM()
+			VPCMPEQD(gm, gm, gm)
+			VPXOR(g, g, g)
+			VPGATHERDD(gm, Mem{Base: table, Index: idx, Scale: 4}, g)
+			k.slots(g, off)
+			VMOVDQU(g, Mem{Base: o})
+		}
+		for _, p := range []GPVirtual{o, rows, start, count} {
+			ADDQ(U8(4*v.lanes), p)
+		}
+		SUBQ(U8(v.lanes), rem)
+		JMP(LabelRef(loop))
+	}
+
+	Label(general)
+	TESTQ(rem, rem)
+	JLE(LabelRef(done))
+	Comment("j = the number of leading requests with count 1 (decodes), < lanes here")
+	j := GP64()
+	var run Op // mask of the j decodes
+	var runV VecVirtual
+	if v.lanes == 16 {
+		valid := kmask(v.minLanes(rem))
+		c := ZMM()
+		VMOVDQU32_Z(Mem{Base: count}, valid, c)
+		ones := K()
+		VPCMPEQD(k.one, c, valid, ones)
+		KMOVW(ones, j.As32())
+	} else {
+		valid := ymask(v.minLanes(rem), k.iota)
+		c := YMM()
+		VPMASKMOVD(Mem{Base: count}, valid, c)
+		VPCMPEQD(k.one, c, c)
+		VPAND(valid, c, c)
+		VMOVMSKPS(c, j.As32())
+	}
+	NOTL(j.As32())
+	TZCNTL(j.As32(), j.As32())
+	TESTL(j.As32(), j.As32())
+	JZ(LabelRef(scalar))
+
+	Comment("map the j decodes: gather one block id each")
+	s, idx := v.vec(), v.vec()
+	var g VecVirtual
+	if v.lanes == 16 {
+		run = kmask(j)
+		VMOVDQU32_Z(Mem{Base: start}, run, s)
+		VPMULLD_Z(Mem{Base: rows}, vStride, run, idx)
+	} else {
+		runV = ymask(j, k.iota)
+		VPMASKMOVD(Mem{Base: start}, runV, s)
+		VPMASKMOVD(Mem{Base: rows}, runV, idx)
+		VPMULLD(vStride, idx, idx)
+	}
+	col, off := k.divmod(s)
+	VPADDD(col, idx, idx)
+	g = v.zero()
+	if v.lanes == 16 {
+		gm := K()
+		KMOVW(run, gm)
+		VPGATHERDD(Mem{Base: table, Index: idx, Scale: 4}, gm, g)
+		k.slots(g, off)
+		VMOVDQU32(g, run, Mem{Base: o})
+	} else {
+		gm := YMM()
+		VMOVDQA(runV, gm)
+		VPGATHERDD(gm, Mem{Base: table, Index: idx, Scale: 4}, g)
+		k.slots(g, off)
+		VPMASKMOVD(g, runV, Mem{Base: o})
+	}
+	LEAQ(at(o, j), o)
+	LEAQ(at(rows, j), rows)
+	LEAQ(at(start, j), start)
+	LEAQ(at(count, j), count)
+	SUBQ(j, rem)
+
+	Comment("the next request is not a decode (or there is none)")
+	Label(scalar)
+	TESTQ(rem, rem)
+	JLE(LabelRef(done))
+	cnt := GP64()
+	MOVL(Mem{Base: count}, cnt.As32())
+	TESTQ(cnt, cnt)
+	JZ(LabelRef(next))
+	sv := GP64()
+	MOVL(Mem{Base: start}, sv.As32())
+	r := GP64()
+	MOVL(Mem{Base: rows}, r.As32())
+	IMULQ(stride, r)
+	small := label("small")
+	CMPQ(bs, U8(v.lanes))
+	JB(LabelRef(small))
+	scol, soff := k.scalarDivmod(sv)
+	ADDQ(scol, r)
+	tp := GP64()
+	LEAQ(at(table, r), tp)
+	k.blocks(tp, soff, cnt)
+	JMP(LabelRef(next))
+	Label(small)
+	k.gatherRun(table, r, sv, cnt)
+	Label(next)
+	ADDQ(U8(4), rows)
+	ADDQ(U8(4), start)
+	ADDQ(U8(4), count)
+	DECQ(rem)
+	JMP(LabelRef(loop))
+
+	Label(done)
+	VZEROUPPER()
+	RET()
+}
+
+// genExpand emits expand<Pow2|Div><ISA>.
+func genExpand(v isa, div bool) {
+	name := "expandPow2" + v.name
+	sig := "func(dst, blocks *int32, tokens, blockSize int)"
+	doc := "for a power-of-two blockSize"
+	if div {
+		name = "expandDiv" + v.name
+		sig = "func(dst, blocks *int32, tokens, blockSize int, recip float64)"
+		doc = "for any blockSize >= 2 (recip = 1/blockSize)"
+	}
+	TEXT(name, NOSPLIT, sig)
+	Doc(name+" writes the slots of positions [0, tokens) over blocks, "+doc+".",
+		"0 < tokens <= math.MaxInt32.")
+	o := param("dst")
+	tp := param("blocks")
+	c := param("tokens")
+	bs := param("blockSize")
+	k := newKernel(v, div, o, bs)
+	small, end := label("small"), label("end")
+	zero := GP64()
+	XORQ(zero, zero)
+	CMPQ(bs, U8(v.lanes))
+	JB(LabelRef(small))
+	k.blocks(tp, zero, c)
+	JMP(LabelRef(end))
+	Label(small)
+	k.decodeSetup()
+	k.gatherRun(tp, zero, zero, c)
+	Label(end)
+	VZEROUPPER()
+	RET()
+}
+
+// gatherRun writes c (> 0) slots of consecutive positions s, s+1, ... of the
+// request whose table row starts at table + 4*base, a vector of positions at
+// a time: columns and offsets by divmod, one gather of the block ids. For
+// block sizes below the lane count, where a block is less than a store.
+// Needs decodeSetup.
+func (k *kernel) gatherRun(table, base, s, c GPVirtual) {
+	v := k.v
+	loop, tail, end := label("gloop"), label("gtail"), label("gend")
+	Commentf("block size < %d: a gather per vector of positions", v.lanes)
+	vbase := v.broadcast(base)
+	pos := v.broadcast(s)
+	VPADDD(k.iota, pos, pos)
+	one := func(n GPVirtual) {
+		col, off := k.divmod(pos)
+		VPADDD(vbase, col, col)
+		g := v.zero()
+		if v.lanes == 16 {
+			var run Op
+			gm := K()
+			if n == nil {
+				KXNORW(gm, gm, gm)
+			} else {
+				run = kmask(n)
+				KMOVW(run, gm)
+			}
+			VPGATHERDD(Mem{Base: table, Index: col, Scale: 4}, gm, g)
+			k.slots(g, off)
+			if n == nil {
+				VMOVDQU32(g, Mem{Base: k.o})
+			} else {
+				VMOVDQU32(g, run, Mem{Base: k.o})
+			}
+			return
+		}
+		gm := YMM()
+		var run VecVirtual
+		if n == nil {
+			VPCMPEQD(gm, gm, gm)
+		} else {
+			run = ymask(n, k.iota)
+			VMOVDQA(run, gm)
+		}
+		VPGATHERDD(gm, Mem{Base: table, Index: col, Scale: 4}, g)
+		k.slots(g, off)
+		if n == nil {
+			VMOVDQU(g, Mem{Base: k.o})
+		} else {
+			VPMASKMOVD(g, run, Mem{Base: k.o})
+		}
+	}
+	Label(loop)
+	CMPQ(c, U8(v.lanes))
+	JB(LabelRef(tail))
+	one(nil)
+	VPADDD(k.step, pos, pos)
+	ADDQ(U8(4*v.lanes), k.o)
+	SUBQ(U8(v.lanes), c)
+	JMP(LabelRef(loop))
+	Label(tail)
+	TESTQ(c, c)
+	JZ(LabelRef(end))
+	one(c)
+	LEAQ(at(k.o, c), k.o)
+	Label(end)
+}
+
+// param loads the named integer or pointer argument into a new register.
+func param(name string) GPVirtual {
+	r := GP64()
+	Load(Param(name), r)
+	return r
+}
+
+// wholeBlocks emits the loop for whole blocks when bs is u vectors: four
+// blocks an iteration, then one at a time, then a jump to tail. It starts at
+// label name, with c >= bs.
+func (k *kernel) wholeBlocks(name string, u int, tp, c GPVirtual, tail string) {
+	lanes := k.v.lanes
+	bs := u * lanes
+	four, one := label("four"), label("one")
+	Commentf("whole blocks, bs = %d: unrolled full stores", bs)
+	Label(name)
+	CMPQ(c, U32(4*bs))
+	JB(LabelRef(one))
+	Label(four)
+	var x [4]VecVirtual
+	for b := range x {
+		x[b] = k.v.vec()
+		VPBROADCASTD(Mem{Base: tp, Disp: 4 * b}, x[b])
+		VPMULLD(k.xbs, x[b], x[b])
+		VPADDD(k.iota, x[b], x[b])
+	}
+	for b := range x {
+		for j := 0; j < u; j++ {
+			if j > 0 {
+				VPADDD(k.step, x[b], x[b])
+			}
+			k.storeAt(x[b], 4*lanes*(b*u+j))
+		}
+	}
+	ADDQ(U32(4*4*bs), k.o)
+	ADDQ(U8(16), tp)
+	SUBQ(U32(4*bs), c)
+	CMPQ(c, U32(4*bs))
+	JAE(LabelRef(four))
+	CMPQ(c, U32(bs))
+	JB(LabelRef(tail))
+	Label(one)
+	y := k.v.vec()
+	VPBROADCASTD(Mem{Base: tp}, y)
+	VPMULLD(k.xbs, y, y)
+	VPADDD(k.iota, y, y)
+	for j := 0; j < u; j++ {
+		if j > 0 {
+			VPADDD(k.step, y, y)
+		}
+		k.storeAt(y, 4*lanes*j)
+	}
+	ADDQ(U32(4*bs), k.o)
+	ADDQ(U8(4), tp)
+	SUBQ(U32(bs), c)
+	CMPQ(c, U32(bs))
+	JAE(LabelRef(one))
+	JMP(LabelRef(tail))
+}
+
+// storeAt stores x at o + disp.
+func (k *kernel) storeAt(x VecVirtual, disp int) {
+	if k.v.lanes == 16 {
+		VMOVDQU32(x, Mem{Base: k.o, Disp: disp})
+	} else {
+		VMOVDQU(x, Mem{Base: k.o, Disp: disp})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -74,6 +75,14 @@ type Cache struct {
 	chunk   []byte
 	newest  []uint64 // per slot: id of the newest immediate write queued
 	scanned uint64   // queue sequence scanned into newest
+	curID   uint64   // the immediate write being committed
+
+	// ten tracks the tenancy of every immediate key (they are always
+	// written together, by the committer, in order); epoch is odd while the
+	// committer scatters.
+	ten     *soa.Tenancy
+	immRowB int
+	epoch   atomic.Uint64
 
 	st statCounters
 }
@@ -156,11 +165,15 @@ func New(cfg Config) (*Cache, error) {
 		seen[k.Name] = true
 		ks := &c.keys[i]
 		ks.Key, ks.idx, ks.imm = k, i, -1
-		ks.occ = soa.NewOccupancy(c.nslots)
 		c.rowB[i] = k.RowBytes
 		if k.Deferred {
+			ks.occ = soa.NewOccupancy(c.nslots)
 			c.def = append(c.def, i)
 		} else {
+			if c.ten == nil {
+				c.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize)
+			}
+			c.immRowB += k.RowBytes
 			ks.imm = len(c.imm)
 			c.imm = append(c.imm, i)
 			c.pageO[i] = c.pageB
@@ -867,20 +880,26 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 				joined = true
 			}
 			s := rec.pSlot[e]
-			w := occ.Word(s)
-			st, owner := soa.Unpack(w)
+			e1 := c.evenEpoch()
+			owner := c.ten.Owner(s)
 			switch {
-			case owner > rec.maxOwner || st == soa.InTransit:
+			case owner > rec.maxOwner:
 				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
-			case st == soa.Absent && c.keys[k].Optional:
+			case !c.ten.Written(s) && c.keys[k].Optional:
 				clear(d)
 				continue
-			case st == soa.Absent:
+			case !c.ten.Written(s):
 				return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, s)
 			}
 			c.keys[k].mir.Load().ReadRow(d, s)
-			if occ.Word(s) != w {
-				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+			// A scatter overlapped the copy: once it is over, the block's
+			// owner tells whether it touched this block (it can only be
+			// newer than the plan, every older write having been joined).
+			if c.epoch.Load() != e1 {
+				c.evenEpoch()
+				if c.ten.Owner(s) != owner {
+					return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+				}
 			}
 		case srcMirror:
 			s := rec.pSlot[e]
@@ -980,6 +999,16 @@ func (c *Cache) readParked(p *producer, slot, i, m, rb int, out []byte) error {
 // waits).
 func (c *Cache) freeDevLocked(p *producer) { c.freeDev(p) }
 
+// evenEpoch waits until no scatter is in progress and returns the epoch.
+func (c *Cache) evenEpoch() uint64 {
+	for {
+		if e := c.epoch.Load(); e&1 == 0 {
+			return e
+		}
+		runtime.Gosched()
+	}
+}
+
 // ---- Sync, Peek, Close, Stats ----
 
 // Sync writes out the decode buffer and waits until every write handed to
@@ -1071,8 +1100,11 @@ func (c *Cache) Close() error {
 		c.dev.FreeHost(c.chunk)
 		c.chunk = nil
 	}
-	for k := range c.keys {
+	for _, k := range c.def {
 		c.keys[k].occ.Free()
+	}
+	if c.ten != nil {
+		c.ten.Free()
 	}
 	if c.newest != nil {
 		hostmem.FreeUint64s(c.newest)
@@ -1212,21 +1244,23 @@ func (c *Cache) scanQueued() {
 }
 
 // newerMask copies sl into the committer's scratch with the slots that a
-// newer queued write replaces set to -1, and counts rows written/skipped.
-func (c *Cache) newerMask(ki int, sl []int32, id uint64) []int32 {
+// newer queued write replaces set to -1, and counts rows written/skipped
+// (over every immediate key).
+func (c *Cache) newerMask(sl []int32) []int32 {
 	c.mask = grow(c.mask, len(sl))
 	skipped := 0
 	for i, s := range sl {
-		if c.newest[s] > id {
+		if c.newest[s] > c.curID {
 			c.mask[i] = -1
 			skipped++
 		} else {
 			c.mask[i] = s
 		}
 	}
-	c.st.skipped.Add(int64(skipped))
-	c.st.rows.Add(int64(len(sl) - skipped))
-	c.st.bytes.Add(int64(len(sl)-skipped) * int64(c.rowB[c.imm[ki]]))
+	kept := int64(len(sl) - skipped)
+	c.st.skipped.Add(int64(skipped * len(c.imm)))
+	c.st.rows.Add(kept * int64(len(c.imm)))
+	c.st.bytes.Add(kept * int64(c.immRowB))
 	return c.mask
 }
 
@@ -1235,6 +1269,7 @@ func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
 		return err
 	}
 	c.scanQueued()
+	c.curID = p.id
 	// Parked device rows are now staged: release them (or leave that to the
 	// last reader still copying from them).
 	c.mu.Lock()
@@ -1255,25 +1290,25 @@ func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
 		c.budget.Release(p.earlyB)
 		p.earlyB = 0
 	}
-	for _, k := range c.imm {
-		occ := c.keys[k].occ
-		m := c.mirrorOf(k)
-		ki := c.keys[k].imm
-		for j := 0; j < p.steps; j++ {
-			sl := p.rows.Slot[j*p.n : (j+1)*p.n]
+	// Immediate keys share one occupancy table, written here only, in write
+	// order. The epoch is odd while rows are being overwritten: a reader
+	// whose copy overlapped a scatter re-checks the slot's word once the
+	// scatter is over (see readPrefix). Rows a write queued behind this one
+	// replaces are skipped.
+	c.epoch.Add(1)
+	for j := 0; j < p.steps; j++ {
+		mk := c.newerMask(p.rows.Slot[j*p.n : (j+1)*p.n])
+		for _, k := range c.imm {
+			ki := c.keys[k].imm
 			rows := p.host[j*len(c.imm)+ki]
 			if rows == nil {
 				rows = p.staged[j*len(c.imm)+ki]
 			}
-			// Immediate keys are claimed here, in write order: a reader
-			// that sees the word change around its copy knows the row moved.
-			// Rows a write queued behind this one overwrites are skipped.
-			mk := c.newerMask(ki, sl, p.id)
-			occ.Claim(mk, p.id, 0)
-			m.Write(mk, rows[:p.n*c.rowB[k]])
-			occ.Commit(mk, p.id)
+			c.mirrorOf(k).Write(mk, rows[:p.n*c.rowB[k]])
 		}
+		c.ten.Publish(mk, p.id)
 	}
+	c.epoch.Add(1)
 	return nil
 }
 

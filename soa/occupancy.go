@@ -142,6 +142,19 @@ func (o *Occupancy) Commit(slots []int32, owner uint64) (flipped int) {
 	return flipped
 }
 
+// Publish stores word w for every non-negative slot of slots (one atomic
+// store each). It is for a table with a single writer that orders its own
+// updates (the cache's committer for immediate keys): no steal accounting,
+// no row column.
+func (o *Occupancy) Publish(slots []int32, w uint64) {
+	word := o.word
+	for _, s := range slots {
+		if s >= 0 {
+			atomic.StoreUint64(&word[s], w)
+		}
+	}
+}
+
 // Reset marks slot s Absent (atomic store; used by tests and Close).
 func (o *Occupancy) Reset(s int32) { atomic.StoreUint64(&o.word[s], 0) }
 

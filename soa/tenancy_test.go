@@ -1,0 +1,77 @@
+package soa
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestTenancy(t *testing.T) {
+	for _, bs := range []int{1, 3, 4, 16} {
+		tn := NewTenancy(10, bs)
+		n := int32(10 * bs)
+		for s := int32(0); s < n; s++ {
+			require.False(t, tn.Written(s))
+			require.Zero(t, tn.Owner(s))
+		}
+		tn.Publish([]int32{0, -1, int32(bs)}, 5)
+		require.True(t, tn.Written(0))
+		require.True(t, tn.Written(int32(bs)))
+		if bs > 1 {
+			require.False(t, tn.Written(1), "bs=%d", bs)
+			require.Equal(t, uint64(5), tn.Owner(1), "the block's owner covers its slots")
+		}
+		require.Equal(t, uint64(5), tn.Owner(int32(bs)))
+		require.Zero(t, tn.Owner(int32(2*bs)))
+		tn.Publish([]int32{int32(bs)}, 9)
+		require.Equal(t, uint64(9), tn.Owner(int32(bs)))
+		require.Equal(t, uint64(5), tn.Owner(0))
+		tn.Free()
+	}
+}
+
+func TestTenancyConcurrentReaders(t *testing.T) {
+	tn := NewTenancy(64, 16)
+	defer tn.Free()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var last uint64
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o := tn.Owner(17)
+				if o < last {
+					t.Errorf("owner went back from %d to %d", last, o)
+					return
+				}
+				last = o
+				_ = tn.Written(17)
+			}
+		}()
+	}
+	sl := make([]int32, 64)
+	for id := uint64(1); id < 2000; id++ {
+		for i := range sl {
+			sl[i] = int32((int(id)*7 + i*16) % (64 * 16))
+		}
+		tn.Publish(sl, id)
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func TestTenancyPublishAllocs(t *testing.T) {
+	tn := NewTenancy(64, 16)
+	defer tn.Free()
+	sl := []int32{1, 17, 33, 1000}
+	id := uint64(0)
+	require.Zero(t, testing.AllocsPerRun(100, func() { id++; tn.Publish(sl, id) }))
+}

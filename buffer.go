@@ -229,13 +229,14 @@ func (c *Cache) saveDeferred(o *Outputs, rec *stepRec) error {
 		}
 		p.slots = append([]int32(nil), c.cur.slots...)
 		owners := int32(0)
+		tokOff := rec.offsets()
 		for i, h := range c.cur.h {
 			cnt := c.cur.count[i]
 			if cnt == 0 {
 				continue
 			}
 			c.openDeferred(h)
-			c.segs.push(h, p, rec.tokOff[i], cnt)
+			c.segs.push(h, p, tokOff[i], cnt)
 			owners++
 		}
 		c.mu.Lock()

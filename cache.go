@@ -71,11 +71,12 @@ type Cache struct {
 	firstReq bool
 
 	// committer state
-	mask    []int32
-	chunk   []byte
-	newest  []uint64 // per slot: id of the newest immediate write queued
-	scanned uint64   // queue sequence scanned into newest
-	curID   uint64   // the immediate write being committed
+	mask      []int32
+	chunk     []byte
+	newest    []uint64 // per slot: id of the newest immediate write queued
+	scanned   uint64   // queue sequence scanned into newest
+	curID     uint64   // the immediate write being committed
+	newestMax uint64   // largest id recorded in newest
 
 	// ten tracks the tenancy of every immediate key (they are always
 	// written together, by the committer, in order); epoch is odd while the
@@ -431,15 +432,8 @@ func (c *Cache) newRec() *stepRec {
 	r.id = c.nextStep
 	r.src = grow(r.src, len(c.keys))
 	r.srcOff = grow(r.srcOff, len(c.keys))
-	off := int32(0)
-	for i, id := range c.cur.ids {
-		r.ids = append(r.ids, id)
-		cnt := c.cur.count[i]
-		r.count = append(r.count, cnt)
-		r.tokOff = append(r.tokOff, off)
-		r.prefix = append(r.prefix, 0)
-		off += cnt
-	}
+	r.ids = append(r.ids, c.cur.ids...)
+	r.count = append(r.count, c.cur.count...)
 	return r
 }
 
@@ -691,6 +685,10 @@ func (c *Cache) planHits(rec *stepRec) {
 		pos := c.reqs.Pos(h)
 		c.reqs.Flags[pos] &^= flagHitPending
 		ht := int(c.reqs.HitTokens[pos])
+		if len(rec.prefix) == 0 {
+			rec.prefix = grow(rec.prefix, len(rec.ids))
+			clear(rec.prefix)
+		}
 		rec.prefix[i] = int32(ht)
 		rec.planOff[i] = int32(len(rec.pKind))
 		c.st.hitReqs.Add(1)
@@ -812,6 +810,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 
 func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 	dst.reset(c.rowB)
+	tokOff := rec.offsets()
 	nq := len(reqs)
 	if reqs == nil {
 		nq = len(rec.ids)
@@ -821,7 +820,8 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 		if reqs != nil {
 			i = rec.find(reqs[qi])
 		}
-		dst.add(rec.ids[i], rec.prefix[i], rec.prefix[i]+rec.count[i])
+		pre := rec.prefixOf(i)
+		dst.add(rec.ids[i], pre, pre+rec.count[i])
 	}
 	dst.size()
 	for qi := 0; qi < nq; qi++ {
@@ -829,7 +829,7 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 		if reqs != nil {
 			i = rec.find(reqs[qi])
 		}
-		pre := int(rec.prefix[i])
+		pre := int(rec.prefixOf(i))
 		if pre > 0 {
 			c.st.hitRows.Add(int64(pre))
 		}
@@ -850,7 +850,7 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 			if p == nil {
 				return fmt.Errorf("%w: step %d has no rows for key %q", ErrWriteFailed, rec.id, c.keys[k].Name)
 			}
-			r0 := int(rec.srcOff[k]) + int(rec.tokOff[i])
+			r0 := int(rec.srcOff[k]) + int(tokOff[i])
 			if err := c.readProducer(p, k, r0, cnt, out[pre*rb:]); err != nil {
 				return err
 			}
@@ -1240,6 +1240,7 @@ func (c *Cache) scanQueued() {
 		for _, s := range p.rows.Slot {
 			c.newest[s] = p.id
 		}
+		c.newestMax = p.id
 	})
 }
 
@@ -1247,6 +1248,11 @@ func (c *Cache) scanQueued() {
 // newer queued write replaces set to -1, and counts rows written/skipped
 // (over every immediate key).
 func (c *Cache) newerMask(sl []int32) []int32 {
+	if c.newestMax <= c.curID { // nothing newer queued: write every row
+		c.st.rows.Add(int64(len(sl) * len(c.imm)))
+		c.st.bytes.Add(int64(len(sl) * c.immRowB))
+		return sl
+	}
 	c.mask = grow(c.mask, len(sl))
 	skipped := 0
 	for i, s := range sl {

@@ -93,8 +93,8 @@ type stepRec struct {
 	consumed bool
 	ids      []int64
 	count    []int32
-	tokOff   []int32
-	prefix   []int32 // hit prefix tokens per request (0 when none)
+	tokOff   []int32 // first row of each request in the step (see offsets)
+	prefix   []int32 // hit prefix tokens per request (empty when no hit)
 	planOff  []int32 // per request: first plan entry (entries for key k follow in key order)
 	src      []*producer
 	srcOff   []int32 // per key: first row of this step in src[k]
@@ -130,6 +130,29 @@ func (s *stepRec) reset() {
 	s.pProd = s.pProd[:0]
 	s.pRow = s.pRow[:0]
 	s.lastQ = 0
+}
+
+// offsets returns each request's first row within the step, computing them
+// on first use (by the engine before the record is published, or by the one
+// consumer after it was taken).
+func (s *stepRec) offsets() []int32 {
+	if len(s.tokOff) != len(s.ids) {
+		s.tokOff = s.tokOff[:0]
+		off := int32(0)
+		for _, n := range s.count {
+			s.tokOff = append(s.tokOff, off)
+			off += n
+		}
+	}
+	return s.tokOff
+}
+
+// prefixOf is request i's hit prefix (0 when the step served none).
+func (s *stepRec) prefixOf(i int) int32 {
+	if len(s.prefix) == 0 {
+		return 0
+	}
+	return s.prefix[i]
 }
 
 func (s *stepRec) pin(p *producer) {

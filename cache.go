@@ -73,10 +73,11 @@ type Cache struct {
 	// committer state
 	mask      []int32
 	chunk     []byte
-	newest    []uint64 // per slot: id of the newest immediate write queued
-	scanned   uint64   // queue sequence scanned into newest
-	curID     uint64   // the immediate write being committed
-	newestMax uint64   // largest id recorded in newest
+	newest    []uint64    // per slot: id of the newest immediate write queued
+	scanned   uint64      // queue sequence scanned into newest
+	curID     uint64      // the immediate write being committed
+	rel       []*producer // scratch of the committer
+	newestMax uint64      // largest id recorded in newest
 
 	// ten tracks the tenancy of every immediate key (they are always
 	// written together, by the committer, in order); epoch is odd while the
@@ -732,21 +733,18 @@ func (c *Cache) planHits(rec *stepRec) {
 	}
 }
 
-// dropRec releases a record's pins (Save failed or step consumed). Caller
-// holds c.mu; producers to release are released after the unlock by the
-// caller through the returned list.
+// dropRec releases a record's pins (Save failed or step consumed) and
+// recycles it. Caller holds c.mu; producers nothing references any more are
+// released here (page and budget returns and device frees are not waits).
 func (c *Cache) dropRec(rec *stepRec) {
-	var rel []*producer
 	for _, p := range rec.pins {
 		if c.unrefLocked(p, 1, 0) {
-			rel = append(rel, p)
+			c.releaseProducer(p)
 		}
 	}
+	clear(rec.pins)
 	rec.pins = rec.pins[:0]
 	c.recFree = append(c.recFree, rec)
-	for _, p := range rel {
-		c.releaseProducer(p)
-	}
 }
 
 // ---- Materialize / Discard ----
@@ -1158,7 +1156,7 @@ func (c *Cache) commitLoop() {
 			return
 		}
 		t0 := time.Now()
-		var rel []*producer
+		rel := c.rel[:0]
 		if c.failed.Load() == nil && !t.sync {
 			var err error
 			if t.p != nil {
@@ -1185,6 +1183,8 @@ func (c *Cache) commitLoop() {
 		for _, p := range rel {
 			c.releaseProducer(p)
 		}
+		clear(rel)
+		c.rel = rel[:0]
 		c.st.commitNs.Add(int64(time.Since(t0)))
 		c.q.Done()
 	}

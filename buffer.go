@@ -115,6 +115,9 @@ func (c *Cache) flushBuffer() error {
 		}
 	}
 	ev, err := c.dev.Record()
+	if err == nil {
+		err = c.join(ev)
+	}
 	if err != nil {
 		c.pushDead(p)
 		return c.fail(err)

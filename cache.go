@@ -64,6 +64,7 @@ type Cache struct {
 	defOpen  []uint64 // per handle: sequence of its open deferred write (0: none)
 	defFIFO  []openRef
 	defSeq   uint64
+	lastEv   [2]gpu.Event // the last two writes' copies (see join)
 	prevIDs  []int64
 	prevH    []soa.Handle
 	stamp    []uint64 // per handle: last Begin that scheduled it (duplicate check)
@@ -553,6 +554,10 @@ func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
 		c.releaseProducer(p)
 		return c.fail(err)
 	}
+	if err := c.join(p.ev); err != nil {
+		c.releaseProducer(p)
+		return err
+	}
 	p.steps = 1
 	p.rows.AppendSlots(c.cur.slots, 0, 0)
 	c.mu.Lock()
@@ -664,6 +669,20 @@ func (c *Cache) reserve(n int64) error {
 			return err
 		}
 	}
+}
+
+// join is the save-side join point: before a write is handed over, the
+// engine goroutine waits for the device→host copies of the write before the
+// previous one. At most two writes' copies are in flight, and a step's rows
+// are host-ready once two more writes were saved, without serializing each
+// save behind the copy it just issued.
+func (c *Cache) join(ev gpu.Event) error {
+	prev := c.lastEv[0]
+	c.lastEv[0], c.lastEv[1] = c.lastEv[1], ev
+	if err := c.dev.Wait(prev); err != nil {
+		return c.fail(err)
+	}
+	return nil
 }
 
 // ---- hits ----

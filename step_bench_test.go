@@ -67,7 +67,7 @@ func (e *stepEngine) step(b *testing.B, i int, owned bool, materialize []int64) 
 		b.Fatal(err)
 	}
 	if e.has {
-		if e.prevM != nil {
+		if len(e.prevM) > 0 {
 			err = e.c.Materialize(e.prev, e.prevM, &e.res)
 		} else {
 			err = e.c.Discard(e.prev)
@@ -76,9 +76,10 @@ func (e *stepEngine) step(b *testing.B, i int, owned bool, materialize []int64) 
 			b.Fatal(err)
 		}
 	}
-	e.prev, e.prevM, e.has = id, append(e.prevM[:0:0], materialize...), true
-	if materialize == nil {
-		e.prevM = nil
+	e.prev, e.has = id, true
+	e.prevM = e.prevM[:0]
+	if materialize != nil {
+		e.prevM = append(e.prevM, materialize...)
 	}
 }
 
@@ -110,6 +111,7 @@ func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
 	defer e.c.Close()
 	limit := int32(e.stride * e.bs)
 	var hitIDs []int64
+	hitBuf := make([]int64, 1)
 	advance := func(i int) {
 		e.plan.Arrivals, e.plan.HitTokens, e.plan.HitBlocks, e.plan.Finished = e.plan.Arrivals[:0], e.plan.HitTokens[:0], e.plan.HitBlocks[:0], e.plan.Finished[:0]
 		hitIDs = nil
@@ -126,7 +128,8 @@ func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
 					e.plan.HitBlocks = append(e.plan.HitBlocks, int32(blk))
 				}
 				e.plan.Start[0] = 8192
-				hitIDs = []int64{e.nextID}
+				hitBuf[0] = e.nextID
+				hitIDs = hitBuf
 			} else {
 				e.plan.HitTokens = append(e.plan.HitTokens, 0)
 				e.plan.Start[0] = 0
@@ -152,7 +155,8 @@ func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
 				e.plan.HitBlocks = append(e.plan.HitBlocks, int32(r*e.stride+blk))
 			}
 			e.plan.Start[r] = int32(2 * e.bs)
-			hitIDs = []int64{e.nextID}
+			hitBuf[0] = e.nextID
+			hitIDs = hitBuf
 		}
 	}
 	// warm up: write every position once so hits find committed rows

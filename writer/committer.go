@@ -1,0 +1,283 @@
+package writer
+
+import (
+	"context"
+	"runtime"
+	"runtime/pprof"
+	"sync/atomic"
+	"time"
+
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/hostmem"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// Owner is what the committer needs from the cache that owns it: its sticky
+// failure, and the state-locked bookkeeping after a write landed.
+type Owner interface {
+	// Failed reports whether a write failed (the committer then only drops
+	// references); Fail records a failure.
+	Failed() bool
+	Fail(err error)
+	// Staged is called once w's rows are host-ready in its staging page,
+	// so the device copies it holds (clones, parked rows) can be released.
+	Staged(w *Write)
+	// Landed is called once t's rows are in the mirror (or skipped after a
+	// failure): the owner drops t's references.
+	Landed(t Task)
+}
+
+// CommitterConfig wires a committer to the cache's tables.
+type CommitterConfig struct {
+	Dev      gpu.Device
+	Queue    *Queue[Task]
+	Mirrors  *Mirrors
+	RowBytes []int // per key
+	Imm      []int // indices of the immediate keys, in page order
+	// Tenancy tracks the immediate keys (they are written together, here,
+	// in queue order); Occ[k] is the occupancy of deferred key k.
+	Tenancy    *soa.Tenancy
+	Occ        []*soa.Occupancy
+	NumSlots   int
+	ChunkBytes int64 // largest device→host copy of deferred rows
+	Stats      *Counters
+	Owner      Owner
+}
+
+// Committer is the goroutine that moves host-ready rows from staging pages
+// (and deferred clones) into the mirror, in queue order. For immediate keys
+// it is the only writer of the tenancy table; a newer queued write's rows
+// make an older write skip the same slots. While it scatters immediate rows
+// its epoch is odd, so readers of the mirror can tell when a copy overlapped
+// a scatter.
+type Committer struct {
+	cfg     CommitterConfig
+	immRowB int
+	epoch   atomic.Uint64
+	done    chan struct{}
+
+	// committer-only scratch
+	mask      []int32
+	chunk     []byte
+	newest    []uint64 // per slot: id of the newest immediate write queued
+	newestMax uint64
+	scanned   uint64 // queue sequence scanned into newest
+	curID     uint64
+}
+
+// NewCommitter returns a committer; Start runs it.
+func NewCommitter(cfg CommitterConfig) *Committer {
+	c := &Committer{cfg: cfg, done: make(chan struct{})}
+	for _, k := range cfg.Imm {
+		c.immRowB += cfg.RowBytes[k]
+	}
+	return c
+}
+
+// Start runs the committer on its own goroutine, labelled
+// omnicache=committer for CPU profiles, until the queue is closed and
+// drained.
+func (c *Committer) Start() {
+	go pprof.Do(context.Background(), pprof.Labels("omnicache", "committer"), func(context.Context) { c.run() })
+}
+
+// Wait blocks until the committer has stopped (after Queue.Close), then
+// frees its scratch.
+func (c *Committer) Wait() {
+	<-c.done
+	if c.chunk != nil {
+		c.cfg.Dev.FreeHost(c.chunk)
+		c.chunk = nil
+	}
+	if c.newest != nil {
+		hostmem.FreeUint64s(c.newest)
+		c.newest = nil
+	}
+}
+
+// EvenEpoch waits until no scatter of immediate rows is in progress and
+// returns the epoch; Epoch reads it.
+func (c *Committer) EvenEpoch() uint64 {
+	for {
+		if e := c.epoch.Load(); e&1 == 0 {
+			return e
+		}
+		runtime.Gosched()
+	}
+}
+
+// Epoch is the scatter counter (odd while scattering).
+func (c *Committer) Epoch() uint64 { return c.epoch.Load() }
+
+func (c *Committer) run() {
+	defer close(c.done)
+	q := c.cfg.Queue
+	for {
+		t, ok := q.Pop()
+		if !ok {
+			return
+		}
+		t0 := time.Now()
+		if !c.cfg.Owner.Failed() {
+			var err error
+			if t.W != nil {
+				err = c.commitImm(t.W, t.Ev)
+			} else {
+				err = c.commitDeferred(t.Segs)
+			}
+			if err != nil {
+				c.cfg.Owner.Fail(err)
+			}
+		}
+		c.cfg.Owner.Landed(t)
+		c.cfg.Stats.CommitNanos.Add(int64(time.Since(t0)))
+		q.Done()
+	}
+}
+
+// scanQueued records, per immediate slot, the newest write queued so far,
+// so that an older write skips rows a newer one replaces.
+func (c *Committer) scanQueued() {
+	if c.newest == nil {
+		var err error
+		if c.newest, err = hostmem.Uint64s(c.cfg.NumSlots); err != nil {
+			c.newest = make([]uint64, c.cfg.NumSlots)
+		}
+	}
+	c.scanned = c.cfg.Queue.Since(c.scanned, func(t Task) {
+		w := t.W
+		if w == nil {
+			return
+		}
+		for _, s := range w.Rows.Slot {
+			c.newest[s] = w.ID
+		}
+		c.newestMax = w.ID
+	})
+}
+
+// newerMask returns sl, or a copy with the slots a newer queued write
+// replaces set to -1, and counts rows written and skipped (over every
+// immediate key).
+func (c *Committer) newerMask(sl []int32) []int32 {
+	st, nimm := c.cfg.Stats, int64(len(c.cfg.Imm))
+	if c.newestMax <= c.curID { // nothing newer queued: write every row
+		st.Rows.Add(int64(len(sl)) * nimm)
+		st.Bytes.Add(int64(len(sl) * c.immRowB))
+		return sl
+	}
+	c.mask = grow(c.mask, len(sl))
+	skipped := 0
+	for i, s := range sl {
+		if c.newest[s] > c.curID {
+			c.mask[i] = -1
+			skipped++
+		} else {
+			c.mask[i] = s
+		}
+	}
+	kept := int64(len(sl) - skipped)
+	st.Skipped.Add(int64(skipped) * nimm)
+	st.Rows.Add(kept * nimm)
+	st.Bytes.Add(kept * int64(c.immRowB))
+	return c.mask
+}
+
+func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
+	if err := c.cfg.Dev.Wait(ev); err != nil {
+		return err
+	}
+	c.scanQueued()
+	c.curID = w.ID
+	c.cfg.Owner.Staged(w)
+	// Immediate keys share one tenancy table, written here only, in write
+	// order. The epoch is odd while rows are being overwritten: a reader
+	// whose copy overlapped a scatter re-checks the block's owner once the
+	// scatter is over.
+	nimm := len(c.cfg.Imm)
+	c.epoch.Add(1)
+	for j := 0; j < w.Steps; j++ {
+		mk := c.newerMask(w.Rows.Slot[j*w.N : (j+1)*w.N])
+		for ki, k := range c.cfg.Imm {
+			rows := w.Host[j*nimm+ki]
+			if rows == nil {
+				rows = w.Staged[j*nimm+ki]
+			}
+			c.cfg.Mirrors.Make(k).Write(mk, rows[:w.N*c.cfg.RowBytes[k]])
+		}
+		c.cfg.Tenancy.Publish(mk, w.ID)
+	}
+	c.epoch.Add(1)
+	return nil
+}
+
+// owned copies sl into the scratch with slots no longer in transit for
+// owner replaced by -1 (a newer write stole them).
+func (c *Committer) owned(occ *soa.Occupancy, sl []int32, owner uint64) []int32 {
+	c.mask = grow(c.mask, len(sl))
+	skipped := 0
+	for i, s := range sl {
+		if occ.Owns(s, owner) {
+			c.mask[i] = s
+		} else {
+			c.mask[i] = -1
+			skipped++
+		}
+	}
+	c.cfg.Stats.Skipped.Add(int64(skipped))
+	c.cfg.Stats.Rows.Add(int64(len(sl) - skipped))
+	return c.mask
+}
+
+// commitDeferred writes runs of deferred clones: device→host in pieces of
+// at most ChunkBytes into a staging chunk, then into the mirror, skipping
+// and not committing slots a newer write stole.
+func (c *Committer) commitDeferred(segs []Seg) error {
+	dev := c.cfg.Dev
+	for _, s := range segs {
+		w := s.W
+		k := w.Key
+		rb := c.cfg.RowBytes[k]
+		occ := c.cfg.Occ[k]
+		m := c.cfg.Mirrors.Make(k)
+		per := max(1, int(c.cfg.ChunkBytes)/rb)
+		if want := min(per, int(s.N)) * rb; c.chunk == nil || len(c.chunk) < want {
+			if c.chunk != nil {
+				dev.FreeHost(c.chunk)
+				c.chunk = nil
+			}
+			var err error
+			if c.chunk, err = dev.AllocHost(min(per, max(int(s.N), 64)) * rb); err != nil {
+				c.chunk = nil
+				return err
+			}
+		}
+		for off := 0; off < int(s.N); {
+			cnt := min(per, int(s.N)-off, len(c.chunk)/rb)
+			r0 := int(s.Off) + off
+			if err := dev.CopyDtoH(c.chunk[:cnt*rb], w.Buf, r0*rb); err != nil {
+				return err
+			}
+			ev, err := dev.Record()
+			if err == nil {
+				err = dev.Wait(ev)
+			}
+			if err != nil {
+				return err
+			}
+			sl := w.Slots[r0 : r0+cnt]
+			m.Write(c.owned(occ, sl, w.ID), c.chunk[:cnt*rb])
+			c.cfg.Stats.Bytes.Add(int64(cnt * rb))
+			occ.Commit(sl, w.ID)
+			off += cnt
+		}
+	}
+	return nil
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n, n+n/4)
+	}
+	return s[:n]
+}

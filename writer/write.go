@@ -1,0 +1,72 @@
+package writer
+
+import (
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// Write is a pending write of rows into the mirror; write ids are never
+// reused (they order writes and defeat ABA on slot reuse). It is one of:
+//
+//   - an immediate write: the rows of every immediate key of one step, or of
+//     up to block_size pure-decode steps parked by the decode buffer. Row r
+//     (step r/N) of immediate key ki is in Host[(r/N)*nimm+ki] (a staging
+//     page region or an owned host tensor) or, for device rows parked by the
+//     decode buffer, in Dev[...] until the flush copies them to Staged[...];
+//   - a deferred clone: one step's rows of one deferred key, kept on the
+//     device (Buf) until the requests that own runs of it finish.
+//
+// The cache fills a Write before publishing it under its state lock; after
+// that the fields are read-only except those documented as guarded by the
+// state lock. Owners counts pending writes of its rows (the cache's lookup
+// entry lives while > 0); Pins counts step records and readers. It is
+// released when both are 0.
+type Write struct {
+	ID       uint64
+	Seq      uint64 // committer queue sequence once handed over (immediate)
+	Deferred bool
+	Owners   int32 // state lock
+	Pins     int32 // state lock
+
+	// immediate
+	N      int // rows per parked step
+	Steps  int // steps parked (1 for a plain step)
+	Page   *Page
+	Ev     gpu.Event
+	Host   [][]byte
+	Dev    []gpu.Buffer
+	Staged [][]byte
+	Rows   soa.Pending  // slot, parked step and row offset of every row
+	Early  []gpu.Buffer // device clones freed once the copy landed
+	EarlyB int64        // their charge
+	Charge int64        // bytes released with the write
+
+	// Device rows parked by the decode buffer are read by Materialize until
+	// the flush copied them to Staged; the committer then releases them.
+	// Guarded by the state lock.
+	DevLive    bool
+	DevReads   int32
+	DevRelease bool
+	DevCharge  int64
+
+	// deferred clone
+	Key   int
+	Buf   gpu.Buffer
+	Own   bool    // Buf is the engine's owned tensor
+	Slots []int32 // slot of every clone row
+}
+
+// Task is one unit of committer work: an immediate write (W, host-ready once
+// Ev completes) or deferred runs (Segs).
+type Task struct {
+	W    *Write
+	Ev   gpu.Event
+	Segs []Seg
+}
+
+// Seg is a run of a deferred clone's rows.
+type Seg struct {
+	W   *Write
+	Off int32
+	N   int32
+}

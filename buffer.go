@@ -3,17 +3,8 @@ package omnicache
 import (
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/soa"
+	"github.com/omnicache/omnicache/writer"
 )
-
-// decodeBuf parks pure-decode steps (every request decodes one token, same
-// requests in the same order, nothing arrives, finishes or is preempted).
-// Up to BlockSize parked steps are written as one task, bounded by the
-// staging page (steps*n ≤ capacity) and the device byte budget.
-type decodeBuf struct {
-	k   int     // steps parked
-	ids []int64 // the requests of the parked steps, in order
-	p   *producer
-}
 
 // deviceNeed is the device bytes the step's immediate tensors need for
 // clones (non-owned device tensors).
@@ -34,7 +25,7 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		return nil
 	}
 	n := c.cur.ntok
-	if c.buf.k > 0 && (c.buf.k+1)*n > c.cap {
+	if c.buf.K > 0 && !c.buf.Fits(n, c.cap) {
 		if err := c.flushBuffer(); err != nil {
 			return err
 		}
@@ -44,8 +35,8 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		ok, err := c.budget.TryReserve(need)
 		if err == nil && !ok {
 			// Budget pressure: the buffer is the oldest pending write.
-			if c.buf.k > 0 {
-				c.st.budgetFlushes.Add(1)
+			if c.buf.K > 0 {
+				c.st.BudgetFlushes.Add(1)
 				if err := c.flushBuffer(); err != nil {
 					return err
 				}
@@ -56,43 +47,42 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 			return err
 		}
 	}
-	if c.buf.k == 0 {
+	if c.buf.K == 0 {
 		pg, err := c.claimPage()
 		if err != nil {
 			c.budget.Release(need)
 			return err
 		}
-		p := c.newProducer(pg, n)
+		p := c.newWrite(pg, n)
 		m := c.bs * len(c.imm)
-		p.host = grow(p.host, m)
-		p.dev = grow(p.dev, m)
-		p.staged = grow(p.staged, m)
-		c.buf.p = p
-		c.buf.ids = append(c.buf.ids[:0], c.cur.ids...)
+		p.Host = grow(p.Host, m)
+		p.Dev = grow(p.Dev, m)
+		p.Staged = grow(p.Staged, m)
+		c.buf.Open(c.cur.ids, p)
 		c.mu.Lock()
-		p.owners = 1
+		p.Owners = 1
 		c.mu.Unlock()
 	}
-	p, j := c.buf.p, c.buf.k
+	p, j := c.buf.W, c.buf.K
 	c.mu.Lock()
-	p.devCharge += need
+	p.DevCharge += need
 	c.mu.Unlock()
 	for _, k := range c.imm {
 		if err := c.stage(p, &o.Tensors[k], k, j, false); err != nil {
 			return err
 		}
 	}
-	p.rows.AppendSlots(c.cur.slots, int32(j), int32(j*n))
+	p.Rows.AppendSlots(c.cur.slots, int32(j), int32(j*n))
 	c.mu.Lock()
 	for _, k := range c.imm {
 		rec.src[k], rec.srcOff[k] = p, int32(j*n)
 	}
 	rec.pin(p)
-	p.steps = j + 1
+	p.Steps = j + 1
 	c.mu.Unlock()
-	c.buf.k++
-	c.st.buffered.Add(1)
-	if c.buf.k == c.bs {
+	c.buf.K++
+	c.st.Buffered.Add(1)
+	if c.buf.K == c.bs {
 		return c.flushBuffer()
 	}
 	return nil
@@ -101,14 +91,13 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 // flushBuffer writes the parked steps as one task: device-parked rows are
 // copied into the buffer's page, then the committer scatters them.
 func (c *Cache) flushBuffer() error {
-	p := c.buf.p
-	if c.buf.k == 0 || p == nil {
+	p := c.buf.Take()
+	if p == nil {
 		return nil
 	}
-	c.buf.k, c.buf.p = 0, nil
-	for i, b := range p.dev[:p.steps*len(c.imm)] {
+	for i, b := range p.Dev[:p.Steps*len(c.imm)] {
 		if !b.IsZero() {
-			if err := c.dev.CopyDtoH(p.staged[i], b, 0); err != nil {
+			if err := c.dev.CopyDtoH(p.Staged[i], b, 0); err != nil {
 				c.pushDead(p)
 				return c.fail(err)
 			}
@@ -122,74 +111,17 @@ func (c *Cache) flushBuffer() error {
 		c.pushDead(p)
 		return c.fail(err)
 	}
-	p.seq = c.q.Push(task{p: p, ev: ev})
-	c.st.tasks.Add(1)
-	c.st.flushes.Add(1)
+	p.Seq = c.q.Push(writer.Task{W: p, Ev: ev})
+	c.st.Tasks.Add(1)
+	c.st.Flushes.Add(1)
 	return nil
 }
 
-// pushDead hands a producer whose write failed to the committer so that its
+// pushDead hands a write that failed to the committer so that its
 // owner reference is dropped in order (the committer skips work once failed).
-func (c *Cache) pushDead(p *producer) { c.q.Push(task{p: p}) }
+func (c *Cache) pushDead(p *writer.Write) { c.q.Push(writer.Task{W: p}) }
 
 // ---- deferred keys ----
-
-// segTable holds the pending deferred rows of every request: runs of a
-// clone's rows, one singly linked list per request handle.
-type segTable struct {
-	prod []*producer
-	off  []int32
-	n    []int32
-	next []int32
-	free []int32
-	head []int32 // per handle, -1 when empty
-	tail []int32
-	out  []seg // segments collected for the next deferred task
-}
-
-func (t *segTable) ensure(h soa.Handle) {
-	for int(h) >= len(t.head) {
-		t.head = append(t.head, -1)
-		t.tail = append(t.tail, -1)
-	}
-}
-
-func (t *segTable) push(h soa.Handle, p *producer, off, n int32) {
-	t.ensure(h)
-	var i int32
-	if k := len(t.free); k > 0 {
-		i = t.free[k-1]
-		t.free = t.free[:k-1]
-		t.prod[i], t.off[i], t.n[i], t.next[i] = p, off, n, -1
-	} else {
-		i = int32(len(t.prod))
-		t.prod = append(t.prod, p)
-		t.off = append(t.off, off)
-		t.n = append(t.n, n)
-		t.next = append(t.next, -1)
-	}
-	if t.head[h] < 0 {
-		t.head[h] = i
-	} else {
-		t.next[t.tail[h]] = i
-	}
-	t.tail[h] = i
-}
-
-// take moves h's segments, in order, to t.out.
-func (t *segTable) take(h soa.Handle) {
-	if int(h) >= len(t.head) {
-		return
-	}
-	for i := t.head[h]; i >= 0; {
-		t.out = append(t.out, seg{p: t.prod[i], off: t.off[i], n: t.n[i]})
-		nx := t.next[i]
-		t.prod[i] = nil
-		t.free = append(t.free, i)
-		i = nx
-	}
-	t.head[h], t.tail[h] = -1, -1
-}
 
 // saveDeferred clones this step's deferred rows (one clone per key, shared
 // by the step's requests) and appends each request's run to its pending
@@ -205,12 +137,12 @@ func (c *Cache) saveDeferred(o *Outputs, rec *stepRec) error {
 		if err := c.reserve(int64(nb)); err != nil {
 			return err
 		}
-		p := &producer{id: c.newID(), deferred: true, key: k, charge: int64(nb)}
+		p := &writer.Write{ID: c.newID(), Deferred: true, Key: k, Charge: int64(nb)}
 		switch {
 		case t.Owned && t.Host != nil:
-			p.buf, p.own = gpu.HostBuffer(t.Host[:nb:nb]), true
+			p.Buf, p.Own = gpu.HostBuffer(t.Host[:nb:nb]), true
 		case t.Owned:
-			p.buf, p.own = t.Dev, true
+			p.Buf, p.Own = t.Dev, true
 		default:
 			b, err := c.dev.Alloc(nb)
 			if err != nil {
@@ -227,10 +159,10 @@ func (c *Cache) saveDeferred(o *Outputs, rec *stepRec) error {
 				c.budget.Release(int64(nb))
 				return c.fail(err)
 			}
-			p.buf = b
-			c.st.cloned.Add(int64(nb))
+			p.Buf = b
+			c.st.Cloned.Add(int64(nb))
 		}
-		p.slots = append([]int32(nil), c.cur.slots...)
+		p.Slots = append([]int32(nil), c.cur.slots...)
 		owners := int32(0)
 		tokOff := rec.offsets()
 		for i, h := range c.cur.h {
@@ -239,14 +171,14 @@ func (c *Cache) saveDeferred(o *Outputs, rec *stepRec) error {
 				continue
 			}
 			c.openDeferred(h)
-			c.segs.push(h, p, tokOff[i], cnt)
+			c.segs.Push(h, p, tokOff[i], cnt)
 			owners++
 		}
 		c.mu.Lock()
-		c.keys[k].occ.Claim(p.slots, p.id, 0)
-		p.owners = owners
+		c.keys[k].occ.Claim(p.Slots, p.ID, 0)
+		p.Owners = owners
 		if owners > 0 {
-			c.prod[p.id] = p
+			c.clones[p.ID] = p
 		}
 		rec.src[k], rec.srcOff[k] = p, 0
 		rec.pin(p)
@@ -274,21 +206,21 @@ func (c *Cache) closeDeferred(h soa.Handle) {
 	if int(h) < len(c.defOpen) {
 		c.defOpen[h] = 0
 	}
-	c.segs.take(h)
+	c.segs.Take(h)
 }
 
 // flushDeferred hands the collected deferred rows to the committer as one
 // task and returns its queue sequence (0 when there was nothing).
 func (c *Cache) flushDeferred() uint64 {
-	if len(c.segs.out) == 0 {
+	if len(c.segs.Out) == 0 {
 		return 0
 	}
-	segs := append([]seg(nil), c.segs.out...)
-	clear(c.segs.out)
-	c.segs.out = c.segs.out[:0]
-	c.st.defWrites.Add(1)
-	c.st.tasks.Add(1)
-	return c.q.Push(task{segs: segs})
+	segs := append([]writer.Seg(nil), c.segs.Out...)
+	clear(c.segs.Out)
+	c.segs.Out = c.segs.Out[:0]
+	c.st.DeferredWrites.Add(1)
+	c.st.Tasks.Add(1)
+	return c.q.Push(writer.Task{Segs: segs})
 }
 
 // forceOldestDeferred writes the oldest open deferred write and waits for it

@@ -1,20 +1,14 @@
 package omnicache
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/omnicache/omnicache/gpu"
-	"github.com/omnicache/omnicache/internal/hostmem"
-	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/slots"
 	"github.com/omnicache/omnicache/soa"
 	"github.com/omnicache/omnicache/writer"
@@ -38,15 +32,16 @@ type Cache struct {
 	pageB  int   // bytes of one page
 	pageO  []int // per key: offset of its region in a page (immediate keys)
 
-	pages  *writer.Pages
-	budget *writer.Budget
-	q      *writer.Queue[task]
-	done   chan struct{}
+	pages   *writer.Pages
+	budget  *writer.Budget
+	q       *writer.Queue[writer.Task]
+	com     *writer.Committer
+	mirrors *writer.Mirrors
 
-	// mu is the state lock: producers, step records and the pins/owners of
-	// producers. It is never held across a copy, a wait or a budget flush.
+	// mu is the state lock: deferred clones in transit, step records and the
+	// pins/owners of writes. It is never held across a copy, a wait or a budget flush.
 	mu      sync.Mutex
-	prod    map[uint64]*producer
+	clones  map[uint64]*writer.Write
 	steps   []*stepRec // outstanding (saved, not consumed)
 	recFree []*stepRec
 
@@ -59,8 +54,8 @@ type Cache struct {
 	begun    bool
 	reqs     *soa.Requests
 	cur      curStep
-	buf      decodeBuf
-	segs     segTable
+	buf      writer.DecodeBuf
+	segs     writer.Runs
 	defOpen  []uint64 // per handle: sequence of its open deferred write (0: none)
 	defFIFO  []openRef
 	defSeq   uint64
@@ -71,23 +66,12 @@ type Cache struct {
 	stampGen uint64
 	firstReq bool
 
-	// committer state
-	mask      []int32
-	chunk     []byte
-	newest    []uint64    // per slot: id of the newest immediate write queued
-	scanned   uint64      // queue sequence scanned into newest
-	curID     uint64      // the immediate write being committed
-	rel       []*producer // scratch of the committer
-	newestMax uint64      // largest id recorded in newest
-
 	// ten tracks the tenancy of every immediate key (they are always
-	// written together, by the committer, in order); epoch is odd while the
-	// committer scatters.
-	ten     *soa.Tenancy
-	immRowB int
-	epoch   atomic.Uint64
+	// written together, by the committer, in order).
+	ten    *soa.Tenancy
+	landed []*writer.Write // committer-only scratch (committerOwner.Landed)
 
-	st statCounters
+	st writer.Counters
 }
 
 type curStep struct {
@@ -103,11 +87,6 @@ type curStep struct {
 type openRef struct {
 	h   soa.Handle
 	seq uint64
-}
-
-type statCounters struct {
-	steps, tasks, rows, bytes, skipped, buffered, flushes, defWrites, budgetFlushes atomic.Int64
-	hitReqs, hitToks, hitRows, commitNs, cloned                                     atomic.Int64
 }
 
 // New creates a cache. It allocates no mirror memory and no staging memory:
@@ -150,9 +129,8 @@ func New(cfg Config) (*Cache, error) {
 		keys:   make([]keyState, len(cfg.Keys)),
 		rowB:   make([]int, len(cfg.Keys)),
 		pageO:  make([]int, len(cfg.Keys)),
-		prod:   make(map[uint64]*producer),
+		clones: make(map[uint64]*writer.Write),
 		reqs:   soa.NewRequests(64),
-		done:   make(chan struct{}),
 	}
 	if c.dev == nil {
 		c.dev = gpu.NewHost()
@@ -176,7 +154,6 @@ func New(cfg Config) (*Cache, error) {
 			if c.ten == nil {
 				c.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize)
 			}
-			c.immRowB += k.RowBytes
 			ks.imm = len(c.imm)
 			c.imm = append(c.imm, i)
 			c.pageO[i] = c.pageB
@@ -185,8 +162,18 @@ func New(cfg Config) (*Cache, error) {
 	}
 	c.pages = writer.NewPages(cfg.StagingDepth)
 	c.budget = writer.NewBudget(cfg.DeviceBudgetBytes)
-	c.q = writer.NewQueue[task](2 * cfg.StagingDepth)
-	go pprof.Do(context.Background(), pprof.Labels("omnicache", "committer"), func(context.Context) { c.commitLoop() })
+	c.q = writer.NewQueue[writer.Task](2 * cfg.StagingDepth)
+	c.mirrors = writer.NewMirrors(c.nslots, c.rowB)
+	occ := make([]*soa.Occupancy, len(c.keys))
+	for k := range c.keys {
+		occ[k] = c.keys[k].occ
+	}
+	c.com = writer.NewCommitter(writer.CommitterConfig{
+		Dev: c.dev, Queue: c.q, Mirrors: c.mirrors, RowBytes: c.rowB, Imm: c.imm,
+		Tenancy: c.ten, Occ: occ, NumSlots: c.nslots, ChunkBytes: cfg.DeferredChunkBytes,
+		Stats: &c.st, Owner: committerOwner{c},
+	})
+	c.com.Start()
 	return c, nil
 }
 
@@ -281,12 +268,12 @@ func (c *Cache) Begin(p *Plan) error {
 		}
 	}
 	same := slices.Equal(p.IDs, c.prevIDs)
-	if pure && c.buf.k > 0 && !slices.Equal(p.IDs, c.buf.ids) {
+	if pure && !c.buf.Continues(p.IDs) {
 		pure = false
 	}
 	// Anything but a buffered decode step writes the buffer first, before
 	// hits are registered, finishes escalate or blocks are reused.
-	if !pure && c.buf.k > 0 {
+	if !pure && c.buf.K > 0 {
 		if err := c.flushBuffer(); err != nil {
 			return err
 		}
@@ -412,7 +399,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	c.mu.Lock()
 	c.steps = append(c.steps, rec)
 	c.mu.Unlock()
-	c.st.steps.Add(1)
+	c.st.Steps.Add(1)
 	return rec.id, nil
 }
 
@@ -464,24 +451,24 @@ func (c *Cache) claimPage() (*writer.Page, error) {
 	return nil, fmt.Errorf("%w: %d pages held after %v; unconsumed step ids: [%s]", ErrStagingTimeout, c.cfg.StagingDepth, max(c.cfg.StagingClaimTimeout, 0), strings.Join(ids, " "))
 }
 
-// stage puts rows of tensor t (key k) for parked step j of producer p:
+// stage puts rows of tensor t (key k) for parked step j of write p:
 // host rows are copied into the page (or kept when owned); device rows are
 // cloned (kept when owned) and, when copyNow, copied device→host into the
 // page right away.
-func (c *Cache) stage(p *producer, t *Tensor, k, j int, copyNow bool) error {
+func (c *Cache) stage(p *writer.Write, t *Tensor, k, j int, copyNow bool) error {
 	ks := &c.keys[k]
 	rb := c.rowB[k]
-	n := p.n
+	n := p.N
 	nb := n * rb
 	slot := j*len(c.imm) + ks.imm
-	region := p.page.Mem[c.pageO[k]+j*nb : c.pageO[k]+(j+1)*nb : c.pageO[k]+(j+1)*nb]
+	region := p.Page.Mem[c.pageO[k]+j*nb : c.pageO[k]+(j+1)*nb : c.pageO[k]+(j+1)*nb]
 	if t.Host != nil {
 		if t.Owned {
-			p.host[slot] = t.Host[:nb:nb]
+			p.Host[slot] = t.Host[:nb:nb]
 		} else {
 			copy(region, t.Host[:nb])
-			p.host[slot] = region
-			c.st.cloned.Add(int64(nb))
+			p.Host[slot] = region
+			c.st.Cloned.Add(int64(nb))
 		}
 		return nil
 	}
@@ -493,32 +480,32 @@ func (c *Cache) stage(p *producer, t *Tensor, k, j int, copyNow bool) error {
 			return c.fail(err)
 		}
 		if copyNow {
-			p.early = append(p.early, clone)
+			p.Early = append(p.Early, clone)
 		} else {
-			p.dev[slot] = clone
+			p.Dev[slot] = clone
 		}
 		if err := c.dev.CopyDtoD(clone, 0, t.Dev, 0, nb); err != nil {
 			return c.fail(err)
 		}
-		c.st.cloned.Add(int64(nb))
+		c.st.Cloned.Add(int64(nb))
 		src = clone
 	} else if copyNow {
-		p.early = append(p.early, src) // owned: freed once copied
+		p.Early = append(p.Early, src) // owned: freed once copied
 	} else {
-		p.dev[slot] = src
+		p.Dev[slot] = src
 	}
 	if !copyNow {
 		c.mu.Lock()
-		p.devLive = true
+		p.DevLive = true
 		c.mu.Unlock()
 	}
 	if copyNow {
 		if err := c.dev.CopyDtoH(region, src, 0); err != nil {
 			return c.fail(err)
 		}
-		p.host[slot] = region
+		p.Host[slot] = region
 	} else {
-		p.staged[slot] = region
+		p.Staged[slot] = region
 	}
 	return nil
 }
@@ -539,106 +526,106 @@ func (c *Cache) writeStep(o *Outputs, rec *stepRec) error {
 		c.budget.Release(need)
 		return err
 	}
-	p := c.newProducer(pg, c.cur.ntok)
-	p.earlyB = need
-	p.host = grow(p.host, len(c.imm))
-	p.dev = grow(p.dev, len(c.imm))
-	p.staged = grow(p.staged, len(c.imm))
+	p := c.newWrite(pg, c.cur.ntok)
+	p.EarlyB = need
+	p.Host = grow(p.Host, len(c.imm))
+	p.Dev = grow(p.Dev, len(c.imm))
+	p.Staged = grow(p.Staged, len(c.imm))
 	for _, k := range c.imm {
 		if err := c.stage(p, &o.Tensors[k], k, 0, true); err != nil {
-			c.releaseProducer(p)
+			c.releaseWrite(p)
 			return err
 		}
 	}
-	if p.ev, err = c.dev.Record(); err != nil {
-		c.releaseProducer(p)
+	if p.Ev, err = c.dev.Record(); err != nil {
+		c.releaseWrite(p)
 		return c.fail(err)
 	}
-	if err := c.join(p.ev); err != nil {
-		c.releaseProducer(p)
+	if err := c.join(p.Ev); err != nil {
+		c.releaseWrite(p)
 		return err
 	}
-	p.steps = 1
-	p.rows.AppendSlots(c.cur.slots, 0, 0)
+	p.Steps = 1
+	p.Rows.AppendSlots(c.cur.slots, 0, 0)
 	c.mu.Lock()
 	for _, k := range c.imm {
 		rec.src[k], rec.srcOff[k] = p, 0
 	}
-	p.owners = 1
+	p.Owners = 1
 	rec.pin(p)
 	c.mu.Unlock()
-	p.seq = c.q.Push(task{p: p, ev: p.ev})
-	c.st.tasks.Add(1)
+	p.Seq = c.q.Push(writer.Task{W: p, Ev: p.Ev})
+	c.st.Tasks.Add(1)
 	return nil
 }
 
-func (c *Cache) newProducer(pg *writer.Page, n int) *producer {
-	p, _ := producerPool.Get().(*producer)
+func (c *Cache) newWrite(pg *writer.Page, n int) *writer.Write {
+	p, _ := writePool.Get().(*writer.Write)
 	if p == nil {
-		p = &producer{}
+		p = &writer.Write{}
 	}
-	host, dev, staged, rows, early := p.host[:0], p.dev[:0], p.staged[:0], p.rows, p.early[:0]
+	host, dev, staged, rows, early := p.Host[:0], p.Dev[:0], p.Staged[:0], p.Rows, p.Early[:0]
 	rows.Reset()
-	*p = producer{id: c.newID(), page: pg, n: n, host: host, dev: dev, staged: staged, rows: rows, early: early}
+	*p = writer.Write{ID: c.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Rows: rows, Early: early}
 	return p
 }
 
-// releaseProducer frees what a producer holds; the caller has made sure no
+// releaseWrite frees what a write holds; the caller has made sure no
 // one references it.
-func (c *Cache) releaseProducer(p *producer) {
-	if p.page != nil {
-		c.pages.Release(p.page)
-		p.page = nil
+func (c *Cache) releaseWrite(p *writer.Write) {
+	if p.Page != nil {
+		c.pages.Release(p.Page)
+		p.Page = nil
 	}
-	for _, b := range p.early {
+	for _, b := range p.Early {
 		c.dev.Free(b)
 	}
-	p.early = nil
-	c.budget.Release(p.earlyB)
-	p.earlyB = 0
+	p.Early = nil
+	c.budget.Release(p.EarlyB)
+	p.EarlyB = 0
 	c.freeDev(p)
-	if p.deferred && !p.own && !p.buf.IsZero() {
-		c.dev.Free(p.buf)
+	if p.Deferred && !p.Own && !p.Buf.IsZero() {
+		c.dev.Free(p.Buf)
 	}
-	p.buf = gpu.Buffer{}
-	c.budget.Release(p.charge)
-	p.charge = 0
-	if !p.deferred {
-		clear(p.host)
-		clear(p.staged)
-		producerPool.Put(p)
+	p.Buf = gpu.Buffer{}
+	c.budget.Release(p.Charge)
+	p.Charge = 0
+	if !p.Deferred {
+		clear(p.Host)
+		clear(p.Staged)
+		writePool.Put(p)
 	}
 }
 
-// producerPool recycles immediate producers (and their slices) once nothing
+// writePool recycles immediate writes (and their slices) once nothing
 // references them, so steady-state steps allocate nothing.
-var producerPool sync.Pool
+var writePool sync.Pool
 
 // freeDev frees the device rows parked in p and releases their charge.
-func (c *Cache) freeDev(p *producer) {
-	for i, b := range p.dev {
+func (c *Cache) freeDev(p *writer.Write) {
+	for i, b := range p.Dev {
 		if !b.IsZero() {
 			c.dev.Free(b)
 		}
-		p.dev[i] = gpu.Buffer{}
+		p.Dev[i] = gpu.Buffer{}
 	}
-	c.budget.Release(p.devCharge)
-	p.devCharge = 0
-	p.devLive = false
+	c.budget.Release(p.DevCharge)
+	p.DevCharge = 0
+	p.DevLive = false
 }
 
 // unref drops pins (and owner refs) under the state lock and releases the
-// producer when nothing references it. Caller holds c.mu.
-func (c *Cache) unrefLocked(p *producer, pins, owners int32) (release bool) {
-	p.pins -= pins
-	p.owners -= owners
-	if owners > 0 && p.owners == 0 {
-		delete(c.prod, p.id)
+// write when nothing references it. Caller holds c.mu.
+func (c *Cache) unrefLocked(p *writer.Write, pins, owners int32) (release bool) {
+	p.Pins -= pins
+	p.Owners -= owners
+	if owners > 0 && p.Owners == 0 {
+		delete(c.clones, p.ID)
 	}
-	if p.pins < 0 || p.owners < 0 {
-		panic("omnicache: producer reference count below zero")
+	if p.Pins < 0 || p.Owners < 0 {
+		panic("omnicache: write reference count below zero")
 	}
-	return p.pins == 0 && p.owners == 0
+	return p.Pins == 0 && p.Owners == 0
 }
 
 // reserve charges n device bytes, forcing the oldest pending writes out
@@ -652,9 +639,9 @@ func (c *Cache) reserve(n int64) error {
 		if ok {
 			return nil
 		}
-		c.st.budgetFlushes.Add(1)
+		c.st.BudgetFlushes.Add(1)
 		switch {
-		case c.buf.k > 0 && c.buf.p != nil && c.buf.p.devCharge > 0:
+		case c.buf.K > 0 && c.buf.W != nil && c.buf.W.DevCharge > 0:
 			if err := c.flushBuffer(); err != nil {
 				return err
 			}
@@ -711,8 +698,8 @@ func (c *Cache) planHits(rec *stepRec) {
 		}
 		rec.prefix[i] = int32(ht)
 		rec.planOff[i] = int32(len(rec.pKind))
-		c.st.hitReqs.Add(1)
-		c.st.hitToks.Add(int64(ht))
+		c.st.HitRequests.Add(1)
+		c.st.HitTokens.Add(int64(ht))
 		blocks := c.reqs.HitBlocks(h)
 		for k := range c.keys {
 			occ := c.keys[k].occ
@@ -720,7 +707,7 @@ func (c *Cache) planHits(rec *stepRec) {
 			for t := 0; t < ht; t++ {
 				s := blocks[t/c.bs]*int32(c.bs) + int32(t%c.bs)
 				kind, row, w := uint8(srcJoin), uint32(0), uint64(0)
-				var pp *producer
+				var pp *writer.Write
 				if deferred {
 					w = occ.Word(s)
 					st, owner := soa.Unpack(w)
@@ -734,11 +721,11 @@ func (c *Cache) planHits(rec *stepRec) {
 						kind = srcMirror
 					case soa.InTransit:
 						// pending deferred rows: read the device clone
-						pp = c.prod[owner]
+						pp = c.clones[owner]
 						if pp == nil {
-							panic("omnicache: in-transit slot without its producer")
+							panic("omnicache: in-transit slot without its clone")
 						}
-						kind, row = srcProducer, occ.Row(s)
+						kind, row = srcClone, occ.Row(s)
 						rec.pin(pp)
 					}
 				}
@@ -753,12 +740,12 @@ func (c *Cache) planHits(rec *stepRec) {
 }
 
 // dropRec releases a record's pins (Save failed or step consumed) and
-// recycles it. Caller holds c.mu; producers nothing references any more are
+// recycles it. Caller holds c.mu; writes nothing references any more are
 // released here (page and budget returns and device frees are not waits).
 func (c *Cache) dropRec(rec *stepRec) {
 	for _, p := range rec.pins {
 		if c.unrefLocked(p, 1, 0) {
-			c.releaseProducer(p)
+			c.releaseWrite(p)
 		}
 	}
 	clear(rec.pins)
@@ -848,7 +835,7 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 		}
 		pre := int(rec.prefixOf(i))
 		if pre > 0 {
-			c.st.hitRows.Add(int64(pre))
+			c.st.HitRows.Add(int64(pre))
 		}
 		for k := range c.keys {
 			rb := c.rowB[k]
@@ -868,7 +855,7 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 				return fmt.Errorf("%w: step %d has no rows for key %q", ErrWriteFailed, rec.id, c.keys[k].Name)
 			}
 			r0 := int(rec.srcOff[k]) + int(tokOff[i])
-			if err := c.readProducer(p, k, r0, cnt, out[pre*rb:]); err != nil {
+			if err := c.readWrite(p, k, r0, cnt, out[pre*rb:]); err != nil {
 				return err
 			}
 		}
@@ -897,7 +884,7 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 				joined = true
 			}
 			s := rec.pSlot[e]
-			e1 := c.evenEpoch()
+			e1 := c.com.EvenEpoch()
 			owner := c.ten.Owner(s)
 			switch {
 			case owner > rec.maxOwner:
@@ -908,12 +895,12 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			case !c.ten.Written(s):
 				return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, s)
 			}
-			c.keys[k].mir.Load().ReadRow(d, s)
+			c.mirrors.Get(k).ReadRow(d, s)
 			// A scatter overlapped the copy: once it is over, the block's
 			// owner tells whether it touched this block (it can only be
 			// newer than the plan, every older write having been joined).
-			if c.epoch.Load() != e1 {
-				c.evenEpoch()
+			if c.com.Epoch() != e1 {
+				c.com.EvenEpoch()
 				if c.ten.Owner(s) != owner {
 					return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
 				}
@@ -923,7 +910,7 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			if occ.Word(s) != rec.pWord[e] {
 				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
 			}
-			m := c.keys[k].mir.Load()
+			m := c.mirrors.Get(k)
 			if m == nil {
 				return fmt.Errorf("%w: position %d (slot %d): committed slot without mirror", ErrReassigned, t, s)
 			}
@@ -931,8 +918,8 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			if occ.Word(s) != rec.pWord[e] {
 				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
 			}
-		case srcProducer:
-			if err := c.readProducer(rec.pProd[e], k, int(rec.pRow[e]), 1, d); err != nil {
+		case srcClone:
+			if err := c.readWrite(rec.pProd[e], k, int(rec.pRow[e]), 1, d); err != nil {
 				return err
 			}
 		}
@@ -940,11 +927,11 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 	return nil
 }
 
-// readProducer copies rows [r0, r0+cnt) of producer p for key k into out.
-func (c *Cache) readProducer(p *producer, k, r0, cnt int, out []byte) error {
+// readWrite copies rows [r0, r0+cnt) of write p for key k into out.
+func (c *Cache) readWrite(p *writer.Write, k, r0, cnt int, out []byte) error {
 	rb := c.rowB[k]
-	if p.deferred {
-		if err := c.dev.CopyDtoH(out[:cnt*rb], p.buf, r0*rb); err != nil {
+	if p.Deferred {
+		if err := c.dev.CopyDtoH(out[:cnt*rb], p.Buf, r0*rb); err != nil {
 			return c.fail(err)
 		}
 		ev, err := c.dev.Record()
@@ -958,11 +945,11 @@ func (c *Cache) readProducer(p *producer, k, r0, cnt int, out []byte) error {
 	}
 	ki := c.keys[k].imm
 	for cnt > 0 {
-		j, i := r0/p.n, r0%p.n
-		m := min(cnt, p.n-i)
+		j, i := r0/p.N, r0%p.N
+		m := min(cnt, p.N-i)
 		slot := j*len(c.imm) + ki
-		if h := p.host[slot]; h != nil {
-			if err := c.dev.Wait(p.ev); err != nil {
+		if h := p.Host[slot]; h != nil {
+			if err := c.dev.Wait(p.Ev); err != nil {
 				return c.fail(err)
 			}
 			copy(out[:m*rb], h[i*rb:(i+m)*rb])
@@ -980,18 +967,18 @@ func (c *Cache) readProducer(p *producer, k, r0, cnt int, out []byte) error {
 // the device: from the device while they are there, else from the staged
 // copy the flush made (the committer releases the device rows once it is
 // complete).
-func (c *Cache) readParked(p *producer, slot, i, m, rb int, out []byte) error {
+func (c *Cache) readParked(p *writer.Write, slot, i, m, rb int, out []byte) error {
 	c.mu.Lock()
-	live := p.devLive
+	live := p.DevLive
 	if live {
-		p.devReads++
+		p.DevReads++
 	}
 	c.mu.Unlock()
 	if !live {
-		copy(out[:m*rb], p.staged[slot][i*rb:(i+m)*rb])
+		copy(out[:m*rb], p.Staged[slot][i*rb:(i+m)*rb])
 		return nil
 	}
-	err := c.dev.CopyDtoH(out[:m*rb], p.dev[slot], i*rb)
+	err := c.dev.CopyDtoH(out[:m*rb], p.Dev[slot], i*rb)
 	if err == nil {
 		var ev gpu.Event
 		if ev, err = c.dev.Record(); err == nil {
@@ -999,10 +986,10 @@ func (c *Cache) readParked(p *producer, slot, i, m, rb int, out []byte) error {
 		}
 	}
 	c.mu.Lock()
-	p.devReads--
-	free := p.devReads == 0 && p.devRelease
+	p.DevReads--
+	free := p.DevReads == 0 && p.DevRelease
 	if free {
-		p.devRelease = false
+		p.DevRelease = false
 		c.freeDevLocked(p)
 	}
 	c.mu.Unlock()
@@ -1014,16 +1001,56 @@ func (c *Cache) readParked(p *producer, slot, i, m, rb int, out []byte) error {
 
 // freeDevLocked is freeDev for callers holding c.mu (device frees are not
 // waits).
-func (c *Cache) freeDevLocked(p *producer) { c.freeDev(p) }
+func (c *Cache) freeDevLocked(p *writer.Write) { c.freeDev(p) }
 
-// evenEpoch waits until no scatter is in progress and returns the epoch.
-func (c *Cache) evenEpoch() uint64 {
-	for {
-		if e := c.epoch.Load(); e&1 == 0 {
-			return e
+// committerOwner is the cache's side of the committer (writer.Owner).
+type committerOwner struct{ c *Cache }
+
+func (o committerOwner) Failed() bool   { return o.c.failed.Load() != nil }
+func (o committerOwner) Fail(err error) { o.c.fail(err) }
+
+// Staged releases the device copies a write held until its rows were
+// host-ready: step clones, and parked device rows (or leaves those to the
+// last reader still copying from them).
+func (o committerOwner) Staged(w *writer.Write) {
+	c := o.c
+	c.mu.Lock()
+	if w.DevLive {
+		if w.DevReads == 0 {
+			c.freeDev(w)
+		} else {
+			w.DevLive, w.DevRelease = false, true
 		}
-		runtime.Gosched()
 	}
+	c.mu.Unlock()
+	for _, b := range w.Early {
+		c.dev.Free(b)
+	}
+	w.Early = w.Early[:0]
+	c.budget.Release(w.EarlyB)
+	w.EarlyB = 0
+}
+
+// Landed drops the references a finished task held and releases the
+// writes nothing references any more.
+func (o committerOwner) Landed(t writer.Task) {
+	c := o.c
+	rel := c.landed[:0] // committer-only scratch
+	c.mu.Lock()
+	if t.W != nil && c.unrefLocked(t.W, 0, 1) {
+		rel = append(rel, t.W)
+	}
+	for _, s := range t.Segs {
+		if c.unrefLocked(s.W, 0, 1) {
+			rel = append(rel, s.W)
+		}
+	}
+	c.mu.Unlock()
+	for _, w := range rel {
+		c.releaseWrite(w)
+	}
+	clear(rel)
+	c.landed = rel[:0]
 }
 
 // ---- Sync, Peek, Close, Stats ----
@@ -1035,7 +1062,7 @@ func (c *Cache) Sync() error {
 	if err := c.check(); err != nil {
 		return err
 	}
-	if c.buf.k > 0 {
+	if c.buf.K > 0 {
 		if err := c.flushBuffer(); err != nil {
 			return err
 		}
@@ -1062,7 +1089,7 @@ func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 			return fmt.Errorf("%w: slot %d outside [0,%d)", ErrPlan, s, c.nslots)
 		}
 	}
-	m := c.keys[k].mir.Load()
+	m := c.mirrors.Get(k)
 	if m == nil {
 		clear(dst[:len(sl)*c.rowB[k]])
 		return nil
@@ -1079,12 +1106,12 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	c.q.Close()
-	<-c.done
+	c.com.Wait()
 	c.pages.Close()
 	c.mu.Lock()
-	var rel []*producer
-	seen := map[*producer]bool{}
-	add := func(p *producer) {
+	var rel []*writer.Write
+	seen := map[*writer.Write]bool{}
+	add := func(p *writer.Write) {
 		if p != nil && !seen[p] {
 			seen[p] = true
 			rel = append(rel, p)
@@ -1097,35 +1124,27 @@ func (c *Cache) Close() error {
 		r.pins = r.pins[:0]
 	}
 	c.steps = nil
-	for _, p := range c.prod {
+	for _, p := range c.clones {
 		add(p)
 	}
-	add(c.buf.p)
-	c.prod = map[uint64]*producer{}
+	add(c.buf.W)
+	c.clones = map[uint64]*writer.Write{}
 	c.mu.Unlock()
 	for _, p := range rel {
-		c.releaseProducer(p)
+		c.releaseWrite(p)
 	}
-	c.buf = decodeBuf{}
+	c.buf = writer.DecodeBuf{}
 	c.pages.Each(func(pg *writer.Page) {
 		if pg.Mem != nil {
 			c.dev.FreeHost(pg.Mem)
 			pg.Mem = nil
 		}
 	})
-	if c.chunk != nil {
-		c.dev.FreeHost(c.chunk)
-		c.chunk = nil
-	}
 	for _, k := range c.def {
 		c.keys[k].occ.Free()
 	}
 	if c.ten != nil {
 		c.ten.Free()
-	}
-	if c.newest != nil {
-		hostmem.FreeUint64s(c.newest)
-		c.newest = nil
 	}
 	return nil
 }
@@ -1135,245 +1154,32 @@ func (c *Cache) Stats() Stats {
 	ch, peak := c.budget.Charged()
 	var res int64
 	for k := range c.keys {
-		if m := c.keys[k].mir.Load(); m != nil {
+		if m := c.mirrors.Get(k); m != nil {
 			res += m.ResidentBytes()
 		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return Stats{
-		Steps:               c.st.steps.Load(),
-		WriteTasks:          c.st.tasks.Load(),
-		RowsWritten:         c.st.rows.Load(),
-		BytesWritten:        c.st.bytes.Load(),
-		RowsSkipped:         c.st.skipped.Load(),
-		BufferedSteps:       c.st.buffered.Load(),
-		BufferFlushes:       c.st.flushes.Load(),
-		DeferredWrites:      c.st.defWrites.Load(),
-		BudgetFlushes:       c.st.budgetFlushes.Load(),
-		HitRequests:         c.st.hitReqs.Load(),
-		HitTokens:           c.st.hitToks.Load(),
-		HitRowsRead:         c.st.hitRows.Load(),
-		CommitterNanos:      c.st.commitNs.Load(),
+		Steps:               c.st.Steps.Load(),
+		WriteTasks:          c.st.Tasks.Load(),
+		RowsWritten:         c.st.Rows.Load(),
+		BytesWritten:        c.st.Bytes.Load(),
+		RowsSkipped:         c.st.Skipped.Load(),
+		BufferedSteps:       c.st.Buffered.Load(),
+		BufferFlushes:       c.st.Flushes.Load(),
+		DeferredWrites:      c.st.DeferredWrites.Load(),
+		BudgetFlushes:       c.st.BudgetFlushes.Load(),
+		HitRequests:         c.st.HitRequests.Load(),
+		HitTokens:           c.st.HitTokens.Load(),
+		HitRowsRead:         c.st.HitRows.Load(),
+		CommitterNanos:      c.st.CommitNanos.Load(),
 		MirrorResidentBytes: res,
 		BudgetCharged:       ch,
 		BudgetLimit:         c.budget.Limit(),
 		BudgetPeak:          peak,
-		ClonedBytes:         c.st.cloned.Load(),
+		ClonedBytes:         c.st.Cloned.Load(),
 		PagesInUse:          c.pages.InUse(),
 		LiveRequests:        c.reqs.Len(),
 	}
-}
-
-// ---- committer ----
-
-func (c *Cache) commitLoop() {
-	defer close(c.done)
-	for {
-		t, ok := c.q.Pop()
-		if !ok {
-			return
-		}
-		t0 := time.Now()
-		rel := c.rel[:0]
-		if c.failed.Load() == nil && !t.sync {
-			var err error
-			if t.p != nil {
-				err = c.commitImm(t.p, t.ev)
-			} else {
-				err = c.commitDeferred(t.segs)
-			}
-			if err != nil {
-				c.fail(err)
-			}
-		}
-		c.mu.Lock()
-		if t.p != nil {
-			if c.unrefLocked(t.p, 0, 1) && !t.p.deferred {
-				rel = append(rel, t.p)
-			}
-		}
-		for _, s := range t.segs {
-			if c.unrefLocked(s.p, 0, 1) {
-				rel = append(rel, s.p)
-			}
-		}
-		c.mu.Unlock()
-		for _, p := range rel {
-			c.releaseProducer(p)
-		}
-		clear(rel)
-		c.rel = rel[:0]
-		c.st.commitNs.Add(int64(time.Since(t0)))
-		c.q.Done()
-	}
-}
-
-func (c *Cache) mirrorOf(k int) *mirror.Mirror {
-	ks := &c.keys[k]
-	if m := ks.mir.Load(); m != nil {
-		return m
-	}
-	m, err := mirror.New(c.nslots, c.rowB[k])
-	if err != nil {
-		panic(err) // sizes were validated by New
-	}
-	ks.mir.Store(m)
-	return m
-}
-
-// masked copies sl into the committer's scratch with slots no longer owned
-// by owner replaced by -1.
-func (c *Cache) masked(occ *soa.Occupancy, sl []int32, owner uint64) []int32 {
-	c.mask = grow(c.mask, len(sl))
-	skipped := 0
-	for i, s := range sl {
-		if occ.Owns(s, owner) {
-			c.mask[i] = s
-		} else {
-			c.mask[i] = -1
-			skipped++
-		}
-	}
-	if skipped > 0 {
-		c.st.skipped.Add(int64(skipped))
-	}
-	c.st.rows.Add(int64(len(sl) - skipped))
-	return c.mask
-}
-
-// scanQueued records, per immediate slot, the newest write queued so far
-// (committer only), so that an older write skips rows a newer one replaces.
-func (c *Cache) scanQueued() {
-	if c.newest == nil {
-		var err error
-		if c.newest, err = hostmem.Uint64s(c.nslots); err != nil {
-			c.newest = make([]uint64, c.nslots)
-		}
-	}
-	c.scanned = c.q.Since(c.scanned, func(t task) {
-		p := t.p
-		if p == nil {
-			return
-		}
-		for _, s := range p.rows.Slot {
-			c.newest[s] = p.id
-		}
-		c.newestMax = p.id
-	})
-}
-
-// newerMask copies sl into the committer's scratch with the slots that a
-// newer queued write replaces set to -1, and counts rows written/skipped
-// (over every immediate key).
-func (c *Cache) newerMask(sl []int32) []int32 {
-	if c.newestMax <= c.curID { // nothing newer queued: write every row
-		c.st.rows.Add(int64(len(sl) * len(c.imm)))
-		c.st.bytes.Add(int64(len(sl) * c.immRowB))
-		return sl
-	}
-	c.mask = grow(c.mask, len(sl))
-	skipped := 0
-	for i, s := range sl {
-		if c.newest[s] > c.curID {
-			c.mask[i] = -1
-			skipped++
-		} else {
-			c.mask[i] = s
-		}
-	}
-	kept := int64(len(sl) - skipped)
-	c.st.skipped.Add(int64(skipped * len(c.imm)))
-	c.st.rows.Add(kept * int64(len(c.imm)))
-	c.st.bytes.Add(kept * int64(c.immRowB))
-	return c.mask
-}
-
-func (c *Cache) commitImm(p *producer, ev gpu.Event) error {
-	if err := c.dev.Wait(ev); err != nil {
-		return err
-	}
-	c.scanQueued()
-	c.curID = p.id
-	// Parked device rows are now staged: release them (or leave that to the
-	// last reader still copying from them).
-	c.mu.Lock()
-	if p.devLive {
-		if p.devReads == 0 {
-			c.freeDev(p)
-		} else {
-			p.devLive, p.devRelease = false, true
-		}
-	}
-	c.mu.Unlock()
-	// Device clones were only needed until the copy landed.
-	if len(p.early) > 0 {
-		for _, b := range p.early {
-			c.dev.Free(b)
-		}
-		p.early = p.early[:0]
-		c.budget.Release(p.earlyB)
-		p.earlyB = 0
-	}
-	// Immediate keys share one occupancy table, written here only, in write
-	// order. The epoch is odd while rows are being overwritten: a reader
-	// whose copy overlapped a scatter re-checks the slot's word once the
-	// scatter is over (see readPrefix). Rows a write queued behind this one
-	// replaces are skipped.
-	c.epoch.Add(1)
-	for j := 0; j < p.steps; j++ {
-		mk := c.newerMask(p.rows.Slot[j*p.n : (j+1)*p.n])
-		for _, k := range c.imm {
-			ki := c.keys[k].imm
-			rows := p.host[j*len(c.imm)+ki]
-			if rows == nil {
-				rows = p.staged[j*len(c.imm)+ki]
-			}
-			c.mirrorOf(k).Write(mk, rows[:p.n*c.rowB[k]])
-		}
-		c.ten.Publish(mk, p.id)
-	}
-	c.epoch.Add(1)
-	return nil
-}
-
-func (c *Cache) commitDeferred(segs []seg) error {
-	for _, s := range segs {
-		p := s.p
-		k := p.key
-		rb := c.rowB[k]
-		occ := c.keys[k].occ
-		m := c.mirrorOf(k)
-		per := max(1, int(c.cfg.DeferredChunkBytes)/rb)
-		if c.chunk == nil || len(c.chunk) < min(per, int(s.n))*rb {
-			if c.chunk != nil {
-				c.dev.FreeHost(c.chunk)
-			}
-			var err error
-			if c.chunk, err = c.dev.AllocHost(min(per, max(int(s.n), 64)) * rb); err != nil {
-				c.chunk = nil
-				return err
-			}
-		}
-		for off := 0; off < int(s.n); {
-			cnt := min(per, int(s.n)-off, len(c.chunk)/rb)
-			r0 := int(s.off) + off
-			if err := c.dev.CopyDtoH(c.chunk[:cnt*rb], p.buf, r0*rb); err != nil {
-				return err
-			}
-			ev, err := c.dev.Record()
-			if err == nil {
-				err = c.dev.Wait(ev)
-			}
-			if err != nil {
-				return err
-			}
-			sl := p.slots[r0 : r0+cnt]
-			m.Write(c.masked(occ, sl, p.id), c.chunk[:cnt*rb])
-			c.st.bytes.Add(int64(cnt * rb))
-			occ.Commit(sl, p.id)
-			off += cnt
-		}
-	}
-	return nil
 }

@@ -44,13 +44,8 @@ type Occupancy struct {
 // slots are claimed; call Free when done with it.
 func NewOccupancy(numSlots int) *Occupancy {
 	o := &Occupancy{}
-	var err error
-	if o.word, err = hostmem.Uint64s(numSlots); err != nil {
-		o.word = make([]uint64, numSlots)
-	}
-	if o.row, err = hostmem.Uint32s(numSlots); err != nil {
-		o.row = make([]uint32, numSlots)
-	}
+	o.word, _ = hostmem.Uint64s(numSlots) // falls back to make; never fails
+	o.row, _ = hostmem.Uint32s(numSlots)
 	return o
 }
 

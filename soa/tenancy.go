@@ -37,14 +37,8 @@ func NewTenancy(numBlocks, blockSize int) *Tenancy {
 	if blockSize&(blockSize-1) == 0 {
 		t.shift = bits.TrailingZeros(uint(blockSize))
 	}
-	var err error
-	if t.owner, err = hostmem.Uint64s(numBlocks); err != nil {
-		t.owner = make([]uint64, numBlocks)
-	}
-	nw := (numBlocks*blockSize + 31) / 32
-	if t.written, err = hostmem.Uint32s(nw); err != nil {
-		t.written = make([]uint32, nw)
-	}
+	t.owner, _ = hostmem.Uint64s(numBlocks) // falls back to make; never fails
+	t.written, _ = hostmem.Uint32s((numBlocks*blockSize + 31) / 32)
 	return t
 }
 

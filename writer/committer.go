@@ -139,10 +139,7 @@ func (c *Committer) run() {
 // so that an older write skips rows a newer one replaces.
 func (c *Committer) scanQueued() {
 	if c.newest == nil {
-		var err error
-		if c.newest, err = hostmem.Uint64s(c.cfg.NumSlots); err != nil {
-			c.newest = make([]uint64, c.cfg.NumSlots)
-		}
+		c.newest, _ = hostmem.Uint64s(c.cfg.NumSlots) // never fails
 	}
 	c.scanned = c.cfg.Queue.Since(c.scanned, func(t Task) {
 		w := t.W

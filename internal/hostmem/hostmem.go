@@ -9,24 +9,41 @@
 // Go pointers, and whoever allocates it calls Free exactly once.
 package hostmem
 
-import "unsafe"
+import (
+	"sync"
+	"unsafe"
+)
 
 // Threshold is the size from which Alloc maps memory; smaller requests use
 // make (and Free leaves them to the collector).
 const Threshold = 1 << 20
 
-// Alloc returns n zero bytes.
+// mapped records the mappings Alloc made, by base address, so that Free
+// never unmaps memory it did not map (a fallback to make, a foreign slice).
+var mapped sync.Map
+
+// Alloc returns n zero bytes. It does not fail: when the OS refuses a
+// mapping it falls back to make.
 func Alloc(n int) ([]byte, error) {
 	if n < Threshold {
 		return make([]byte, n), nil
 	}
-	return mapAnon(n)
+	b, err := mapAnon(n)
+	if err != nil {
+		return make([]byte, n), nil
+	}
+	mapped.Store(unsafe.Pointer(unsafe.SliceData(b)), len(b))
+	return b, nil
 }
 
 // Free returns memory from Alloc. b must be exactly the slice Alloc returned
-// (same pointer and length).
+// (same pointer and length); memory Alloc did not map is left to the
+// collector.
 func Free(b []byte) error {
 	if len(b) < Threshold {
+		return nil
+	}
+	if n, ok := mapped.LoadAndDelete(unsafe.Pointer(unsafe.SliceData(b))); !ok || n.(int) != len(b) {
 		return nil
 	}
 	return unmap(b)

@@ -70,3 +70,13 @@ func TestLazy(t *testing.T) {
 		t.Fatalf("RSS grew by %d bytes after touching two pages of an 8 GiB mapping", grown)
 	}
 }
+
+// Free leaves memory it did not map alone (a make'd slice of the same size).
+func TestFreeForeign(t *testing.T) {
+	b := make([]byte, 2*Threshold)
+	b[0] = 1
+	if err := Free(b); err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] = 1 // still mapped: the collector owns it
+}

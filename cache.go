@@ -864,9 +864,11 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 }
 
 func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
+	if c.keys[k].imm >= 0 {
+		return c.readJoined(rec, k, base, pre, out)
+	}
 	rb := c.rowB[k]
 	occ := c.keys[k].occ
-	joined := false
 	for t := 0; t < pre; t++ {
 		e := base + t
 		d := out[t*rb : (t+1)*rb]
@@ -875,36 +877,6 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			clear(d)
 		case srcAbsent:
 			return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, rec.pSlot[e])
-		case srcJoin:
-			if !joined {
-				c.q.Wait(rec.joinSeq)
-				if err := c.check(); err != nil {
-					return err
-				}
-				joined = true
-			}
-			s := rec.pSlot[e]
-			e1 := c.com.EvenEpoch()
-			owner := c.ten.Owner(s)
-			switch {
-			case owner > rec.maxOwner:
-				return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
-			case !c.ten.Written(s) && c.keys[k].Optional:
-				clear(d)
-				continue
-			case !c.ten.Written(s):
-				return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, s)
-			}
-			c.mirrors.Get(k).ReadRow(d, s)
-			// A scatter overlapped the copy: once it is over, the block's
-			// owner tells whether it touched this block (it can only be
-			// newer than the plan, every older write having been joined).
-			if c.com.Epoch() != e1 {
-				c.com.EvenEpoch()
-				if c.ten.Owner(s) != owner {
-					return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
-				}
-			}
 		case srcMirror:
 			s := rec.pSlot[e]
 			if occ.Word(s) != rec.pWord[e] {
@@ -922,6 +894,51 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 			if err := c.readWrite(rec.pProd[e], k, int(rec.pRow[e]), 1, d); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// readJoined reads a hit prefix of an immediate key from the mirror once
+// every write handed over before the plan has landed. Each block's owner is
+// checked against the plan (a newer owner: reassigned), each slot's written
+// bit tells absent rows; if a scatter overlapped the copies (the
+// committer's epoch moved), the owners are checked again once it is over: a
+// scatter into one of these blocks can only be newer than the plan, and it
+// publishes the new owner when it is done.
+func (c *Cache) readJoined(rec *stepRec, k, base, pre int, out []byte) error {
+	c.q.Wait(rec.joinSeq)
+	if err := c.check(); err != nil {
+		return err
+	}
+	rb := c.rowB[k]
+	m := c.mirrors.Get(k)
+	own := grow(rec.owners, pre)
+	rec.owners = own
+	e1 := c.com.Epoch()
+	for t := 0; t < pre; t++ {
+		s := rec.pSlot[base+t]
+		d := out[t*rb : (t+1)*rb]
+		o := c.ten.Owner(s)
+		own[t] = o
+		switch {
+		case o > rec.maxOwner:
+			return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
+		case !c.ten.Written(s) && c.keys[k].Optional:
+			clear(d)
+			continue
+		case !c.ten.Written(s):
+			return fmt.Errorf("%w: position %d (slot %d) never written", ErrAbsentRequired, t, s)
+		}
+		m.ReadRow(d, s)
+	}
+	if e1&1 == 0 && c.com.Epoch() == e1 {
+		return nil
+	}
+	c.com.EvenEpoch()
+	for t := 0; t < pre; t++ {
+		if s := rec.pSlot[base+t]; c.ten.Owner(s) != own[t] {
+			return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
 		}
 	}
 	return nil
@@ -1146,6 +1163,7 @@ func (c *Cache) Close() error {
 	if c.ten != nil {
 		c.ten.Free()
 	}
+	c.mirrors.Free()
 	return nil
 }
 

@@ -45,6 +45,7 @@ type stepRec struct {
 	// whose owner is newer than maxOwner was reassigned after planning.
 	joinSeq  uint64
 	maxOwner uint64
+	owners   []uint64 // scratch of the consumer (readJoined)
 }
 
 func (s *stepRec) reset() {

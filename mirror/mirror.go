@@ -60,6 +60,7 @@ package mirror
 import (
 	"errors"
 	"fmt"
+	"github.com/omnicache/omnicache/internal/hostmem"
 	"math"
 	"math/bits"
 	"sync/atomic"
@@ -271,10 +272,32 @@ func (m *Mirror) newLeaf(l uint32) *leaf {
 // last chunk holds only the rows that exist.
 func (m *Mirror) newChunk(lf *leaf, c uint32) *chunk {
 	rows := min(1<<m.rowShift, m.numSlots-int(c)<<m.rowShift)
-	ch := &chunk{b: make([]byte, rows*m.rowBytes)}
+	// Straight from the OS when large (zero, untouched until written): a
+	// make that reuses freed heap memory would clear all of it first.
+	b, _ := hostmem.Alloc(rows * m.rowBytes)
+	ch := &chunk{b: b}
 	(*lf)[c&m.leafMask].Store(ch)
 	m.resident.Add(int64(len(ch.b)))
 	return ch
+}
+
+// Free returns every chunk's memory to the OS. The mirror must not be used
+// afterwards (by any goroutine); it reads as empty if it is.
+func (m *Mirror) Free() {
+	for i := range m.top {
+		lf := m.top[i].Load()
+		if lf == nil {
+			continue
+		}
+		for j := range *lf {
+			if ch := (*lf)[j].Load(); ch != nil {
+				(*lf)[j].Store(nil)
+				hostmem.Free(ch.b)
+			}
+		}
+		m.top[i].Store(nil)
+	}
+	m.resident.Store(0)
 }
 
 func panicLen(op string, got, rows, rowBytes int) {

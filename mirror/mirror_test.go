@@ -418,3 +418,27 @@ func TestErrorsAreSentinels(t *testing.T) {
 	require.True(t, errors.Is(err, ErrNumSlots))
 	require.True(t, strings.HasPrefix(ErrNumSlots.Error(), "mirror: "))
 }
+
+func TestFreeReturnsChunks(t *testing.T) {
+	m, err := New(1<<20, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, 4096)
+	row[0] = 7
+	m.WriteRow(5, row)
+	m.WriteRow(1<<19, row)
+	if m.ResidentBytes() == 0 {
+		t.Fatal("nothing resident after writes")
+	}
+	m.Free()
+	if got := m.ResidentBytes(); got != 0 {
+		t.Fatalf("resident %d after Free", got)
+	}
+	got := make([]byte, 4096)
+	got[0] = 1
+	m.ReadRow(got, 5)
+	if got[0] != 0 {
+		t.Fatal("a freed mirror must read as empty")
+	}
+}

@@ -2,8 +2,8 @@ package writer
 
 import (
 	"context"
-	"runtime"
 	"runtime/pprof"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,6 +54,8 @@ type Committer struct {
 	cfg     CommitterConfig
 	immRowB int
 	epoch   atomic.Uint64
+	emu     sync.Mutex
+	even    *sync.Cond // broadcast when the epoch turns even
 	done    chan struct{}
 
 	// committer-only scratch
@@ -68,6 +70,7 @@ type Committer struct {
 // NewCommitter returns a committer; Start runs it.
 func NewCommitter(cfg CommitterConfig) *Committer {
 	c := &Committer{cfg: cfg, done: make(chan struct{})}
+	c.even = sync.NewCond(&c.emu)
 	for _, k := range cfg.Imm {
 		c.immRowB += cfg.RowBytes[k]
 	}
@@ -96,14 +99,28 @@ func (c *Committer) Wait() {
 }
 
 // EvenEpoch waits until no scatter of immediate rows is in progress and
-// returns the epoch; Epoch reads it.
+// returns the epoch.
 func (c *Committer) EvenEpoch() uint64 {
+	if e := c.epoch.Load(); e&1 == 0 {
+		return e
+	}
+	c.emu.Lock()
+	defer c.emu.Unlock()
 	for {
 		if e := c.epoch.Load(); e&1 == 0 {
 			return e
 		}
-		runtime.Gosched()
+		c.even.Wait()
 	}
+}
+
+// endScatter makes the epoch even again and wakes the readers waiting for
+// it.
+func (c *Committer) endScatter() {
+	c.emu.Lock()
+	c.epoch.Add(1)
+	c.even.Broadcast()
+	c.emu.Unlock()
 }
 
 // Epoch is the scatter counter (odd while scattering).
@@ -204,7 +221,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 		}
 		c.cfg.Tenancy.Publish(mk, w.ID)
 	}
-	c.epoch.Add(1)
+	c.endScatter()
 	return nil
 }
 

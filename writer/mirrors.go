@@ -37,6 +37,15 @@ func (ms *Mirrors) Make(k int) *mirror.Mirror {
 	return m
 }
 
+// Free returns every mirror's memory to the OS (the cache is closed).
+func (ms *Mirrors) Free() {
+	for k := range ms.m {
+		if m := ms.m[k].Swap(nil); m != nil {
+			m.Free()
+		}
+	}
+}
+
 // ResidentBytes is the host memory backing every mirror.
 func (ms *Mirrors) ResidentBytes() int64 {
 	var n int64

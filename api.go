@@ -125,7 +125,12 @@ type Tensor struct {
 	// Rows is the number of rows the tensor holds (≥ Outputs.Tokens).
 	Rows int
 	// Owned marks a tensor private to the cache: it is kept without a
-	// defensive clone and must not be touched by the engine afterwards.
+	// defensive clone (parked by reference, written straight from it) and
+	// is handed over for good: the engine must never write or reuse it
+	// again. Host memory is left to the garbage collector once the cache is
+	// done with it; device memory is freed through Device.Free. A tensor
+	// that is not owned is copied before Save returns, so the engine may
+	// overwrite it at once.
 	Owned bool
 }
 

@@ -594,6 +594,11 @@ type propRun struct {
 	maxDelay int // cap on propAction.delay: at most maxDelay steps stay unconsumed across a Save
 	i        int
 	late     []lateMat
+	// pinnedBudget tolerates a Save failing with ErrBudget when the device
+	// bytes that unconsumed steps may pin (see pinnedBound) and the step's
+	// need exceed the budget: the run is then broken and must stop.
+	pinnedBudget bool
+	broken       error
 }
 
 // outsideID is a request id no schedule uses.
@@ -623,7 +628,16 @@ func (r *propRun) apply(act propAction) {
 		err := h.beginPlan(&omnicache.Plan{Stride: h.stride})
 		require.ErrorIs(h.t, err, omnicache.ErrSequence, "%sBegin twice (step %d)", h.prefix(), i)
 	}
+	ps := h.pending
 	sid, err := h.trySave(h.outs())
+	if err != nil && r.pinnedBudget && errors.Is(err, omnicache.ErrBudget) {
+		pinned, need := r.pinnedBound(), r.needBound(ps)
+		require.Greater(h.t, pinned+need, h.cfg.DeviceBudgetBytes,
+			"%sSave of step %d failed (%v) although unconsumed steps pin at most %d device bytes and the step needs at most %d",
+			h.prefix(), i, err, pinned, need)
+		r.breakOn(ps, fmt.Errorf("Save of step %d: %w (unconsumed steps may pin %d bytes, the step needs up to %d)", i, err, pinned, need))
+		return
+	}
 	require.NoError(h.t, err, "%sSave of step %d", h.prefix(), i)
 
 	keep := r.late[:0]
@@ -665,6 +679,76 @@ func (r *propRun) apply(act propAction) {
 	require.LessOrEqual(h.t, st.PagesInUse, max(h.cfg.StagingDepth, omnicache.DefaultStagingDepth), "%sStats.PagesInUse", h.prefix())
 	if act.check {
 		h.checkMirror()
+	}
+}
+
+// rowBytes sums the row bytes of the deferred keys and of the immediate
+// keys.
+func rowBytes(cfg omnicache.Config) (deferred, immediate int64) {
+	for _, k := range cfg.Keys {
+		if k.Deferred {
+			deferred += int64(k.RowBytes)
+		} else {
+			immediate += int64(k.RowBytes)
+		}
+	}
+	return deferred, immediate
+}
+
+// pinnedBound bounds the device bytes that unconsumed steps may keep
+// charged however the cache forces writes out: a step record pins its own
+// deferred clones and the deferred clones its hits read while in transit
+// (at most the clones of the steps that last wrote the hit slots), and an
+// asynchronous read in flight may hold parked decode rows.
+func (r *propRun) pinnedBound() int64 {
+	h := r.h
+	def, imm := rowBytes(h.cfg)
+	seen := map[int]bool{}
+	var b int64
+	add := func(ord int) {
+		if ord > 0 && !seen[ord] {
+			seen[ord] = true
+			b += int64(h.tokensAt[ord]) * def
+		}
+	}
+	for _, l := range r.late {
+		sw := h.want(l.id)
+		add(sw.ord)
+		for _, rw := range sw.reqs {
+			for _, w := range rw.hitFrom {
+				add(w)
+			}
+		}
+		if l.async {
+			b += int64(h.tokensAt[sw.ord]) * imm
+		}
+	}
+	return b
+}
+
+// needBound bounds the device bytes the Save of ps reserves.
+func (r *propRun) needBound(ps *pendingStep) int64 {
+	def, imm := rowBytes(r.h.cfg)
+	n := 0
+	for _, s := range ps.st.Sched {
+		n += s.Count
+	}
+	return int64(n) * (def + imm)
+}
+
+// breakOn ends a run whose Save failed: the slots the step scheduled may or
+// may not have been written, so the model forgets them (and a delayed read
+// of a hit on them may fail with ErrReassigned).
+func (r *propRun) breakOn(ps *pendingStep, err error) {
+	h := r.h
+	r.broken = err
+	for _, sl := range ps.slots {
+		for _, s := range sl {
+			if s >= 0 && int(s) < len(h.unknown) {
+				h.unknown[s] = true
+				h.writtenAt[s] = h.nsteps + 1
+			}
+		}
 	}
 }
 

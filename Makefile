@@ -2,6 +2,7 @@
 GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 30s
+FUZZPKGS ?= ./fuzz/ .
 BENCH   ?= .
 COUNT   ?= 6
 
@@ -22,9 +23,13 @@ check: vet test check-generate ## everything CI checks
 bench: ## run the benchmarks (BENCH=regexp COUNT=n), e.g. for benchstat
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(COUNT) $(PKGS)
 
-fuzz: ## run every fuzz target for FUZZTIME each
-	@for t in $$($(GO) test -list '^Fuzz' ./fuzz/ | grep ^Fuzz); do \
-		echo "== $$t"; $(GO) test -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) ./fuzz/ || exit 1; done
+fuzz: ## run every fuzz target of FUZZPKGS for FUZZTIME each
+	@for p in $(FUZZPKGS); do \
+		if [ ! -d "$$p" ]; then echo "== $$p: no such package, skipped"; continue; fi; \
+		list=$$($(GO) test -list '^Fuzz' "$$p") || { echo "$$list"; exit 1; }; \
+		for t in $$(echo "$$list" | grep '^Fuzz'); do \
+			echo "== $$p $$t"; $(GO) test -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) "$$p" || exit 1; done; \
+	done
 
 generate: ## regenerate the avo assembly
 	cd slots/_asm && $(GO) run . -out ../slots_amd64.s -stubs ../slots_stubs_amd64.go -pkg slots

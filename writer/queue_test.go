@@ -1,0 +1,269 @@
+package writer
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type popResult struct {
+	v  int
+	ok bool
+}
+
+func popAsync(q *Queue[int]) <-chan popResult {
+	return async(func() popResult {
+		v, ok := q.Pop()
+		return popResult{v, ok}
+	})
+}
+
+func mustPop(t *testing.T, q *Queue[int]) int {
+	t.Helper()
+	r := recv(t, popAsync(q), "Pop of a non-empty queue")
+	require.True(t, r.ok, "Pop of a non-empty queue")
+	return r.v
+}
+
+func signal(f func()) <-chan struct{} {
+	return async(func() struct{} { f(); return struct{}{} })
+}
+
+func TestQueueFIFOAcrossGrowth(t *testing.T) {
+	for _, capHint := range []int{-3, 0, 1, 2, 5} {
+		q := NewQueue[int](capHint)
+		next, want := 0, 0
+		push := func(n int) {
+			for i := 0; i < n; i++ {
+				next++
+				require.EqualValues(t, next, q.Push(next), "sequence number of push %d", next)
+			}
+		}
+		pop := func(n int) {
+			for i := 0; i < n; i++ {
+				want++
+				require.Equal(t, want, mustPop(t, q), "capHint %d: FIFO order", capHint)
+			}
+		}
+		// Interleave so that the ring wraps before it grows (head ≠ 0 at
+		// growth), several times over.
+		for round := 1; round <= 6; round++ {
+			push(3 * round)
+			pop(2 * round)
+		}
+		require.Equal(t, next, q.Pending(), "popped items stay pending until Done")
+		pop(next - want)
+		assert.EqualValues(t, next, q.Pushed())
+	}
+}
+
+func TestQueuePopBlocksUntilPush(t *testing.T) {
+	q := NewQueue[int](1)
+	ch := popAsync(q)
+	require.True(t, blocked(ch), "Pop returned from an empty queue")
+	q.Push(42)
+	r := recv(t, ch, "Pop after Push")
+	require.True(t, r.ok)
+	assert.Equal(t, 42, r.v)
+}
+
+func TestQueueWaitAndDrain(t *testing.T) {
+	q := NewQueue[int](2)
+	s1, s2, s3 := q.Push(1), q.Push(2), q.Push(3)
+	require.Equal(t, []uint64{1, 2, 3}, []uint64{s1, s2, s3})
+	assert.Equal(t, 3, q.Pending())
+
+	recv(t, signal(func() { q.Wait(0) }), "Wait(0)")
+
+	w2 := signal(func() { q.Wait(s2) })
+	drained := signal(q.Drain)
+	require.True(t, blocked(w2), "Wait(2) returned before anything was done")
+
+	assert.Equal(t, 1, mustPop(t, q))
+	require.True(t, blocked(w2), "Wait(2) returned after an item was only popped")
+	q.Done()
+	require.True(t, blocked(w2), "Wait(2) returned with only item 1 done")
+	assert.Equal(t, 2, q.Pending())
+
+	assert.Equal(t, 2, mustPop(t, q))
+	q.Done()
+	recv(t, w2, "Wait(2) once items 1 and 2 are done")
+	require.True(t, blocked(drained), "Drain returned with item 3 pending")
+
+	// Drain waits for what was pushed when it was called, not for later
+	// pushes.
+	q.Push(4)
+	assert.Equal(t, 3, mustPop(t, q))
+	q.Done()
+	recv(t, drained, "Drain once items 1-3 are done")
+	assert.Equal(t, 1, q.Pending())
+
+	assert.Equal(t, 4, mustPop(t, q))
+	q.Done()
+	assert.Zero(t, q.Pending())
+	recv(t, signal(q.Drain), "Drain of an idle queue")
+}
+
+func TestQueueSince(t *testing.T) {
+	q := NewQueue[int](2)
+	since := func(seq uint64) ([]int, uint64) {
+		var got []int
+		last := q.Since(seq, func(v int) { got = append(got, v) })
+		return got, last
+	}
+
+	got, last := since(0)
+	assert.Empty(t, got, "empty queue")
+	assert.Zero(t, last)
+
+	for v := 1; v <= 5; v++ {
+		q.Push(10 * v)
+	}
+	got, last = since(0)
+	assert.Equal(t, []int{10, 20, 30, 40, 50}, got)
+	assert.EqualValues(t, 5, last)
+
+	// Popped items are no longer queued: Since starts at the head.
+	assert.Equal(t, 10, mustPop(t, q))
+	assert.Equal(t, 20, mustPop(t, q))
+	got, last = since(0)
+	assert.Equal(t, []int{30, 40, 50}, got, "from 0 after two pops")
+	assert.EqualValues(t, 5, last)
+	got, _ = since(1)
+	assert.Equal(t, []int{30, 40, 50}, got, "from a popped sequence number")
+	got, _ = since(3)
+	assert.Equal(t, []int{40, 50}, got, "after sequence 3")
+	got, last = since(5)
+	assert.Empty(t, got, "after the last pushed")
+	assert.EqualValues(t, 5, last)
+	got, last = since(9)
+	assert.Empty(t, got, "after a sequence number not pushed yet")
+	assert.EqualValues(t, 9, last, "Since returns seq when it saw nothing")
+
+	// Wrap the ring and grow it with the head in the middle.
+	for v := 6; v <= 12; v++ {
+		q.Push(10 * v)
+		if v%2 == 0 {
+			mustPop(t, q)
+		}
+	}
+	// Pushed 12, popped 2+4 = 6: queued are 7..12.
+	got, last = since(4)
+	assert.Equal(t, []int{70, 80, 90, 100, 110, 120}, got)
+	assert.EqualValues(t, 12, last)
+	got, _ = since(10)
+	assert.Equal(t, []int{110, 120}, got)
+
+	// The incremental use the committer makes of it: each item seen once.
+	var seen []int
+	mark := uint64(0)
+	for v := 13; v <= 16; v++ {
+		q.Push(10 * v)
+		mark = q.Since(mark, func(x int) { seen = append(seen, x) })
+	}
+	assert.Equal(t, []int{70, 80, 90, 100, 110, 120, 130, 140, 150, 160}, seen)
+}
+
+func TestQueueClose(t *testing.T) {
+	q := NewQueue[int](1)
+	q.Push(1)
+	q.Push(2)
+	q.Close()
+	assert.Equal(t, 1, mustPop(t, q), "Close keeps queued items")
+	assert.Equal(t, 2, mustPop(t, q))
+	r := recv(t, popAsync(q), "Pop of a closed, drained queue")
+	assert.False(t, r.ok)
+	assert.Zero(t, r.v)
+	q.Done()
+	q.Done()
+	recv(t, signal(q.Drain), "Drain of a closed queue")
+}
+
+func TestQueueCloseWakesWaiters(t *testing.T) {
+	q := NewQueue[int](1)
+	pops := []<-chan popResult{popAsync(q), popAsync(q)}
+	for _, ch := range pops {
+		require.True(t, blocked(ch), "Pop returned from an empty queue")
+	}
+	// Wait for a sequence number that is never pushed: only Close (with
+	// everything processed) ends it.
+	w := signal(func() { q.Wait(7) })
+	require.True(t, blocked(w))
+
+	q.Close()
+	for _, ch := range pops {
+		r := recv(t, ch, "a blocked Pop after Close")
+		assert.False(t, r.ok)
+	}
+	recv(t, w, "Wait after Close of a drained queue")
+}
+
+// Wait on a closed queue still waits for items that were popped but not
+// done.
+func TestQueueWaitAfterCloseWaitsForDone(t *testing.T) {
+	q := NewQueue[int](1)
+	seq := q.Push(1)
+	q.Close()
+	assert.Equal(t, 1, mustPop(t, q))
+	w := signal(func() { q.Wait(seq) })
+	require.True(t, blocked(w), "Wait returned before the popped item was done")
+	q.Done()
+	recv(t, w, "Wait once the item is done")
+}
+
+// Producers push concurrently, one consumer pops and marks done (the
+// committer's pattern), producers Wait for their own items: every item
+// arrives once, each producer's items in order, and Wait(seq) returns only
+// once the consumer processed that item.
+func TestQueueConcurrentProducersConsumer(t *testing.T) {
+	const producers, items = 4, 500
+	type item struct{ p, i int }
+	q := NewQueue[item](1)
+
+	var processed sync.Map // seq → struct{}
+	consumer := async(func() [producers][]int {
+		var got [producers][]int
+		var seq uint64
+		for {
+			v, ok := q.Pop()
+			if !ok {
+				return got
+			}
+			seq++
+			got[v.p] = append(got[v.p], v.i)
+			processed.Store(seq, struct{}{})
+			q.Done()
+		}
+	})
+
+	var wg sync.WaitGroup
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < items; i++ {
+				seq := q.Push(item{p, i})
+				if i%50 == 0 {
+					q.Wait(seq)
+					if _, ok := processed.Load(seq); !ok {
+						t.Errorf("Wait(%d) returned before item %d was processed", seq, seq)
+					}
+				}
+			}
+		}()
+	}
+	recv(t, signal(wg.Wait), "the producers")
+	recv(t, signal(q.Drain), "Drain")
+	assert.Zero(t, q.Pending())
+	assert.EqualValues(t, producers*items, q.Pushed())
+	q.Close()
+	got := recv(t, consumer, "the consumer")
+	for p := range got {
+		require.Len(t, got[p], items, "producer %d", p)
+		for i, v := range got[p] {
+			require.Equal(t, i, v, "producer %d: items out of order", p)
+		}
+	}
+}

@@ -1,6 +1,8 @@
 package omnicache
 
 import (
+	"fmt"
+
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/soa"
 	"github.com/omnicache/omnicache/writer"
@@ -33,7 +35,9 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 	need := c.deviceNeed(o)
 	if need > 0 {
 		ok, err := c.budget.TryReserve(need)
-		if err == nil && !ok {
+		if err != nil {
+			err = fmt.Errorf("%w: %w", ErrBudget, err)
+		} else if !ok {
 			// Budget pressure: the buffer is the oldest pending write.
 			if c.buf.K > 0 {
 				c.st.BudgetFlushes.Add(1)

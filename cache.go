@@ -639,18 +639,26 @@ func (c *Cache) reserve(n int64) error {
 		if ok {
 			return nil
 		}
-		c.st.BudgetFlushes.Add(1)
 		switch {
 		case c.buf.K > 0 && c.buf.W != nil && c.buf.W.DevCharge > 0:
+			c.st.BudgetFlushes.Add(1)
 			if err := c.flushBuffer(); err != nil {
 				return err
 			}
 		case c.forceOldestDeferred():
+			c.st.BudgetFlushes.Add(1)
 		case c.q.Pending() > 0:
 			c.q.Drain()
 		default:
-			ch, _ := c.budget.Charged()
-			return fmt.Errorf("%w: %d bytes wanted, %d of %d held by unconsumed steps", ErrBudget, n, ch, c.budget.Limit())
+			// Nothing left to force out. Bytes may have been released since
+			// the attempt (the committer, a Materialize or Discard): try again
+			// while they would fit; what is still held then is pinned by
+			// steps not consumed yet.
+			if ch, _ := c.budget.Charged(); ch+n <= c.budget.Limit() {
+				continue
+			} else {
+				return fmt.Errorf("%w: %d bytes wanted, %d of %d held by steps not consumed yet", ErrBudget, n, ch, c.budget.Limit())
+			}
 		}
 		if err := c.check(); err != nil {
 			return err

@@ -47,8 +47,11 @@ var (
 	// ErrReassigned: a delayed read found that the hit's slots were given
 	// to another tenant after the read was planned.
 	ErrReassigned = errors.New("omnicache: hit slots reassigned before the read")
-	// ErrBudget: a single device reservation is larger than the whole
-	// device byte budget.
+	// ErrBudget: a device reservation cannot be met: it is larger than the
+	// whole device byte budget, or what is still charged after every pending
+	// write was forced out is pinned by steps not consumed yet (a step keeps
+	// the device clones its rows and hit reads come from until Materialize
+	// or Discard; size the budget for the steps an engine leaves unconsumed).
 	ErrBudget = errors.New("omnicache: reservation larger than the device byte budget")
 	// ErrWriteFailed: a device copy or write failed. Sticky.
 	ErrWriteFailed = errors.New("omnicache: write failed")

@@ -6,7 +6,7 @@ FUZZPKGS ?= ./fuzz/ .
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test race vet check bench fuzz generate check-generate gpu-test profile replay replay-full
+.PHONY: help test race vet check bench benchcmp fuzz generate check-generate gpu-test profile replay replay-full
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,6 +22,10 @@ check: vet test check-generate ## everything CI checks
 
 bench: ## run the benchmarks (BENCH=regexp COUNT=n), e.g. for benchstat
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(COUNT) $(PKGS)
+
+benchcmp: ## compare the slot-mapping kernels side by side with benchstat (one column per impl)
+	$(GO) test -run='^$$' -bench='BenchmarkMap' -benchmem -count=$(COUNT) ./slots/ > .bench-slots.txt
+	$(GO) run golang.org/x/perf/cmd/benchstat@latest -col /impl .bench-slots.txt
 
 fuzz: ## run every fuzz target of FUZZPKGS for FUZZTIME each
 	@for p in $(FUZZPKGS); do \

@@ -63,14 +63,14 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		p.Dev = grow(p.Dev, m)
 		p.Staged = grow(p.Staged, m)
 		c.buf.Open(c.cur.ids, p)
-		c.mu.Lock()
-		p.Owners = 1
-		c.mu.Unlock()
+		p.Owners = 1 // not published yet: no lock needed
 	}
 	p, j := c.buf.W, c.buf.K
-	c.mu.Lock()
-	p.DevCharge += need
-	c.mu.Unlock()
+	if need > 0 {
+		c.mu.Lock()
+		p.DevCharge += need // the write owns the reservation from here on
+		c.mu.Unlock()
+	}
 	for _, k := range c.imm {
 		if err := c.stage(p, &o.Tensors[k], k, j, false); err != nil {
 			return err

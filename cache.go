@@ -767,6 +767,10 @@ func (c *Cache) dropRec(rec *stepRec) {
 func (c *Cache) take(id StepID, reqs []int64) (*stepRec, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.takeLocked(id, reqs)
+}
+
+func (c *Cache) takeLocked(id StepID, reqs []int64) (*stepRec, error) {
 	for i, r := range c.steps {
 		if r.id != id {
 			continue
@@ -788,14 +792,13 @@ func (c *Cache) Discard(id StepID) error {
 	if err := c.check(); err != nil {
 		return err
 	}
-	rec, err := c.take(id, nil)
-	if err != nil {
-		return err
-	}
 	c.mu.Lock()
-	c.dropRec(rec)
-	c.mu.Unlock()
-	return nil
+	defer c.mu.Unlock()
+	rec, err := c.takeLocked(id, nil)
+	if err == nil {
+		c.dropRec(rec)
+	}
+	return err
 }
 
 // Materialize fills dst with, per request of reqs (nil: every request of the

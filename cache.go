@@ -1018,7 +1018,7 @@ func (c *Cache) readParked(p *writer.Write, slot, i, m, rb int, out []byte) erro
 	free := p.DevReads == 0 && p.DevRelease
 	if free {
 		p.DevRelease = false
-		c.freeDevLocked(p)
+		c.freeDev(p)
 	}
 	c.mu.Unlock()
 	if err != nil {
@@ -1026,10 +1026,6 @@ func (c *Cache) readParked(p *writer.Write, slot, i, m, rb int, out []byte) erro
 	}
 	return nil
 }
-
-// freeDevLocked is freeDev for callers holding c.mu (device frees are not
-// waits).
-func (c *Cache) freeDevLocked(p *writer.Write) { c.freeDev(p) }
 
 // committerOwner is the cache's side of the committer (writer.Owner).
 type committerOwner struct{ c *Cache }

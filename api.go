@@ -84,6 +84,16 @@ type Config struct {
 	DisableDecodeBuffer bool
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device
+	// ReleaseHost, when set, is called once for every owned host tensor
+	// (with the Host slice handed to Save) when the cache no longer needs
+	// it: its rows have landed in the mirror and every step that could read
+	// it was consumed, or the cache closed. The engine may then reuse the
+	// buffer. It runs on one of the cache's goroutines (the committer, a
+	// Materialize or Discard caller, or the engine's) with no lock held;
+	// keep it short. Without it, owned host buffers are left to the garbage
+	// collector. When Save returns an error, ReleaseHost has been or will
+	// be called for every owned tensor it took.
+	ReleaseHost func([]byte)
 }
 
 // Plan is one real step's schedule, struct-of-arrays, borrowed for the

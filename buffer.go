@@ -145,6 +145,7 @@ func (c *Cache) saveDeferred(o *Outputs, rec *stepRec) error {
 		switch {
 		case t.Owned && t.Host != nil:
 			p.Buf, p.Own = gpu.HostBuffer(t.Host[:nb:nb]), true
+			p.Owned = append(p.Owned, t.Host)
 		case t.Owned:
 			p.Buf, p.Own = t.Dev, true
 		default:

@@ -68,8 +68,11 @@ type Cache struct {
 
 	// ten tracks the tenancy of every immediate key (they are always
 	// written together, by the committer, in order).
-	ten    *soa.Tenancy
-	landed []*writer.Write // committer-only scratch (committerOwner.Landed)
+	ten *soa.Tenancy
+	// handback: owned host buffers released under the state lock, handed to
+	// Config.ReleaseHost once it is dropped (guarded by mu).
+	handback [][]byte
+	landed   []*writer.Write // committer-only scratch (committerOwner.Landed)
 
 	st writer.Counters
 }
@@ -387,6 +390,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		c.mu.Lock()
 		c.dropRec(rec)
 		c.mu.Unlock()
+		c.handBack()
 		return 0, err
 	}
 	if len(c.cur.hitReq) > 0 {
@@ -465,6 +469,7 @@ func (c *Cache) stage(p *writer.Write, t *Tensor, k, j int, copyNow bool) error 
 	if t.Host != nil {
 		if t.Owned {
 			p.Host[slot] = t.Host[:nb:nb]
+			p.Owned = append(p.Owned, t.Host)
 		} else {
 			copy(region, t.Host[:nb])
 			p.Host[slot] = region
@@ -564,15 +569,19 @@ func (c *Cache) newWrite(pg *writer.Page, n int) *writer.Write {
 	if p == nil {
 		p = &writer.Write{}
 	}
-	host, dev, staged, rows, early := p.Host[:0], p.Dev[:0], p.Staged[:0], p.Rows, p.Early[:0]
+	host, dev, staged, rows, early, owned := p.Host[:0], p.Dev[:0], p.Staged[:0], p.Rows, p.Early[:0], p.Owned[:0]
 	rows.Reset()
-	*p = writer.Write{ID: c.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Rows: rows, Early: early}
+	*p = writer.Write{ID: c.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Rows: rows, Early: early, Owned: owned}
 	return p
 }
 
 // releaseWrite frees what a write holds; the caller has made sure no
 // one references it.
-func (c *Cache) releaseWrite(p *writer.Write) {
+func (c *Cache) releaseWrite(p *writer.Write) { c.release(p, false) }
+
+// release frees what a write holds; locked says the caller holds c.mu, so
+// owned host buffers are queued for handBack instead of handed back now.
+func (c *Cache) release(p *writer.Write, locked bool) {
 	if p.Page != nil {
 		c.pages.Release(p.Page)
 		p.Page = nil
@@ -590,6 +599,17 @@ func (c *Cache) releaseWrite(p *writer.Write) {
 	p.Buf = gpu.Buffer{}
 	c.budget.Release(p.Charge)
 	p.Charge = 0
+	if c.cfg.ReleaseHost != nil && len(p.Owned) > 0 {
+		if locked {
+			c.handback = append(c.handback, p.Owned...)
+		} else {
+			for _, b := range p.Owned {
+				c.cfg.ReleaseHost(b)
+			}
+		}
+	}
+	clear(p.Owned)
+	p.Owned = p.Owned[:0]
 	if !p.Deferred {
 		clear(p.Host)
 		clear(p.Staged)
@@ -753,12 +773,31 @@ func (c *Cache) planHits(rec *stepRec) {
 func (c *Cache) dropRec(rec *stepRec) {
 	for _, p := range rec.pins {
 		if c.unrefLocked(p, 1, 0) {
-			c.releaseWrite(p)
+			c.release(p, true)
 		}
 	}
 	clear(rec.pins)
 	rec.pins = rec.pins[:0]
 	c.recFree = append(c.recFree, rec)
+}
+
+// handBack calls Config.ReleaseHost for the owned host buffers released
+// under the state lock. Call it without the lock.
+func (c *Cache) handBack() {
+	if c.cfg.ReleaseHost == nil {
+		return
+	}
+	c.mu.Lock()
+	if len(c.handback) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	bufs := c.handback
+	c.handback = nil
+	c.mu.Unlock()
+	for _, b := range bufs {
+		c.cfg.ReleaseHost(b)
+	}
 }
 
 // ---- Materialize / Discard ----
@@ -793,11 +832,12 @@ func (c *Cache) Discard(id StepID) error {
 		return err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	rec, err := c.takeLocked(id, nil)
 	if err == nil {
 		c.dropRec(rec)
 	}
+	c.mu.Unlock()
+	c.handBack()
 	return err
 }
 
@@ -817,6 +857,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	c.mu.Lock()
 	c.dropRec(rec)
 	c.mu.Unlock()
+	c.handBack()
 	if err == nil {
 		err = c.check()
 	}

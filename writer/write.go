@@ -38,6 +38,7 @@ type Write struct {
 	Staged [][]byte
 	Rows   soa.Pending  // slot, parked step and row offset of every row
 	Early  []gpu.Buffer // device clones freed once the copy landed
+	Owned  [][]byte     // owned host tensors, handed back when the write is released
 	EarlyB int64        // their charge
 	Charge int64        // bytes released with the write
 

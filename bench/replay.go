@@ -53,14 +53,9 @@ type Options struct {
 	// mirror. Verification time is not cache time.
 	Verify bool
 	// NotOwned reuses one engine buffer for all steps (Owned false) instead
-	// of handing the cache fresh owned buffers.
+	// of handing the cache owned buffers (recycled through
+	// Config.ReleaseHost).
 	NotOwned bool
-	// RecycleOwned reuses owned output buffers RecycleDelay steps after
-	// their step was consumed (see bufPool). The API gives no signal that
-	// the cache let go of an owned tensor, so this is off by default: every
-	// step gets fresh buffers.
-	RecycleOwned bool
-	RecycleDelay int
 	// MaxBatchedTokens is the engine's per-step token budget (default 8192);
 	// it is also the cache's staging page capacity.
 	MaxBatchedTokens int
@@ -341,18 +336,17 @@ func (r *runner) runOn() error {
 	for k, kk := range spec.Keys {
 		rowBytes[k] = kk.RowBytes
 	}
-	delay := -1
-	if o.RecycleOwned {
-		delay = max(o.RecycleDelay, 0)
+	pool := newBufPool(rowBytes, o.MaxBatchedTokens, !o.NotOwned)
+	if !o.NotOwned {
+		cfg.ReleaseHost = pool.release
 	}
-	pool := newBufPool(rowBytes, o.MaxBatchedTokens, !o.NotOwned, o.BlockSize, delay)
 	var ver *verifier
 	if o.Verify {
 		ver = newVerifier(spec.Keys, s.KV().Len()*o.BlockSize, o.BlockSize)
 	}
 	out := omnicache.Outputs{Tensors: make([]omnicache.Tensor, len(spec.Keys))}
 	var cur, prev stepRecord
-	var curBufs, prevBufs *bufSet
+	var curBufs *bufSet
 	var prevID omnicache.StepID
 	havePrev := false
 	saved := 0
@@ -397,7 +391,6 @@ func (r *runner) runOn() error {
 			rep.Discarded++
 		}
 		rep.ConsumeNsTotal += ns
-		pool.consumed(prevBufs)
 		return ns, nil
 	}
 
@@ -417,10 +410,9 @@ func (r *runner) runOn() error {
 			return fmt.Errorf("step %d: begin: %w", st.Index, err)
 		}
 		s.Release()
-		pool.begun(st.Index, st.PureDecode, saved)
 
 		// The forward.
-		curBufs = pool.get(st.Tokens, st.Index, st.PureDecode)
+		curBufs = pool.get(st.Tokens)
 		bufs := curBufs.slices(st.Tokens, rowBytes)
 		if ver != nil {
 			ver.produce(s, st, bufs) // verification work: not cache time
@@ -464,7 +456,7 @@ func (r *runner) runOn() error {
 			}
 		}
 		prev, cur = cur, prev
-		prevBufs, prevID, havePrev = curBufs, id, true
+		prevID, havePrev = id, true
 
 		rep.BeginNsTotal += beginNs
 		rep.SaveNsTotal += saveNs

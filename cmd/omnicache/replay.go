@@ -43,7 +43,6 @@ type replayFlags struct {
 	cache        string
 	verify       bool
 	owned        bool
-	recycleDelay int
 	maxBatched   int
 	blockSize    int
 	kvBlocks     int
@@ -81,7 +80,6 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.cache, "cache", "both", "cache modes to run: off, on or both")
 	fs.BoolVar(&f.verify, "verify", false, "fill rows from the content oracle and check every materialized row and, after Sync, the mirror")
 	fs.BoolVar(&f.owned, "owned", true, "hand the cache fresh Owned output buffers (false: reuse one engine buffer, not owned)")
-	fs.IntVar(&f.recycleDelay, "recycle-owned", -1, "reuse owned buffers this many steps after their step was consumed (-1: never, fresh buffers every step; the API gives no release signal, --verify shows whether it is safe)")
 	fs.IntVar(&f.maxBatched, "max-batched-tokens", bench.DefaultMaxBatchedTokens, "engine token budget per step (also the staging page capacity)")
 	fs.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "KV block size in tokens")
 	fs.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV pool size in blocks (0: auto for the table, 65536 for a trace)")
@@ -161,8 +159,6 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	opt := bench.Options{
 		Verify:              f.verify,
 		NotOwned:            !f.owned,
-		RecycleOwned:        f.recycleDelay >= 0,
-		RecycleDelay:        f.recycleDelay,
 		MaxBatchedTokens:    f.maxBatched,
 		BlockSize:           f.blockSize,
 		KVBlocks:            f.kvBlocks,

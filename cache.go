@@ -46,6 +46,7 @@ type Cache struct {
 	recFree []*stepRec
 
 	failed atomic.Pointer[error]
+	live   atomic.Int64 // requests tracked, for Stats (the table is the engine's)
 	closed atomic.Bool
 
 	// engine goroutine state (Begin/Save/Sync/Close only)
@@ -334,6 +335,7 @@ func (c *Cache) Begin(p *Plan) error {
 		c.prevIDs = append(c.prevIDs[:0], p.IDs...)
 		c.prevH = append(c.prevH[:0], c.cur.h...)
 	}
+	c.live.Store(int64(c.reqs.Len()))
 	c.cur.ntok = ntok
 	c.cur.pure = pure
 	c.begun = true
@@ -1246,6 +1248,6 @@ func (c *Cache) Stats() Stats {
 		BudgetPeak:          peak,
 		ClonedBytes:         c.st.Cloned.Load(),
 		PagesInUse:          c.pages.InUse(),
-		LiveRequests:        c.reqs.Len(),
+		LiveRequests:        int(c.live.Load()),
 	}
 }

@@ -75,3 +75,29 @@ func TestTenancyPublishAllocs(t *testing.T) {
 	id := uint64(0)
 	require.Zero(t, testing.AllocsPerRun(100, func() { id++; tn.Publish(sl, id) }))
 }
+
+func BenchmarkTenancy(b *testing.B) {
+	const blocks, bs = 1 << 16, 16
+	tn := NewTenancy(blocks, bs)
+	defer tn.Free()
+	sl := make([]int32, 1024)
+	for i := range sl {
+		sl[i] = int32((i*7919)%blocks)*bs + int32(i%bs) // a decode-like spread over blocks
+	}
+	b.Run("op=publish/slots=1024", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			tn.Publish(sl, uint64(i+1))
+		}
+	})
+	b.Run("op=owner/slots=1024", func(b *testing.B) {
+		b.ReportAllocs()
+		var sum uint64
+		for i := 0; i < b.N; i++ {
+			for _, s := range sl {
+				sum += tn.Owner(s)
+			}
+		}
+		_ = sum
+	})
+}

@@ -19,12 +19,15 @@ package gpu_test
 //	                    after the other
 //	op=cache-owned      the same with an owned tensor (DtoH straight from it;
 //	                    the tensor is allocated with the timer stopped)
-//	op=cache-staging    Begin + Save + wait for the step's device event (its
-//	                    rows are host-ready in the staging page) + Discard:
-//	                    the staging path alone; the committer scatters in the
-//	                    background (same slots every step, so a committer
-//	                    that falls behind skips rows a newer queued step
-//	                    replaces)
+//	op=device-pinned    the baseline through the Device interface:
+//	                    CopyDtoH into AllocHost memory + Record + Wait
+//	op=cache-staging    the staging path alone: Begin + Save + wait for the
+//	                    step's device event (its rows are host-ready in the
+//	                    staging page) + Discard; before each op, with the
+//	                    timer stopped, Sync lets the committer finish the
+//	                    previous step's scatter, so the op measures clone +
+//	                    device→host copy with an idle committer
+//	op=cache-staging-owned  the same with owned tensors (one DtoH, no clone)
 //	op=cache-staging-memalloc  op=cache-staging with cuMemAlloc/cuMemFree
 //	                    clones (CUDAOptions.SyncAlloc) instead of the pool
 //	op=cache-pipelined  Begin + Save + Discard, steps over 8 distinct slot
@@ -103,6 +106,26 @@ func BenchmarkStaging(b *testing.B) {
 		}
 	})
 
+	b.Run(name("device-pinned"), func(b *testing.B) {
+		d := newCUDA(b, gpu.CUDAOptions{})
+		src, err := d.Alloc(stBytes)
+		must(b, err)
+		defer d.Free(src)
+		pin, err := d.AllocHost(stBytes)
+		must(b, err)
+		defer d.FreeHost(pin)
+		must(b, d.CopyHtoD(src, 0, pattern(stBytes, 1)))
+		sync0(b, d)
+		b.SetBytes(stBytes)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if err := d.CopyDtoH(pin, src, 0); err != nil {
+				b.Fatal(err)
+			}
+			sync0(b, d)
+		}
+	})
+
 	type variant struct {
 		op       string
 		owned    bool
@@ -114,6 +137,7 @@ func BenchmarkStaging(b *testing.B) {
 		{op: "cache"},
 		{op: "cache-owned", owned: true},
 		{op: "cache-staging", staging: true},
+		{op: "cache-staging-owned", owned: true, staging: true},
 		{op: "cache-staging-memalloc", staging: true, opt: gpu.CUDAOptions{SyncAlloc: true}},
 		{op: "cache-pipelined", pipeline: true},
 	} {
@@ -194,9 +218,16 @@ func BenchmarkStaging(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t := src
-				if v.owned {
+				if v.owned || v.staging {
 					b.StopTimer()
-					t = tensor()
+					if v.owned {
+						t = tensor()
+					}
+					if v.staging {
+						if err := c.Sync(); err != nil {
+							b.Fatal(err)
+						}
+					}
 					b.StartTimer()
 				}
 				step(t)

@@ -19,6 +19,10 @@ package gpu_test
 //	                    after the other
 //	op=cache-owned      the same with an owned tensor (DtoH straight from it;
 //	                    the tensor is allocated with the timer stopped)
+//	op=plain-pinned-gap op=plain-pinned with, before each op and with the
+//	                    timer stopped, a 64 MiB host memcpy (what the
+//	                    committer's scatter does between two cache-staging
+//	                    ops): the baseline for the cache-staging variants
 //	op=device-pinned    the baseline through the Device interface:
 //	                    CopyDtoH into AllocHost memory + Record + Wait
 //	op=cache-staging    the staging path alone: Begin + Save + wait for the
@@ -40,6 +44,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -72,39 +77,54 @@ func (d *tapDevice) Record() (gpu.Event, error) {
 func BenchmarkStaging(b *testing.B) {
 	name := func(op string) string { return fmt.Sprintf("op=%s/bytes=64MiB", op) }
 
-	b.Run(name("plain-pinned"), func(b *testing.B) {
-		d := newCUDA(b, gpu.CUDAOptions{})
-		src, err := d.Alloc(stBytes)
-		must(b, err)
-		defer d.Free(src)
-		pin, err := d.AllocHost(stBytes)
-		must(b, err)
-		defer d.FreeHost(pin)
-		must(b, d.CopyHtoD(src, 0, pattern(stBytes, 1)))
-		sync0(b, d)
-
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		dev, err := cu.GetDevice(0)
-		must(b, err)
-		ctx, err := dev.RetainPrimaryCtx()
-		must(b, err)
-		defer dev.ReleasePrimaryCtx()
-		must(b, cu.SetCurrentContext(ctx))
-		s, err := cu.MakeStream(cu.NonBlocking)
-		must(b, err)
-		defer s.Destroy()
-		b.SetBytes(stBytes)
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&pin[0]), cu.DevicePtr(src.Ptr), stBytes, s); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
+	for _, gap := range []bool{false, true} {
+		op := "plain-pinned"
+		if gap {
+			op = "plain-pinned-gap"
 		}
-	})
+		b.Run(name(op), func(b *testing.B) {
+			d := newCUDA(b, gpu.CUDAOptions{})
+			src, err := d.Alloc(stBytes)
+			must(b, err)
+			defer d.Free(src)
+			pin, err := d.AllocHost(stBytes)
+			must(b, err)
+			defer d.FreeHost(pin)
+			must(b, d.CopyHtoD(src, 0, pattern(stBytes, 1)))
+			sync0(b, d)
+			var gapSrc, gapDst []byte
+			if gap {
+				gapSrc, gapDst = pattern(stBytes, 3), make([]byte, stBytes)
+			}
+
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			dev, err := cu.GetDevice(0)
+			must(b, err)
+			ctx, err := dev.RetainPrimaryCtx()
+			must(b, err)
+			defer dev.ReleasePrimaryCtx()
+			must(b, cu.SetCurrentContext(ctx))
+			s, err := cu.MakeStream(cu.NonBlocking)
+			must(b, err)
+			defer s.Destroy()
+			b.SetBytes(stBytes)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if gap {
+					b.StopTimer()
+					copy(gapDst, gapSrc)
+					b.StartTimer()
+				}
+				if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&pin[0]), cu.DevicePtr(src.Ptr), stBytes, s); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 
 	b.Run(name("device-pinned"), func(b *testing.B) {
 		d := newCUDA(b, gpu.CUDAOptions{})
@@ -166,7 +186,9 @@ func BenchmarkStaging(b *testing.B) {
 			sync0(b, cd)
 
 			var req int64
+			var saveNs, waitNs time.Duration
 			step := func(tensor gpu.Buffer) {
+				t0 := time.Now()
 				req++
 				r := int32(0)
 				if v.pipeline {
@@ -188,9 +210,12 @@ func BenchmarkStaging(b *testing.B) {
 					b.Fatal(err)
 				}
 				if v.staging {
+					t1 := time.Now()
 					if err := d.Wait(gpu.Event(d.last.Load())); err != nil {
 						b.Fatal(err)
 					}
+					saveNs += t1.Sub(t0)
+					waitNs += time.Since(t1)
 				}
 				if err := c.Discard(id); err != nil {
 					b.Fatal(err)
@@ -214,6 +239,7 @@ func BenchmarkStaging(b *testing.B) {
 				step(tensor())
 			}
 			must(b, c.Sync())
+			saveNs, waitNs = 0, 0
 			b.SetBytes(stBytes)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -236,6 +262,11 @@ func BenchmarkStaging(b *testing.B) {
 			b.StopTimer()
 			st := c.Stats()
 			b.ReportMetric(float64(st.RowsSkipped)/float64(st.RowsWritten+st.RowsSkipped), "skipped/row")
+			if v.staging {
+				// Begin+Save (engine goroutine) and the wait for the copies.
+				b.ReportMetric(float64(saveNs.Microseconds())/float64(b.N), "save-µs/op")
+				b.ReportMetric(float64(waitNs.Microseconds())/float64(b.N), "wait-µs/op")
+			}
 			b.Logf("alloc=%s steps=%d rows written=%d skipped=%d committer=%.2fms/step mirror=%d MiB",
 				cd.AllocMode(), st.Steps, st.RowsWritten, st.RowsSkipped,
 				float64(st.CommitterNanos)/float64(st.Steps)/1e6, st.MirrorResidentBytes>>20)

@@ -44,8 +44,10 @@ check-generate: ## regenerate and fail on any drift
 	diff -u $$tmp/slots_amd64.s slots/slots_amd64.s && diff -u $$tmp/slots_stubs_amd64.go slots/slots_stubs_amd64.go; \
 	rc=$$?; rm -rf $$tmp; [ $$rc -eq 0 ] || { echo "generated assembly drifted: run make generate"; exit 1; }
 
-gpu-test: ## build the CUDA tests (needs cuda.h and libcuda; see README)
+gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cuda.h> CGO_LDFLAGS=-L<dir of libcuda.so>; README "The CUDA device")
+	$(GO) vet -tags cuda ./gpu/
 	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
+	$(GO) test -c -o .gpu/mirror.test ./mirror/
 
 profile: ## CPU-profile the default replay into cpu.pprof
 	$(GO) run ./cmd/omnicache replay --cpuprofile cpu.pprof

@@ -6,7 +6,8 @@
 // memory in ordinary Go memory and completes every copy before it returns;
 // it is what the tests, the replay and engines without CUDA use. A CUDA
 // driver API implementation on gorgonia.org/cu is built with the `cuda` tag
-// (see cuda.go); without the tag, NewCUDA returns ErrNoCUDA.
+// (see cuda.go); without the tag, NewCUDA returns ErrNoCUDA. The constant
+// Available tells which build this is.
 //
 // Goroutines: a Device is used by the cache's engine goroutine (allocation,
 // clones, copies, Record) and by its committer (Wait); implementations must
@@ -24,6 +25,9 @@ import (
 var (
 	// ErrNoCUDA is returned by NewCUDA in builds without the `cuda` tag.
 	ErrNoCUDA = errors.New("gpu: built without the cuda tag")
+	// ErrNoDevice is returned by NewCUDA in cuda builds when the driver
+	// did not initialize (no GPU, no driver) or the device does not exist.
+	ErrNoDevice = errors.New("gpu: no CUDA device")
 	// ErrCopy reports a failed device copy (wrapped with the cause).
 	ErrCopy = errors.New("gpu: device copy failed")
 	// ErrAlloc reports a failed device or staging allocation.
@@ -75,6 +79,14 @@ type Device interface {
 	Wait(e Event) error
 	// Close releases the device's own resources.
 	Close() error
+}
+
+// CUDAOptions tune NewCUDAWith (cuda builds; see cuda.go).
+type CUDAOptions struct {
+	// SyncAlloc makes Alloc and Free call cuMemAlloc and cuMemFree instead
+	// of allocating from the device's stream-ordered memory pool. cuMemFree
+	// waits for the device to be idle.
+	SyncAlloc bool
 }
 
 // Host is the default device: "device" memory is Go memory and copies are

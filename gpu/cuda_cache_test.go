@@ -1,0 +1,286 @@
+//go:build cuda
+
+package gpu_test
+
+// The real cache on the CUDA device, end to end: device output tensors
+// (cloned, or owned), prefill and pure-decode steps through the decode
+// buffer, Materialize a step late from another goroutine, a hit that reads
+// back the rows written (immediate keys and a deferred key), deferred rows
+// landing at finish. The root package imports gpu; this external test
+// package may import the root package.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"testing"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+const (
+	e2eBlock  = 16
+	e2eBlocks = 64
+	e2eStride = 8
+)
+
+var e2eKeys = []omnicache.Key{
+	{Name: "hidden", RowBytes: 256},
+	{Name: "aux", RowBytes: 64, Optional: true},
+	{Name: "codes", RowBytes: 48, Deferred: true},
+}
+
+// rowOf is the content of (key, request, position): a tag, then a stream.
+func rowOf(k int, req int64, pos, rb int) []byte {
+	b := make([]byte, rb)
+	x := uint64(k+1)<<56 ^ uint64(req)<<32 ^ uint64(pos)
+	for i := 0; i < rb; i += 8 {
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		binary.LittleEndian.PutUint64(b[i:], z^z>>31)
+	}
+	copy(b, fmt.Sprintf("k%dr%dp%d;", k, req, pos))
+	return b
+}
+
+type e2eEngine struct {
+	t      *testing.T
+	d      *gpu.CUDA
+	c      *omnicache.Cache
+	owned  bool
+	table  []int32
+	engBuf []gpu.Buffer // non-owned mode: the engine's reused output buffers
+}
+
+// batch is one step: request ids, first positions and counts.
+type batch struct {
+	ids   []int64
+	start []int32
+	count []int32
+}
+
+// outputs uploads the step's rows to device tensors.
+func (e *e2eEngine) outputs(b batch) *omnicache.Outputs {
+	n := 0
+	for _, c := range b.count {
+		n += int(c)
+	}
+	o := &omnicache.Outputs{Tokens: n}
+	for k, key := range e2eKeys {
+		var host []byte
+		for i, id := range b.ids {
+			for p := b.start[i]; p < b.start[i]+b.count[i]; p++ {
+				host = append(host, rowOf(k, id, int(p), key.RowBytes)...)
+			}
+		}
+		t := omnicache.Tensor{Rows: n}
+		// Owned immediate tensors are handed over (the cache frees them);
+		// deferred ones stay engine buffers (the cache clones them).
+		if e.owned && !key.Deferred {
+			buf, err := e.d.Alloc(max(len(host), 1))
+			must(e.t, err)
+			t.Dev, t.Owned = buf, true
+		} else {
+			t.Dev = e.engBuf[k]
+		}
+		must(e.t, e.d.CopyHtoD(t.Dev, 0, host))
+		o.Tensors = append(o.Tensors, t)
+	}
+	return o
+}
+
+// scribble overwrites the engine's reused buffers, as the next forward
+// would: the cache must have cloned what it keeps.
+func (e *e2eEngine) scribble() {
+	for _, b := range e.engBuf {
+		must(e.t, e.d.CopyHtoD(b, 0, bytes.Repeat([]byte{0xEE}, b.Size)))
+	}
+}
+
+// hit describes the expected prefix of a request: hitReq's rows 0..n-1.
+type hit struct {
+	req int64
+	n   int
+}
+
+func (e *e2eEngine) check(res *omnicache.Result, b batch, hits map[int64]hit) error {
+	if res.Len() != len(b.ids) {
+		return fmt.Errorf("%d requests in the result, want %d", res.Len(), len(b.ids))
+	}
+	for i, id := range b.ids {
+		h := hits[id]
+		if res.ID(i) != id || res.Prefix(i) != h.n || res.Tokens(i) != h.n+int(b.count[i]) {
+			return fmt.Errorf("request %d: id %d prefix %d tokens %d, want prefix %d tokens %d",
+				id, res.ID(i), res.Prefix(i), res.Tokens(i), h.n, h.n+int(b.count[i]))
+		}
+		for k, key := range e2eKeys {
+			rb := key.RowBytes
+			got := res.Rows(i, k)
+			for p := 0; p < res.Tokens(i); p++ {
+				want := rowOf(k, h.req, p, rb)
+				if p >= h.n {
+					want = rowOf(k, id, int(b.start[i])+p-h.n, rb)
+				}
+				if g := got[p*rb : (p+1)*rb]; !bytes.Equal(g, want) {
+					return fmt.Errorf("request %d key %s row %d: got %q..., want %q...", id, key.Name, p, g[:12], want[:12])
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// slotsOf maps positions [0,n) of table row r to slots.
+func (e *e2eEngine) slotsOf(r, n int) []int32 {
+	s := make([]int32, n)
+	for p := range s {
+		s[p] = e.table[r*e2eStride+p/e2eBlock]*e2eBlock + int32(p%e2eBlock)
+	}
+	return s
+}
+
+// peekEqual checks the committed mirror rows of key k at request req's
+// slots (table row r, positions [0,n)).
+func (e *e2eEngine) peekEqual(k int, req int64, r, n int, want bool) {
+	e.t.Helper()
+	rb := e2eKeys[k].RowBytes
+	got := make([]byte, n*rb)
+	must(e.t, e.c.Peek(k, e.slotsOf(r, n), got))
+	for p := 0; p < n; p++ {
+		g := got[p*rb : (p+1)*rb]
+		if want && !bytes.Equal(g, rowOf(k, req, p, rb)) {
+			e.t.Fatalf("mirror key %s request %d pos %d: got %q..., want its row", e2eKeys[k].Name, req, p, g[:12])
+		}
+		if !want && !bytes.Equal(g, make([]byte, rb)) {
+			e.t.Fatalf("mirror key %s request %d pos %d: written before its request finished", e2eKeys[k].Name, req, p)
+		}
+	}
+}
+
+func TestCUDACacheEndToEnd(t *testing.T) {
+	for _, owned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+			d := newCUDA(t, gpu.CUDAOptions{})
+			c, err := omnicache.New(omnicache.Config{
+				NumBlocks:             e2eBlocks,
+				BlockSize:             e2eBlock,
+				Keys:                  e2eKeys,
+				StagingCapacityTokens: 256,
+				Device:                d,
+			})
+			must(t, err)
+			e := &e2eEngine{t: t, d: d, c: c, owned: owned}
+			for _, k := range e2eKeys {
+				b, err := d.Alloc(256 * k.RowBytes)
+				must(t, err)
+				e.engBuf = append(e.engBuf, b)
+			}
+			defer func() {
+				for _, b := range e.engBuf {
+					d.Free(b)
+				}
+			}()
+			// Table rows: A (id 1) blocks 8..15, B (id 2) 16..23, C (id 3)
+			// hits A's first two blocks, then 24...
+			e.table = make([]int32, 4*e2eStride)
+			for r := 1; r <= 3; r++ {
+				for j := 0; j < e2eStride; j++ {
+					e.table[r*e2eStride+j] = int32(8*r + j)
+				}
+			}
+			e.table[3*e2eStride], e.table[3*e2eStride+1] = 8, 9
+
+			var res omnicache.Result
+			save := func(p *omnicache.Plan, b batch) omnicache.StepID {
+				t.Helper()
+				p.IDs, p.Start, p.Count, p.Table, p.Stride = b.ids, b.start, b.count, e.table, e2eStride
+				p.Rows = make([]int32, len(b.ids))
+				for i, id := range b.ids {
+					p.Rows[i] = int32(id)
+				}
+				must(t, c.Begin(p))
+				id, err := c.Save(e.outputs(b))
+				must(t, err)
+				if !owned {
+					e.scribble()
+				}
+				return id
+			}
+
+			// 1. A and B arrive and prefill 40 and 24 tokens.
+			b1 := batch{ids: []int64{1, 2}, start: []int32{0, 0}, count: []int32{40, 24}}
+			id := save(&omnicache.Plan{Arrivals: []int64{1, 2}, HitTokens: []int32{0, 0}}, b1)
+			must(t, c.Materialize(id, nil, &res))
+			must(t, e.check(&res, b1, nil))
+
+			// 2. 20 pure decode steps (parked in the decode buffer, flushed
+			// at 16), each materialized a step late on another goroutine.
+			type pendingStep struct {
+				id omnicache.StepID
+				b  batch
+			}
+			var prev *pendingStep
+			done := make(chan error, 1)
+			done <- nil
+			for s := int32(0); s < 20; s++ {
+				b := batch{ids: []int64{1, 2}, start: []int32{40 + s, 24 + s}, count: []int32{1, 1}}
+				id := save(&omnicache.Plan{}, b)
+				must(t, <-done)
+				go func(p *pendingStep) {
+					if p == nil {
+						done <- nil
+						return
+					}
+					var r omnicache.Result
+					err := c.Materialize(p.id, nil, &r)
+					if err == nil {
+						err = e.check(&r, p.b, nil)
+					}
+					done <- err
+				}(prev)
+				prev = &pendingStep{id: id, b: b}
+			}
+			must(t, <-done)
+			must(t, c.Materialize(prev.id, []int64{2}, &res))
+			must(t, e.check(&res, batch{ids: []int64{2}, start: []int32{43}, count: []int32{1}}, nil))
+			st := c.Stats()
+			if st.BufferedSteps != 20 || st.BufferFlushes < 1 {
+				t.Fatalf("decode buffer not used: %+v", st)
+			}
+
+			// 3. A finishes; C arrives with a hit on A's first two blocks
+			// (32 tokens) and prefills 8 more; B decodes.
+			b3 := batch{ids: []int64{2, 3}, start: []int32{44, 32}, count: []int32{1, 8}}
+			id = save(&omnicache.Plan{Arrivals: []int64{3}, HitTokens: []int32{32}, HitBlocks: []int32{8, 9}, Finished: []int64{1}}, b3)
+			must(t, c.Materialize(id, nil, &res))
+			must(t, e.check(&res, b3, map[int64]hit{3: {req: 1, n: 32}}))
+
+			// 4. A's deferred rows landed at its finish; B's (live) did not.
+			must(t, c.Sync())
+			e.peekEqual(0, 1, 1, 60, true) // hidden, A: prefill + 20 decode rows
+			e.peekEqual(2, 1, 1, 60, true) // codes, A
+			e.peekEqual(2, 2, 2, 45, false)
+
+			// 5. B finishes (C decodes): B's deferred rows land.
+			b5 := batch{ids: []int64{3}, start: []int32{40}, count: []int32{1}}
+			id = save(&omnicache.Plan{Finished: []int64{2}}, b5)
+			must(t, c.Discard(id))
+			must(t, c.Sync())
+			e.peekEqual(2, 2, 2, 45, true)
+			e.peekEqual(1, 2, 2, 45, true)
+
+			st = c.Stats()
+			t.Logf("stats: %+v", st)
+			if st.DeferredWrites < 2 || st.HitRequests != 1 || st.HitRowsRead != 32 {
+				t.Fatalf("unexpected stats: %+v", st)
+			}
+			must(t, c.Close())
+			if st := c.Stats(); st.PagesInUse != 0 || st.BudgetCharged != 0 {
+				t.Fatalf("leak after Close: %+v", st)
+			}
+		})
+	}
+}

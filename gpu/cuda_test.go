@@ -1,0 +1,333 @@
+//go:build cuda
+
+package gpu_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// newCUDA opens device 0 or skips the test (no GPU, no driver: the case on
+// machines without CUDA, CI included).
+func newCUDA(tb testing.TB, opt gpu.CUDAOptions) *gpu.CUDA {
+	tb.Helper()
+	d, err := gpu.NewCUDAWith(0, opt)
+	if err != nil {
+		if !errors.Is(err, gpu.ErrNoDevice) {
+			tb.Fatalf("NewCUDA: %v (want an ErrNoDevice when there is no device)", err)
+		}
+		tb.Skipf("no CUDA device: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return d.(*gpu.CUDA)
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*131+i>>8) ^ seed
+	}
+	return b
+}
+
+func must(tb testing.TB, err error) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func sync0(tb testing.TB, d gpu.Device) {
+	tb.Helper()
+	ev, err := d.Record()
+	must(tb, err)
+	must(tb, d.Wait(ev))
+}
+
+func TestCUDANoDeviceIsAnError(t *testing.T) {
+	if _, err := gpu.NewCUDA(-1); !errors.Is(err, gpu.ErrNoDevice) {
+		t.Fatalf("NewCUDA(-1): %v, want ErrNoDevice", err)
+	}
+	if !gpu.Available {
+		t.Fatal("Available is false in a cuda build")
+	}
+}
+
+func TestCUDARoundTrip(t *testing.T) {
+	for _, opt := range []gpu.CUDAOptions{{}, {SyncAlloc: true}} {
+		t.Run(fmt.Sprintf("syncalloc=%v", opt.SyncAlloc), func(t *testing.T) {
+			d := newCUDA(t, opt)
+			t.Logf("device %d, alloc %s", d.Ordinal(), d.AllocMode())
+			for _, n := range []int{1, 7, 4096, 1<<20 + 3, 33 << 20} {
+				a, err := d.Alloc(n + 64)
+				must(t, err)
+				b, err := d.Alloc(n + 128)
+				must(t, err)
+				src := pattern(n, byte(n))
+				// host → a at offset 5, a → b at offset 77, b → pinned and pageable.
+				must(t, d.CopyHtoD(a, 5, src))
+				must(t, d.CopyDtoD(b, 77, a, 5, n))
+				pin, err := d.AllocHost(n)
+				must(t, err)
+				page := make([]byte, n)
+				must(t, d.CopyDtoH(pin, b, 77))
+				must(t, d.CopyDtoH(page, b, 77))
+				sync0(t, d)
+				if !bytes.Equal(pin, src) {
+					t.Fatalf("n=%d: pinned round trip differs", n)
+				}
+				if !bytes.Equal(page, src) {
+					t.Fatalf("n=%d: pageable round trip differs", n)
+				}
+				// A partial window, read from the middle.
+				if n > 16 {
+					win := make([]byte, n/2)
+					must(t, d.CopyDtoH(win, b, 77+n/4))
+					sync0(t, d)
+					if !bytes.Equal(win, src[n/4:n/4+n/2]) {
+						t.Fatalf("n=%d: window differs", n)
+					}
+				}
+				// Overwrite part of a and check the DtoD copy kept the old bytes.
+				must(t, d.CopyHtoD(a, 5, make([]byte, n)))
+				must(t, d.CopyDtoH(pin, b, 77))
+				sync0(t, d)
+				if !bytes.Equal(pin, src) {
+					t.Fatalf("n=%d: clone changed with its source", n)
+				}
+				d.FreeHost(pin)
+				d.Free(a)
+				d.Free(b)
+			}
+		})
+	}
+}
+
+func TestCUDAHostBuffers(t *testing.T) {
+	// Host memory used as a Buffer (the cache does this for owned host
+	// tensors of deferred keys).
+	d := newCUDA(t, gpu.CUDAOptions{})
+	src := pattern(1000, 3)
+	hb := gpu.HostBuffer(append([]byte(nil), src...))
+	dev, err := d.Alloc(1000)
+	must(t, err)
+	defer d.Free(dev)
+	must(t, d.CopyDtoD(dev, 0, hb, 0, 1000))
+	out := gpu.HostBuffer(make([]byte, 1000))
+	must(t, d.CopyDtoD(out, 0, dev, 0, 1000))
+	got := make([]byte, 10)
+	must(t, d.CopyDtoH(got, out, 990)) // host → host after the stream drained
+	if !bytes.Equal(got, src[990:]) || !bytes.Equal(out.Host, src) {
+		t.Fatal("host-buffer copies differ")
+	}
+	must(t, d.CopyHtoD(out, 0, make([]byte, 10)))
+	if !bytes.Equal(out.Host[:10], make([]byte, 10)) {
+		t.Fatal("CopyHtoD into a host buffer did not land")
+	}
+}
+
+func TestCUDARangeErrors(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	a, err := d.Alloc(100)
+	must(t, err)
+	defer d.Free(a)
+	h := make([]byte, 10)
+	for name, err := range map[string]error{
+		"dtoh past end":       d.CopyDtoH(h, a, 91),
+		"dtoh negative off":   d.CopyDtoH(h, a, -1),
+		"htod past end":       d.CopyHtoD(a, 95, h),
+		"dtod dst past end":   d.CopyDtoD(a, 95, a, 0, 10),
+		"dtod src past end":   d.CopyDtoD(a, 0, a, 91, 10),
+		"dtod negative n":     d.CopyDtoD(a, 0, a, 0, -1),
+		"zero buffer":         d.CopyDtoH(h, gpu.Buffer{}, 0),
+		"overflowing offset":  d.CopyDtoH(h, a, int(^uint(0)>>1)),
+		"unrecorded event":    d.Wait(1 << 40),
+		"host buffer too big": d.CopyDtoH(h, gpu.HostBuffer(make([]byte, 5)), 0),
+	} {
+		if !errors.Is(err, gpu.ErrRange) {
+			t.Errorf("%s: %v, want ErrRange", name, err)
+		}
+	}
+	if _, err := d.Alloc(-1); !errors.Is(err, gpu.ErrAlloc) {
+		t.Errorf("Alloc(-1): %v", err)
+	}
+	if _, err := d.AllocHost(-1); !errors.Is(err, gpu.ErrAlloc) {
+		t.Errorf("AllocHost(-1): %v", err)
+	}
+	if _, err := d.Alloc(1 << 50); !errors.Is(err, gpu.ErrAlloc) {
+		t.Errorf("Alloc(1 PiB): %v, want ErrAlloc", err)
+	} else {
+		t.Logf("Alloc(1 PiB): %v", err)
+	}
+	// Zero-length operations are no-ops.
+	z, err := d.Alloc(0)
+	must(t, err)
+	must(t, d.CopyDtoH(nil, z, 0))
+	must(t, d.CopyDtoD(z, 0, a, 100, 0))
+	d.Free(z)
+	// The device still works.
+	must(t, d.CopyHtoD(a, 90, h))
+	sync0(t, d)
+}
+
+func TestCUDAEvents(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	must(t, d.Wait(0))
+	const n = 64 << 20
+	a, err := d.Alloc(n)
+	must(t, err)
+	defer d.Free(a)
+	pin, err := d.AllocHost(n)
+	must(t, err)
+	defer d.FreeHost(pin)
+	src := pattern(n, 9)
+	must(t, d.CopyHtoD(a, 0, src))
+	var last gpu.Event
+	var evs []gpu.Event
+	for i := 0; i < 300; i++ { // more records than live events: handles are recycled
+		must(t, d.CopyDtoH(pin[i*4096:(i+1)*4096], a, i*4096))
+		ev, err := d.Record()
+		must(t, err)
+		if ev <= last {
+			t.Fatalf("event handles not increasing: %d after %d", ev, last)
+		}
+		last = ev
+		evs = append(evs, ev)
+	}
+	// The whole 64 MiB, then one event: waiting on it means every byte landed.
+	clear(pin)
+	must(t, d.CopyDtoH(pin, a, 0))
+	ev, err := d.Record()
+	must(t, err)
+	// Several goroutines wait on the same event, and on old ones.
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.Wait(ev); err != nil {
+				errs <- err
+			}
+			for _, e := range evs[g*30 : g*30+30] {
+				if err := d.Wait(e); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(pin, src) {
+		t.Fatal("bytes not there after Wait")
+	}
+	must(t, d.Wait(evs[0])) // long recycled
+}
+
+func TestCUDAConcurrentCopies(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	const (
+		workers = 8
+		rounds  = 40
+		size    = 1<<20 + 17
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := func() error {
+				a, err := d.Alloc(size)
+				if err != nil {
+					return err
+				}
+				defer d.Free(a)
+				pin, err := d.AllocHost(size)
+				if err != nil {
+					return err
+				}
+				defer d.FreeHost(pin)
+				for r := 0; r < rounds; r++ {
+					b, err := d.Alloc(size) // alloc/free churn from many goroutines
+					if err != nil {
+						return err
+					}
+					src := pattern(size, byte(w*rounds+r))
+					off := (w*7 + r) % 13
+					if err := d.CopyHtoD(a, 0, src); err != nil {
+						return err
+					}
+					if err := d.CopyDtoD(b, off, a, 0, size-off); err != nil {
+						return err
+					}
+					if err := d.CopyDtoH(pin[:size-off], b, off); err != nil {
+						return err
+					}
+					ev, err := d.Record()
+					if err != nil {
+						return err
+					}
+					d.Free(b) // stream-ordered: after the copy
+					if err := d.Wait(ev); err != nil {
+						return err
+					}
+					if !bytes.Equal(pin[:size-off], src[:size-off]) {
+						return fmt.Errorf("worker %d round %d: bytes differ", w, r)
+					}
+				}
+				return nil
+			}()
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestCUDAPinned(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	p, err := d.AllocHost(8 << 20)
+	must(t, err)
+	if !d.IsPinned(p) {
+		t.Fatal("AllocHost memory is not pinned")
+	}
+	if d.IsPinned(make([]byte, 4096)) {
+		t.Fatal("Go memory reported as pinned")
+	}
+	src := pattern(len(p), 5)
+	copy(p, src)
+	a, err := d.Alloc(len(p))
+	must(t, err)
+	defer d.Free(a)
+	must(t, d.CopyHtoD(a, 0, p))
+	sync0(t, d) // the pinned source must stay put until the copy completed
+	clear(p)
+	must(t, d.CopyDtoH(p, a, 0))
+	sync0(t, d)
+	if !bytes.Equal(p, src) {
+		t.Fatal("pinned round trip differs")
+	}
+	d.FreeHost(p)
+	z, err := d.AllocHost(0)
+	must(t, err)
+	d.FreeHost(z)
+	d.FreeHost(make([]byte, 10)) // not ours: ignored
+}

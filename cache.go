@@ -221,6 +221,7 @@ func (c *Cache) Begin(p *Plan) error {
 	if c.begun {
 		return fmt.Errorf("%w: Begin twice without Save (the begun step stays begun)", ErrSequence)
 	}
+
 	n := len(p.IDs)
 	if len(p.Rows) != n || len(p.Start) != n || len(p.Count) != n {
 		return fmt.Errorf("%w: %d ids, %d rows, %d starts, %d counts", ErrPlan, n, len(p.Rows), len(p.Start), len(p.Count))
@@ -595,7 +596,10 @@ func (c *Cache) release(p *writer.Write, locked bool) {
 	c.budget.Release(p.EarlyB)
 	p.EarlyB = 0
 	c.freeDev(p)
-	if p.Deferred && !p.Own && !p.Buf.IsZero() {
+	// A deferred clone's buffer is the cache's, or an owned device tensor
+	// (freed too: it was handed over); an owned host tensor goes back
+	// through ReleaseHost below.
+	if p.Deferred && !p.Buf.IsZero() && !(p.Own && len(p.Owned) > 0) {
 		c.dev.Free(p.Buf)
 	}
 	p.Buf = gpu.Buffer{}

@@ -18,27 +18,7 @@ func BenchmarkMirror(b *testing.B) {
 		rows     = 1024
 		rowBytes = 4096
 	)
-	m, err := New(numSlots, rowBytes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	// Pre-write every slot so that all chunks exist (and are resident).
-	all := make([]int32, numSlots)
-	for i := range all {
-		all[i] = int32(i)
-	}
-	m.Write(all, make([]byte, numSlots*rowBytes))
-
-	rng := rand.New(rand.NewPCG(1, 2))
-	slots := make([]int32, rows)
-	for i, p := range rng.Perm(numSlots)[:rows] {
-		slots[i] = int32(p)
-	}
-	buf := make([]byte, rows*rowBytes)
-	for i := range buf {
-		buf[i] = byte(i*7 + 1)
-	}
-	dst := make([]byte, rows*rowBytes)
+	m, slots, buf, dst := scatterSetup(b, numSlots, rows, rowBytes, 1)
 
 	name := func(op string) string { return fmt.Sprintf("op=%s/rows=%d/row=%d", op, rows, rowBytes) }
 	b.Run(name("write"), func(b *testing.B) {
@@ -96,25 +76,7 @@ func BenchmarkScatter(b *testing.B) {
 		rows     = 8192
 		rowBytes = 8192
 	)
-	m, err := New(numSlots, rowBytes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	all := make([]int32, numSlots)
-	for i := range all {
-		all[i] = int32(i)
-	}
-	m.Write(all, make([]byte, numSlots*rowBytes))
-	rng := rand.New(rand.NewPCG(3, 4))
-	slots := make([]int32, rows)
-	for i, p := range rng.Perm(numSlots)[:rows] {
-		slots[i] = int32(p)
-	}
-	buf := make([]byte, rows*rowBytes)
-	for i := range buf {
-		buf[i] = byte(i*7 + 1)
-	}
-	dst := make([]byte, rows*rowBytes)
+	m, slots, buf, dst := scatterSetup(b, numSlots, rows, rowBytes, 3)
 	name := func(op string) string { return fmt.Sprintf("op=%s/rows=%d/row=%d", op, rows, rowBytes) }
 	b.Run(name("mirror"), func(b *testing.B) {
 		b.SetBytes(rows * rowBytes)
@@ -130,4 +92,29 @@ func BenchmarkScatter(b *testing.B) {
 			copy(dst, buf)
 		}
 	})
+}
+
+// scatterSetup returns a mirror of numSlots rows whose chunks all exist
+// (every slot pre-written, so resident), rows distinct random slots, a
+// patterned source of rows rows and a destination of the same size.
+func scatterSetup(b *testing.B, numSlots, rows, rowBytes int, seed uint64) (*Mirror, []int32, []byte, []byte) {
+	m, err := New(numSlots, rowBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	all := make([]int32, numSlots)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	m.Write(all, make([]byte, numSlots*rowBytes))
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	slots := make([]int32, rows)
+	for i, p := range rng.Perm(numSlots)[:rows] {
+		slots[i] = int32(p)
+	}
+	buf := make([]byte, rows*rowBytes)
+	for i := range buf {
+		buf[i] = byte(i*7 + 1)
+	}
+	return m, slots, buf, make([]byte, rows*rowBytes)
 }

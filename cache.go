@@ -149,10 +149,11 @@ func New(cfg Config) (*Cache, error) {
 		}
 		seen[k.Name] = true
 		ks := &c.keys[i]
-		ks.Key, ks.idx, ks.imm = k, i, -1
+		ks.Key, ks.idx, ks.imm, ks.def = k, i, -1, -1
 		c.rowB[i] = k.RowBytes
 		if k.Deferred {
 			ks.occ = soa.NewOccupancy(c.nslots)
+			ks.def = len(c.def)
 			c.def = append(c.def, i)
 		} else {
 			if c.ten == nil {
@@ -716,8 +717,9 @@ func (c *Cache) planHits(rec *stepRec) {
 		return
 	}
 	rec.planOff = grow(rec.planOff, len(rec.ids))
+	rec.hitOff = grow(rec.hitOff, len(rec.ids))
 	for i := range rec.planOff {
-		rec.planOff[i] = -1
+		rec.planOff[i], rec.hitOff[i] = -1, -1
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -735,33 +737,32 @@ func (c *Cache) planHits(rec *stepRec) {
 		c.st.HitRequests.Add(1)
 		c.st.HitTokens.Add(int64(ht))
 		blocks := c.reqs.HitBlocks(h)
-		for k := range c.keys {
+		// Immediate keys: the hit's blocks are the plan (their slots are
+		// expanded and checked when the read runs, see readJoined).
+		rec.hitOff[i] = int32(len(rec.hitBlocks))
+		rec.hitBlocks = append(rec.hitBlocks, blocks...)
+		// Deferred keys: per row, where the row is now.
+		for _, k := range c.def {
 			occ := c.keys[k].occ
-			deferred := c.keys[k].Deferred
 			for t := 0; t < ht; t++ {
 				s := blocks[t/c.bs]*int32(c.bs) + int32(t%c.bs)
-				kind, row, w := uint8(srcJoin), uint32(0), uint64(0)
+				kind, row := uint8(srcMirror), uint32(0)
 				var pp *writer.Write
-				if deferred {
-					w = occ.Word(s)
-					st, owner := soa.Unpack(w)
-					switch st {
-					case soa.Absent:
-						kind = srcAbsent
-						if c.keys[k].Optional {
-							kind = srcZero
-						}
-					case soa.Committed:
-						kind = srcMirror
-					case soa.InTransit:
-						// pending deferred rows: read the device clone
-						pp = c.clones[owner]
-						if pp == nil {
-							panic("omnicache: in-transit slot without its clone")
-						}
-						kind, row = srcClone, occ.Row(s)
-						rec.pin(pp)
+				w := occ.Word(s)
+				switch st, owner := soa.Unpack(w); st {
+				case soa.Absent:
+					kind = srcAbsent
+					if c.keys[k].Optional {
+						kind = srcZero
 					}
+				case soa.InTransit:
+					// pending deferred rows: read the device clone
+					pp = c.clones[owner]
+					if pp == nil {
+						panic("omnicache: in-transit slot without its clone")
+					}
+					kind, row = srcClone, occ.Row(s)
+					rec.pin(pp)
 				}
 				rec.pKind = append(rec.pKind, kind)
 				rec.pSlot = append(rec.pSlot, s)
@@ -899,8 +900,7 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 			rb := c.rowB[k]
 			out := dst.Rows(qi, k)
 			if pre > 0 {
-				base := int(rec.planOff[i]) + k*pre
-				if err := c.readPrefix(rec, k, base, pre, out[:pre*rb]); err != nil {
+				if err := c.readPrefix(rec, i, k, pre, out[:pre*rb]); err != nil {
 					return fmt.Errorf("request %d, key %q: %w", rec.ids[i], c.keys[k].Name, err)
 				}
 			}
@@ -921,10 +921,12 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 	return nil
 }
 
-func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
+// readPrefix reads request i's hit prefix of key k (pre rows) into out.
+func (c *Cache) readPrefix(rec *stepRec, i, k, pre int, out []byte) error {
 	if c.keys[k].imm >= 0 {
-		return c.readJoined(rec, k, base, pre, out)
+		return c.readJoined(rec, i, k, pre, out)
 	}
+	base := int(rec.planOff[i]) + c.keys[k].def*pre
 	rb := c.rowB[k]
 	occ := c.keys[k].occ
 	for t := 0; t < pre; t++ {
@@ -964,18 +966,23 @@ func (c *Cache) readPrefix(rec *stepRec, k, base, pre int, out []byte) error {
 // committer's epoch moved), the owners are checked again once it is over: a
 // scatter into one of these blocks can only be newer than the plan, and it
 // publishes the new owner when it is done.
-func (c *Cache) readJoined(rec *stepRec, k, base, pre int, out []byte) error {
+func (c *Cache) readJoined(rec *stepRec, i, k, pre int, out []byte) error {
 	c.q.Wait(rec.joinSeq)
 	if err := c.check(); err != nil {
 		return err
+	}
+	nb := (pre + c.bs - 1) / c.bs
+	sl := grow(rec.slots, pre)
+	rec.slots = sl
+	if _, err := slots.Expand(sl, rec.hitBlocks[rec.hitOff[i]:int(rec.hitOff[i])+nb], c.bs, pre); err != nil {
+		return fmt.Errorf("%w: %w", ErrPlan, err) // validated at Begin: cannot happen
 	}
 	rb := c.rowB[k]
 	m := c.mirrors.Get(k)
 	own := grow(rec.owners, pre)
 	rec.owners = own
 	e1 := c.com.Epoch()
-	for t := 0; t < pre; t++ {
-		s := rec.pSlot[base+t]
+	for t, s := range sl {
 		d := out[t*rb : (t+1)*rb]
 		o := c.ten.Owner(s)
 		own[t] = o
@@ -994,8 +1001,8 @@ func (c *Cache) readJoined(rec *stepRec, k, base, pre int, out []byte) error {
 		return nil
 	}
 	c.com.EvenEpoch()
-	for t := 0; t < pre; t++ {
-		if s := rec.pSlot[base+t]; c.ten.Owner(s) != own[t] {
+	for t, s := range sl {
+		if c.ten.Owner(s) != own[t] {
 			return fmt.Errorf("%w: position %d (slot %d)", ErrReassigned, t, s)
 		}
 	}

@@ -10,6 +10,7 @@ type keyState struct {
 	Key
 	idx int
 	imm int            // index among immediate keys, -1 for deferred keys
+	def int            // index among deferred keys, -1 for immediate keys
 	occ *soa.Occupancy // deferred keys: per-slot occupancy
 }
 
@@ -19,21 +20,23 @@ const (
 	srcAbsent
 	srcMirror
 	srcClone
-	srcJoin
 )
 
 // stepRec is a saved step until Materialize or Discard consumes it.
 type stepRec struct {
-	id       StepID
-	consumed bool
-	ids      []int64
-	count    []int32
-	tokOff   []int32 // first row of each request in the step (see offsets)
-	prefix   []int32 // hit prefix tokens per request (empty when no hit)
-	planOff  []int32 // per request: first plan entry (entries for key k follow in key order)
-	src      []*writer.Write
-	srcOff   []int32 // per key: first row of this step in src[k]
-	pins     []*writer.Write
+	id        StepID
+	consumed  bool
+	ids       []int64
+	count     []int32
+	tokOff    []int32 // first row of each request in the step (see offsets)
+	prefix    []int32 // hit prefix tokens per request (empty when no hit)
+	planOff   []int32 // per request: first deferred-key plan entry (deferred keys follow in order)
+	hitOff    []int32 // per request: its hit blocks in hitBlocks (-1: no hit served)
+	hitBlocks []int32
+	slots     []int32 // scratch of the consumer (readJoined)
+	src       []*writer.Write
+	srcOff    []int32 // per key: first row of this step in src[k]
+	pins      []*writer.Write
 	// hit plan entries, one per (request, key, prefix row)
 	pKind []uint8
 	pSlot []int32
@@ -55,6 +58,8 @@ func (s *stepRec) reset() {
 	s.tokOff = s.tokOff[:0]
 	s.prefix = s.prefix[:0]
 	s.planOff = s.planOff[:0]
+	s.hitOff = s.hitOff[:0]
+	s.hitBlocks = s.hitBlocks[:0]
 	clear(s.src)
 	s.srcOff = s.srcOff[:0]
 	clear(s.pins)

@@ -65,7 +65,6 @@ type Cache struct {
 	prevH    []soa.Handle
 	stamp    []uint64 // per handle: last Begin that scheduled it (duplicate check)
 	stampGen uint64
-	firstReq bool
 
 	// ten tracks the tenancy of every immediate key (they are always
 	// written together, by the committer, in order).
@@ -149,7 +148,7 @@ func New(cfg Config) (*Cache, error) {
 		}
 		seen[k.Name] = true
 		ks := &c.keys[i]
-		ks.Key, ks.idx, ks.imm, ks.def = k, i, -1, -1
+		ks.Key, ks.imm, ks.def = k, -1, -1
 		c.rowB[i] = k.RowBytes
 		if k.Deferred {
 			ks.occ = soa.NewOccupancy(c.nslots)
@@ -821,13 +820,15 @@ func (c *Cache) takeLocked(id StepID, reqs []int64) (*stepRec, error) {
 		if r.id != id {
 			continue
 		}
+		r.qidx = r.qidx[:0]
 		for _, q := range reqs {
-			if r.find(q) < 0 {
+			j := r.find(q)
+			if j < 0 {
 				return nil, fmt.Errorf("%w: request %d in step %d", ErrNotInStep, q, id)
 			}
+			r.qidx = append(r.qidx, int32(j))
 		}
 		c.steps = append(c.steps[:i], c.steps[i+1:]...)
-		r.consumed = true
 		return r, nil
 	}
 	return nil, fmt.Errorf("%w: %d", ErrUnknownStep, id)
@@ -878,20 +879,22 @@ func (c *Cache) read(rec *stepRec, reqs []int64, dst *Result) error {
 	if reqs == nil {
 		nq = len(rec.ids)
 	}
-	for qi := 0; qi < nq; qi++ {
-		i := qi
-		if reqs != nil {
-			i = rec.find(reqs[qi])
+	// which maps the qi-th request asked for to its index in the step
+	// (take resolved reqs into rec.qidx).
+	which := func(qi int) int {
+		if reqs == nil {
+			return qi
 		}
+		return int(rec.qidx[qi])
+	}
+	for qi := 0; qi < nq; qi++ {
+		i := which(qi)
 		pre := rec.prefixOf(i)
 		dst.add(rec.ids[i], pre, pre+rec.count[i])
 	}
 	dst.size()
 	for qi := 0; qi < nq; qi++ {
-		i := qi
-		if reqs != nil {
-			i = rec.find(reqs[qi])
-		}
+		i := which(qi)
 		pre := int(rec.prefixOf(i))
 		if pre > 0 {
 			c.st.HitRows.Add(int64(pre))
@@ -1230,15 +1233,10 @@ func (c *Cache) Close() error {
 
 // Stats returns the cache's counters. Any goroutine.
 func (c *Cache) Stats() Stats {
+	// Every source is atomic or has its own lock: Stats never waits on the
+	// state lock.
 	ch, peak := c.budget.Charged()
-	var res int64
-	for k := range c.keys {
-		if m := c.mirrors.Get(k); m != nil {
-			res += m.ResidentBytes()
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	res := c.mirrors.ResidentBytes()
 	return Stats{
 		Steps:               c.st.Steps.Load(),
 		WriteTasks:          c.st.Tasks.Load(),

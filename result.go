@@ -47,9 +47,8 @@ func (r *Result) reset(rowBytes []int) {
 	r.keys = r.keys[:len(rowBytes)]
 }
 
-// add appends request id with prefix and total token counts and returns its
-// row offset.
-func (r *Result) add(id int64, prefix, tokens int32) int32 {
+// add appends request id with prefix and total token counts.
+func (r *Result) add(id int64, prefix, tokens int32) {
 	off := int32(0)
 	if n := len(r.off); n > 0 {
 		off = r.off[n-1] + r.tokens[n-1]
@@ -58,7 +57,6 @@ func (r *Result) add(id int64, prefix, tokens int32) int32 {
 	r.prefix = append(r.prefix, prefix)
 	r.tokens = append(r.tokens, tokens)
 	r.off = append(r.off, off)
-	return off
 }
 
 // size grows every key buffer to hold the rows added so far.

@@ -8,7 +8,6 @@ import (
 // keyState is one configured key.
 type keyState struct {
 	Key
-	idx int
 	imm int            // index among immediate keys, -1 for deferred keys
 	def int            // index among deferred keys, -1 for immediate keys
 	occ *soa.Occupancy // deferred keys: per-slot occupancy
@@ -25,7 +24,6 @@ const (
 // stepRec is a saved step until Materialize or Discard consumes it.
 type stepRec struct {
 	id        StepID
-	consumed  bool
 	ids       []int64
 	count     []int32
 	tokOff    []int32 // first row of each request in the step (see offsets)
@@ -43,7 +41,8 @@ type stepRec struct {
 	pWord []uint64
 	pProd []*writer.Write
 	pRow  []uint32
-	lastQ int // search hint for request lookup
+	lastQ int     // search hint for request lookup
+	qidx  []int32 // requests asked of Materialize, as step indices (set by take)
 	// immediate-key hit reads join the committer up to joinSeq; a row
 	// whose owner is newer than maxOwner was reassigned after planning.
 	joinSeq  uint64
@@ -52,7 +51,6 @@ type stepRec struct {
 }
 
 func (s *stepRec) reset() {
-	s.consumed = false
 	s.ids = s.ids[:0]
 	s.count = s.count[:0]
 	s.tokOff = s.tokOff[:0]

@@ -172,6 +172,9 @@ type Stats struct {
 	HitRowsRead    int64 // prefix rows served by Materialize
 	// CommitterNanos is CPU-side time the committer spent moving rows.
 	CommitterNanos int64
+	// StallNanos is time the engine goroutine waited on back-pressure: for
+	// a free staging page, or for the committer under budget pressure.
+	StallNanos int64
 	// MirrorResidentBytes is host memory really backing the mirror.
 	MirrorResidentBytes int64
 	// BudgetCharged / BudgetLimit: device bytes held now / allowed.

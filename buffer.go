@@ -62,7 +62,7 @@ func (c *Cache) park(o *Outputs, rec *stepRec) error {
 		p.Host = grow(p.Host, m)
 		p.Dev = grow(p.Dev, m)
 		p.Staged = grow(p.Staged, m)
-		c.buf.Open(c.cur.ids, p)
+		c.buf.Open(rec.ids, p)
 		p.Owners = 1 // not published yet: no lock needed
 	}
 	p, j := c.buf.W, c.buf.K
@@ -171,7 +171,7 @@ func (c *Cache) saveDeferred(o *Outputs, rec *stepRec) error {
 		owners := int32(0)
 		tokOff := rec.offsets()
 		for i, h := range c.cur.h {
-			cnt := c.cur.count[i]
+			cnt := rec.count[i]
 			if cnt == 0 {
 				continue
 			}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/slots"
@@ -62,8 +63,9 @@ type Cache struct {
 	defSeq   uint64
 	lastEv   [2]gpu.Event // the last two writes' copies (see join)
 	prevIDs  []int64
-	prevH    []soa.Handle
-	stamp    []uint64 // per handle: last Begin that scheduled it (duplicate check)
+	prevH    []soa.Handle // handles of prevIDs (c.cur.h aliases it while the ids stay the same)
+	hbuf     []soa.Handle // spare for the next change of ids
+	stamp    []uint64     // per handle: last Begin that scheduled it (duplicate check)
 	stampGen uint64
 
 	// ten tracks the tenancy of every immediate key (they are always
@@ -254,26 +256,37 @@ func (c *Cache) Begin(p *Plan) error {
 	ntok := 0
 	pure := !c.cfg.DisableDecodeBuffer && n > 0 && len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
 		len(p.Preempted) == 0 && len(p.Resumed) == 0
-	for i, cnt := range p.Count {
+	for _, cnt := range p.Count { // negative starts and counts: slots.Map rejects them
 		ntok += int(cnt)
 		if cnt != 1 {
 			pure = false
 		}
-		if p.Start[i] < 0 || cnt < 0 {
-			return fmt.Errorf("%w: request %d: start %d, count %d", ErrPlan, p.IDs[i], p.Start[i], cnt)
-		}
+	}
+	if ntok < 0 {
+		return fmt.Errorf("%w: negative token count", ErrPlan)
 	}
 	c.cur.slots = grow(c.cur.slots, ntok)
 	if _, err := slots.Map(c.cur.slots, slots.Batch{Rows: p.Rows, Start: p.Start, Count: p.Count, Table: p.Table, Stride: p.Stride}, c.bs); err != nil {
 		return fmt.Errorf("%w: %w", ErrPlan, err)
 	}
+	// Block ids beyond NumBlocks: one branch-free pass (a slot outside
+	// [0, nslots) makes s or last-s negative), then find it for the error.
+	var bad int32
+	last := int32(c.nslots - 1)
 	for _, s := range c.cur.slots {
-		if s < 0 || int(s) >= c.nslots {
-			return fmt.Errorf("%w: slot %d outside [0,%d): block table names a block beyond NumBlocks", ErrPlan, s, c.nslots)
+		bad |= s | (last - s)
+	}
+	if bad < 0 {
+		for _, s := range c.cur.slots {
+			if s < 0 || s > last {
+				return fmt.Errorf("%w: slot %d outside [0,%d): block table names a block beyond NumBlocks", ErrPlan, s, c.nslots)
+			}
 		}
 	}
 	same := slices.Equal(p.IDs, c.prevIDs)
-	if pure && !c.buf.Continues(p.IDs) {
+	// A non-empty buffer holds the previous step (any other step flushes
+	// it), so the same ids continue it.
+	if pure && !same && !c.buf.Continues(p.IDs) {
 		pure = false
 	}
 	// Anything but a buffered decode step writes the buffer first, before
@@ -309,9 +322,9 @@ func (c *Cache) Begin(p *Plan) error {
 	c.cur.count = append(c.cur.count[:0], p.Count...)
 	c.cur.hitReq = c.cur.hitReq[:0]
 	if same {
-		c.cur.h = append(c.cur.h[:0], c.prevH...)
+		c.cur.h = c.prevH // read-only until the ids change
 	} else {
-		c.cur.h = c.cur.h[:0]
+		c.cur.h = c.hbuf[:0]
 		c.stampGen++
 		for _, id := range p.IDs {
 			h, ok := c.reqs.Lookup(id)
@@ -334,9 +347,9 @@ func (c *Cache) Begin(p *Plan) error {
 			}
 		}
 		c.prevIDs = append(c.prevIDs[:0], p.IDs...)
-		c.prevH = append(c.prevH[:0], c.cur.h...)
+		c.hbuf, c.prevH = c.prevH, c.cur.h
+		c.live.Store(int64(c.reqs.Len())) // the table changes only with the ids
 	}
-	c.live.Store(int64(c.reqs.Len()))
 	c.cur.ntok = ntok
 	c.cur.pure = pure
 	c.begun = true
@@ -428,15 +441,25 @@ func (c *Cache) newRec() *stepRec {
 	r.id = c.nextStep
 	r.src = grow(r.src, len(c.keys))
 	r.srcOff = grow(r.srcOff, len(c.keys))
-	r.ids = append(r.ids, c.cur.ids...)
-	r.count = append(r.count, c.cur.count...)
+	// The record takes the step's ids and counts (Begin copied them out of
+	// the borrowed plan); the engine refills the record's old slices next
+	// Begin. No second copy.
+	r.ids, c.cur.ids = c.cur.ids, r.ids[:0]
+	r.count, c.cur.count = c.cur.count, r.count[:0]
 	return r
 }
 
 // claimPage takes a staging page, waiting up to the claim timeout; the
 // timeout error names the step ids that hold pages.
 func (c *Cache) claimPage() (*writer.Page, error) {
-	pg, err := c.pages.Claim(c.cfg.StagingClaimTimeout)
+	pg, err := c.pages.Claim(NoWait)
+	if err != nil && errors.Is(err, writer.ErrTimeout) && c.cfg.StagingClaimTimeout >= 0 {
+		// Back-pressure: every page is held by unconsumed steps or by
+		// writes the committer has not landed yet.
+		t0 := time.Now()
+		pg, err = c.pages.Claim(c.cfg.StagingClaimTimeout)
+		c.st.StallNanos.Add(int64(time.Since(t0)))
+	}
 	if err == nil {
 		if pg.Mem == nil {
 			if pg.Mem, err = c.dev.AllocHost(c.pageB); err != nil {
@@ -674,7 +697,9 @@ func (c *Cache) reserve(n int64) error {
 		case c.forceOldestDeferred():
 			c.st.BudgetFlushes.Add(1)
 		case c.q.Pending() > 0:
+			t0 := time.Now()
 			c.q.Drain()
+			c.st.StallNanos.Add(int64(time.Since(t0)))
 		default:
 			// Nothing left to force out. Bytes may have been released since
 			// the attempt (the committer, a Materialize or Discard): try again
@@ -1251,6 +1276,7 @@ func (c *Cache) Stats() Stats {
 		HitTokens:           c.st.HitTokens.Load(),
 		HitRowsRead:         c.st.HitRows.Load(),
 		CommitterNanos:      c.st.CommitNanos.Load(),
+		StallNanos:          c.st.StallNanos.Load(),
 		MirrorResidentBytes: res,
 		BudgetCharged:       ch,
 		BudgetLimit:         c.budget.Limit(),

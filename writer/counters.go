@@ -6,5 +6,5 @@ import "sync/atomic"
 // engine goroutine and the committer.
 type Counters struct {
 	Steps, Tasks, Rows, Bytes, Skipped, Buffered, Flushes, DeferredWrites, BudgetFlushes atomic.Int64
-	HitRequests, HitTokens, HitRows, CommitNanos, Cloned                                 atomic.Int64
+	HitRequests, HitTokens, HitRows, CommitNanos, Cloned, StallNanos                     atomic.Int64
 }

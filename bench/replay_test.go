@@ -30,7 +30,7 @@ func fakeWith(setup func(*fakeCache)) func(omnicache.Config) (Cache, error) {
 // decode.
 func small() Workload {
 	return Workload{Model: "test", Name: "P96_h50_c4", SharedPrefix: 48, InputLen: 48, OutputLen: 20,
-		RangeRatio: 0.5, Concurrency: 4, Prompts: 24, RefReqPerSec: 10,
+		RangeRatio: 0.5, Concurrency: 4, Prompts: 24, Ref: Reference{ReqPerSecOff: 10},
 		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 24}, {Name: "extra", RowBytes: 13, Optional: true}}}
 }
 
@@ -44,21 +44,41 @@ func TestDefaultTable(t *testing.T) {
 		byName[w.FullName()] = w
 	}
 	q := byName["Qwen3-Omni/DECV_c64"]
-	if q.InputLen != 100 || q.OutputLen != 100 || q.RangeRatio != 0.5 || q.Concurrency != 64 || q.Prompts != 512 || q.RefReqPerSec != 22.41 {
+	if q.InputLen != 100 || q.OutputLen != 100 || q.RangeRatio != 0.5 || q.Concurrency != 64 || q.Prompts != 512 || q.Ref.ReqPerSecOff != 22.41 {
 		t.Fatalf("Qwen3-Omni/DECV_c64: %+v", q)
 	}
 	if got := FormatWidths(q.Keys); got != "hidden=4096,layer_a=4096:opt,layer_b=4096:opt" {
 		t.Fatalf("Qwen keys %s", got)
 	}
 	m := byName["MiniCPM-o/P16384_h0_c64"]
-	if m.InputLen != 16384 || m.OutputLen != 8 || m.Concurrency != 64 || m.Prompts != 512 || m.RefReqPerSec != 0.44 {
+	if m.InputLen != 16384 || m.OutputLen != 8 || m.Concurrency != 64 || m.Prompts != 128 || m.Seed != 50107 || m.Ref.ReqPerSecOff != 0.44 {
 		t.Fatalf("MiniCPM-o/P16384_h0_c64: %+v", m)
 	}
 	if got := FormatWidths(m.Keys); got != "hidden=8192" {
 		t.Fatalf("MiniCPM keys %s", got)
 	}
-	if h := byName["Qwen3-Omni/P1024_h50_c64"]; h.SharedPrefix+h.InputLen != 1024 {
+	if h := byName["Qwen3-Omni/P1024_h50_c64"]; h.SharedPrefix != 512 || h.InputLen != 512 || h.Seed != 50009 ||
+		h.Ref != (Reference{Hit: "49.4", ReqPerSecOff: 19.44, Before: 0.688, After: 0.765, AfterLo: 0.757, AfterHi: 0.772}) {
 		t.Fatalf("h50 row %+v", h)
+	}
+	// DESIGN §6's prompt counts and seeds, row by row.
+	want := map[string][2]int{
+		"Qwen3-Omni/P1024_h0_c8": {256, 50003}, "Qwen3-Omni/P4096_h0_c1": {64, 50014}, "Qwen3-Omni/DEC100_c32": {256, 50059},
+		"Qwen3-Omni/DEC100_c64": {512, 50060}, "Qwen3-Omni/DECV_c32": {256, 50063}, "Qwen3-Omni/DECV_c64": {512, 50064},
+		"MiniCPM-o/P256_h0_c32": {512, 50063}, "MiniCPM-o/P1024_h0_c32": {256, 50070}, "MiniCPM-o/P1024_h0_c64": {256, 50071},
+		"MiniCPM-o/P4096_h0_c32": {128, 50088}, "MiniCPM-o/P4096_h0_c64": {256, 50089}, "MiniCPM-o/P8192_h0_c32": {128, 50099},
+		"MiniCPM-o/P16384_h0_c32": {64, 50106}, "MiniCPM-o/DEC100_c32": {256, 50129}, "MiniCPM-o/DEC100_c64": {512, 50130},
+		"MiniCPM-o/DECV_c32": {256, 50063}, "MiniCPM-o/DECV_c64": {512, 50064},
+	}
+	for name, pw := range want {
+		if w := byName[name]; w.Prompts != pw[0] || w.Seed != uint64(pw[1]) {
+			t.Errorf("%s: %d prompts seed %d, want %d seed %d", name, w.Prompts, w.Seed, pw[0], pw[1])
+		}
+	}
+	for _, w := range ws {
+		if w.Cost.Model != w.Model || w.Cost.IsZero() {
+			t.Errorf("%s: no step cost", w.FullName())
+		}
 	}
 	if got := byName["Qwen3-Omni/P1024_h0_c8"].Scaled(0.125).Prompts; got != 32 {
 		t.Fatalf("scaled prompts %d, want 32", got)
@@ -115,8 +135,27 @@ func TestReplayCacheOffMakesNoCall(t *testing.T) {
 	if rep.Cache != "off" || rep.ProjectedChange != 0 || rep.EngineNsTotal != 0 || rep.Steps == 0 {
 		t.Fatalf("%+v", rep)
 	}
-	if rep.HitRate <= 0.2 {
-		t.Fatalf("hit rate %.2f with a half shared prefix", rep.HitRate)
+	// Cache off is the reference's enable_prefix_caching: false: nothing
+	// hits and every prompt token is computed.
+	var all int64
+	src := NewRandomSource(small(), 1)
+	for {
+		r, ok, _ := src.Next()
+		if !ok {
+			break
+		}
+		all += int64(len(r.Prompt) + r.OutputLen - 1) // the last sampled token is never computed
+	}
+	if rep.HitTokens != 0 || rep.ComputedTokens != all {
+		t.Fatalf("cache off: %d hit tokens, %d computed, want 0 and %d", rep.HitTokens, rep.ComputedTokens, all)
+	}
+	on, err := Replay(small().Spec(1), Options{Cache: true, NewCache: fakeWith(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on.HitRate <= 0.2 || on.ComputedTokens != all-on.HitTokens {
+		t.Fatalf("cache on: hit rate %.2f with a half shared prefix, %d computed tokens, %d hit, want %d in all",
+			on.HitRate, on.ComputedTokens, on.HitTokens, all)
 	}
 }
 
@@ -131,8 +170,9 @@ func TestReplayVerifyFake(t *testing.T) {
 			if rep.VerifiedRows == 0 || rep.VerifyFailures != 0 || rep.Materialized != rep.Steps {
 				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
 			}
-			if rep.HitRate == 0 || rep.FirstRequestNs <= 0 || rep.ProjectedChange >= 0 || len(rep.Samples) != rep.Steps {
-				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
+			if rep.HitRate == 0 || rep.FirstRequestNs <= 0 || rep.ProjectedChange == 0 || len(rep.Samples) != rep.Steps {
+				t.Fatalf("owned=%v kv=%d: hit rate %.2f, first request %d ns, change %f, %d samples of %d steps",
+					owned, kv, rep.HitRate, rep.FirstRequestNs, rep.ProjectedChange, len(rep.Samples), rep.Steps)
 			}
 			if kv > 0 && rep.Preemptions == 0 {
 				t.Fatalf("no preemption with a 16-block pool")
@@ -285,16 +325,16 @@ func checkIdealHitRatio(t *testing.T, limit int) {
 		total += (r.InputLength + r.OutputLength + 15) / 16
 	}
 	spec.KVBlocks = total + 1
-	rep, err := Replay(spec, Options{})
+	sch, err := Simulate(spec, Options{}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("ideal %.4f simulated %.4f over %d requests (%d steps)", ideal, rep.HitRate, len(recs), rep.Steps)
-	if math.Abs(ideal-rep.HitRate) > 0.01 {
-		t.Fatalf("simulated hit rate %.4f, ideal %.4f", rep.HitRate, ideal)
+	t.Logf("ideal %.4f simulated %.4f over %d requests (%d steps)", ideal, sch.HitRate(), len(recs), sch.Steps)
+	if math.Abs(ideal-sch.HitRate()) > 0.01 {
+		t.Fatalf("simulated hit rate %.4f, ideal %.4f", sch.HitRate(), ideal)
 	}
-	if limit == 0 && math.Abs(rep.HitRate-0.65) > 0.01 {
-		t.Fatalf("whole-trace hit rate %.4f, the trace's README says about 0.65", rep.HitRate)
+	if limit == 0 && math.Abs(sch.HitRate()-0.65) > 0.01 {
+		t.Fatalf("whole-trace hit rate %.4f, the trace's README says about 0.65", sch.HitRate())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/omnicache/omnicache"
@@ -318,13 +319,15 @@ func checkIdealHitRatio(t *testing.T, limit int) {
 	}
 	ideal := idealHitRate(recs)
 	keys, _ := ParseWidths("hidden=16")
-	spec := TraceSpec("trace", recs, keys, 4)
 	// A pool larger than every block ever allocated never evicts.
 	total := 0
 	for _, r := range recs {
 		total += (r.InputLength + r.OutputLength + 15) / 16
 	}
-	spec.KVBlocks = total + 1
+	spec, err := TraceSpec("trace", recs, keys, 4, TraceLimits{MaxModelLen: DefaultTraceMaxModelLen, KVBlocks: total + 1, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
 	sch, err := Simulate(spec, Options{}, true)
 	if err != nil {
 		t.Fatal(err)
@@ -347,8 +350,10 @@ func TestTraceVerifyRealCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, _ := ParseWidths("hidden=16,audio=8")
-	spec := TraceSpec("trace", recs, keys, 8)
-	spec.KVBlocks = 32768
+	spec, err := TraceSpec("trace", recs, keys, 8, TraceLimits{MaxModelLen: DefaultTraceMaxModelLen, KVBlocks: 32768, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rep, err := Replay(spec, Options{Cache: true, Verify: true, Pace: true})
 	if err != nil {
 		t.Fatal(err)
@@ -369,11 +374,13 @@ func TestPlotAndReport(t *testing.T) {
 	}
 	dir := t.TempDir()
 	png := filepath.Join(dir, "p.png")
-	if err := WritePlot(png, []*Report{off, rep}); err != nil {
+	if err := WritePlots(png, []*Report{off, rep}); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
-		t.Fatalf("plot: %v", err)
+	for _, f := range []string{png, StepPlotPath(png)} {
+		if st, err := os.Stat(f); err != nil || st.Size() < 1000 {
+			t.Fatalf("plot %s: %v", f, err)
+		}
 	}
 	f, _ := os.Create(filepath.Join(dir, "t.txt"))
 	defer f.Close()
@@ -421,6 +428,53 @@ func TestVerifyRealCacheModes(t *testing.T) {
 						t.Fatalf("kv=%d: %d rows, %d hits, %d preemptions", kv, rep.VerifiedRows, rep.HitTokens, rep.Preemptions)
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestCheckTrace: records out of the model length or the KV pool are errors
+// naming the record, checked before anything is sized from them.
+func TestCheckTrace(t *testing.T) {
+	lim := TraceLimits{MaxModelLen: 1000, KVBlocks: 32, BlockSize: 16} // pool: 512 tokens
+	ok := TraceRecord{InputLength: 100, OutputLength: 10}
+	for _, c := range []struct {
+		rec  TraceRecord
+		want string
+	}{
+		{TraceRecord{InputLength: 99999999999999, OutputLength: 4}, "model length"},
+		{TraceRecord{InputLength: 8, OutputLength: 1e12}, "model length"},
+		{TraceRecord{InputLength: 600, OutputLength: 10}, "KV pool"},
+		{TraceRecord{InputLength: 0, OutputLength: 10}, "> 0"},
+		{TraceRecord{InputLength: 10, OutputLength: -1}, "> 0"},
+	} {
+		recs := []TraceRecord{ok, ok, c.rec}
+		err := CheckTrace(recs, lim)
+		if !errors.Is(err, ErrTraceRecord) || !strings.Contains(err.Error(), "record 3:") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v", c.rec, err)
+		}
+		if _, err := TraceSpec("t", recs, []omnicache.Key{{Name: "h", RowBytes: 8}}, 4, lim); !errors.Is(err, ErrTraceRecord) {
+			t.Errorf("TraceSpec accepted %+v: %v", c.rec, err)
+		}
+	}
+	if err := CheckTrace([]TraceRecord{ok, {InputLength: 500, OutputLength: 12}}, lim); err != nil {
+		t.Fatalf("a record of exactly the pool: %v", err)
+	}
+}
+
+// TestParseTraceErrorsNameRecord: every parser names the bad record and its
+// line (simdjson alone names neither).
+func TestParseTraceErrorsNameRecord(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}`
+	for _, data := range []struct{ text, want string }{
+		{good + "\n" + good + "\n\n" + `{"timestamp": 0, "input_length": 10,` + "\n" + good + "\n", "record 3 (line 4)"},
+		{good + "\n" + `{"timestamp": 0, "input_length": "ten", "output_length": 2, "hash_ids": [1]}` + "\n", "record 2"},
+		{good + "\n" + `{"timestamp": 0, "input_length": 10, "output_length": 1.5e12, "hash_ids": [1]}` + "\n", "record 2"},
+	} {
+		for _, p := range []string{ParserStd, ParserAuto} {
+			_, err := ParseTrace([]byte(data.text), p, 0)
+			if err == nil || !strings.Contains(err.Error(), data.want) {
+				t.Errorf("%s: %q: %v, want %q", p, data.text, err, data.want)
 			}
 		}
 	}

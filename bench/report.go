@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -112,12 +113,13 @@ func Check(reps []*Report) Verdict {
 
 // WriteTable prints one line per workload, at most TableWidth columns: the
 // hit rate, the engine goroutine's cache time per step (mean and p99), the
-// model's cache-off throughput against the reference's (and the fit error),
-// the projected change beside the reference's change after its fix and its
-// range; then the summary against the targets (WriteSummary).
+// mirror's resident bytes, the model's cache-off throughput and the
+// reference's ("model/ref"), the projected change beside the reference's
+// change after its fix and its range; then the summary against the targets
+// (WriteSummary).
 func WriteTable(w io.Writer, reps []*Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\thit\teng/step\teng p99\tmirror\toff req/s\tref req/s\tfit err\tprojected\tref after\tref range\t")
+	fmt.Fprintln(tw, "workload\thit\teng/step\teng p99\tmirror\toff req/s\tprojected\tref after\tref range\t")
 	for _, run := range pairRuns(reps) {
 		a := run.any()
 		hit, eng, p99, mirror, proj := "-", "-", "-", "-", "-"
@@ -125,12 +127,12 @@ func WriteTable(w io.Writer, reps []*Report) error {
 			r := run.on
 			hit = pct(r.HitRate, 1)
 			eng, p99 = dur(r.EngineNsPerStep), dur(float64(r.EngineNsP99))
-			mirror = bytesStr(r.MirrorResidentBytes)
-			proj = signedPct(r.ProjectedChange, 3)
+			mirror = shortBytes(r.MirrorResidentBytes)
+			proj = signedPct(r.ProjectedChange, 2)
 		}
-		refOff, fit, after, rng := refCols(a)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", run.name, hit, eng, p99, mirror,
-			a.ModelReqPerSecOff, refOff, fit, proj, after, rng)
+		refOff, _, after, rng := refCols(a)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.4g/%s\t%s\t%s\t%s\t\n", shortName(run.name), hit, eng, p99, mirror,
+			a.ModelReqPerSecOff, refOff, proj, after, strings.ReplaceAll(rng, "%", ""))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -143,7 +145,8 @@ func refCols(r *Report) (refOff, fit, after, rng string) {
 	if r.RefReqPerSecOff == 0 {
 		return "-", "-", "-", "-"
 	}
-	return fmt.Sprintf("%.2f", r.RefReqPerSecOff), signedPct(r.FitError, 1), signedPct(r.RefChangeAfter, 1),
+	// Reference changes to its own precision (0.1 points).
+	return fmt.Sprintf("%.4g", r.RefReqPerSecOff), signedPct(r.FitError, 1), signedPct(r.RefChangeAfter, 1),
 		signedPct(r.RefChangeAfterLo, 1) + ".." + signedPct(r.RefChangeAfterHi, 1)
 }
 
@@ -181,29 +184,31 @@ func WriteWideTable(w io.Writer, reps []*Report) error {
 
 // WriteSummary prints the verdict: the worst 0%-hit loss against the target,
 // each hit workload's gain against the reference, the worst fit error of the
-// runs, and the --verify results.
+// runs, and the --verify results. Lines fit TableWidth columns but for
+// verification failures.
 func WriteSummary(w io.Writer, reps []*Report) error {
 	v := Check(reps)
+	fmt.Fprintln(w)
 	if v.ZeroHit > 0 {
 		verdict := "ok"
 		if v.WorstLoss > TargetLoss {
 			verdict = "OVER TARGET"
 		}
-		fmt.Fprintf(w, "\nworst projected loss at 0%% hit: %s (%s) over %d workloads; target <= %s: %s\n",
-			pct(v.WorstLoss, 3), v.WorstLossName, v.ZeroHit, pct(TargetLoss, 1), verdict)
+		fmt.Fprintf(w, "worst projected loss at 0%% hit: %s (%s), %d workloads; target <= %s: %s\n",
+			pct(v.WorstLoss, 3), shortName(v.WorstLossName), v.ZeroHit, pct(TargetLoss, 1), verdict)
 	}
 	for _, h := range v.Hits {
 		if !h.HasRef {
-			fmt.Fprintf(w, "gain at %s hit: %s projects %s (no reference)\n", pct(h.HitRate, 1), h.Name, signedPct(h.Projected, 1))
+			fmt.Fprintf(w, "gain %s (hit %s): %s, no reference\n", shortName(h.Name), pct(h.HitRate, 1), signedPct(h.Projected, 1))
 			continue
 		}
 		verdict := "ok"
 		if !h.WithinGainTarget {
 			verdict = "OFF TARGET"
 		}
-		fmt.Fprintf(w, "gain at %s hit: %s projects %s, reference %s (range %s..%s): %+.1f points; target within ±%.0f: %s\n",
-			pct(h.HitRate, 1), h.Name, signedPct(h.Projected, 1), signedPct(h.RefAfter, 1), signedPct(h.RefLo, 1),
-			signedPct(h.RefHi, 1), 100*(h.Projected-h.RefAfter), 100*TargetGainPoints, verdict)
+		fmt.Fprintf(w, "gain %s at %s hit: %s vs reference %s, %+.1f points; target ±%.0f: %s\n",
+			shortName(h.Name), pct(h.HitRate, 1), signedPct(h.Projected, 1), signedPct(h.RefAfter, 1),
+			100*(h.Projected-h.RefAfter), 100*TargetGainPoints, verdict)
 	}
 	worst, name := 0.0, ""
 	for _, r := range reps {
@@ -212,8 +217,8 @@ func WriteSummary(w io.Writer, reps []*Report) error {
 		}
 	}
 	if name != "" {
-		fmt.Fprintf(w, "worst fit error (model vs reference cache-off req/s, at this run's prompt counts): %s (%s)\n",
-			pct(worst, 1), name)
+		fmt.Fprintf(w, "worst fit error, model vs reference cache-off req/s at these prompt counts: %s (%s)\n",
+			pct(worst, 1), shortName(name))
 	}
 	for _, r := range reps {
 		if r.Verify {
@@ -235,6 +240,30 @@ func WriteJSON(w io.Writer, r *Report) error {
 	b = append(b, '\n')
 	_, err = w.Write(b)
 	return err
+}
+
+// maxNameCols bounds the workload column of the default table.
+const maxNameCols = 26
+
+// shortName cuts a name to maxNameCols, keeping its end (the distinctive
+// part of a file name or workload).
+func shortName(s string) string {
+	r := []rune(s)
+	if len(r) <= maxNameCols {
+		return s
+	}
+	return "…" + string(r[len(r)-maxNameCols+1:])
+}
+
+// shortBytes is bytesStr without decimals (MiB and up).
+func shortBytes(n int64) string {
+	switch {
+	case n < 1<<20:
+		return bytesStr(n)
+	case n < 1<<30:
+		return fmt.Sprintf("%.0fMiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
 }
 
 func pct(f float64, prec int) string { return fmt.Sprintf("%.*f%%", prec, 100*f) }

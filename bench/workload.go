@@ -164,11 +164,13 @@ func parseWorkload(f []string) (Workload, error) {
 		return w, fmt.Errorf("bad reference throughput %q", f[11])
 	}
 	for i, p := range []*float64{&w.Ref.Before, &w.Ref.After, &w.Ref.AfterLo, &w.Ref.AfterHi} {
-		v, err := strconv.ParseFloat(f[12+i], 64)
-		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= -100 {
+		// Percent to fraction in the parse ("76.5e-2"), so the fraction is
+		// the double nearest the decimal.
+		v, err := strconv.ParseFloat(f[12+i]+"e-2", 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= -1 {
 			return w, fmt.Errorf("bad reference change %q", f[12+i])
 		}
-		*p = v / 100
+		*p = v
 	}
 	if w.Ref.AfterLo > w.Ref.AfterHi {
 		return w, fmt.Errorf("reference range %s..%s is empty", f[14], f[15])

@@ -186,6 +186,9 @@ type Sim struct {
 	Arrived     int64
 }
 
+// maxTableEntries bounds the block table (1 GiB of int32).
+const maxTableEntries = 1 << 28
+
 // New returns a simulator reading requests from src.
 func New(cfg Config, src Source) (*Sim, error) {
 	if cfg.BlockSize == 0 {
@@ -200,6 +203,12 @@ func New(cfg Config, src Source) (*Sim, error) {
 	if cfg.BlockSize <= 0 || cfg.NumBlocks <= 0 || cfg.MaxBatchedTokens <= 0 ||
 		cfg.Concurrency <= 0 || cfg.MaxModelLen <= 0 || cfg.Vocab <= 0 {
 		return nil, fmt.Errorf("sim: bad config %+v", cfg)
+	}
+	// The block table is 2*Concurrency rows of MaxModelLen/BlockSize: refuse
+	// one that cannot be allocated rather than die trying.
+	if stride := (int64(cfg.MaxModelLen) + int64(cfg.BlockSize) - 1) / int64(cfg.BlockSize); stride*2*int64(cfg.Concurrency) > maxTableEntries {
+		return nil, fmt.Errorf("sim: block table of %d rows of %d blocks is too large (max model length %d, concurrency %d)",
+			2*cfg.Concurrency, stride, cfg.MaxModelLen, cfg.Concurrency)
 	}
 	s := &Sim{
 		cfg:    cfg,

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -31,15 +30,8 @@ func fitMain(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	table := fs.String("table", "", "fit the workload table in FILE instead of the embedded reference table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "fit: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	ws, err := readTable(*table)
 	if err != nil {

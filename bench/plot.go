@@ -128,7 +128,7 @@ func WriteChangePlot(path string, reps []*Report) error {
 	span := math.Max(hi-lo, 1)
 	p.X.Min, p.X.Max = lo-0.05*span, hi+0.45*span
 	p.NominalY(names...)
-	p.Legend.Top = true
+	p.Legend.Top = false // bottom right: the 0%-hit rows' labels end near 0
 	p.Legend.Left = false
 	h := vg.Length(len(runs))*3.5*barW + 4*vg.Centimeter
 	return savePNG(path, 32*vg.Centimeter, h, func(dc draw.Canvas) { p.Draw(dc) })

@@ -131,7 +131,7 @@ func WriteTable(w io.Writer, reps []*Report) error {
 			proj = signedPct(r.ProjectedChange, 2)
 		}
 		refOff, _, after, rng := refCols(a)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.4g/%s\t%s\t%s\t%s\t\n", shortName(run.name), hit, eng, p99, mirror,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f/%s\t%s\t%s\t%s\t\n", shortName(run.name), hit, eng, p99, mirror,
 			a.ModelReqPerSecOff, refOff, proj, after, strings.ReplaceAll(rng, "%", ""))
 	}
 	if err := tw.Flush(); err != nil {
@@ -146,7 +146,7 @@ func refCols(r *Report) (refOff, fit, after, rng string) {
 		return "-", "-", "-", "-"
 	}
 	// Reference changes to its own precision (0.1 points).
-	return fmt.Sprintf("%.4g", r.RefReqPerSecOff), signedPct(r.FitError, 1), signedPct(r.RefChangeAfter, 1),
+	return fmt.Sprintf("%.2f", r.RefReqPerSecOff), signedPct(r.FitError, 1), signedPct(r.RefChangeAfter, 1),
 		signedPct(r.RefChangeAfterLo, 1) + ".." + signedPct(r.RefChangeAfterHi, 1)
 }
 

@@ -403,7 +403,7 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		if conc <= 0 {
 			conc = 32
 		}
-		spec, err := bench.TraceSpec("trace:"+filepath.Base(f.trace), recs, keys, conc,
+		spec, err := bench.TraceSpec(filepath.Base(f.trace), recs, keys, conc,
 			bench.TraceLimits{MaxModelLen: f.maxModelLen, KVBlocks: kv, BlockSize: f.blockSize})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.trace, err)

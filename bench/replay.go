@@ -203,7 +203,10 @@ type Report struct {
 	// ModelReqPerSec is the projected throughput of this run: prompts /
 	// Σ_steps (t(step) + the engine goroutine's cache time of the step),
 	// where the cache time includes the output goroutine's backlog (hit
-	// reads that outlast the forward they overlap).
+	// reads that outlast the forward they overlap). The first step's cache
+	// time is the cache's start-up (first_request_ns, with New) and not
+	// part of it: the reference measured throughput on a running server and
+	// its first request apart (WarmEngineNs).
 	ModelReqPerSec float64 `json:"model_req_per_s"`
 	// ModelReqPerSecOff is the projected cache-off throughput of the same
 	// workload: prompts / Σ t(step) over the simulator's schedule with
@@ -249,7 +252,13 @@ type Report struct {
 	Stats *omnicache.Stats `json:"-"`
 
 	Samples []StepSample `json:"-"`
+
+	firstStepNs int64 // the first step's engine time (in EngineNsTotal)
 }
+
+// WarmEngineNs is the engine goroutine's cache time after the first step:
+// the part of EngineNsTotal a running server pays per workload.
+func (r *Report) WarmEngineNs() int64 { return r.EngineNsTotal - r.firstStepNs }
 
 // ErrVerify is returned (wrapped) by Replay when --verify found wrong rows;
 // the report is complete.
@@ -798,6 +807,9 @@ func (r *runner) finish(off *Schedule) {
 		total += ns
 	}
 	rep.EngineNsTotal = total
+	if len(r.engine) > 0 {
+		rep.firstStepNs = r.engine[0]
+	}
 	if rep.Steps > 0 {
 		rep.EngineNsPerStep = float64(total) / float64(rep.Steps)
 		sorted := slices.Clone(r.engine)
@@ -822,7 +834,7 @@ func (r *runner) finish(off *Schedule) {
 	}
 	prompts := float64(rep.Prompts)
 	rep.ModelReqPerSecOff = prompts / (r.cost.Ns(off.Work) / 1e9)
-	rep.ModelReqPerSec = prompts / ((modelNs + float64(total) + float64(rep.OutputBacklogNs)) / 1e9)
+	rep.ModelReqPerSec = prompts / ((modelNs + float64(rep.WarmEngineNs()) + float64(rep.OutputBacklogNs)) / 1e9)
 	if rep.Cache == "on" {
 		rep.ProjectedChange = rep.ModelReqPerSec/rep.ModelReqPerSecOff - 1
 	}

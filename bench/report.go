@@ -10,11 +10,11 @@ import (
 )
 
 // TargetLoss is the projected throughput loss allowed at a 0% hit rate
-// (DESIGN §7).
+// (the project's design target).
 const TargetLoss = 0.001
 
 // TargetGainPoints is how far a hit workload's projected change may be from
-// the reference's change after its fix: ±15 percentage points (DESIGN §7).
+// the reference's change after its fix: ±15 percentage points.
 const TargetGainPoints = 0.15
 
 // TableWidth is the most columns the default table (WriteTable) takes.

@@ -1,5 +1,5 @@
 // Package bench is the engine replay, the project's main job: it replays
-// workloads (the reference table of DESIGN §6, or a Mooncake-style request
+// workloads (the reference's workload table, or a Mooncake-style request
 // trace) through the engine simulator of bench/sim, drives the real cache
 // through its public API exactly as an engine would, and reports what the
 // cache costs the engine goroutine, what it writes, whether it is right

@@ -71,9 +71,9 @@ func WriteChangePlot(path string, reps []*Report) error {
 		if r.RefReqPerSecOff > 0 {
 			before = append(before, 100*r.RefChangeBefore)
 			after = append(after, 100*r.RefChangeAfter)
-			beforeL = append(beforeL, signedPct(r.RefChangeBefore, 1))
-			afterL = append(afterL, fmt.Sprintf("%s (%s..%s)", signedPct(r.RefChangeAfter, 1),
-				signedPct(r.RefChangeAfterLo, 1), signedPct(r.RefChangeAfterHi, 1)))
+			beforeL = append(beforeL, refPct(r.RefChangeBefore))
+			afterL = append(afterL, fmt.Sprintf("%s (%s..%s)", refPct(r.RefChangeAfter),
+				refPct(r.RefChangeAfterLo), refPct(r.RefChangeAfterHi)))
 		} else {
 			before, after = append(before, 0), append(after, 0)
 			beforeL, afterL = append(beforeL, "no reference"), append(afterL, "")

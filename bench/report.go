@@ -146,8 +146,8 @@ func refCols(r *Report) (refOff, fit, after, rng string) {
 		return "-", "-", "-", "-"
 	}
 	// Reference changes to its own precision (0.1 points).
-	return fmt.Sprintf("%.2f", r.RefReqPerSecOff), signedPct(r.FitError, 1), signedPct(r.RefChangeAfter, 1),
-		signedPct(r.RefChangeAfterLo, 1) + ".." + signedPct(r.RefChangeAfterHi, 1)
+	return fmt.Sprintf("%.2f", r.RefReqPerSecOff), signedPct(r.FitError, 1), refPct(r.RefChangeAfter),
+		refPct(r.RefChangeAfterLo) + ".." + refPct(r.RefChangeAfterHi)
 }
 
 // WriteWideTable prints one line per workload and mode with every column.
@@ -160,7 +160,7 @@ func WriteWideTable(w io.Writer, reps []*Report) error {
 		refOff, fit, after, rng := refCols(r)
 		before, refHit := "-", "-"
 		if r.RefReqPerSecOff > 0 {
-			before, refHit = signedPct(r.RefChangeBefore, 1), r.RefHit+"%"
+			before, refHit = refPct(r.RefChangeBefore), r.RefHit+"%"
 		}
 		common := fmt.Sprintf("%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t", dur(r.ModelStepNs), r.ModelReqPerSec,
 			r.ModelReqPerSecOff, refOff, fit, signedPct(r.ProjectedChange, 3), before, after, rng)
@@ -267,6 +267,10 @@ func shortBytes(n int64) string {
 }
 
 func pct(f float64, prec int) string { return fmt.Sprintf("%.*f%%", prec, 100*f) }
+
+// refPct is a reference change as the reference printed it: one decimal,
+// signed, "-0.0%" included.
+func refPct(f float64) string { return fmt.Sprintf("%+.1f%%", 100*f) }
 
 func signedPct(f float64, prec int) string {
 	if f == 0 {

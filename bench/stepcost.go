@@ -64,7 +64,7 @@ func (c StepCost) Describe() string {
 	if c.B == 0 && c.C == 0 && c.D == 0 {
 		return fmt.Sprintf("constant %s a step", dur(c.A))
 	}
-	return fmt.Sprintf("%s a step + %s a prefill token + %s a chunk×context token pair + %s a decoding request",
+	return fmt.Sprintf("%s + %s·prefill_tokens + %s·Σ(chunk_len×context_len) + %s·decode_seqs",
 		fineDur(c.A), fineDur(c.B), fineDur(c.C), fineDur(c.D))
 }
 

@@ -110,7 +110,7 @@ func TestReplayTableCacheOff(t *testing.T) {
 // TestReplayDefaultTableFits: the default table (one line per workload)
 // fits TableWidth columns; --wide has every column.
 func TestReplayDefaultTableFits(t *testing.T) {
-	code, out, errs := run(t, "--workloads", "P1024_h50_c64|Qwen3-Omni/DECV_c32$", "--scale", "0.01")
+	code, out, errs := run(t, "--workloads", "P1024_h50_c64|Qwen3-Omni/DECV_c32$", "--scale", "0.01", "--repeat", "1")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -124,7 +124,7 @@ func TestReplayDefaultTableFits(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	code, wide, errs := run(t, "--workloads", "Qwen3-Omni/DECV_c32$", "--scale", "0.01", "--wide")
+	code, wide, errs := run(t, "--workloads", "Qwen3-Omni/DECV_c32$", "--scale", "0.01", "--wide", "--repeat", "1")
 	if code != 0 || !strings.Contains(wide, "ref before") || !strings.Contains(wide, "commit share") {
 		t.Fatalf("exit %d: %s\n%s", code, errs, wide)
 	}
@@ -287,7 +287,7 @@ func TestReplayVerifyFailureExits1(t *testing.T) {
 		c, err := bench.NewRealCache(cfg)
 		return faultyCache{Cache: c, corrupt: true}, err
 	})
-	args := []string{"--trace", trace, "--limit", "20", "--concurrency", "4", "--cache", "on"}
+	args := []string{"--trace", trace, "--limit", "20", "--concurrency", "4", "--cache", "on", "--repeat", "1"}
 	code, out, errs := run(t, append(args, "--verify")...)
 	if code != 1 || !strings.Contains(errs, "FAILED verification") || !strings.Contains(out, "wrong") {
 		t.Fatalf("--verify: exit %d, stderr:\n%s\nstdout:\n%s", code, errs, out)
@@ -301,7 +301,7 @@ func TestReplayVerifyFailureExits1(t *testing.T) {
 // TestReplayCheck: a missed target exits 1 under --check, 0 without. A 1ns
 // model step makes any cache time a loss far over the 0%-hit target.
 func TestReplayCheck(t *testing.T) {
-	args := []string{"--workloads", "Qwen3-Omni/DEC100_c32$", "--scale", "0.01", "--cache", "on", "--step-time", "1ns"}
+	args := []string{"--workloads", "Qwen3-Omni/DEC100_c32$", "--scale", "0.01", "--cache", "on", "--step-time", "1ns", "--repeat", "1"}
 	code, out, errs := run(t, args...)
 	if code != 0 || !strings.Contains(out, "OVER TARGET") {
 		t.Fatalf("without --check: exit %d\n%s%s", code, out, errs)

@@ -6,7 +6,7 @@ FUZZPKGS ?= ./fuzz/ .
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test race vet check bench benchcmp fuzz generate check-generate gpu-test profile replay replay-full fit
+.PHONY: help test race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -45,9 +45,13 @@ check-generate: ## regenerate and fail on any drift
 	rc=$$?; rm -rf $$tmp; [ $$rc -eq 0 ] || { echo "generated assembly drifted: run make generate"; exit 1; }
 
 gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cuda.h> CGO_LDFLAGS=-L<dir of libcuda.so>; README "The CUDA device")
-	$(GO) vet -tags cuda ./gpu/
+	$(GO) vet -tags cuda ./gpu/ ./cmd/omnicache/
 	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
 	$(GO) test -c -o .gpu/mirror.test ./mirror/
+
+gpu-replay: ## build the replay with the CUDA device into .gpu/omnicache (same CGO flags as gpu-test; README "The replay on the GPU")
+	$(GO) vet -tags cuda ./cmd/omnicache/
+	$(GO) build -tags cuda -o .gpu/omnicache ./cmd/omnicache
 
 profile: ## CPU-profile the default replay into cpu.pprof
 	$(GO) run ./cmd/omnicache replay --cpuprofile cpu.pprof

@@ -11,6 +11,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/bench/sim"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 // Spec is one replay: where its requests come from and what the model looks
@@ -101,6 +102,25 @@ type Options struct {
 	Progress func(finished int)
 	// KeepSamples records per-step samples in Report.Samples (for plots).
 	KeepSamples bool
+
+	// Device is the device the cache stages through (Config.Device); nil:
+	// the host device. The replay does not close it.
+	Device gpu.Device
+	// DeviceOutputs puts the forward's outputs in Device memory: a ring of
+	// device buffers allocated once per run (owned mode: handed to the
+	// cache and taken back when it frees them; NotOwned: one reused buffer
+	// per key), filled on the device before Save (--verify: the oracle's
+	// rows copied host→device; else a device memset, which Device must
+	// implement as gpu.Filler). Off: host buffers, as an engine without a
+	// GPU would hand over.
+	DeviceOutputs bool
+	// Hold holds the engine goroutine in every step's forward for the
+	// step's model time, capped at HoldMax when HoldMax > 0, while the
+	// device's copies issued so far run: a real engine's forward, which the
+	// cache's copies and committer overlap. Not timed; waits after the hold
+	// count as backlog beyond the part of the model time not held.
+	Hold    bool
+	HoldMax time.Duration
 }
 
 func (o *Options) defaults() {
@@ -131,9 +151,11 @@ type StepSample struct {
 	// OutputWaitNs is the part of StallNs spent waiting for the output
 	// goroutine's Materialize.
 	OutputWaitNs int64
-	Tokens       int32
-	Queried      int32 // prompt tokens looked up at arrival
-	Hit          int32 // of which hit
+	// HoldNs is the time the forward was held (Options.Hold).
+	HoldNs  int64
+	Tokens  int32
+	Queried int32 // prompt tokens looked up at arrival
+	Hit     int32 // of which hit
 }
 
 // SchemaVersion is Report's JSON schema version: 2 has computed_tokens
@@ -245,6 +267,25 @@ type Report struct {
 	// FirstStepEngineNs is the first step's engine time (in
 	// EngineNsTotal): start-up, outside the projected throughput.
 	FirstStepEngineNs int64 `json:"first_step_engine_ns"`
+
+	// The device (Options.Device): its name ("host", "cuda:0"), where the
+	// forward's outputs lived ("host" or "device"), the device→host bytes
+	// the cache copied (into staging pages, and hit reads of device rows),
+	// the time spent waiting for device events (staging_wait_ns: the cache
+	// waiting for its device→host copies, on the engine goroutine in Save
+	// and on the committer; 0 on the host device, whose copies complete
+	// at once), the host staging bytes allocated (pinned on CUDA), the
+	// device output buffers allocated, and the time the forward was held
+	// (Options.Hold).
+	Device         string `json:"device"`
+	Outputs        string `json:"outputs"`
+	DtoHBytes      int64  `json:"dtoh_bytes"`
+	StagingWaitNs  int64  `json:"staging_wait_ns"`
+	StagingWaits   int64  `json:"staging_waits"`
+	PinnedBytes    int64  `json:"pinned_bytes"`
+	OutputBuffers  int    `json:"output_buffers"`
+	ForwardHoldNs  int64  `json:"forward_hold_ns"`
+	ForwardHoldMax int64  `json:"forward_hold_max_ns"`
 
 	VerifiedRows   int64     `json:"verified_rows"`
 	VerifyFailures int64     `json:"verify_failures"`
@@ -434,7 +475,10 @@ func (r *runner) since(t time.Time) int64 {
 func (r *runner) account(st *sim.Step, smp StepSample) {
 	smp.EngineNs = smp.BeginNs + smp.SaveNs + smp.ConsumeNs
 	r.engine = append(r.engine, smp.EngineNs)
-	t := int64(r.cost.Ns(st.Cost))
+	// The forward's model time not already spent holding (Options.Hold):
+	// what a wait after the forward could still overlap.
+	t := max(int64(r.cost.Ns(st.Cost))-smp.HoldNs, 0)
+	r.rep.ForwardHoldNs += smp.HoldNs
 	r.rep.BacklogNs += max(0, smp.StallNs-t)
 	r.rep.OutputBacklogNs += max(0, smp.OutputWaitNs-t)
 	if st.PureDecode {
@@ -490,9 +534,33 @@ func (r *runner) runOn() error {
 	for k, kk := range spec.Keys {
 		rowBytes[k] = kk.RowBytes
 	}
-	pool := newBufPool(rowBytes, o.MaxBatchedTokens, !o.NotOwned)
-	if !o.NotOwned {
-		cfg.ReleaseHost = pool.release
+	dev := o.Device
+	if dev == nil {
+		dev = gpu.NewHost()
+	}
+	meter := &meteredDevice{Device: dev}
+	cfg.Device = meter
+	rep.Device, rep.Outputs = deviceName(dev), "host"
+	rep.ForwardHoldMax = o.HoldMax.Nanoseconds()
+	var pool *bufPool
+	var douts *deviceOutputs
+	if o.DeviceOutputs {
+		// The engine's output buffers exist before the cache does: not
+		// start-up of the cache. Enough for every staging page, a full
+		// decode buffer and the steps not consumed yet.
+		var err error
+		douts, err = newDeviceOutputs(dev, rowBytes, o.MaxBatchedTokens, !o.NotOwned, depth+o.BlockSize+4)
+		if err != nil {
+			return fmt.Errorf("output buffers: %w", err)
+		}
+		defer douts.close() // after the cache's Close (deferred below)
+		meter.outs = douts
+		rep.Outputs = "device"
+	} else {
+		pool = newBufPool(rowBytes, o.MaxBatchedTokens, !o.NotOwned)
+		if !o.NotOwned {
+			cfg.ReleaseHost = pool.release
+		}
 	}
 	var ver *verifier
 	if o.Verify {
@@ -502,7 +570,6 @@ func (r *runner) runOn() error {
 	// Step records: the step being run, the previous one (consumed after
 	// this step's Save) and the one the output goroutine may still read.
 	var ring [3]stepRecord
-	var curBufs *bufSet
 	var prevID omnicache.StepID
 	var prev *stepRecord
 	saved := 0
@@ -574,14 +641,32 @@ func (r *runner) runOn() error {
 		}
 		s.Release()
 
-		// The forward.
-		curBufs = pool.get(st.Tokens)
-		bufs := curBufs.slices(st.Tokens, rowBytes)
-		if ver != nil {
-			ver.produce(s, st, bufs) // verification work: not cache time
+		// The forward: its outputs, produced on the device or in host
+		// memory (verification work is not cache time either), then the
+		// held model time.
+		if douts != nil {
+			if err := douts.take(out.Tensors, st.Tokens); err != nil {
+				return fmt.Errorf("step %d: %w", st.Index, err)
+			}
+			var produce func([][]byte)
+			if ver != nil {
+				produce = func(bufs [][]byte) { ver.produce(s, st, bufs) }
+			}
+			if err := douts.fill(out.Tensors, st.Tokens, st.Index, produce); err != nil {
+				return fmt.Errorf("step %d: %w", st.Index, err)
+			}
+		} else {
+			bufs := pool.get(st.Tokens).slices(st.Tokens, rowBytes)
+			if ver != nil {
+				ver.produce(s, st, bufs)
+			}
+			for k := range out.Tensors {
+				out.Tensors[k] = omnicache.Tensor{Host: bufs[k], Rows: st.Tokens, Owned: !o.NotOwned}
+			}
 		}
-		for k := range out.Tensors {
-			out.Tensors[k] = omnicache.Tensor{Host: bufs[k], Rows: st.Tokens, Owned: !o.NotOwned}
+		var holdNs int64
+		if o.Hold {
+			holdNs = holdFor(r.holdTime(st))
 		}
 		out.Tokens, out.Padded = st.Tokens, st.Tokens
 		cur := &ring[st.Index%len(ring)]
@@ -633,7 +718,7 @@ func (r *runner) runOn() error {
 		if stallNs > 0 {
 			rep.StallSteps++
 		}
-		r.account(st, StepSample{BeginNs: beginNs, SaveNs: saveNs, ConsumeNs: consumeNs, StallNs: stallNs, OutputWaitNs: outputNs})
+		r.account(st, StepSample{BeginNs: beginNs, SaveNs: saveNs, ConsumeNs: consumeNs, StallNs: stallNs, OutputWaitNs: outputNs, HoldNs: holdNs})
 		r.progress(before)
 	}
 	// The tail: no forward is left to hide the output goroutine's work, so
@@ -684,7 +769,27 @@ func (r *runner) runOn() error {
 	if err := c.Close(); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}
+	rep.DtoHBytes = meter.dtoh.Load()
+	rep.StagingWaitNs = meter.waitNs.Load()
+	rep.StagingWaits = meter.waits.Load()
+	rep.PinnedBytes = meter.pinned.Load()
+	if douts != nil {
+		rep.OutputBuffers = douts.Allocated
+		if n := douts.outstanding(); n > 0 {
+			return fmt.Errorf("%w: %d of %d", errOutputsHeld, n, douts.Allocated)
+		}
+	}
 	return nil
+}
+
+// holdTime is how long the forward of st is held (Options.Hold): its model
+// time, at most HoldMax when set.
+func (r *runner) holdTime(st *sim.Step) time.Duration {
+	d := time.Duration(r.cost.Ns(st.Cost))
+	if r.o.HoldMax > 0 {
+		d = min(d, r.o.HoldMax)
+	}
+	return d
 }
 
 // outputGoroutine runs Materialize for the engine, one step at a time, as an

@@ -104,6 +104,7 @@ func Check(reps []*Report) Verdict {
 		}
 		v.Hits = append(v.Hits, h)
 	}
+	v.Missed = append(v.Missed, firstRequestMissed(reps)...)
 	if v.ZeroHit > 0 && v.WorstLoss > TargetLoss {
 		v.Missed = append(v.Missed, fmt.Sprintf("%s: projected loss %s at 0%% hit, target <= %s",
 			v.WorstLossName, pct(v.WorstLoss, 3), pct(TargetLoss, 1)))

@@ -76,6 +76,12 @@ type replayFlags struct {
 	check         bool
 	materializeOn string
 	maxModelLen   int
+	device        string
+	hold          string
+
+	// Parsed by checkFlags.
+	dev     deviceSpec
+	holdFor holdSpec
 }
 
 // newCache creates the cache of the cache-on runs (nil: bench's default,
@@ -121,6 +127,8 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.wide, "wide", false, "print every column, one line per workload and mode (wider than 120 columns)")
 	fs.BoolVar(&f.check, "check", false, "exit 1 when a target is missed (0%-hit loss, hit gain against the reference)")
 	fs.StringVar(&f.materializeOn, "materialize-on", "output", "where Materialize runs: output (a goroutine overlapping the next forward) or engine (timed as engine time)")
+	fs.StringVar(&f.device, "device", "host", "device the cache stages through: host, or cuda[:ordinal] (the forward's outputs then live in device memory; needs a cuda build: make gpu-replay)")
+	fs.StringVar(&f.hold, "hold", "auto", "hold the engine goroutine in each forward for the model step time while the device's copies run: off, model, or a cap such as 5ms (auto: "+defaultCUDAHoldMax.String()+" with cuda, off on the host)")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -128,6 +136,10 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	if err := checkFlags(&f, set); err != nil {
 		fmt.Fprintf(stderr, "replay: %v\n", err)
+		return 2
+	}
+	if f.dev.cuda && !cudaCompiled {
+		fmt.Fprintf(stderr, "replay: --device %s: %v\n", f.device, errNoCUDA)
 		return 2
 	}
 	code, err := runReplay(&f, stdout, stderr)
@@ -202,6 +214,13 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 			return fmt.Errorf("--%s %q: want %s", e.name, e.v, strings.Join(e.ok, ", "))
 		}
 	}
+	var err error
+	if f.dev, err = parseDevice(f.device); err != nil {
+		return err
+	}
+	if f.holdFor, err = parseHold(f.hold, f.dev); err != nil {
+		return err
+	}
 	if f.trace == "" {
 		for _, name := range []string{"limit", "max-model-len", "json-parser"} {
 			if set[name] {
@@ -253,6 +272,14 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		MaterializeOnEngine: f.materializeOn == "engine",
 		NewCache:            newCache,
 		MirrorBudget:        f.mirrorMiB << 20,
+	}
+
+	dev, err := openDevice(f.dev, f.holdFor, &opt)
+	if err != nil {
+		return 1, err
+	}
+	if dev != nil {
+		defer dev.Close()
 	}
 
 	repeat := max(f.repeat, 1)
@@ -327,8 +354,15 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	if err := write(stdout, reps); err != nil {
 		return 1, err
 	}
+	if f.dev.cuda {
+		fmt.Fprintln(stdout)
+		if err := bench.WriteDeviceTable(stdout, reps); err != nil {
+			return 1, err
+		}
+	}
 	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start; cache-on runs: best of %d\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, repeat)
+	fmt.Fprintf(stdout, "device: %s%s; forward held: %s\n", f.dev, deviceNote(dev), f.holdFor)
 	if f.plot != "" && len(reps) > 0 {
 		if err := bench.WritePlots(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "replay: plot: %v\n", err)

@@ -186,6 +186,11 @@ type Stats struct {
 	ClonedBytes int64
 	// PagesInUse is the number of staging pages held now.
 	PagesInUse int
+	// PagesAllocating is 1 while a staging page's memory is being
+	// allocated ahead in the background (pinned memory is slow to
+	// allocate: each page after the first is allocated while the engine
+	// runs the steps before it needs it), else 0.
+	PagesAllocating int
 	// LiveRequests is the number of requests the cache tracks.
 	LiveRequests int
 }

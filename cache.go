@@ -34,6 +34,7 @@ type Cache struct {
 	pageO  []int // per key: offset of its region in a page (immediate keys)
 
 	pages   *writer.Pages
+	spare   *writer.Spare // page memory allocated one page ahead
 	budget  *writer.Budget
 	q       *writer.Queue[writer.Task]
 	com     *writer.Committer
@@ -167,6 +168,7 @@ func New(cfg Config) (*Cache, error) {
 		}
 	}
 	c.pages = writer.NewPages(cfg.StagingDepth)
+	c.spare = writer.NewSpare(c.dev.AllocHost, c.pageB, cfg.StagingDepth)
 	c.budget = writer.NewBudget(cfg.DeviceBudgetBytes)
 	c.q = writer.NewQueue[writer.Task](2 * cfg.StagingDepth)
 	c.mirrors = writer.NewMirrors(c.nslots, c.rowB)
@@ -462,7 +464,9 @@ func (c *Cache) claimPage() (*writer.Page, error) {
 	}
 	if err == nil {
 		if pg.Mem == nil {
-			if pg.Mem, err = c.dev.AllocHost(c.pageB); err != nil {
+			// The first page is allocated here; later ones were allocated
+			// ahead in the background (writer.Spare).
+			if pg.Mem, err = c.spare.Get(); err != nil {
 				c.pages.Release(pg)
 				return nil, fmt.Errorf("%w: staging page: %w", ErrWriteFailed, err)
 			}
@@ -1240,6 +1244,9 @@ func (c *Cache) Close() error {
 		c.releaseWrite(p)
 	}
 	c.buf = writer.DecodeBuf{}
+	if m := c.spare.Close(); m != nil {
+		c.dev.FreeHost(m)
+	}
 	c.pages.Each(func(pg *writer.Page) {
 		if pg.Mem != nil {
 			c.dev.FreeHost(pg.Mem)
@@ -1283,6 +1290,14 @@ func (c *Cache) Stats() Stats {
 		BudgetPeak:          peak,
 		ClonedBytes:         c.st.Cloned.Load(),
 		PagesInUse:          c.pages.InUse(),
+		PagesAllocating:     b2i(c.spare.Pending()),
 		LiveRequests:        int(c.live.Load()),
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -81,7 +81,9 @@ type Options struct {
 	// for a free staging page. A real engine's forward gives the committer
 	// that time; without it the simulator, whose forward takes no time,
 	// would charge the committer's backlog to Materialize joins and Save page
-	// claims. The waits are reported as stall; the part of a wait beyond the
+	// claims. It also waits for a staging page's memory being allocated
+	// ahead in the background (Stats.PagesAllocating), which the cache starts
+	// once a page was taken. The waits are reported as stall; the part of a wait beyond the
 	// model step time (a backlog a real engine would feel) as backlog.
 	Pace bool
 	// MaterializeOnEngine calls Materialize on the engine goroutine, timed
@@ -874,15 +876,20 @@ func (g *outputGoroutine) stop() {
 	close(g.jobs)
 }
 
-// pace waits outside the timed calls until a staging page is free (see
-// Options.Pace). It gives up after a second and lets Save wait (the wait
-// then counts in Save's time).
+// pace waits outside the timed calls until a staging page is free and no
+// page's memory is being allocated ahead (see Options.Pace; the forward
+// gives the cache's background page allocation that time). It gives up
+// after a second and lets Save wait (the wait then counts in Save's time).
 func (r *runner) pace(c Cache, depth int) int64 {
-	if c.Stats().PagesInUse < depth {
+	busy := func() bool {
+		st := c.Stats()
+		return st.PagesInUse >= depth || st.PagesAllocating > 0
+	}
+	if !busy() {
 		return 0
 	}
 	t := time.Now()
-	for i := 0; c.Stats().PagesInUse >= depth; i++ {
+	for i := 0; busy(); i++ {
 		if time.Since(t) > time.Second {
 			break
 		}

@@ -1,0 +1,97 @@
+package omnicache_test
+
+import (
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// pinLog is the host device with its staging allocations recorded.
+type pinLog struct {
+	*gpu.Host
+	mu    sync.Mutex
+	live  map[unsafe.Pointer]int
+	total int
+}
+
+func (d *pinLog) AllocHost(n int) ([]byte, error) {
+	b, err := d.Host.AllocHost(n)
+	if err == nil {
+		d.mu.Lock()
+		d.live[unsafe.Pointer(unsafe.SliceData(b))] = n
+		d.total++
+		d.mu.Unlock()
+	}
+	return b, err
+}
+
+func (d *pinLog) FreeHost(b []byte) {
+	d.mu.Lock()
+	delete(d.live, unsafe.Pointer(unsafe.SliceData(b)))
+	d.mu.Unlock()
+	d.Host.FreeHost(b)
+}
+
+func (d *pinLog) counts() (live, total int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.live), d.total
+}
+
+// Staging pages: the first Save allocates its page; the next page's memory
+// is allocated ahead in the background, so the second Save finds it ready;
+// no page beyond the ones used plus one is allocated, and Close frees every
+// page, the one allocated ahead included.
+func TestStagingPagesAllocatedOneAhead(t *testing.T) {
+	for _, steps := range []int{1, 2, 6} {
+		d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+		c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 4,
+			Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d})
+		require.NoError(t, err)
+		_, total := d.counts()
+		require.Zero(t, total, "New allocates no staging page")
+		plan := omnicache.Plan{Table: []int32{0, 1, 2, 3, 4, 5, 6, 7}, Stride: 8,
+			IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1},
+			Arrivals: []int64{1}, HitTokens: []int32{0}}
+		// Every step is discarded a step late, as an engine would: two
+		// pages in use.
+		var prev omnicache.StepID
+		for s := 0; s < steps; s++ {
+			require.NoError(t, c.Begin(&plan))
+			id, err := c.Save(&omnicache.Outputs{Tokens: 1, Tensors: []omnicache.Tensor{{Host: make([]byte, 16), Rows: 1}}})
+			require.NoError(t, err)
+			if prev != 0 {
+				require.NoError(t, c.Discard(prev))
+			}
+			prev = id
+			plan.Arrivals, plan.HitTokens = nil, nil
+			plan.Start[0]++
+			if s == 0 {
+				for c.Stats().PagesAllocating > 0 {
+				}
+				_, total = d.counts()
+				require.Equal(t, 2, total, "after the first Save: its page and the next one, allocated ahead")
+			}
+		}
+		require.NoError(t, c.Discard(prev))
+		for c.Stats().PagesAllocating > 0 {
+		}
+		_, total = d.counts()
+		switch steps {
+		case 1:
+			require.Equal(t, 2, total, "one page used, one ahead")
+		case 2:
+			require.Equal(t, 3, total, "two pages used (the first step is discarded after the second Save), one ahead")
+		default:
+			require.LessOrEqual(t, total, 4, "never more pages than StagingDepth")
+		}
+		require.NoError(t, c.Close())
+		live, _ := d.counts()
+		require.Zero(t, live, "%d steps: staging memory not freed by Close", steps)
+	}
+}

@@ -404,6 +404,9 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	if err == nil {
 		err = c.saveDeferred(o, rec)
 	}
+	// The step's device calls are issued: a page taken now has the next
+	// one's memory allocated in the background.
+	c.spare.Ahead()
 	if err != nil {
 		c.mu.Lock()
 		c.dropRec(rec)

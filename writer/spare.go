@@ -1,19 +1,23 @@
 package writer
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Spare allocates staging-page memory one page ahead, off the engine
 // goroutine. Pinned host memory is slow to allocate (cuMemHostAlloc of a
 // 96 MiB page takes 25–50 ms on an H200 host): the first page is allocated
 // by the Save that first needs it (the first request pays for it), and
-// each page handed out starts the allocation of the next one on a
-// background goroutine, while pages without memory remain, so a later Save
-// finds its page's memory ready instead of pinning it in the engine's
-// step.
+// once a page was handed out, Ahead (at the end of that Save) starts
+// allocating the next one on a background goroutine, while pages without
+// memory remain, so a later Save finds its page's memory ready instead of
+// pinning it in the engine's step. Ahead runs after the Save's own device
+// calls were issued: the driver serializes them behind a pinned
+// allocation in flight.
 //
-// Get is called by the engine goroutine (under the caller's page claim);
-// Pending by any goroutine; Close once, from any goroutine, after the last
-// Get.
+// Get and Ahead are called by the engine goroutine; Pending by any
+// goroutine; Close once, from any goroutine, after the last Get.
 type Spare struct {
 	alloc func(int) ([]byte, error)
 	size  int
@@ -25,6 +29,7 @@ type Spare struct {
 	ready  []byte        // memory allocated ahead, not handed out yet
 	failed bool          // the last background allocation failed
 	closed bool
+	want   atomic.Bool // a page was handed out: Ahead allocates the next
 }
 
 // NewSpare returns a Spare for pages pages of size bytes each, allocated
@@ -35,9 +40,8 @@ func NewSpare(alloc func(int) ([]byte, error), size, pages int) *Spare {
 
 // Get returns memory for a page that has none: the page allocated ahead
 // (waiting for it if its allocation is in flight), else a new allocation
-// made now; then it starts allocating the next page in the background
-// while pages without memory remain. A failed background allocation is
-// retried here, in the caller's goroutine.
+// made now. A failed background allocation is retried here, in the
+// caller's goroutine.
 func (s *Spare) Get() ([]byte, error) {
 	s.mu.Lock()
 	mem := s.takeLocked()
@@ -57,14 +61,29 @@ func (s *Spare) Get() ([]byte, error) {
 		}
 		s.mu.Lock()
 	}
-	if s.left > 0 && !s.closed {
+	if s.left > 0 {
+		s.want.Store(true)
+	}
+	s.mu.Unlock()
+	return mem, nil
+}
+
+// Ahead starts allocating the next page's memory in the background when a
+// page was handed out since the last call and pages without memory remain.
+// It costs an atomic load otherwise.
+func (s *Spare) Ahead() {
+	if !s.want.Load() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.want.Store(false)
+	if s.left > 0 && !s.busy && !s.closed {
 		s.left--
 		s.busy = true
 		s.done = make(chan struct{})
 		go s.run(s.done)
 	}
-	s.mu.Unlock()
-	return mem, nil
 }
 
 func (s *Spare) run(done chan struct{}) {

@@ -41,6 +41,10 @@ func TestSpareAllocatesOneAhead(t *testing.T) {
 	if err != nil || len(m) != 64 {
 		t.Fatalf("first Get: %d bytes, %v", len(m), err)
 	}
+	if s.Pending() || a.calls() != 1 {
+		t.Fatal("Get allocated ahead by itself: only Ahead may start it")
+	}
+	s.Ahead()
 	// The second page is being allocated (or is) in the background.
 	for s.Pending() {
 	}
@@ -50,11 +54,13 @@ func TestSpareAllocatesOneAhead(t *testing.T) {
 	if _, err := s.Get(); err != nil {
 		t.Fatal(err)
 	}
+	s.Ahead()
 	for s.Pending() {
 	}
 	if _, err := s.Get(); err != nil {
 		t.Fatal(err)
 	}
+	s.Ahead()
 	if got := a.calls(); got != 3 {
 		t.Fatalf("%d allocations for 3 pages, want 3", got)
 	}
@@ -67,12 +73,12 @@ func TestSpareGetWaitsAndCloseReturnsLeftover(t *testing.T) {
 	a := &allocLog{gate: make(chan struct{})}
 	s := NewSpare(a.alloc, 8, 4)
 	got := make(chan error)
-	go func() { _, err := s.Get(); got <- err }()
+	go func() { _, err := s.Get(); s.Ahead(); got <- err }()
 	a.gate <- struct{}{} // the first, synchronous allocation
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	go func() { _, err := s.Get(); got <- err }()
+	go func() { _, err := s.Get(); s.Ahead(); got <- err }()
 	select {
 	case <-got:
 		t.Fatal("Get returned before the page allocated ahead was ready")
@@ -100,6 +106,7 @@ func TestSpareFailedBackgroundAllocationIsRetried(t *testing.T) {
 	if _, err := s.Get(); err != nil {
 		t.Fatal(err)
 	}
+	s.Ahead()
 	for s.Pending() {
 	}
 	m, err := s.Get() // the background allocation failed: allocated here

@@ -82,9 +82,10 @@ type Options struct {
 	// that time; without it the simulator, whose forward takes no time,
 	// would charge the committer's backlog to Materialize joins and Save page
 	// claims. It also waits for a staging page's memory being allocated
-	// ahead in the background (Stats.PagesAllocating), which the cache starts
-	// once a page was taken. The waits are reported as stall; the part of a wait beyond the
-	// model step time (a backlog a real engine would feel) as backlog.
+	// ahead in the background (Stats.PagesAllocating), which the cache
+	// starts once a page was taken. The waits are reported as stall; the
+	// part of a wait beyond the model step time (a backlog a real engine
+	// would feel) as backlog.
 	Pace bool
 	// MaterializeOnEngine calls Materialize on the engine goroutine, timed
 	// as engine time, instead of on an output goroutine that overlaps the

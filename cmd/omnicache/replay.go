@@ -36,7 +36,10 @@ step-cost model fitted to the reference (omnicache fit).
 
 Default: the embedded reference table, prompts scaled by --scale so the run
 takes about two minutes on 2 cores; --full runs it at full size. --trace FILE
-replays a Mooncake-style JSONL trace instead.
+replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
+built with the cuda tag: make gpu-replay) stages through the GPU, with the
+forward's outputs in device memory and each forward held for the model step
+time (--hold) while the cache's copies run.
 
 Exit status: 0; 1 when a run fails, --verify finds a wrong row, or --check
 finds a missed target; 2 for bad flags or input.

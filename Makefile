@@ -47,6 +47,7 @@ check-generate: ## regenerate and fail on any drift
 gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cuda.h> CGO_LDFLAGS=-L<dir of libcuda.so>; README "The CUDA device")
 	$(GO) vet -tags cuda ./gpu/ ./cmd/omnicache/
 	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
+	$(GO) test -tags cuda -c -o .gpu/bench.test ./bench/
 	$(GO) test -c -o .gpu/mirror.test ./mirror/
 
 gpu-replay: ## build the replay with the CUDA device into .gpu/omnicache (same CGO flags as gpu-test; README "The replay on the GPU")

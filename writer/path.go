@@ -1,0 +1,278 @@
+package writer
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/hostmem"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// KeySpec is one configured key as the write path sees it.
+type KeySpec struct {
+	Name     string
+	RowBytes int
+	Deferred bool
+	Optional bool
+}
+
+// Config configures a Path; the root package validated and defaulted it.
+type Config struct {
+	Dev          gpu.Device
+	NumBlocks    int
+	BlockSize    int
+	Keys         []KeySpec
+	StagingDepth int
+	Capacity     int           // rows per staging page
+	ClaimTimeout time.Duration // < 0: fail at once
+	Budget       int64         // device byte budget
+	ChunkBytes   int64         // largest device→host copy of deferred rows
+	ReleaseHost  func([]byte)
+}
+
+// Layout is the key layout both paths share, read-only after NewPath.
+type Layout struct {
+	BlockSize int
+	NumSlots  int
+	Keys      []KeySpec
+	RowBytes  []int // per key
+	Imm, Def  []int // key indices of the immediate / deferred keys
+	ImmIdx    []int // per key: index among the immediate keys, -1 if deferred
+	DefIdx    []int // per key: index among the deferred keys, -1 if immediate
+}
+
+// Path is the write path of one cache. See the package doc for what it
+// owns and which goroutine calls what.
+type Path struct {
+	cfg Config
+	lay Layout
+	dev gpu.Device
+	cap int
+
+	pageB int   // bytes of one page
+	pageO []int // per key: offset of its region in a page (immediate keys)
+
+	pages   *Pages
+	budget  *Budget
+	q       *Queue[Task]
+	com     *Committer
+	mirrors *Mirrors
+	ten     *soa.Tenancy     // immediate keys (written together, in order)
+	occ     []*soa.Occupancy // per key: deferred keys' per-slot occupancy
+
+	// mu is the state lock: reference counts of writes, the clone table,
+	// parked-row reads and the hand-back list.
+	mu       sync.Mutex
+	clones   map[uint64]*Write
+	handback [][]byte
+
+	failed atomic.Pointer[error]
+	st     Counters
+
+	// engine goroutine only
+	nextID  uint64
+	claims  []uint64 // per slot: id of the last immediate write that claimed it
+	buf     DecodeBuf
+	segs    Runs
+	defOpen []uint64 // per handle: sequence of its open deferred write (0: none)
+	defFIFO []openRef
+	defSeq  uint64
+	lastEv  [2]gpu.Event // the last two writes' copies (see join)
+	landed  []*Write     // committer-only scratch (Landed)
+}
+
+type openRef struct {
+	h   soa.Handle
+	seq uint64
+}
+
+// NewPath builds the write path and starts its committer. It allocates no
+// mirror and no staging memory (both are made on first use).
+func NewPath(cfg Config) *Path {
+	nslots := cfg.NumBlocks * cfg.BlockSize
+	p := &Path{
+		cfg:    cfg,
+		dev:    cfg.Dev,
+		cap:    cfg.Capacity,
+		pageO:  make([]int, len(cfg.Keys)),
+		occ:    make([]*soa.Occupancy, len(cfg.Keys)),
+		clones: make(map[uint64]*Write),
+	}
+	l := &p.lay
+	l.BlockSize, l.NumSlots, l.Keys = cfg.BlockSize, nslots, cfg.Keys
+	for i, k := range cfg.Keys {
+		l.RowBytes = append(l.RowBytes, k.RowBytes)
+		if k.Deferred {
+			p.occ[i] = soa.NewOccupancy(nslots)
+			l.ImmIdx = append(l.ImmIdx, -1)
+			l.DefIdx = append(l.DefIdx, len(l.Def))
+			l.Def = append(l.Def, i)
+			continue
+		}
+		if p.ten == nil {
+			p.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize)
+			p.claims, _ = hostmem.Uint64s(nslots) // never fails
+		}
+		l.ImmIdx = append(l.ImmIdx, len(l.Imm))
+		l.DefIdx = append(l.DefIdx, -1)
+		l.Imm = append(l.Imm, i)
+		p.pageO[i] = p.pageB
+		p.pageB += p.cap * k.RowBytes
+	}
+	p.pages = NewPages(cfg.StagingDepth)
+	p.budget = NewBudget(cfg.Budget)
+	p.q = NewQueue[Task](2 * cfg.StagingDepth)
+	p.mirrors = NewMirrors(nslots, l.RowBytes)
+	p.com = NewCommitter(CommitterConfig{
+		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,
+		Tenancy: p.ten, Occ: p.occ, NumSlots: nslots, ChunkBytes: cfg.ChunkBytes,
+		Stats: &p.st, Owner: committerOwner{p},
+	})
+	p.com.Start()
+	return p
+}
+
+// ---- accessors (any goroutine) ----
+
+// Layout is the key layout.
+func (p *Path) Layout() *Layout { return &p.lay }
+
+// Device is the device the path copies with.
+func (p *Path) Device() gpu.Device { return p.dev }
+
+// Counters are the path's statistics (the read path adds its own).
+func (p *Path) Counters() *Counters { return &p.st }
+
+// Mirrors are the per-key host mirrors.
+func (p *Path) Mirrors() *Mirrors { return p.mirrors }
+
+// Tenancy is the immediate keys' per-slot owner table (nil without
+// immediate keys).
+func (p *Path) Tenancy() *soa.Tenancy { return p.ten }
+
+// Occupancy is deferred key k's per-slot occupancy (nil for immediate keys).
+func (p *Path) Occupancy(k int) *soa.Occupancy { return p.occ[k] }
+
+// Committer is the path's committer (its scatter epoch).
+func (p *Path) Committer() *Committer { return p.com }
+
+// Queue is the committer's queue (its sequence numbers are join points).
+func (p *Path) Queue() *Queue[Task] { return p.q }
+
+// Lock and Unlock take the state lock (see the package doc).
+func (p *Path) Lock()   { p.mu.Lock() }
+func (p *Path) Unlock() { p.mu.Unlock() }
+
+// CloneLocked is the deferred clone with write id, nil when none is
+// pending. Caller holds the state lock.
+func (p *Path) CloneLocked(id uint64) *Write { return p.clones[id] }
+
+// Claimed is the id of the last immediate write that claimed slot s (0:
+// none). Engine goroutine only.
+func (p *Path) Claimed(s int32) uint64 { return p.claims[s] }
+
+// Budget reports the device bytes charged now, the peak and the limit.
+func (p *Path) Budget() (charged, peak, limit int64) {
+	ch, pk := p.budget.Charged()
+	return ch, pk, p.budget.Limit()
+}
+
+// PagesInUse is the number of staging pages held now.
+func (p *Path) PagesInUse() int { return p.pages.InUse() }
+
+// ---- the sticky failure ----
+
+// Err is the sticky write failure (nil while none).
+func (p *Path) Err() error {
+	if e := p.failed.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// Fail makes err sticky (the first failure wins) and returns the sticky
+// error, which matches errs.WriteFailed.
+func (p *Path) Fail(err error) error {
+	e := fmt.Errorf("%w: %w", errs.WriteFailed, err)
+	p.failed.CompareAndSwap(nil, &e)
+	return *p.failed.Load()
+}
+
+func (p *Path) newID() uint64 { p.nextID++; return p.nextID }
+
+// ---- engine-goroutine calls outside Save ----
+
+// Buffered is the number of decode steps parked now.
+func (p *Path) Buffered() int { return p.buf.K }
+
+// BufferContinues reports whether a pure-decode step over ids may join the
+// parked steps.
+func (p *Path) BufferContinues(ids []int64) bool { return p.buf.Continues(ids) }
+
+// Sync writes out the decode buffer and waits until every write handed to
+// the committer has landed.
+func (p *Path) Sync() error {
+	if p.buf.K > 0 {
+		if err := p.FlushBuffer(); err != nil {
+			return err
+		}
+	}
+	p.q.Drain()
+	return p.Err()
+}
+
+// Close stops the committer (after it drained what was handed to it) and
+// releases every page, budget charge and device buffer the path holds,
+// including the pins of the unconsumed steps' refs. Engine goroutine.
+func (p *Path) Close(unconsumed []*Refs) {
+	p.q.Close()
+	p.com.Wait()
+	p.pages.Close()
+	p.mu.Lock()
+	var rel []*Write
+	seen := map[*Write]bool{}
+	add := func(w *Write) {
+		if w != nil && !seen[w] {
+			seen[w] = true
+			rel = append(rel, w)
+		}
+	}
+	for _, r := range unconsumed {
+		for _, w := range r.Pins {
+			add(w)
+		}
+		clear(r.Pins)
+		r.Pins = r.Pins[:0]
+	}
+	for _, w := range p.clones {
+		add(w)
+	}
+	add(p.buf.W)
+	p.clones = map[uint64]*Write{}
+	p.mu.Unlock()
+	for _, w := range rel {
+		p.release(w, false)
+	}
+	p.buf = DecodeBuf{}
+	p.pages.Each(func(pg *Page) {
+		if pg.Mem != nil {
+			p.dev.FreeHost(pg.Mem)
+			pg.Mem = nil
+		}
+	})
+	for _, o := range p.occ {
+		if o != nil {
+			o.Free()
+		}
+	}
+	if p.ten != nil {
+		p.ten.Free()
+		hostmem.FreeUint64s(p.claims)
+		p.claims = nil
+	}
+	p.mirrors.Free()
+}

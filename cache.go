@@ -20,10 +20,9 @@ type Cache struct {
 	rd   *reader.Reader
 	lay  *writer.Layout
 
-	// mu guards the saved steps not consumed yet and the free records.
-	mu      sync.Mutex
-	steps   []*reader.Step
-	recFree []*reader.Step
+	// mu guards the saved steps not consumed yet.
+	mu    sync.Mutex
+	steps []*reader.Step
 
 	eng    engine       // engine goroutine only
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
@@ -78,7 +77,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	rec := c.newRec()
 	ws := &c.ws
 	ws.Slots, ws.IDs, ws.Handles, ws.Count = e.slots[:e.ntok], rec.IDs, e.h, rec.Count
-	ws.TokOff, ws.Pure = rec.Offsets(), e.pure
+	ws.TokOff, ws.Pure = nil, e.pure
+	if len(c.lay.Def) > 0 {
+		ws.TokOff = rec.Offsets() // deferred runs start at each request's first row
+	}
 	for k := range o.Tensors {
 		t := &o.Tensors[k]
 		ws.Out[k] = writer.Src{Host: t.Host, Dev: t.Dev, Owned: t.Owned}
@@ -151,13 +153,7 @@ func (c *Cache) timeoutError(te *writer.TimeoutError) error {
 // It takes the step's ids and counts (Begin copied them out of the
 // borrowed plan); the engine refills the record's old slices next Begin.
 func (c *Cache) newRec() *reader.Step {
-	var r *reader.Step
-	c.mu.Lock()
-	if k := len(c.recFree); k > 0 {
-		r = c.recFree[k-1]
-		c.recFree = c.recFree[:k-1]
-	}
-	c.mu.Unlock()
+	r, _ := recPool.Get().(*reader.Step)
 	if r == nil {
 		r = &reader.Step{}
 	}
@@ -170,11 +166,11 @@ func (c *Cache) newRec() *reader.Step {
 	return r
 }
 
-func (c *Cache) freeRec(r *reader.Step) {
-	c.mu.Lock()
-	c.recFree = append(c.recFree, r)
-	c.mu.Unlock()
-}
+func (c *Cache) freeRec(r *reader.Step) { recPool.Put(r) }
+
+// recPool recycles step records (and their slices), so steady-state steps
+// allocate nothing and take no lock for a record.
+var recPool sync.Pool
 
 // take removes an unconsumed step record, validating reqs first.
 func (c *Cache) take(id StepID, reqs []int64) (*reader.Step, error) {

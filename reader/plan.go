@@ -29,9 +29,10 @@ type Hit struct {
 // on the engine goroutine in Save, after the step's own writes were handed
 // over, so a hit on blocks this step writes reads this step's rows.
 //
-// Immediate keys: each prefix row's expected write is the last immediate
-// write that claimed its slot (every such write is queued by now), and the
-// read joins the queue up to here. Deferred keys: each row's occupancy
+// Immediate keys: the prefix rows' slots; the read joins the queue up to
+// here, and finds the planned rows only where no write newer than the
+// newest one handed over so far (maxOwner) touched the block and no
+// planned write skipped the slot (see soa.Tenancy). Deferred keys: each row's occupancy
 // word, and the clone (pinned) of a row still in transit.
 func (r *Reader) Plan(s *Step, hits []Hit) {
 	if len(hits) == 0 {
@@ -46,6 +47,7 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 		s.immOff[i], s.defOff[i] = -1, -1
 	}
 	s.joinSeq = r.p.Queue().Pushed()
+	s.maxOwner = r.p.LastID()
 	bs := int32(r.lay.BlockSize)
 	for _, h := range hits {
 		s.prefix[h.Index] = h.Tokens
@@ -58,7 +60,6 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 		for _, b := range h.Blocks {
 			for sl := b * bs; sl < (b+1)*bs; sl++ {
 				s.immSlot = append(s.immSlot, sl)
-				s.immExp = append(s.immExp, r.p.Claimed(sl))
 			}
 		}
 	}

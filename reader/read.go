@@ -92,34 +92,35 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 }
 
 // readJoined reads a hit prefix of an immediate key from the mirror once
-// every write handed over before the plan has landed. A slot's row is the
-// planned one only if the slot's owner is exactly the write the plan
-// expected: a smaller owner means that write skipped the slot (a newer
-// write was queued after the plan), a larger one that a newer write
-// replaced it; a slot no write claimed and none wrote is absent. If a
-// scatter overlapped the copies (the committer's epoch moved), the owners
-// are checked again once it is over: a scatter publishes its owners when
-// its rows are in.
+// every write handed over before the plan has landed. A block holds the
+// planned rows only if its owner is at most the plan's maxOwner (no newer
+// write touched it) and none of its slots is stale (no planned write
+// skipped one because a newer write claimed it); otherwise the block was
+// claimed after the plan (ErrReassigned). The written bit tells absent
+// rows. If a scatter overlapped the copies (the committer's epoch moved),
+// the owners and stale bits are checked again once it is over: a scatter
+// publishes them when its rows are in.
 func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
 	r.p.Queue().Wait(s.joinSeq)
 	if err := r.p.Err(); err != nil {
 		return err
 	}
 	lo := int(s.immOff[i])
-	sl, exp := s.immSlot[lo:lo+pre], s.immExp[lo:lo+pre]
+	sl := s.immSlot[lo : lo+pre]
 	rb := r.lay.RowBytes[k]
 	m := r.p.Mirrors().Get(k)
 	ten := r.p.Tenancy()
 	com := r.p.Committer()
+	opt := r.lay.Keys[k].Optional
 	e1 := com.Epoch()
 	for t, slot := range sl {
 		d := out[t*rb : (t+1)*rb]
-		switch o := ten.Owner(slot); {
-		case o != exp[t]:
+		switch {
+		case ten.Owner(slot) > s.maxOwner || ten.Stale(slot):
 			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
-		case o == 0 && r.lay.Keys[k].Optional:
+		case !ten.Written(slot) && opt:
 			clear(d)
-		case o == 0:
+		case !ten.Written(slot):
 			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, slot)
 		default:
 			m.ReadRow(d, slot)
@@ -130,7 +131,7 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
 	}
 	com.EvenEpoch()
 	for t, slot := range sl {
-		if ten.Owner(slot) != exp[t] {
+		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) {
 			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
 		}
 	}

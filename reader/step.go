@@ -6,18 +6,20 @@
 //	plan (Save, engine goroutine)            read (Materialize, any goroutine)
 //	─────────────────────────────            ────────────────────────────────────
 //	immediate keys: per prefix row its      join the committer up to the plan's
-//	  slot and the write expected there      queue sequence; read the mirror row
-//	  (the last write that claimed it)       only if the slot's owner is exactly
-//	                                         the expected write, before and after
-//	                                         the copy (else ErrReassigned)
+//	  slot, and the newest write id          queue sequence; read a block's rows
+//	  handed over (maxOwner)                 only if its owner is at most
+//	                                         maxOwner and none of its slots is
+//	                                         stale (a planned write skipped it),
+//	                                         before and after the copy (else
+//	                                         ErrReassigned)
 //	deferred keys: per prefix row the        committed: mirror row, occupancy
 //	  slot's occupancy word, and the         word unchanged around the copy;
 //	  pending clone (pinned) in transit      in transit: the clone's row
 //
 // A read therefore never returns rows its plan did not own: a write that
-// skipped a slot (a newer write was queued), a newer tenant's write, or a
-// committed row replaced since planning all show as an owner or word other
-// than the planned one.
+// skipped a slot (a newer write was queued) leaves it stale, a newer
+// tenant's write makes its block's owner newer than the plan, and a
+// committed deferred row replaced since planning changes its word.
 //
 // Goroutines: Plan runs on the engine goroutine (in Save); Read on the
 // goroutine that consumes the step (Materialize), one consumer per Step.
@@ -38,12 +40,13 @@ type Step struct {
 	prefix []int32 // per request: hit prefix tokens (empty when no hit)
 	writer.Refs
 
-	// immediate-key hit plan: per hit prefix row its slot and the write
-	// expected to have put its row there.
-	immOff  []int32 // per request: first entry (-1: no hit)
-	immSlot []int32
-	immExp  []uint64
-	joinSeq uint64 // committer queue sequence the read joins
+	// immediate-key hit plan: per hit prefix row its slot; the read joins
+	// the committer up to joinSeq, and a block whose owner is newer than
+	// maxOwner was claimed by a write newer than the plan.
+	immOff   []int32 // per request: first entry (-1: no hit)
+	immSlot  []int32
+	joinSeq  uint64
+	maxOwner uint64
 	// deferred-key hit plan: per (request, deferred key, prefix row).
 	defOff []int32 // per request: first entry
 	pKind  []uint8
@@ -54,7 +57,6 @@ type Step struct {
 
 	lastQ int     // search hint for Find
 	Qidx  []int32 // requests asked of Materialize, as step indices
-	owns  []uint64
 }
 
 // plan entry kinds for deferred hit rows.
@@ -74,8 +76,7 @@ func (s *Step) Reset(nkeys int) {
 	s.Refs.Reset(nkeys)
 	s.immOff = s.immOff[:0]
 	s.immSlot = s.immSlot[:0]
-	s.immExp = s.immExp[:0]
-	s.joinSeq = 0
+	s.joinSeq, s.maxOwner = 0, 0
 	s.defOff = s.defOff[:0]
 	s.pKind = s.pKind[:0]
 	s.pSlot = s.pSlot[:0]

@@ -1,62 +1,112 @@
 package soa
 
 import (
+	"math/bits"
 	"sync/atomic"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // Tenancy tracks, for keys that one goroutine writes in order (the cache's
-// immediate keys, written by its committer), which write last put its row
-// into each slot:
+// immediate keys, written by its committer), which write last touched each
+// block and the state of each slot's row:
 //
-//	owner   []uint64  one per slot: id of the last write whose row landed
-//	                  in the slot (0: never written)
+//	owner   []uint64  one per block: id of the last write into the block
+//	written []uint32  one bit per slot: ever written
+//	stale   []uint32  one bit per slot: the last write that claimed the slot
+//	                  skipped it (a newer queued write replaces it), so the
+//	                  row is older than that write; cleared when a write
+//	                  puts its row there
 //
-// The owner is per slot, not per block: a write can skip some slots of a
-// block (a newer queued write replaces them), so only a per-slot owner says
-// exactly whose row a slot holds. A reader that planned to read write W's
-// row in slot s reads it only if the owner is exactly W, before and after
-// its copy (see the committer's epoch): a smaller owner means W skipped the
-// slot, a larger one that a newer write replaced it; either way the row is
-// not the planned one. The column comes from internal/hostmem, so only the
-// pages of slots ever written become resident.
+// A reader planned when the newest write handed over was maxOwner, and
+// joined up to it, finds the rows it planned in a block only if the
+// block's owner is at most maxOwner (no newer write touched the block) and
+// none of its slots is stale (every planned write put its rows there);
+// otherwise a write newer than the plan claimed the block, and the read
+// fails instead of returning another tenant's rows. The written bit tells
+// an absent row from a present one. Updates cost plain loads per row and an
+// atomic store only when a value changes (a new owner for the block, a
+// slot's first write, a skip), instead of an atomic store per row.
 //
-// Exactly one goroutine calls Publish; any goroutine may call Owner
-// (atomic loads).
+// Exactly one goroutine calls Publish; any goroutine may call Owner,
+// Written and Stale (atomic loads).
 type Tenancy struct {
-	owner []uint64
+	owner   []uint64
+	written []uint32
+	stale   []uint32
+	bs      int
+	shift   int // log2(bs) when bs is a power of two, else -1
 }
 
 // NewTenancy returns the table of numBlocks blocks of blockSize slots. Its
-// column comes from internal/hostmem: call Free when done.
+// columns come from internal/hostmem: call Free when done.
 func NewTenancy(numBlocks, blockSize int) *Tenancy {
-	t := &Tenancy{}
-	t.owner, _ = hostmem.Uint64s(numBlocks * blockSize) // falls back to make; never fails
+	t := &Tenancy{bs: blockSize, shift: -1}
+	if blockSize&(blockSize-1) == 0 {
+		t.shift = bits.TrailingZeros(uint(blockSize))
+	}
+	words := (numBlocks*blockSize + 31) / 32
+	t.owner, _ = hostmem.Uint64s(numBlocks) // falls back to make; never fails
+	t.written, _ = hostmem.Uint32s(words)
+	t.stale, _ = hostmem.Uint32s(words)
 	return t
 }
 
-// Free returns the column to the OS; the table must not be used again.
+// Free returns the columns to the OS; the table must not be used again.
 func (t *Tenancy) Free() {
 	hostmem.FreeUint64s(t.owner)
-	t.owner = nil
+	hostmem.FreeUint32s(t.written)
+	hostmem.FreeUint32s(t.stale)
+	t.owner, t.written, t.stale = nil, nil, nil
 }
 
-// Publish records that write id's rows landed in every non-negative slot
-// of slots. Single writer only; ids must not decrease.
-func (t *Tenancy) Publish(slots []int32, id uint64) {
-	owner := t.owner
-	for _, s := range slots {
-		// The writer is the only goroutine that stores into the column,
-		// so it may read it without atomics.
-		if s >= 0 && owner[s] != id {
-			atomic.StoreUint64(&owner[s], id)
+func (t *Tenancy) block(s int32) int {
+	if t.shift >= 0 {
+		return int(s) >> t.shift
+	}
+	return int(s) / t.bs
+}
+
+// Publish records that write id put its rows into slots, except those whose
+// entry in mask is negative: those it skipped (they turn stale). mask may
+// be slots itself when nothing was skipped; negative slots are ignored.
+// Single writer only; ids must not decrease.
+func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
+	owner, written, stale := t.owner, t.written, t.stale
+	for i, s := range slots {
+		if s < 0 {
+			continue
+		}
+		// The writer is the only goroutine that stores into these columns,
+		// so it may read them without atomics.
+		w, bit := s>>5, uint32(1)<<(s&31)
+		if mask[i] < 0 {
+			if old := stale[w]; old&bit == 0 {
+				atomic.StoreUint32(&stale[w], old|bit)
+			}
+			continue
+		}
+		if b := t.block(s); owner[b] != id {
+			atomic.StoreUint64(&owner[b], id)
+		}
+		if old := written[w]; old&bit == 0 {
+			atomic.StoreUint32(&written[w], old|bit)
+		}
+		if old := stale[w]; old&bit != 0 {
+			atomic.StoreUint32(&stale[w], old&^bit)
 		}
 	}
 }
 
-// Owner is the id of the last write whose row landed in slot s (0: none).
-func (t *Tenancy) Owner(s int32) uint64 { return atomic.LoadUint64(&t.owner[s]) }
+// Owner is the id of the last write into the block of slot s (0: none).
+func (t *Tenancy) Owner(s int32) uint64 { return atomic.LoadUint64(&t.owner[t.block(s)]) }
 
 // Written reports whether slot s was ever written.
-func (t *Tenancy) Written(s int32) bool { return t.Owner(s) != 0 }
+func (t *Tenancy) Written(s int32) bool {
+	return atomic.LoadUint32(&t.written[s>>5])&(1<<(s&31)) != 0
+}
+
+// Stale reports whether the last write that claimed slot s skipped it.
+func (t *Tenancy) Stale(s int32) bool {
+	return atomic.LoadUint32(&t.stale[s>>5])&(1<<(s&31)) != 0
+}

@@ -211,7 +211,8 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	nimm := len(c.cfg.Imm)
 	c.epoch.Add(1)
 	for j := 0; j < w.Steps; j++ {
-		mk := c.newerMask(w.Rows.Slot[j*w.N : (j+1)*w.N])
+		sl := w.Rows.Slot[j*w.N : (j+1)*w.N]
+		mk := c.newerMask(sl)
 		for ki, k := range c.cfg.Imm {
 			rows := w.Host[j*nimm+ki]
 			if rows == nil {
@@ -219,7 +220,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 			}
 			c.cfg.Mirrors.Make(k).Write(mk, rows[:w.N*c.cfg.RowBytes[k]])
 		}
-		c.cfg.Tenancy.Publish(mk, w.ID)
+		c.cfg.Tenancy.Publish(sl, mk, w.ID)
 	}
 	c.endScatter()
 	return nil

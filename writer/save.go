@@ -25,7 +25,7 @@ type Step struct {
 	IDs     []int64      // per request, in batch order
 	Handles []soa.Handle // per request
 	Count   []int32      // per request: scheduled tokens
-	TokOff  []int32      // per request: first row in the step
+	TokOff  []int32      // per request: first row in the step (needed with deferred keys)
 	Pure    bool         // a pure-decode step the decode buffer may park
 	Out     []Src        // per key
 }
@@ -128,15 +128,6 @@ func (p *Path) cloneNeed(s *Step) int64 {
 		}
 	}
 	return need
-}
-
-// claim records w as the last immediate write of slots (engine side; the
-// read path plans hit reads against it).
-func (p *Path) claim(slots []int32, id uint64) {
-	c := p.claims
-	for _, s := range slots {
-		c[s] = id
-	}
 }
 
 // claimPage takes a staging page, waiting up to the claim timeout.
@@ -264,7 +255,6 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	}
 	w.Steps = 1
 	w.Rows.AppendSlots(s.Slots, 0, 0)
-	p.claim(s.Slots, w.ID)
 	p.mu.Lock()
 	for _, k := range p.lay.Imm {
 		refs.Src[k], refs.SrcOff[k] = w, 0
@@ -303,7 +293,6 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 		}
 	}
 	w.Rows.AppendSlots(s.Slots, int32(j), int32(j*n))
-	p.claim(s.Slots, w.ID)
 	p.mu.Lock()
 	for _, k := range p.lay.Imm {
 		refs.Src[k], refs.SrcOff[k] = w, int32(j*n)

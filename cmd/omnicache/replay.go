@@ -63,6 +63,7 @@ type replayFlags struct {
 	memprofile   string
 	progress     string
 	repeat       int
+	metricsAddr  string
 }
 
 func replayMain(args []string, stdout, stderr io.Writer) int {
@@ -100,6 +101,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	fs.IntVar(&f.repeat, "repeat", 1, "run each cache-on replay N times and keep the one with the least engine time (noisy machines)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -147,6 +149,13 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	var ms *metricsServer
+	if f.metricsAddr != "" {
+		if ms, err = startMetrics(f.metricsAddr, stderr); err != nil {
+			return 2, err
+		}
+		defer ms.close()
 	}
 	var jsonFile *os.File
 	if f.jsonOut != "" {
@@ -197,6 +206,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		for _, on := range modes {
 			o := opt
 			o.Cache = on
+			if ms != nil && on {
+				ms.attach(&o, spec.Name)
+			}
 			mode := "off"
 			if on {
 				mode = "on"

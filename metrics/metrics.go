@@ -94,7 +94,7 @@ const nanosPerSecond = 1e9
 // stats lists every exported Stats field, in exposition order.
 var stats = []metric{
 	{"prefix_cache_hits_total", "HitTokens", prometheus.CounterValue,
-		"Prompt tokens served from the prefix cache: the hit tokens of arrivals (as vLLM's prefix_cache_hits).",
+		"Prompt tokens the prefix cache hit at arrival (as vLLM's prefix_cache_hits).",
 		func(s *omnicache.Stats) float64 { return float64(s.HitTokens) }},
 	{"prefix_cache_hit_requests_total", "HitRequests", prometheus.CounterValue,
 		"Arrivals with a prefix hit.",

@@ -84,15 +84,8 @@ func benchDecode64(b *testing.B, mode string) {
 					return
 				case <-t.C:
 				}
-				fams, err := reg.Gather()
-				if err != nil {
+				if err := gatherText(reg, io.Discard); err != nil {
 					panic(err)
-				}
-				enc := expfmt.NewEncoder(io.Discard, expfmt.NewFormat(expfmt.TypeTextPlain))
-				for _, f := range fams {
-					if err := enc.Encode(f); err != nil {
-						panic(err)
-					}
 				}
 			}
 		}()
@@ -160,4 +153,38 @@ func benchDecode64(b *testing.B, mode string) {
 	stall := c.Stats().StallNanos - stall0
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds()-stall)/float64(b.N), "engine-ns/op")
 	b.ReportMetric(float64(stall)/float64(b.N), "stall-ns/op")
+}
+
+// gatherText is one scrape's work without the network: gather and encode
+// the text exposition, as promhttp does.
+func gatherText(g prometheus.Gatherer, w io.Writer) error {
+	fams, err := g.Gather()
+	if err != nil {
+		return err
+	}
+	enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range fams {
+		if err := enc.Encode(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// BenchmarkScrape is the scraping goroutine's cost of one scrape of a
+// cache's collector (Stats, gather, text encoding).
+func BenchmarkScrape(b *testing.B) {
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 64, BlockSize: 16, Keys: []omnicache.Key{{Name: "hidden", RowBytes: 64}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(New(c, Options{Queries: new(QueryCounter)}))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := gatherText(reg, io.Discard); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

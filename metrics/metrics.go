@@ -54,7 +54,8 @@ type QueryCounter struct {
 }
 
 // AddQueries counts tokens looked up (a request's prompt tokens at arrival).
-// Call it before the Begin that reports the request's hit.
+// Call it before the Begin of the request's arrival step: the cache counts
+// the request's hit in that step (Stats.HitTokens moves in its Save).
 func (q *QueryCounter) AddQueries(tokens int) { q.n.Add(int64(tokens)) }
 
 // QueryTokens returns the tokens counted so far.
@@ -183,9 +184,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect reads Stats once and sends every metric from that snapshot. The
-// query count is read after Stats, so that an engine that counts a request's
-// queries before the Begin that counts its hits never shows more hits than
-// queries.
+// query count is read after Stats, so that with queries counted before the
+// arrival step (see AddQueries) a scrape never shows more hits than queries.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.src.Stats()
 	if c.qdesc != nil {

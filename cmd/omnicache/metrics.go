@@ -37,8 +37,8 @@ type metricsServer struct {
 type metricsEvent struct {
 	url      string // the /metrics URL
 	workload string
-	step     int  // the step about to Begin; -1 once the run's cache closed
 	closed   bool // the run's cache closed (its final Stats stay exported)
+	step     int  // unless closed: the step about to Begin
 }
 
 // metricsHook, when set (tests), is called on the engine goroutine before
@@ -109,13 +109,13 @@ func (m *metricsServer) attach(o *bench.Options, workload string) {
 		return &closeHook{Cache: c, close: func() error {
 			err := r.close()
 			if metricsHook != nil {
-				metricsHook(metricsEvent{url: m.url, workload: workload, step: -1, closed: true})
+				metricsHook(metricsEvent{url: m.url, workload: workload, closed: true})
 			}
 			return err
 		}}, nil
 	}
 	o.OnStep = func(st *sim.Step) {
-		r.queries.AddQueries(st.Queried) // before Begin counts the hits
+		r.queries.AddQueries(st.Queried) // before the step that counts their hits
 		if metricsHook != nil {
 			metricsHook(metricsEvent{url: m.url, workload: workload, step: st.Index})
 		}
@@ -125,10 +125,12 @@ func (m *metricsServer) attach(o *bench.Options, workload string) {
 // liveRun is one workload's metrics.Source: the open cache's Stats, or
 // once it closed, its final Stats.
 type liveRun struct {
-	mu      sync.Mutex
-	cache   bench.Cache // nil once closed
-	last    omnicache.Stats
-	queries *metrics.QueryCounter // replaced with each new cache, fed only by its run
+	mu    sync.Mutex
+	cache bench.Cache // nil once closed
+	last  omnicache.Stats
+	// queries is replaced by open and fed by OnStep, both on the engine
+	// goroutine; Collect reads it under mu.
+	queries *metrics.QueryCounter
 }
 
 func (r *liveRun) open(c bench.Cache) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +14,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/metrics"
 )
 
 // get GETs url and returns the body; it fails the test on any error.
@@ -75,7 +80,7 @@ func TestReplayMetrics(t *testing.T) {
 		}
 		url = ev.url
 		switch {
-		case ev.step == midStep:
+		case !ev.closed && ev.step == midStep:
 			mid = samples(t, get(t, ev.url))
 			pprofIndex = get(t, strings.TrimSuffix(ev.url, "/metrics")+"/debug/pprof/")
 		case ev.closed:
@@ -99,7 +104,8 @@ func TestReplayMetrics(t *testing.T) {
 	if !strings.Contains(pprofIndex, "goroutine") || !strings.Contains(pprofIndex, "profile") {
 		t.Errorf("/debug/pprof/ index:\n%s", pprofIndex)
 	}
-	if _, err := http.Get(url); err == nil {
+	if resp, err := http.Get(url); err == nil {
+		resp.Body.Close()
 		t.Errorf("still serving after the replay returned")
 	}
 
@@ -157,5 +163,53 @@ func TestReplayMetrics(t *testing.T) {
 		if !ok || got != want {
 			t.Errorf("final %s = %v (present %v), want %v", name, got, ok, want)
 		}
+	}
+}
+
+// TestLiveRunRepeat: a closed run keeps its final values; a repeat's new
+// cache restarts the counters, queries included.
+func TestLiveRunRepeat(t *testing.T) {
+	cfg := omnicache.Config{NumBlocks: 4, BlockSize: 4, Keys: []omnicache.Key{{Name: "hidden", RowBytes: 8}}}
+	r := &liveRun{queries: new(metrics.QueryCounter)}
+	c1, err := bench.NewRealCache(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.open(c1)
+	r.queries.AddQueries(12)
+	if err := c1.Begin(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{4},
+		Table: []int32{0}, Stride: 1, Arrivals: []int64{1}, HitTokens: []int32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	if r.Stats().LiveRequests != 1 {
+		t.Fatalf("live stats %+v", r.Stats())
+	}
+	if err := r.close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Begin(&omnicache.Plan{}); !errors.Is(err, omnicache.ErrClosed) {
+		t.Fatalf("close did not close the cache: %v", err)
+	}
+	if got := r.QueryTokens(); got != 12 {
+		t.Fatalf("queries after close %d, want 12", got)
+	}
+	if err := r.close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	c2, err := bench.NewRealCache(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.open(c2)
+	defer r.close()
+	if s := r.Stats(); s.LiveRequests != 0 || r.QueryTokens() != 0 {
+		t.Fatalf("a repeat's counters did not restart: %+v, queries %d", s, r.QueryTokens())
+	}
+}
+
+func TestReplayMetricsBadAddr(t *testing.T) {
+	code, _, errs := run(t, "--cache", "off", "--workloads", "DEC100_c32$", "--metrics-addr", "127.0.0.1:notaport")
+	if code == 0 || !strings.Contains(errs, "--metrics-addr") {
+		t.Fatalf("exit %d: %s", code, errs)
 	}
 }

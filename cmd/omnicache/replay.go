@@ -61,9 +61,9 @@ type replayFlags struct {
 	plot         string
 	cpuprofile   string
 	memprofile   string
+	metricsAddr  string
 	progress     string
 	repeat       int
-	metricsAddr  string
 }
 
 func replayMain(args []string, stdout, stderr io.Writer) int {
@@ -99,9 +99,9 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.plot, "plot", "", "draw per-step cache time and hit rate to FILE.png")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	fs.IntVar(&f.repeat, "repeat", 1, "run each cache-on replay N times and keep the one with the least engine time (noisy machines)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -11,8 +11,9 @@
 // Goroutines: Collect and Describe run on the goroutine of whoever gathers
 // the registry (the promhttp handler's, per scrape), concurrently with the
 // engine goroutine; they only call Source.Stats, which the cache allows from
-// any goroutine and which never waits on the cache's state lock. Nothing runs
-// on the engine goroutine except QueryCounter.AddQueries, one atomic add.
+// any goroutine and which never waits on the cache's state lock, and
+// QuerySource.QueryTokens. Nothing runs on the engine goroutine except
+// QueryCounter.AddQueries, one atomic add.
 //
 // Names follow the Prometheus conventions: the omnicache_ namespace,
 // counters end in _total, units are base units in the name (_bytes,

@@ -61,6 +61,7 @@ type replayFlags struct {
 	plot         string
 	cpuprofile   string
 	memprofile   string
+	metricsAddr  string
 	progress     string
 	repeat       int
 }
@@ -98,6 +99,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.plot, "plot", "", "draw per-step cache time and hit rate to FILE.png")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	fs.IntVar(&f.repeat, "repeat", 1, "run each cache-on replay N times and keep the one with the least engine time (noisy machines)")
 	if err := fs.Parse(args); err != nil {
@@ -148,6 +150,13 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var ms *metricsServer
+	if f.metricsAddr != "" {
+		if ms, err = startMetrics(f.metricsAddr, stderr); err != nil {
+			return 2, err
+		}
+		defer ms.close()
+	}
 	var jsonFile *os.File
 	if f.jsonOut != "" {
 		if jsonFile, err = os.Create(f.jsonOut); err != nil {
@@ -197,6 +206,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		for _, on := range modes {
 			o := opt
 			o.Cache = on
+			if ms != nil && on {
+				ms.attach(&o, spec.Name)
+			}
 			mode := "off"
 			if on {
 				mode = "on"

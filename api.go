@@ -54,6 +54,7 @@ const (
 	DefaultStagingClaimTimeout   = 30 * time.Second
 	DefaultDeviceBudgetBytes     = 512 << 20
 	DefaultDeferredChunkBytes    = 16 << 20
+	DefaultWaitTimeout           = 60 * time.Second
 )
 
 // Config configures a Cache. Zero fields take the defaults above.
@@ -79,6 +80,14 @@ type Config struct {
 	DeviceBudgetBytes int64
 	// DeferredChunkBytes bounds one device→host copy of deferred rows.
 	DeferredChunkBytes int64
+	// WaitTimeout bounds every wait on the committer: a hit read joining
+	// the writes it reads, Sync, a write forced out by budget pressure, and
+	// Close (waiting for calls in flight and for the committer to stop). A
+	// wait that runs out means the device never completed a copy: it fails
+	// the cache with ErrWriteFailed wrapping ErrDeviceTimeout (Close
+	// returns ErrDeviceTimeout and leaves the cache's memory allocated, as
+	// a stuck copy may still write it). Negative: no bound.
+	WaitTimeout time.Duration
 	// DisableDecodeBuffer writes every step at once instead of parking
 	// pure-decode steps.
 	DisableDecodeBuffer bool

@@ -60,6 +60,10 @@ func (e *engine) mark(h soa.Handle, gen uint64) (was uint64) {
 // fails validation changes nothing. Engine goroutine only; the plan is
 // borrowed for the call.
 func (c *Cache) Begin(p *Plan) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
 	if err := c.check(); err != nil {
 		return err
 	}

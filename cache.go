@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/omnicache/omnicache/reader"
 	"github.com/omnicache/omnicache/soa"
@@ -28,6 +29,12 @@ type Cache struct {
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
 	live   atomic.Int64 // requests tracked, for Stats
 	closed atomic.Bool
+
+	// calls counts the calls in flight (see enter); Close waits until the
+	// last one left (idle is closed by it) before anything is freed.
+	calls    atomic.Int64
+	idle     chan struct{}
+	idleOnce sync.Once
 }
 
 // New creates a cache. It allocates no mirror memory and no staging memory:
@@ -38,7 +45,7 @@ func New(cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cache{cfg: cfg, path: writer.NewPath(wc)}
+	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{})}
 	c.rd = reader.New(c.path)
 	c.lay = c.path.Layout()
 	c.eng.reqs = soa.NewRequests(64)
@@ -54,6 +61,27 @@ func (c *Cache) check() error {
 	return c.path.Err()
 }
 
+// enter registers a call in flight; it fails with ErrClosed once Close
+// began. Every call that touches the cache's memory runs between enter and
+// leave, so Close frees nothing while one is in flight. (The counter is
+// incremented before closed is read, and Close sets closed before reading
+// the counter: sequentially consistent atomics make one of them see the
+// other.)
+func (c *Cache) enter() error {
+	c.calls.Add(1)
+	if c.closed.Load() {
+		c.leave()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (c *Cache) leave() {
+	if c.calls.Add(-1) == 0 && c.closed.Load() {
+		c.idleOnce.Do(func() { close(c.idle) })
+	}
+}
+
 // Save hands in the step's outputs and returns its step id. Immediate rows
 // of the whole step form one write (or are parked by the decode buffer);
 // deferred rows are cloned and stay pending until their request finishes.
@@ -63,6 +91,10 @@ func (c *Cache) check() error {
 // Engine goroutine only; the outputs are borrowed for the call (owned
 // tensors are kept, see Config.ReleaseHost for a failed Save).
 func (c *Cache) Save(o *Outputs) (StepID, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
 	if err := c.check(); err != nil {
 		return 0, err
 	}
@@ -134,6 +166,13 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 		if t.Rows < n || have < need {
 			return fmt.Errorf("%w: key %q: %d rows (%d bytes) for %d tokens of %d bytes", ErrOutputs, c.cfg.Keys[k].Name, t.Rows, have, n, c.lay.RowBytes[k])
 		}
+		if t.Host == nil && need > 0 {
+			// What can be checked before a copy is issued is this call's
+			// error, not a failed copy that fails the cache for good.
+			if err := c.path.Device().Check(t.Dev); err != nil {
+				return fmt.Errorf("%w: key %q: %w", ErrOutputs, c.cfg.Keys[k].Name, err)
+			}
+		}
 	}
 	return nil
 }
@@ -200,29 +239,39 @@ func (c *Cache) drop(r *reader.Step) {
 	c.freeRec(r)
 }
 
-// Discard consumes step id without reading it. Any goroutine.
+// Discard consumes step id without reading it. After a sticky write
+// failure it still consumes the step (releasing its page and pins) and
+// returns the failure. Any goroutine.
 func (c *Cache) Discard(id StepID) error {
-	if err := c.check(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.leave()
 	rec, err := c.take(id, nil)
 	if err != nil {
 		return err
 	}
 	c.drop(rec)
-	return nil
+	return c.path.Err()
 }
 
 // Materialize fills dst with, per request of reqs (nil: every request of the
 // step, in batch order) and key, `[hit prefix rows | this step's rows]`, and
 // consumes the step id. The read was planned at Save and runs here, on the
-// caller's goroutine. Any goroutine.
+// caller's goroutine. After a sticky write failure it consumes the step
+// (releasing its page and pins) and returns the failure. Any goroutine,
+// concurrently with Close too (it then completes or fails with ErrClosed).
 func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
-	if err := c.check(); err != nil {
+	if err := c.enter(); err != nil {
 		return err
 	}
+	defer c.leave()
 	rec, err := c.take(id, reqs)
 	if err != nil {
+		return err
+	}
+	if err := c.path.Err(); err != nil {
+		c.drop(rec)
 		return err
 	}
 	all, nq := reqs == nil, len(reqs)
@@ -251,6 +300,10 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 // the committer has landed in the mirror. Deferred rows of live requests stay
 // pending (they land when their request finishes). Engine goroutine only.
 func (c *Cache) Sync() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
 	if err := c.check(); err != nil {
 		return err
 	}
@@ -261,6 +314,10 @@ func (c *Cache) Sync() error {
 // slots into dst (len(slots)*RowBytes bytes); slots never written read as
 // zeros. A diagnostic for tests and verification: call it after Sync.
 func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
 	if err := c.check(); err != nil {
 		return err
 	}
@@ -285,12 +342,38 @@ func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 	return nil
 }
 
-// Close stops the committer (after it drained what was handed to it) and
-// releases every page, budget charge and device buffer. Later calls return
-// ErrClosed. Engine goroutine; call it once no Materialize is in flight.
+// Close stops the cache: later calls return ErrClosed; a Save waiting for
+// a staging page wakes with ErrClosed; calls in flight (a Materialize
+// copying rows, a Save forcing a write out) complete or fail with
+// ErrClosed, and Close waits for the last of them to leave. Then the
+// committer drains what was handed to it and stops, and every page, budget
+// charge, device buffer and the mirror are released: afterwards Stats
+// shows no page in use and nothing charged. Both waits together are
+// bounded by Config.WaitTimeout: past it (a device that never completes a
+// copy) Close returns ErrDeviceTimeout and leaves the memory allocated
+// (something may still write it). Safe at any moment, from any goroutine;
+// a second Close returns nil.
 func (c *Cache) Close() error {
 	if c.closed.Swap(true) {
 		return nil
+	}
+	var deadline time.Time
+	if c.cfg.WaitTimeout >= 0 {
+		deadline = time.Now().Add(c.cfg.WaitTimeout)
+	}
+	c.path.Stop()
+	if c.calls.Load() > 0 {
+		var tc <-chan time.Time
+		if !deadline.IsZero() {
+			t := time.NewTimer(time.Until(deadline))
+			defer t.Stop()
+			tc = t.C
+		}
+		select {
+		case <-c.idle:
+		case <-tc:
+			return fmt.Errorf("%w: %d calls still in flight after %v; the cache's memory is left allocated", ErrDeviceTimeout, c.calls.Load(), c.cfg.WaitTimeout)
+		}
 	}
 	c.mu.Lock()
 	refs := make([]*writer.Refs, len(c.steps))
@@ -299,8 +382,7 @@ func (c *Cache) Close() error {
 	}
 	c.steps = nil
 	c.mu.Unlock()
-	c.path.Close(refs)
-	return nil
+	return c.path.Close(refs, deadline)
 }
 
 // Stats returns the cache's counters. Any goroutine; it never waits on the

@@ -6,8 +6,10 @@ package omnicache_test
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -251,5 +253,235 @@ func TestStagingTimeoutErrorAs(t *testing.T) {
 	require.Equal(t, []omnicache.StepID{s1}, te.Unconsumed)
 	require.Equal(t, 1, te.Depth)
 	h.mat(s1)
+	h.sync() // the page returns once s1's write landed too (NoWait does not wait for it)
 	usable(h)
+}
+
+// Finding 3: Close racing reads in flight never crashes and never frees
+// memory a reader still copies from: each concurrent Materialize returns
+// its exact rows or ErrClosed. Run under -race; a read of unmapped memory
+// would kill the test binary.
+func TestCloseRacingMaterialize(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		cfg := testConfig()
+		cfg.StagingDepth = 8
+		cfg.NumBlocks = 64
+		h := newHarness(t, cfg)
+		// A writes 4 blocks; eight requests then hit them, one step each,
+		// left unconsumed.
+		const a = 1
+		h.assign(a, 0, 1, 2, 3)
+		h.mat(h.step(step{Sched: []S{{a, 0, 16}}, Arrive: []A{{ID: a}}}))
+		var ids []omnicache.StepID
+		for i := 0; i < 7; i++ {
+			id := int64(10 + i)
+			h.assign(id, 0, 1, 2, 3, int32(4+i))
+			ids = append(ids, h.step(step{Sched: []S{{id, 16, 2}}, Arrive: []A{{ID: id, Hit: 16}}}))
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(ids))
+		start := make(chan struct{})
+		for i, sid := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var res omnicache.Result
+				<-start
+				err := h.c.Materialize(sid, nil, &res)
+				if err == nil {
+					err = h.verify(sid, nil, &res)
+				}
+				errs[i] = err
+			}()
+		}
+		closed := make(chan error)
+		go func() {
+			<-start
+			closed <- h.c.Close()
+		}()
+		close(start)
+		require.NoError(t, <-closed, "Close")
+		h.closed = true
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil && !errors.Is(err, omnicache.ErrClosed) {
+				t.Fatalf("round %d: Materialize of step %v racing Close: %v (want exact rows or ErrClosed)", round, ids[i], err)
+			}
+		}
+		st := h.c.Stats()
+		require.Zero(t, st.PagesInUse, "pages in use after Close")
+		require.Zero(t, st.BudgetCharged, "budget charged after Close")
+	}
+}
+
+// Finding 3: a Save waiting for a staging page when Close runs fails with
+// ErrClosed (it never gets the page Close frees), and Close releases
+// everything.
+func TestCloseWakesSaveWaitingForPage(t *testing.T) {
+	base := runtime.NumGoroutine()
+	cfg := testConfig()
+	cfg.StagingDepth = 1
+	cfg.StagingClaimTimeout = time.Hour // only Close can end the wait
+	h := newHarness(t, cfg)
+	const a, b = 1, 2
+	h.assign(a, 1)
+	h.assign(b, 2)
+	h.step(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}}) // holds the only page, unconsumed
+	h.begin(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})
+	done, join := h.saveAsync(h.outs())
+	select {
+	case <-done:
+		t.Fatal("Save returned while every page was held")
+	case <-time.After(20 * time.Millisecond): // a chance to fail; never a threshold
+	}
+	require.NoError(t, guard(t, "Close", func() error { return h.c.Close() }))
+	h.closed = true
+	_, err := join()
+	require.ErrorIs(t, err, omnicache.ErrClosed, "the Save waiting for a page when Close ran")
+	st := h.c.Stats()
+	require.Zero(t, st.PagesInUse)
+	require.Zero(t, st.BudgetCharged)
+	_, err = h.c.Save(&omnicache.Outputs{})
+	require.ErrorIs(t, err, omnicache.ErrClosed)
+	require.ErrorIs(t, h.c.Begin(h.plan(step{})), omnicache.ErrClosed)
+	waitGoroutines(t, base)
+}
+
+// Finding 4: a sticky failure wakes a Save waiting for a page at once
+// with ErrWriteFailed (not after the claim timeout); Discard after the
+// failure still consumes its step (finding 8), and Close leaves no page
+// or budget held.
+func TestFailureWakesSaveWaitingForPage(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	cfg.StagingDepth = 1
+	cfg.StagingClaimTimeout = time.Hour // only the failure can end the wait
+	h := newHarness(t, cfg)
+	const a, b = 1, 2
+	h.assign(a, 1)
+	h.assign(b, 2)
+	dev.Hang() // the committer will block in Wait on a's write
+	s1 := h.step(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})
+	h.begin(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})
+	done, join := h.saveAsync(h.outs())
+	select {
+	case <-done:
+		t.Fatal("Save returned while every page was held")
+	case <-time.After(20 * time.Millisecond):
+	}
+	dev.FailOpAfter(gpu.OpWait, 0)
+	dev.Release() // the committer's Wait now fails: the cache fails
+	_, err := join()
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "the waiting Save wakes with the failure")
+	require.ErrorIs(t, h.tryDiscard(s1), omnicache.ErrWriteFailed, "Discard after the failure reports it")
+	require.ErrorIs(t, h.tryDiscard(s1), omnicache.ErrUnknownStep, "and consumed the step")
+	require.NoError(t, guard(t, "Close", func() error { return h.c.Close() }))
+	h.closed = true
+	st := h.c.Stats()
+	require.Zero(t, st.PagesInUse)
+	require.Zero(t, st.BudgetCharged)
+}
+
+// Finding 9: waits on a device that never completes are bounded: a hit
+// read's join fails the cache with ErrDeviceTimeout, and Close returns
+// ErrDeviceTimeout within Config.WaitTimeout instead of hanging.
+func TestHungDeviceBoundedWaits(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	cfg.WaitTimeout = 50 * time.Millisecond
+	h := newHarness(t, cfg)
+	t.Cleanup(dev.Release) // let the stuck committer go at the end
+	const a, b = 1, 2
+	h.assign(a, 1)
+	h.assign(b, 1, 2)
+	dev.Hang()
+	h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
+	s := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+	err := h.matCall(s, nil, &h.res)
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "a hit read joined to a write that never lands")
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout)
+	err = guard(t, "Close", func() error { return h.c.Close() })
+	h.closed = true
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
+}
+
+// Finding 5: sizes that overflow or exceed what the process can address
+// are ErrConfig naming the field; a step count beyond the staging
+// capacity is rejected by Begin before anything is sized from it.
+func TestBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		mut         func(c *omnicache.Config)
+	}{
+		{"row bytes 1<<40", "RowBytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 40}} }},
+		{"mirror overflows", "mirror", func(c *omnicache.Config) {
+			c.NumBlocks, c.BlockSize = 1<<20, 1<<10
+			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 29}}
+		}},
+		{"staging depth 1<<40", "StagingDepth", func(c *omnicache.Config) { c.StagingDepth = 1 << 40 }},
+		{"staging capacity 1<<40", "StagingCapacityTokens", func(c *omnicache.Config) { c.StagingCapacityTokens = 1 << 40 }},
+		{"page bytes", "StagingCapacityTokens", func(c *omnicache.Config) {
+			c.StagingCapacityTokens = 1 << 30
+			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 10}}
+		}},
+		{"slots overflow int32", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1<<30, 4 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			tc.mut(&cfg)
+			c, err := omnicache.New(cfg)
+			if c != nil {
+				c.Close()
+			}
+			require.ErrorIs(t, err, omnicache.ErrConfig)
+			require.Contains(t, err.Error(), tc.field)
+		})
+	}
+	t.Run("count beyond the page", func(t *testing.T) {
+		h := newHarness(t, testConfig())
+		p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1<<31 - 1},
+			Table: make([]int32, 8), Stride: 8, Arrivals: []int64{1}, HitTokens: []int32{0}}
+		var err error
+		allocs := testing.AllocsPerRun(1, func() { err = h.c.Begin(p) })
+		require.ErrorIs(t, err, omnicache.ErrStepTooLarge)
+		require.Less(t, allocs, 20.0, "Begin allocated before rejecting the count")
+		usable(h)
+	})
+}
+
+// Finding 6: a device tensor whose declared size exceeds its memory is
+// this Save's ErrOutputs, not a failed copy that fails the cache.
+func TestDeviceTensorLargerThanItsMemory(t *testing.T) {
+	h := newHarness(t, testConfig())
+	h.device = true
+	const a = 1
+	h.assign(a, 1, 2)
+	h.begin(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
+	o := h.outs()
+	d := &o.Tensors[0].Dev
+	d.Host = d.Host[:len(d.Host)/2] // the buffer holds half of what it declares
+	_, err := h.trySave(o)
+	require.ErrorIs(t, err, omnicache.ErrOutputs)
+	require.NotErrorIs(t, err, omnicache.ErrWriteFailed)
+	usable(h)
+}
+
+// Finding 7: a staging page that cannot be allocated is a sticky write
+// failure like any device failure (not a one-off ErrWriteFailed).
+func TestStagingAllocFailureIsSticky(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	h := newHarness(t, cfg)
+	dev.FailOpAfter(gpu.OpAllocHost, 0)
+	const a = 1
+	h.assign(a, 1)
+	h.begin(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})
+	_, err := h.trySave(h.outs())
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed)
+	dev.Heal()
+	require.ErrorIs(t, h.c.Begin(h.plan(step{})), omnicache.ErrWriteFailed, "the failure is sticky")
+	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed)
 }

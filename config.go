@@ -48,6 +48,9 @@ func validate(cfg *Config) (writer.Config, error) {
 	if cfg.DeferredChunkBytes == 0 {
 		cfg.DeferredChunkBytes = DefaultDeferredChunkBytes
 	}
+	if cfg.WaitTimeout == 0 {
+		cfg.WaitTimeout = DefaultWaitTimeout
+	}
 	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 {
 		return bad("negative staging depth, capacity, budget or chunk")
 	}
@@ -89,6 +92,6 @@ func validate(cfg *Config) (writer.Config, error) {
 		Dev: dev, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
-		ChunkBytes: cfg.DeferredChunkBytes, ReleaseHost: cfg.ReleaseHost,
+		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, ReleaseHost: cfg.ReleaseHost,
 	}, nil
 }

@@ -69,6 +69,11 @@ var (
 	ErrBudget = errs.Budget
 	// ErrWriteFailed: a device copy or write failed. Sticky.
 	ErrWriteFailed = errs.WriteFailed
+	// ErrDeviceTimeout: a wait on the committer ran past
+	// Config.WaitTimeout (the device never completed a copy). Wrapped in
+	// the sticky ErrWriteFailed; Close returns it when it could not stop
+	// the committer or a call in flight in time.
+	ErrDeviceTimeout = errs.DeviceTimeout
 )
 
 // StagingTimeoutError is the error of a Save that found no free staging

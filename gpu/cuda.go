@@ -287,6 +287,29 @@ func cspan(b Buffer, off, n int) error {
 	return nil
 }
 
+// Check: a host-backed buffer must hold b.Size bytes; a device buffer's
+// [Ptr, Ptr+Size) must lie inside one allocation (cuMemGetAddressRange).
+func (d *CUDA) Check(b Buffer) error {
+	if b.Host != nil || b.Size == 0 {
+		return NewHost().Check(b)
+	}
+	if b.Ptr == 0 {
+		return fmt.Errorf("%w: a buffer of %d bytes with no memory", ErrRange, b.Size)
+	}
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrRange, err)
+	}
+	defer d.leave()
+	size, base, err := cu.DevicePtr(b.Ptr).AddressRange()
+	if err != nil {
+		return fmt.Errorf("%w: 0x%x is no device allocation: cuMemGetAddressRange: %w", ErrRange, b.Ptr, cuErr(err))
+	}
+	if end := uintptr(base) + uintptr(size); b.Ptr+uintptr(b.Size) > end {
+		return fmt.Errorf("%w: [0x%x,+%d) runs %d bytes past its allocation", ErrRange, b.Ptr, b.Size, b.Ptr+uintptr(b.Size)-end)
+	}
+	return nil
+}
+
 func devPtr(b Buffer, off int) cu.DevicePtr { return cu.DevicePtr(b.Ptr + uintptr(off)) }
 
 func hostPtr(p []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(p)) }

@@ -73,6 +73,12 @@ type Device interface {
 	CopyDtoH(dst []byte, src Buffer, srcOff int) error
 	// CopyHtoD copies host bytes into device memory, asynchronously.
 	CopyHtoD(dst Buffer, dstOff int, src []byte) error
+	// Check reports whether b names memory this device can copy b.Size
+	// bytes from (ErrRange naming why not). It issues no copy: the cache
+	// calls it on every device tensor handed to Save, so that a tensor
+	// whose declared size exceeds its memory is a per-call error, not a
+	// failed copy.
+	Check(b Buffer) error
 	// Record marks the stream's current end.
 	Record() (Event, error)
 	// Wait blocks until e has completed.
@@ -146,6 +152,17 @@ func (*Host) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
 		return err
 	}
 	copy(dst.Host[dstOff:], src)
+	return nil
+}
+
+// Check: b must hold at least b.Size bytes of Go memory.
+func (*Host) Check(b Buffer) error {
+	if b.Host == nil && b.Size > 0 {
+		return fmt.Errorf("%w: a buffer of %d bytes with no memory", ErrRange, b.Size)
+	}
+	if len(b.Host) < b.Size {
+		return fmt.Errorf("%w: a buffer of %d bytes declares %d", ErrRange, len(b.Host), b.Size)
+	}
 	return nil
 }
 

@@ -101,8 +101,7 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 // the owners and stale bits are checked again once it is over: a scatter
 // publishes them when its rows are in.
 func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
-	r.p.Queue().Wait(s.joinSeq)
-	if err := r.p.Err(); err != nil {
+	if err := r.p.WaitSeq(s.joinSeq); err != nil {
 		return err
 	}
 	lo := int(s.immOff[i])

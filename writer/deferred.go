@@ -106,15 +106,16 @@ func (p *Path) FlushFinished() uint64 {
 	return p.q.Push(Task{Segs: segs})
 }
 
-// forceOldestDeferred writes the oldest open deferred write and waits for
-// it to land; it reports whether there was one.
+// forceOldestDeferred writes the oldest open deferred write and waits
+// (bounded) for it to land; it reports whether there was one (reserve
+// checks the sticky failure after it).
 func (p *Path) forceOldestDeferred() bool {
 	for len(p.defFIFO) > 0 {
 		r := p.defFIFO[0]
 		p.defFIFO = p.defFIFO[1:]
 		if int(r.h) < len(p.defOpen) && p.defOpen[r.h] == r.seq {
 			p.Finish(r.h)
-			p.q.Wait(p.FlushFinished())
+			_ = p.WaitSeq(p.FlushFinished())
 			return true
 		}
 	}

@@ -30,6 +30,7 @@ type Config struct {
 	ClaimTimeout time.Duration // < 0: fail at once
 	Budget       int64         // device byte budget
 	ChunkBytes   int64         // largest device→host copy of deferred rows
+	WaitTimeout  time.Duration // bound of every wait on the committer (< 0: none)
 	ReleaseHost  func([]byte)
 }
 
@@ -201,9 +202,25 @@ func (p *Path) Err() error {
 // error, which matches errs.WriteFailed.
 func (p *Path) Fail(err error) error {
 	e := fmt.Errorf("%w: %w", errs.WriteFailed, err)
-	p.failed.CompareAndSwap(nil, &e)
+	if p.failed.CompareAndSwap(nil, &e) {
+		p.pages.Fail() // a Save waiting for a page wakes with the failure
+	}
 	return *p.failed.Load()
 }
+
+// WaitSeq waits until the committer has processed queue item seq and
+// everything before it, bounded by the wait timeout: a committer that does
+// not get there in time (a device that never completes a copy) fails the
+// path with errs.DeviceTimeout. Any goroutine.
+func (p *Path) WaitSeq(seq uint64) error {
+	if !p.q.WaitFor(seq, p.cfg.WaitTimeout) {
+		return p.Fail(fmt.Errorf("%w: the committer did not reach write %d within %v", errs.DeviceTimeout, seq, p.cfg.WaitTimeout))
+	}
+	return p.Err()
+}
+
+// drain waits (bounded, see WaitSeq) for everything handed over so far.
+func (p *Path) drain() error { return p.WaitSeq(p.q.Pushed()) }
 
 func (p *Path) newID() uint64 { p.nextID++; return p.nextID }
 
@@ -224,17 +241,25 @@ func (p *Path) Sync() error {
 			return err
 		}
 	}
-	p.q.Drain()
-	return p.Err()
+	return p.drain()
 }
+
+// Stop wakes the waiters for a staging page (they fail with the pool
+// closed); later claims fail. The first step of closing.
+func (p *Path) Stop() { p.pages.Close() }
 
 // Close stops the committer (after it drained what was handed to it) and
 // releases every page, budget charge and device buffer the path holds,
-// including the pins of the unconsumed steps' refs. Engine goroutine.
-func (p *Path) Close(unconsumed []*Refs) {
-	p.q.Close()
-	p.com.Wait()
+// including the pins of the unconsumed steps' refs. No call may be in
+// flight. If the committer does not stop by deadline (a device that never
+// completes a copy), nothing is freed, since the committer may still touch
+// it, and Close reports errs.DeviceTimeout. Called once.
+func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
 	p.pages.Close()
+	p.q.Close()
+	if !p.com.WaitUntil(deadline) {
+		return fmt.Errorf("%w: the committer did not stop (%d writes pending); the cache's memory is left allocated", errs.DeviceTimeout, p.q.Pending())
+	}
 	p.mu.Lock()
 	var rel []*Write
 	seen := map[*Write]bool{}
@@ -276,4 +301,5 @@ func (p *Path) Close(unconsumed []*Refs) {
 		p.ten.Free()
 	}
 	p.mirrors.Free()
+	return nil
 }

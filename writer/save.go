@@ -151,6 +151,8 @@ func (p *Path) claimPage() (*Page, error) {
 		return pg, nil
 	case errors.Is(err, ErrClosed):
 		return nil, errs.Closed
+	case errors.Is(err, ErrFailed):
+		return nil, p.Err()
 	default:
 		return nil, &TimeoutError{Waited: max(p.cfg.ClaimTimeout, 0)}
 	}
@@ -363,8 +365,11 @@ func (p *Path) reserve(n int64) error {
 			p.st.BudgetFlushes.Add(1)
 		case p.q.Pending() > 0:
 			t0 := time.Now()
-			p.q.Drain()
+			err := p.drain()
 			p.st.StallNanos.Add(int64(time.Since(t0)))
+			if err != nil {
+				return err
+			}
 		default:
 			// Nothing left to force out. Bytes may have been released since
 			// the attempt (the committer, a Materialize or Discard): try again

@@ -25,4 +25,5 @@ var (
 	Reassigned     = errors.New("omnicache: hit slots reassigned before the read")
 	Budget         = errors.New("omnicache: reservation larger than the device byte budget")
 	WriteFailed    = errors.New("omnicache: write failed")
+	DeviceTimeout  = errors.New("omnicache: device work did not complete within the wait bound")
 )

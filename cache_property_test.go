@@ -62,6 +62,14 @@ type propAction struct {
 	misuse  int  // before (or right after) Begin, see misuse* constants
 	outside bool // Materialize with a request outside the step first: ErrNotInStep
 	twice   bool // consume the step a second time: ErrUnknownStep
+	// Failing calls (FuzzCache, cache_fuzz_failure_test.go): each must fail
+	// with its documented error and change nothing, and the step then runs
+	// as generated.
+	badPlan  int // the step's own plan made wrong, see badPlan* constants
+	badSave  int // the step's outputs made wrong, see badSave* constants
+	fault    int // 1 + gpu.Op: the device fails that method from this step on
+	faultN   int // ... after faultN more successful calls
+	closeNow bool
 }
 
 // Misuse around Begin.
@@ -599,6 +607,7 @@ type propRun struct {
 	// need exceed the budget: the run is then broken and must stop.
 	pinnedBudget bool
 	broken       error
+	dead         bool // the cache failed or closed on purpose: the run ended
 }
 
 // outsideID is a request id no schedule uses.
@@ -621,9 +630,21 @@ func (r *propRun) apply(act propAction) {
 		h.bump(id)
 	}
 	h.devKeys, h.ownKeys = act.devKeys, act.ownKeys
+	if act.fault > 0 {
+		r.faultStep(act)
+		return
+	}
+	if act.closeNow {
+		r.closeMidReads()
+		return
+	}
 	r.misuseBefore(act.misuse)
+	r.badPlanFirst(act)
 	err := h.tryBegin(act.st)
 	require.NoError(h.t, err, "%sBegin of step %d", h.prefix(), i)
+	if r.badSaveFirst(act) {
+		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after its failed Save", h.prefix(), i)
+	}
 	if act.misuse == misuseBeginTwice {
 		err := h.beginPlan(&omnicache.Plan{Stride: h.stride})
 		require.ErrorIs(h.t, err, omnicache.ErrSequence, "%sBegin twice (step %d)", h.prefix(), i)
@@ -639,17 +660,7 @@ func (r *propRun) apply(act propAction) {
 		return
 	}
 	require.NoError(h.t, err, "%sSave of step %d", h.prefix(), i)
-
-	keep := r.late[:0]
-	for _, l := range r.late {
-		if l.due <= i {
-			consume(h, l)
-		} else {
-			keep = append(keep, l)
-		}
-	}
-	clear(r.late[len(keep):])
-	r.late = keep
+	r.consumeDue(i)
 
 	if act.outside {
 		err := h.matCall(sid, []int64{outsideID}, &h.res)
@@ -680,6 +691,20 @@ func (r *propRun) apply(act propAction) {
 	if act.check {
 		h.checkMirror()
 	}
+}
+
+// consumeDue consumes the late and asynchronous reads due by step i.
+func (r *propRun) consumeDue(i int) {
+	keep := r.late[:0]
+	for _, l := range r.late {
+		if l.due <= i {
+			consume(r.h, l)
+		} else {
+			keep = append(keep, l)
+		}
+	}
+	clear(r.late[len(keep):])
+	r.late = keep
 }
 
 // rowBytes sums the row bytes of the deferred keys and of the immediate

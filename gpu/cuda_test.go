@@ -331,3 +331,31 @@ func TestCUDAPinned(t *testing.T) {
 	d.FreeHost(z)
 	d.FreeHost(make([]byte, 10)) // not ours: ignored
 }
+
+// Check accepts a buffer inside its allocation and rejects one whose size
+// runs past it (or that names no allocation), with both allocators.
+func TestCUDACheck(t *testing.T) {
+	for _, opt := range []gpu.CUDAOptions{{}, {SyncAlloc: true}} {
+		t.Run(fmt.Sprintf("sync=%v", opt.SyncAlloc), func(t *testing.T) {
+			d := newCUDA(t, opt)
+			defer d.Close()
+			b, err := d.Alloc(1 << 20)
+			must(t, err)
+			defer d.Free(b)
+			must(t, d.Check(b))
+			inner := gpu.Buffer{Ptr: b.Ptr + 4096, Size: 4096}
+			must(t, d.Check(inner))
+			over := b
+			over.Size = b.Size + (64 << 20) // far past any rounding of the allocation
+			if err := d.Check(over); !errors.Is(err, gpu.ErrRange) {
+				t.Fatalf("Check of a buffer past its allocation: %v, want ErrRange", err)
+			}
+			if err := d.Check(gpu.Buffer{Size: 8}); !errors.Is(err, gpu.ErrRange) {
+				t.Fatalf("Check of a buffer with no memory: %v, want ErrRange", err)
+			}
+			if err := d.Check(gpu.HostBuffer(make([]byte, 8))); err != nil {
+				t.Fatalf("Check of a host-backed buffer: %v", err)
+			}
+		})
+	}
+}

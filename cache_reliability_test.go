@@ -485,3 +485,37 @@ func TestStagingAllocFailureIsSticky(t *testing.T) {
 	require.ErrorIs(t, h.c.Begin(h.plan(step{})), omnicache.ErrWriteFailed, "the failure is sticky")
 	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed)
 }
+
+// A Save whose reservation cannot be met because unconsumed steps pin the
+// deferred clones fails with ErrBudget before forcing anything out: the
+// cache is exactly as before (no budget flush, no task, no page), and once
+// the steps are consumed the same step saves.
+func TestBudgetPinnedFailsFirst(t *testing.T) {
+	const a, b, c = 1, 2, 3
+	cfg := testConfig(keyHidden, keyCodes)
+	cfg.DeviceBudgetBytes = 8 * int64(keyCodes.RowBytes) // two 4-token steps of deferred rows
+	cfg.DeferredChunkBytes = cfg.DeviceBudgetBytes
+	h := newHarness(t, cfg)
+	h.assign(a, 1)
+	h.assign(b, 2)
+	h.assign(c, 3)
+	s1 := h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
+	s2 := h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}, Finished: []int64{a}})
+	before := h.stats()
+	h.begin(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}})
+	afterBegin := h.stats()
+	_, err := h.trySave(h.outs())
+	require.ErrorIs(t, err, omnicache.ErrBudget)
+	require.Contains(t, err.Error(), "pinned")
+	after := h.stats()
+	require.Equal(t, afterBegin.BudgetFlushes, after.BudgetFlushes, "the failed Save forced a write out")
+	require.Equal(t, afterBegin.WriteTasks, after.WriteTasks, "the failed Save queued a task")
+	require.Equal(t, afterBegin.DeferredWrites, after.DeferredWrites)
+	require.Equal(t, afterBegin.Steps, after.Steps)
+	require.Equal(t, before.LiveRequests, after.LiveRequests, "the failed Save undid its Begin")
+	h.mat(s1)
+	h.mat(s2)
+	h.mat(h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}}))
+	h.sync()
+	h.checkMirror()
+}

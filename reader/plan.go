@@ -90,7 +90,7 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 							panic("omnicache: in-transit slot without its clone")
 						}
 						kind, row = srcClone, occ.Row(sl)
-						s.Refs.PinLocked(src)
+						r.p.PinLocked(&s.Refs, src)
 					}
 					s.pKind = append(s.pKind, kind)
 					s.pSlot = append(s.pSlot, sl)

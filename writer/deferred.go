@@ -62,7 +62,7 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 			p.clones[w.ID] = w
 		}
 		refs.Src[k], refs.SrcOff[k] = w, 0
-		refs.PinLocked(w)
+		p.PinLocked(refs, w)
 		p.mu.Unlock()
 	}
 	return nil

@@ -68,12 +68,13 @@ type Path struct {
 	// parked-row reads and the hand-back list. The padding keeps it, the
 	// engine goroutine's fields and the counters the committer bumps on
 	// separate cache lines (false sharing cost the engine ~40% per step).
-	_        [64]byte
-	mu       sync.Mutex
-	clones   map[uint64]*Write
-	handback [][]byte
-	failed   atomic.Pointer[error]
-	_        [64]byte
+	_            [64]byte
+	mu           sync.Mutex
+	clones       map[uint64]*Write
+	handback     [][]byte
+	pinnedCharge int64 // budget charge of deferred clones pinned by steps
+	failed       atomic.Pointer[error]
+	_            [64]byte
 
 	// engine goroutine only
 	nextID  uint64

@@ -79,6 +79,9 @@ func (p *Path) freeDev(w *Write) {
 // unrefLocked drops pins (and owner refs) and reports whether nothing
 // references w any more. Caller holds the state lock.
 func (p *Path) unrefLocked(w *Write, pins, owners int32) (release bool) {
+	if pins > 0 && w.Deferred && w.Pins == pins {
+		p.pinnedCharge -= w.Charge
+	}
 	w.Pins -= pins
 	w.Owners -= owners
 	if owners > 0 && w.Owners == 0 {

@@ -50,14 +50,18 @@ func (r *Refs) Reset(nkeys int) {
 	r.Pins = r.Pins[:0]
 }
 
-// PinLocked pins w for r once. Caller holds the state lock.
-func (r *Refs) PinLocked(w *Write) {
+// PinLocked pins w for r once. A pinned deferred clone's charge cannot be
+// forced out of the budget (see reserve). Caller holds the state lock.
+func (p *Path) PinLocked(r *Refs, w *Write) {
 	for _, q := range r.Pins {
 		if q == w {
 			return
 		}
 	}
 	w.Pins++
+	if w.Pins == 1 && w.Deferred {
+		p.pinnedCharge += w.Charge
+	}
 	r.Pins = append(r.Pins, w)
 }
 
@@ -262,7 +266,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 		refs.Src[k], refs.SrcOff[k] = w, 0
 	}
 	w.Owners = 1
-	refs.PinLocked(w)
+	p.PinLocked(refs, w)
 	p.mu.Unlock()
 	w.Seq = p.q.Push(Task{W: w, Ev: ev})
 	p.st.Tasks.Add(1)
@@ -299,7 +303,7 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	for _, k := range p.lay.Imm {
 		refs.Src[k], refs.SrcOff[k] = w, int32(j*n)
 	}
-	refs.PinLocked(w)
+	p.PinLocked(refs, w)
 	w.Steps = j + 1
 	p.mu.Unlock()
 	p.buf.K++
@@ -345,8 +349,17 @@ func (p *Path) FlushBuffer() error {
 func (p *Path) pushDead(w *Write) { p.q.Push(Task{W: w}) }
 
 // reserve charges n device bytes, forcing the oldest pending writes out
-// while the charge would exceed the budget. Engine goroutine.
+// while the charge would exceed the budget. A reservation that cannot be met
+// even with every pending write forced out (what stays charged then is the
+// deferred clones that unconsumed steps pin) fails first, forcing nothing.
+// Engine goroutine.
 func (p *Path) reserve(n int64) error {
+	p.mu.Lock()
+	pinned := p.pinnedCharge
+	p.mu.Unlock()
+	if limit := p.budget.Limit(); n <= limit && n > limit-pinned {
+		return fmt.Errorf("%w: %d bytes wanted, %d of %d pinned by steps not consumed yet", errs.Budget, n, pinned, limit)
+	}
 	for {
 		ok, err := p.budget.TryReserve(n)
 		if err != nil {

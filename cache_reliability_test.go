@@ -407,6 +407,32 @@ func TestHungDeviceBoundedWaits(t *testing.T) {
 	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
 }
 
+// Finding 9: the engine's own join (a Save waits for the copies of the
+// write before the previous one) is bounded too: with the device hung, the
+// third Save fails the cache with ErrDeviceTimeout instead of hanging.
+func TestHungDeviceBoundedJoin(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	cfg.WaitTimeout = 50 * time.Millisecond
+	cfg.StagingDepth = 4
+	h := newHarness(t, cfg)
+	t.Cleanup(dev.Release)
+	dev.Hang()
+	var err error
+	for i := int64(1); i <= 3 && err == nil; i++ {
+		h.assign(i, int32(i))
+		h.begin(step{Sched: []S{{i, 0, 2}}, Arrive: []A{{ID: i}}})
+		_, err = h.trySave(h.outs())
+	}
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "the Save that joins a write whose copy never completes")
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout)
+	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed, "sticky")
+	err = guard(t, "Close", func() error { return h.c.Close() })
+	h.closed = true
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
+}
+
 // Finding 5: sizes that overflow or exceed what the process can address
 // are ErrConfig naming the field; a step count beyond the staging
 // capacity is rejected by Begin before anything is sized from it.

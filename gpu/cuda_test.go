@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/omnicache/omnicache/gpu"
 )
@@ -358,4 +359,29 @@ func TestCUDACheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// WaitFor with no time left returns ErrTimeout for a copy still in flight
+// (the event stays pending and can be waited for again), and nil once it
+// completes; an event known complete costs nothing.
+func TestCUDAWaitFor(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	defer d.Close()
+	const n = 1 << 30 // ~20 ms at pinned bandwidth: still in flight microseconds after the Record
+	a, err := d.Alloc(n)
+	must(t, err)
+	defer d.Free(a)
+	pin, err := d.AllocHost(n)
+	must(t, err)
+	defer d.FreeHost(pin)
+	must(t, d.CopyDtoH(pin, a, 0))
+	must(t, d.CopyDtoH(pin, a, 0))
+	ev, err := d.Record()
+	must(t, err)
+	if err := d.WaitFor(ev, 0); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("WaitFor(0) of two 1 GiB copies just issued: %v, want ErrTimeout", err)
+	}
+	must(t, d.WaitFor(ev, time.Minute))
+	must(t, d.WaitFor(ev, 0)) // complete: no wait
+	must(t, d.Wait(ev))
 }

@@ -170,7 +170,10 @@ func (f *Faulty) Record() (Event, error) {
 	return f.seq, nil
 }
 
-func (f *Faulty) Wait(e Event) error {
+func (f *Faulty) Wait(e Event) error { return f.WaitFor(e, -1) }
+
+// WaitFor is Wait bounded by timeout: a hung event returns ErrTimeout.
+func (f *Faulty) WaitFor(e Event, timeout time.Duration) error {
 	if d := f.delay.Load(); d > 0 {
 		time.Sleep(time.Duration(d))
 	}
@@ -178,10 +181,20 @@ func (f *Faulty) Wait(e Event) error {
 	h, under := f.hung[e], f.evs[e]
 	f.mu.Unlock()
 	if h != nil {
-		<-h
+		if timeout < 0 {
+			<-h
+		} else {
+			t := time.NewTimer(timeout)
+			defer t.Stop()
+			select {
+			case <-h:
+			case <-t.C:
+				return fmt.Errorf("%w: event %d after %v (the device hangs)", ErrTimeout, e, timeout)
+			}
+		}
 	}
 	if err := f.fail(OpWait); err != nil {
 		return err
 	}
-	return f.Device.Wait(under)
+	return f.Device.WaitFor(under, timeout)
 }

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/omnicache/omnicache/internal/hostmem"
+	"time"
 )
 
 // Sentinel errors of the device layer.
@@ -34,6 +35,8 @@ var (
 	ErrAlloc = errors.New("gpu: allocation failed")
 	// ErrRange reports an offset or length outside a buffer.
 	ErrRange = errors.New("gpu: range outside buffer")
+	// ErrTimeout reports a WaitFor whose event did not complete in time.
+	ErrTimeout = errors.New("gpu: event did not complete in time")
 )
 
 // Buffer is a span of device memory. For the host device Host holds the
@@ -83,6 +86,9 @@ type Device interface {
 	Record() (Event, error)
 	// Wait blocks until e has completed.
 	Wait(e Event) error
+	// WaitFor is Wait bounded by timeout (< 0: no bound): past it, it
+	// returns ErrTimeout and e is still pending.
+	WaitFor(e Event, timeout time.Duration) error
 	// Close releases the device's own resources.
 	Close() error
 }
@@ -168,7 +174,10 @@ func (*Host) Check(b Buffer) error {
 
 func (*Host) Record() (Event, error) { return 0, nil }
 func (*Host) Wait(Event) error       { return nil }
-func (*Host) Close() error           { return nil }
+
+// WaitFor returns at once: host copies are complete when they return.
+func (*Host) WaitFor(Event, time.Duration) error { return nil }
+func (*Host) Close() error                       { return nil }
 
 func span(b Buffer, off, n int) error {
 	if off < 0 || n < 0 || off+n > len(b.Host) {

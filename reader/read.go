@@ -3,7 +3,6 @@ package reader
 import (
 	"fmt"
 
-	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/writer"
 )
@@ -145,10 +144,7 @@ func (r *Reader) readWrite(w *writer.Write, k, r0, cnt int, out []byte) error {
 		if err := dev.CopyDtoH(out[:cnt*rb], w.Buf, r0*rb); err != nil {
 			return r.p.Fail(err)
 		}
-		if err := record(dev); err != nil {
-			return r.p.Fail(err)
-		}
-		return nil
+		return r.record()
 	}
 	ki := r.lay.ImmIdx[k]
 	nimm := len(r.lay.Imm)
@@ -157,8 +153,8 @@ func (r *Reader) readWrite(w *writer.Write, k, r0, cnt int, out []byte) error {
 		m := min(cnt, w.N-i)
 		slot := j*nimm + ki
 		if h := w.Host[slot]; h != nil {
-			if err := dev.Wait(w.Ev); err != nil {
-				return r.p.Fail(err)
+			if err := r.p.WaitDev(w.Ev); err != nil {
+				return err
 			}
 			copy(out[:m*rb], h[i*rb:(i+m)*rb])
 		} else if err := r.readParked(w, slot, i, m, rb, out); err != nil {
@@ -182,21 +178,20 @@ func (r *Reader) readParked(w *writer.Write, slot, i, m, rb int, out []byte) err
 	}
 	dev := r.p.Device()
 	err := dev.CopyDtoH(out[:m*rb], w.Dev[slot], i*rb)
-	if err == nil {
-		err = record(dev)
+	if err != nil {
+		err = r.p.Fail(err)
+	} else {
+		err = r.record()
 	}
 	r.p.EndParkedRead(w)
+	return err
+}
+
+// record waits (bounded) for the copies issued so far on the device.
+func (r *Reader) record() error {
+	ev, err := r.p.Device().Record()
 	if err != nil {
 		return r.p.Fail(err)
 	}
-	return nil
-}
-
-// record waits for the copies issued so far on dev.
-func record(dev gpu.Device) error {
-	ev, err := dev.Record()
-	if err == nil {
-		err = dev.Wait(ev)
-	}
-	return err
+	return r.p.WaitDev(ev)
 }

@@ -1,6 +1,7 @@
 package writer
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -218,6 +219,23 @@ func (p *Path) WaitSeq(seq uint64) error {
 		return p.Fail(fmt.Errorf("%w: the committer did not reach write %d within %v", errs.DeviceTimeout, seq, p.cfg.WaitTimeout))
 	}
 	return p.Err()
+}
+
+// WaitDev waits for device event ev, bounded by the wait timeout; a
+// failure or a timeout fails the path (sticky; errs.DeviceTimeout for a
+// timeout). Engine goroutine and readers (the committer waits unbounded:
+// a copy still in flight may write its staging memory, which must then stay
+// allocated).
+func (p *Path) WaitDev(ev gpu.Event) error {
+	err := p.dev.WaitFor(ev, p.cfg.WaitTimeout)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, gpu.ErrTimeout):
+		return p.Fail(fmt.Errorf("%w: %w", errs.DeviceTimeout, err))
+	default:
+		return p.Fail(err)
+	}
 }
 
 // drain waits (bounded, see WaitSeq) for everything handed over so far.

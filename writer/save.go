@@ -408,8 +408,5 @@ func (p *Path) reserve(n int64) error {
 func (p *Path) join(ev gpu.Event) error {
 	prev := p.lastEv[0]
 	p.lastEv[0], p.lastEv[1] = p.lastEv[1], ev
-	if err := p.dev.Wait(prev); err != nil {
-		return p.Fail(err)
-	}
-	return nil
+	return p.WaitDev(prev)
 }

@@ -281,7 +281,24 @@ func (c *Cache) checkIDs(p *Plan) error {
 	return nil
 }
 
-// unbegin undoes the begun step after its Save failed: the requests the
+// Abort abandons the begun step when its forward failed after Begin: the
+// cache returns to the state before that Begin, except that the requests it
+// finished stay dropped (the engine dropped them, and their open writes
+// still land); begin the step again, or another. ErrSequence without a
+// begun step. Engine goroutine only.
+func (c *Cache) Abort() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	if !c.eng.begun {
+		return fmt.Errorf("%w: Abort without a begun step", ErrSequence)
+	}
+	c.unbegin()
+	return nil
+}
+
+// unbegin undoes the begun step (Abort, or its Save failed): the requests the
 // Begin added are dropped again (a retry of the same plan registers them,
 // and their hits, afresh); finished requests stay dropped, as the engine
 // dropped them.

@@ -545,3 +545,29 @@ func TestBudgetPinnedFailsFirst(t *testing.T) {
 	h.sync()
 	h.checkMirror()
 }
+
+// Abort: a forward that fails after Begin abandons the step; the same plan
+// then runs as if the failed attempt never happened (its hit is served),
+// and Abort outside a begun step is ErrSequence.
+func TestAbort(t *testing.T) {
+	const a, b = 1, 2
+	h := newHarness(t, testConfig())
+	require.ErrorIs(t, h.c.Abort(), omnicache.ErrSequence, "Abort without Begin")
+	h.assign(a, 1)
+	h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+	h.assign(b, 1, 2)
+	hit := step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}}
+	before := h.stats()
+	require.NoError(t, h.tryBegin(hit))
+	require.NoError(t, h.c.Abort())
+	h.pending = nil
+	delete(h.live, b) // the harness's side of the undone Begin
+	after := h.stats()
+	require.Equal(t, before.LiveRequests-1, after.LiveRequests, "a stays finished, b is gone again")
+	require.ErrorIs(t, h.c.Abort(), omnicache.ErrSequence, "Abort twice")
+	_, err := h.c.Save(&omnicache.Outputs{})
+	require.ErrorIs(t, err, omnicache.ErrSequence, "Save after Abort")
+	h.mat(h.step(hit))
+	require.Equal(t, 4, h.res.Prefix(0), "the hit is served when the step runs again")
+	usable(h)
+}

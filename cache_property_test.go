@@ -15,11 +15,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 const (
@@ -871,6 +873,14 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
 			c.DeferredChunkBytes = 512
 		}},
+		{"buffer on, lagging committer", func(c *omnicache.Config) {
+			// Every device wait takes longer: the committer falls behind
+			// the engine, so writes skip slots newer writes claimed and
+			// delayed reads race reassignment (the read protocol's case).
+			dev := gpu.NewFaulty(gpu.NewHost())
+			dev.DelayWaits(100 * time.Microsecond)
+			c.Device = dev
+		}},
 	}
 	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -897,6 +907,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					h.keepRows = true
 					caps[i] = runProp(h, acts)
 					st := h.stats()
+					t.Logf("cache: %d tasks, %d rows skipped (a newer write claimed them), %d delayed reads reassigned", st.WriteTasks, st.RowsSkipped, len(h.reassigned))
 					assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged once every request finished")
 					assert.Zero(t, st.PagesInUse, "Stats.PagesInUse once every step is consumed")
 					assert.Equal(t, e.hits, st.HitRequests, "Stats.HitRequests")

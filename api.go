@@ -11,12 +11,22 @@
 //	id := Save(outputs)     after the forward
 //	Materialize(id, reqs)   or Discard(id): exactly one, once per id
 //
-// Goroutines: Begin, Save and Close are called by one goroutine (the engine
-// goroutine). Materialize and Discard may be called from any goroutine,
-// concurrently with the engine goroutine and with each other (a step late is
-// normal). Stats may be called from any goroutine. The cache runs one
-// background goroutine of its own, the committer (pprof label
-// omnicache=committer), which moves host-ready rows into the mirror.
+// A forward that fails after Begin calls Abort instead of Save. A call that
+// fails changes nothing (a failed Save also undoes its Begin); only
+// ErrWriteFailed is sticky.
+//
+// Goroutines: Begin, Save, Abort and Sync are called by one goroutine (the
+// engine goroutine). Materialize and Discard may be called from any
+// goroutine, concurrently with the engine goroutine and with each other (a
+// step late is normal). Stats and Close may be called from any goroutine at
+// any moment: calls in flight complete or fail with ErrClosed, and Close
+// frees nothing before the last of them left. The cache runs one background
+// goroutine of its own, the committer (pprof label omnicache=committer),
+// which moves host-ready rows into the mirror.
+//
+// Layout: this package is the engine contract (api.go, errors.go,
+// result.go, config.go) with one short orchestration per call (cache.go,
+// begin.go); the write path is writer.Path, the read path package reader.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched

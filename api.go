@@ -158,8 +158,10 @@ type Tensor struct {
 	// is handed over for good: the engine must never write or reuse it
 	// again. Host memory is left to the garbage collector once the cache is
 	// done with it; device memory is freed through Device.Free. A tensor
-	// that is not owned is copied before Save returns, so the engine may
-	// overwrite it at once.
+	// that is not owned is copied before Save returns (a device tensor is
+	// cloned on the device and Save waits for the clone), so the engine may
+	// overwrite it at once, on any stream. Owned tensors spare that copy
+	// and that wait.
 	Owned bool
 }
 

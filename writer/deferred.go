@@ -25,18 +25,18 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 			w.Owned = append(w.Owned, t.Host)
 		case t.Owned:
 			w.Buf, w.Own = t.Dev, true
+		case t.Host == nil:
+			w.Buf = p.takePre(k) // cloned by preClone
 		default:
+			// A host→device copy returns once the host bytes were taken
+			// (staged by the driver for pageable memory): the engine may
+			// overwrite them once Save returns.
 			b, err := p.dev.Alloc(nb)
 			if err != nil {
 				p.budget.Release(int64(nb) + defNeed)
 				return p.Fail(err)
 			}
-			if t.Host != nil {
-				err = p.dev.CopyHtoD(b, 0, t.Host[:nb])
-			} else {
-				err = p.dev.CopyDtoD(b, 0, t.Dev, 0, nb)
-			}
-			if err != nil {
+			if err := p.dev.CopyHtoD(b, 0, t.Host[:nb]); err != nil {
 				p.dev.Free(b)
 				p.budget.Release(int64(nb) + defNeed)
 				return p.Fail(err)

@@ -85,6 +85,7 @@ type Path struct {
 	defFIFO []openRef
 	defSeq  uint64
 	lastEv  [2]gpu.Event // the last two writes' copies (see join)
+	pre     []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
 	_       [64]byte
 	landed  []*Write // committer-only scratch (Landed)
 	_       [64]byte

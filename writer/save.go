@@ -106,18 +106,90 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 		}
 	}
 	// Applied from here on: a failure now is a device failure (sticky).
-	var err error
+	// Clones of the engine's (non-owned) device tensors go first, so that
+	// Save can wait for exactly them before it returns: the engine may then
+	// overwrite its tensors at once, whatever stream it writes them on.
+	cloneEv, err := p.preClone(s)
 	switch {
+	case err != nil:
+		// Nothing took the page or the immediate bytes yet.
+		if pg != nil {
+			p.pages.Release(pg)
+		}
+		p.budget.Release(immNeed)
 	case park:
 		err = p.park(s, refs, pg, immNeed)
 	case imm:
 		err = p.writeStep(s, refs, pg, immNeed)
 	}
 	if err != nil {
+		p.dropPreClones()
 		p.budget.Release(defNeed)
 		return err
 	}
-	return p.saveDeferred(s, refs, defNeed)
+	if err := p.saveDeferred(s, refs, defNeed); err != nil {
+		p.dropPreClones()
+		return err
+	}
+	if cloneEv != 0 {
+		return p.WaitDev(cloneEv)
+	}
+	return nil
+}
+
+// preClone clones every non-owned device tensor of the step (device→device,
+// on the device's stream) into p.pre and records an event after them (0
+// when there was none). The bytes were reserved by Save.
+func (p *Path) preClone(s *Step) (gpu.Event, error) {
+	n := len(s.Slots)
+	p.pre = grow(p.pre, len(s.Out))
+	any := false
+	for k := range s.Out {
+		p.pre[k] = gpu.Buffer{}
+		t := &s.Out[k]
+		nb := n * p.lay.RowBytes[k]
+		if t.Host != nil || t.Owned || nb == 0 {
+			continue
+		}
+		clone, err := p.dev.Alloc(nb)
+		if err != nil {
+			return 0, p.Fail(err)
+		}
+		p.pre[k] = clone
+		if err := p.dev.CopyDtoD(clone, 0, t.Dev, 0, nb); err != nil {
+			return 0, p.Fail(err)
+		}
+		p.st.Cloned.Add(int64(nb))
+		any = true
+	}
+	if !any {
+		return 0, nil
+	}
+	ev, err := p.dev.Record()
+	if err != nil {
+		return 0, p.Fail(err)
+	}
+	return ev, nil
+}
+
+// takePre hands key k's pre-made clone to its write (zero when none).
+func (p *Path) takePre(k int) gpu.Buffer {
+	if k >= len(p.pre) {
+		return gpu.Buffer{}
+	}
+	b := p.pre[k]
+	p.pre[k] = gpu.Buffer{}
+	return b
+}
+
+// dropPreClones frees the clones no write took (the Save failed).
+func (p *Path) dropPreClones() {
+	for k, b := range p.pre {
+		if !b.IsZero() {
+			p.dev.Free(b)
+		}
+		p.pre[k] = gpu.Buffer{}
+	}
 }
 
 // cloneNeed is the device bytes the step's immediate tensors need for
@@ -200,20 +272,13 @@ func (p *Path) stage(w *Write, t *Src, k, ki, j int, copyNow bool) error {
 	}
 	src := t.Dev
 	if !t.Owned {
-		// Save reserved the clone's bytes (cloneNeed).
-		clone, err := p.dev.Alloc(nb)
-		if err != nil {
-			return p.Fail(err)
-		}
+		// The clone preClone made (Save reserved its bytes: cloneNeed).
+		clone := p.takePre(k)
 		if copyNow {
 			w.Early = append(w.Early, clone)
 		} else {
 			w.Dev[slot] = clone
 		}
-		if err := p.dev.CopyDtoD(clone, 0, t.Dev, 0, nb); err != nil {
-			return p.Fail(err)
-		}
-		p.st.Cloned.Add(int64(nb))
 		src = clone
 	} else if copyNow {
 		w.Early = append(w.Early, src) // owned: freed once copied

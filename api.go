@@ -11,12 +11,22 @@
 //	id := Save(outputs)     after the forward
 //	Materialize(id, reqs)   or Discard(id): exactly one, once per id
 //
-// Goroutines: Begin, Save and Close are called by one goroutine (the engine
-// goroutine). Materialize and Discard may be called from any goroutine,
-// concurrently with the engine goroutine and with each other (a step late is
-// normal). Stats may be called from any goroutine. The cache runs one
-// background goroutine of its own, the committer (pprof label
-// omnicache=committer), which moves host-ready rows into the mirror.
+// A forward that fails after Begin calls Abort instead of Save. A call that
+// fails changes nothing (a failed Save also undoes its Begin); only
+// ErrWriteFailed is sticky.
+//
+// Goroutines: Begin, Save, Abort and Sync are called by one goroutine (the
+// engine goroutine). Materialize and Discard may be called from any
+// goroutine, concurrently with the engine goroutine and with each other (a
+// step late is normal). Stats and Close may be called from any goroutine at
+// any moment: calls in flight complete or fail with ErrClosed, and Close
+// frees nothing before the last of them left. The cache runs one background
+// goroutine of its own, the committer (pprof label omnicache=committer),
+// which moves host-ready rows into the mirror.
+//
+// Layout: this package is the engine contract (api.go, errors.go,
+// result.go, config.go) with one short orchestration per call (cache.go,
+// begin.go); the write path is writer.Path, the read path package reader.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched
@@ -54,6 +64,7 @@ const (
 	DefaultStagingClaimTimeout   = 30 * time.Second
 	DefaultDeviceBudgetBytes     = 512 << 20
 	DefaultDeferredChunkBytes    = 16 << 20
+	DefaultWaitTimeout           = 60 * time.Second
 )
 
 // Config configures a Cache. Zero fields take the defaults above.
@@ -79,6 +90,14 @@ type Config struct {
 	DeviceBudgetBytes int64
 	// DeferredChunkBytes bounds one device→host copy of deferred rows.
 	DeferredChunkBytes int64
+	// WaitTimeout bounds every wait on the committer: a hit read joining
+	// the writes it reads, Sync, a write forced out by budget pressure, and
+	// Close (waiting for calls in flight and for the committer to stop). A
+	// wait that runs out means the device never completed a copy: it fails
+	// the cache with ErrWriteFailed wrapping ErrDeviceTimeout (Close
+	// returns ErrDeviceTimeout and leaves the cache's memory allocated, as
+	// a stuck copy may still write it). Negative: no bound.
+	WaitTimeout time.Duration
 	// DisableDecodeBuffer writes every step at once instead of parking
 	// pure-decode steps.
 	DisableDecodeBuffer bool
@@ -139,8 +158,10 @@ type Tensor struct {
 	// is handed over for good: the engine must never write or reuse it
 	// again. Host memory is left to the garbage collector once the cache is
 	// done with it; device memory is freed through Device.Free. A tensor
-	// that is not owned is copied before Save returns, so the engine may
-	// overwrite it at once.
+	// that is not owned is copied before Save returns (a device tensor is
+	// cloned on the device and Save waits for the clone), so the engine may
+	// overwrite it at once, on any stream. Owned tensors spare that copy
+	// and that wait.
 	Owned bool
 }
 

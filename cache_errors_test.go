@@ -247,16 +247,15 @@ func TestScenario15_StagingDepth(t *testing.T) {
 	})
 }
 
-// Scenario 16: a step with more tokens than a staging page fails at Save
-// with an error naming the capacity.
+// Scenario 16: a step with more tokens than a staging page fails at once:
+// Begin rejects it, naming the capacity, before sizing anything from it.
 func TestScenario16_StepTooLarge(t *testing.T) {
 	const a, b = 1, 2
 	cfg := testConfig()
 	cfg.StagingCapacityTokens = 8
 	h := newHarness(t, cfg)
 	h.assign(a, 1, 2, 3)
-	h.begin(step{Sched: []S{{a, 0, 12}}, Arrive: []A{{ID: a}}})
-	_, err := h.trySave(h.outs())
+	err := h.tryBegin(step{Sched: []S{{a, 0, 12}}, Arrive: []A{{ID: a}}})
 	require.ErrorIs(t, err, omnicache.ErrStepTooLarge, "a 12-token step with 8-token pages")
 	assert.Contains(t, err.Error(), "8", "the error must name the page capacity (8 tokens)")
 	t.Logf("error: %v", err)

@@ -75,6 +75,7 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 				if havePrev {
 					err := h.matCall(prev, nil, &h.res)
 					if failed(fmt.Sprintf("Materialize of step %d", i-1), err) {
+						havePrev = false // a failed Materialize consumed the step
 						break
 					}
 					require.NoError(t, h.verify(prev, nil, &h.res), "a Materialize that succeeds returns the right rows")
@@ -97,8 +98,10 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 			_, err := h.trySave(h.outputsFor(lateStep))
 			require.ErrorIs(t, err, omnicache.ErrWriteFailed, "Save after the failure")
 			if havePrev {
+				// Materialize after the failure still consumes the step
+				// (its page and pins go back), and says why it has no rows.
 				require.ErrorIs(t, h.matCall(prev, nil, &h.res), omnicache.ErrWriteFailed, "Materialize after the failure")
-				require.ErrorIs(t, h.tryDiscard(prev), omnicache.ErrWriteFailed, "Discard after the failure")
+				require.ErrorIs(t, h.tryDiscard(prev), omnicache.ErrUnknownStep, "Discard of the step Materialize consumed after the failure")
 			}
 			require.ErrorIs(t, h.trySync(), omnicache.ErrWriteFailed, "Sync after the failure")
 			require.ErrorIs(t, h.trySync(), omnicache.ErrWriteFailed, "Sync again after the failure")

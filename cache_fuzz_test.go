@@ -20,7 +20,8 @@ package omnicache_test
 //	config  c0 flags: 0x01 decode buffer off, 0x02 tiny device budget,
 //	           0x04 a deferred key, 0x08 staging pages of one step's tokens,
 //	           0x10 no optional key, 0x20 tiny deferred chunk, 0x40 the tiny
-//	           budget also holds the deferred clones of unconsumed steps
+//	           budget also holds the deferred clones of unconsumed steps,
+//	           0x80 a lagging committer (every device Wait takes longer)
 //	        c1 block size 1 + c1%8     c2 staging depth 2 + c2%3
 //	        c3 blocks 4 + c3%13        c4 prefill chunk 1 + c4%8
 //	        c5 initial tensor modes (bit 2k: key k on the device, 2k+1: owned)
@@ -32,7 +33,13 @@ package omnicache_test
 //	            never-written blocks
 //	        [misuse] bits 0-2 a bad call around Begin (misuse* constants),
 //	            0x08 Materialize a request outside the step, 0x10 consume
-//	            twice, 0x20 Sync and compare the mirror with the model
+//	            twice, 0x20 Sync and compare the mirror with the model,
+//	            0x40 failing-call byte follows, 0x80 device byte follows
+//	        [failing] bits 0-1 the step's plan made wrong first (badPlan*),
+//	            bits 2-3 its outputs made wrong first (badSave*)
+//	        [device] 0x80: Close while every unconsumed step is being read
+//	            (the run ends); else the device fails method (b&7)%7
+//	            (gpu.Op) after (b>>3)&7 more calls, from this step on
 //	        cons bits 0-1 consumption (now, late, discard, async), bits 2-3
 //	            delay 1-4 steps (at most depth-1), bits 4-7 request subset
 //	        then one parameter byte per choice the events need, in order.
@@ -45,6 +52,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 const (
@@ -120,7 +128,12 @@ func fuzzConfig(in *fuzzIn) fuzzSetup {
 	if c0&0x04 != 0 {
 		keys = append(keys, keyCodes)
 	}
+	dev := gpu.NewFaulty(gpu.NewHost())
+	if c0&0x80 != 0 {
+		dev.DelayWaits(50 * time.Microsecond) // the committer lags behind the engine
+	}
 	cfg := omnicache.Config{
+		Device:              dev,
 		NumBlocks:           blocks,
 		BlockSize:           bs,
 		Keys:                keys,
@@ -290,6 +303,18 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 	act.outside = misuse&0x08 != 0
 	act.twice = misuse&0x10 != 0
 	act.check = misuse&0x20 != 0
+	if misuse&0x40 != 0 {
+		b := in.byte()
+		act.badPlan, act.badSave = int(b&3), int(b>>2&3)
+	}
+	if misuse&0x80 != 0 {
+		b := in.byte()
+		if b&0x80 != 0 {
+			act.closeNow = true
+		} else {
+			act.fault, act.faultN = 1+int(b&7)%int(gpu.NumOps), int(b>>3&7)
+		}
+	}
 	return act
 }
 
@@ -311,6 +336,10 @@ func FuzzCache(f *testing.F) {
 				t.Logf("step %d: %+v mode %d delay %d reqs %v misuse %d outside %v twice %v check %v", i, act.st, act.mode, act.delay, act.reqs, act.misuse, act.outside, act.twice, act.check)
 			}
 			run.apply(act)
+		}
+		if run.dead {
+			t.Logf("run ended early: %v", run.broken) // its checks ran
+			return
 		}
 		if last := e.drainAll(); len(last.st.Finished) > 0 {
 			run.apply(last)

@@ -221,6 +221,7 @@ type pendingStep struct {
 	slots map[int64][]int32 // rows' slots per scheduled request
 	hits  map[int64][]int32 // hit slots per arrival that really hits
 	vers  map[int64]int
+	fresh []int64 // ids this Begin made live (a failed Save undoes them)
 }
 
 // harness is the engine side of one cache.
@@ -447,6 +448,9 @@ func (h *harness) tryBegin(st step) error {
 	}
 	bs := h.cfg.BlockSize
 	for _, a := range st.Arrive {
+		if !h.live[a.ID] {
+			ps.fresh = append(ps.fresh, a.ID)
+		}
 		if !h.live[a.ID] && a.Hit > 0 {
 			bl := h.hitBlocks(a)
 			var hs []int32
@@ -458,6 +462,9 @@ func (h *harness) tryBegin(st step) error {
 		h.live[a.ID] = true
 	}
 	for _, s := range st.Sched {
+		if !h.live[s.ID] {
+			ps.fresh = append(ps.fresh, s.ID)
+		}
 		h.live[s.ID] = true
 		sl := make([]int32, s.Count)
 		for j := range sl {
@@ -566,6 +573,13 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	ps := h.pending
 	h.pending = nil
 	if r.err != nil {
+		if ps != nil && !errors.Is(r.err, omnicache.ErrWriteFailed) {
+			// A failed Save undoes its Begin: the requests it made live
+			// are gone (finished ones stay dropped).
+			for _, id := range ps.fresh {
+				delete(h.live, id)
+			}
+		}
 		return r.id, r.err
 	}
 	if ps == nil {

@@ -15,11 +15,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 const (
@@ -62,6 +64,14 @@ type propAction struct {
 	misuse  int  // before (or right after) Begin, see misuse* constants
 	outside bool // Materialize with a request outside the step first: ErrNotInStep
 	twice   bool // consume the step a second time: ErrUnknownStep
+	// Failing calls (FuzzCache, cache_fuzz_failure_test.go): each must fail
+	// with its documented error and change nothing, and the step then runs
+	// as generated.
+	badPlan  int // the step's own plan made wrong, see badPlan* constants
+	badSave  int // the step's outputs made wrong, see badSave* constants
+	fault    int // 1 + gpu.Op: the device fails that method from this step on
+	faultN   int // ... after faultN more successful calls
+	closeNow bool
 }
 
 // Misuse around Begin.
@@ -599,6 +609,7 @@ type propRun struct {
 	// need exceed the budget: the run is then broken and must stop.
 	pinnedBudget bool
 	broken       error
+	dead         bool // the cache failed or closed on purpose: the run ended
 }
 
 // outsideID is a request id no schedule uses.
@@ -621,9 +632,21 @@ func (r *propRun) apply(act propAction) {
 		h.bump(id)
 	}
 	h.devKeys, h.ownKeys = act.devKeys, act.ownKeys
+	if act.fault > 0 {
+		r.faultStep(act)
+		return
+	}
+	if act.closeNow {
+		r.closeMidReads()
+		return
+	}
 	r.misuseBefore(act.misuse)
+	r.badPlanFirst(act)
 	err := h.tryBegin(act.st)
 	require.NoError(h.t, err, "%sBegin of step %d", h.prefix(), i)
+	if r.badSaveFirst(act) {
+		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after its failed Save", h.prefix(), i)
+	}
 	if act.misuse == misuseBeginTwice {
 		err := h.beginPlan(&omnicache.Plan{Stride: h.stride})
 		require.ErrorIs(h.t, err, omnicache.ErrSequence, "%sBegin twice (step %d)", h.prefix(), i)
@@ -639,17 +662,7 @@ func (r *propRun) apply(act propAction) {
 		return
 	}
 	require.NoError(h.t, err, "%sSave of step %d", h.prefix(), i)
-
-	keep := r.late[:0]
-	for _, l := range r.late {
-		if l.due <= i {
-			consume(h, l)
-		} else {
-			keep = append(keep, l)
-		}
-	}
-	clear(r.late[len(keep):])
-	r.late = keep
+	r.consumeDue(i)
 
 	if act.outside {
 		err := h.matCall(sid, []int64{outsideID}, &h.res)
@@ -680,6 +693,20 @@ func (r *propRun) apply(act propAction) {
 	if act.check {
 		h.checkMirror()
 	}
+}
+
+// consumeDue consumes the late and asynchronous reads due by step i.
+func (r *propRun) consumeDue(i int) {
+	keep := r.late[:0]
+	for _, l := range r.late {
+		if l.due <= i {
+			consume(r.h, l)
+		} else {
+			keep = append(keep, l)
+		}
+	}
+	clear(r.late[len(keep):])
+	r.late = keep
 }
 
 // rowBytes sums the row bytes of the deferred keys and of the immediate
@@ -846,6 +873,14 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
 			c.DeferredChunkBytes = 512
 		}},
+		{"buffer on, lagging committer", func(c *omnicache.Config) {
+			// Every device wait takes longer: the committer falls behind
+			// the engine, so writes skip slots newer writes claimed and
+			// delayed reads race reassignment (the read protocol's case).
+			dev := gpu.NewFaulty(gpu.NewHost())
+			dev.DelayWaits(100 * time.Microsecond)
+			c.Device = dev
+		}},
 	}
 	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -872,6 +907,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					h.keepRows = true
 					caps[i] = runProp(h, acts)
 					st := h.stats()
+					t.Logf("cache: %d tasks, %d rows skipped (a newer write claimed them), %d delayed reads reassigned", st.WriteTasks, st.RowsSkipped, len(h.reassigned))
 					assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged once every request finished")
 					assert.Zero(t, st.PagesInUse, "Stats.PagesInUse once every step is consumed")
 					assert.Equal(t, e.hits, st.HitRequests, "Stats.HitRequests")

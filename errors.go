@@ -1,58 +1,102 @@
 package omnicache
 
-import "errors"
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/omnicache/omnicache/internal/errs"
+)
 
 // Errors returned by the cache. Every one is wrapped with the details of the
 // case (request id, key, step id, counts) via fmt.Errorf("...: %w"), so test
-// with errors.Is. All of them leave the cache usable except ErrWriteFailed,
-// which is sticky by design: once a write failed, every later call returns it.
+// with errors.Is. A call that returns any of them changes nothing, except
+// ErrWriteFailed, which is sticky by design: once a write failed, every
+// later call returns it (Close still releases everything).
 var (
 	// ErrConfig: a bad Config (zero blocks or block size, zero row bytes,
-	// no keys, duplicate key names, negative sizes).
-	ErrConfig = errors.New("omnicache: bad config")
+	// no keys, duplicate key names, negative sizes, or sizes beyond the
+	// limits documented on Config).
+	ErrConfig = errs.Config
 	// ErrClosed: the cache was closed.
-	ErrClosed = errors.New("omnicache: cache closed")
+	ErrClosed = errs.Closed
 	// ErrSequence: the engine contract's order was broken (Save without
 	// Begin, Begin twice without Save).
-	ErrSequence = errors.New("omnicache: call out of sequence")
+	ErrSequence = errs.Sequence
 	// ErrPlan: the step plan is inconsistent (slice lengths disagree, a
-	// request scheduled twice, a negative position, a row outside the block
-	// table, a table narrower than a scheduled position needs).
-	ErrPlan = errors.New("omnicache: inconsistent step plan")
+	// request scheduled twice, an arrival listed twice, a fresh arrival
+	// scheduled from a position other than its hit length, a negative
+	// position or count, a row outside the block table, a table narrower
+	// than a scheduled position needs, a block id beyond NumBlocks).
+	ErrPlan = errs.Plan
 	// ErrUnalignedHit: an arrival's hit_tokens is not a multiple of the
 	// block size.
-	ErrUnalignedHit = errors.New("omnicache: hit not block aligned")
+	ErrUnalignedHit = errs.UnalignedHit
 	// ErrHitBlocks: an arrival with hit_tokens > 0 does not carry
 	// hit_tokens/block_size block ids (or block ids are left over).
-	ErrHitBlocks = errors.New("omnicache: hit without its block ids")
+	ErrHitBlocks = errs.HitBlocks
 	// ErrTokenCount: the outputs' token count differs from the tokens the
 	// plan scheduled.
-	ErrTokenCount = errors.New("omnicache: slot count differs from scheduled tokens")
+	ErrTokenCount = errs.TokenCount
 	// ErrOutputs: an output tensor has fewer rows than the step's tokens,
 	// is too short for its rows, or the tensor count differs from the keys.
-	ErrOutputs = errors.New("omnicache: output tensor too small")
-	// ErrStepTooLarge: a step has more tokens than one staging page holds.
-	ErrStepTooLarge = errors.New("omnicache: step larger than a staging page")
+	ErrOutputs = errs.Outputs
+	// ErrStepTooLarge: a step schedules more tokens than one staging page
+	// holds (Begin rejects it before sizing anything from it).
+	ErrStepTooLarge = errs.StepTooLarge
 	// ErrStagingTimeout: no staging page became free within
-	// Config.StagingClaimTimeout; the error names the unconsumed step ids.
-	ErrStagingTimeout = errors.New("omnicache: timed out waiting for a staging page")
+	// Config.StagingClaimTimeout. The error is a *StagingTimeoutError
+	// naming the unconsumed step ids (errors.As).
+	ErrStagingTimeout = errs.StagingTimeout
 	// ErrUnknownStep: Materialize or Discard of a step id that was never
 	// returned by Save or was already consumed.
-	ErrUnknownStep = errors.New("omnicache: unknown or already consumed step id")
+	ErrUnknownStep = errs.UnknownStep
 	// ErrNotInStep: Materialize named a request that the step did not save.
-	ErrNotInStep = errors.New("omnicache: request outside the step's snapshot")
+	ErrNotInStep = errs.NotInStep
 	// ErrAbsentRequired: a hit covers rows of a required key that were
 	// never written. Never served as a miss.
-	ErrAbsentRequired = errors.New("omnicache: hit over absent rows of a required key")
+	ErrAbsentRequired = errs.AbsentRequired
 	// ErrReassigned: a delayed read found that the hit's slots were given
-	// to another tenant after the read was planned.
-	ErrReassigned = errors.New("omnicache: hit slots reassigned before the read")
+	// to another tenant after the read was planned (or the write it
+	// planned to read skipped them for a newer one). Never served as the
+	// new tenant's rows.
+	ErrReassigned = errs.Reassigned
 	// ErrBudget: a device reservation cannot be met: it is larger than the
 	// whole device byte budget, or what is still charged after every pending
 	// write was forced out is pinned by steps not consumed yet (a step keeps
 	// the device clones its rows and hit reads come from until Materialize
 	// or Discard; size the budget for the steps an engine leaves unconsumed).
-	ErrBudget = errors.New("omnicache: reservation larger than the device byte budget")
+	ErrBudget = errs.Budget
 	// ErrWriteFailed: a device copy or write failed. Sticky.
-	ErrWriteFailed = errors.New("omnicache: write failed")
+	ErrWriteFailed = errs.WriteFailed
+	// ErrDeviceTimeout: a wait on the committer ran past
+	// Config.WaitTimeout (the device never completed a copy). Wrapped in
+	// the sticky ErrWriteFailed; Close returns it when it could not stop
+	// the committer or a call in flight in time.
+	ErrDeviceTimeout = errs.DeviceTimeout
 )
+
+// StagingTimeoutError is the error of a Save that found no free staging
+// page within Config.StagingClaimTimeout. errors.Is(err,
+// ErrStagingTimeout) holds; errors.As gives the details.
+type StagingTimeoutError struct {
+	// Depth is the number of staging pages; Waited how long the Save
+	// waited for one (0 with NoWait).
+	Depth  int
+	Waited time.Duration
+	// Unconsumed are the saved step ids not yet materialized or discarded
+	// when the Save gave up, oldest first: the engine must consume them.
+	Unconsumed []StepID
+}
+
+func (e *StagingTimeoutError) Error() string {
+	ids := make([]string, len(e.Unconsumed))
+	for i, id := range e.Unconsumed {
+		ids[i] = fmt.Sprint(uint64(id))
+	}
+	return fmt.Sprintf("%v: %d pages held after %v; unconsumed step ids: [%s]",
+		ErrStagingTimeout, e.Depth, e.Waited, strings.Join(ids, " "))
+}
+
+// Unwrap makes errors.Is(err, ErrStagingTimeout) hold.
+func (e *StagingTimeoutError) Unwrap() error { return ErrStagingTimeout }

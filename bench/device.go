@@ -23,11 +23,11 @@ import (
 // without a GPU, so the host tests cover it.
 
 // meteredDevice wraps the run's device. It counts device→host bytes,
-// pinned (AllocHost) bytes and the time spent in Wait (the cache waiting
-// for its device→host copies into staging pages: the engine goroutine's
-// join in Save and the committer before it scatters), and it takes back
-// the replay's own output buffers when the cache frees them. Every method
-// may be called from any goroutine, as Device's.
+// pinned (AllocHost) bytes and the time spent in Wait and WaitFor (the
+// cache waiting for its device→host copies into staging pages: the engine
+// goroutine's join in Save and the committer before it scatters), and it
+// takes back the replay's own output buffers when the cache frees them.
+// Every method may be called from any goroutine, as Device's.
 type meteredDevice struct {
 	gpu.Device
 	outs *deviceOutputs // nil: no output buffers to take back
@@ -54,6 +54,19 @@ func (m *meteredDevice) Wait(e gpu.Event) error {
 	}
 	t := time.Now()
 	err := m.Device.Wait(e)
+	m.waitNs.Add(time.Since(t).Nanoseconds())
+	m.waits.Add(1)
+	return err
+}
+
+// WaitFor is Wait bounded by a timeout (the cache's engine-side joins and
+// reads), timed as Wait.
+func (m *meteredDevice) WaitFor(e gpu.Event, timeout time.Duration) error {
+	if e == 0 {
+		return m.Device.WaitFor(e, timeout)
+	}
+	t := time.Now()
+	err := m.Device.WaitFor(e, timeout)
 	m.waitNs.Add(time.Since(t).Nanoseconds())
 	m.waits.Add(1)
 	return err

@@ -100,6 +100,10 @@ type Options struct {
 	ForceStepTime bool
 	// NewCache creates the cache (default NewRealCache).
 	NewCache func(omnicache.Config) (Cache, error)
+	// OnStep, when set, is called on the engine goroutine with every step
+	// of a cache-on run before its Begin, outside the timed calls (e.g. to
+	// count prefix-cache queries, Step.Queried). The step is borrowed.
+	OnStep func(st *sim.Step)
 	// Progress, when set, is called with the number of requests that
 	// finished in each step.
 	Progress func(finished int)
@@ -635,6 +639,9 @@ func (r *runner) runOn() error {
 		}
 		if st == nil {
 			break
+		}
+		if o.OnStep != nil {
+			o.OnStep(st)
 		}
 		tb := time.Now()
 		err = c.Begin(&st.Plan)

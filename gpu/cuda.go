@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -287,6 +288,29 @@ func cspan(b Buffer, off, n int) error {
 	return nil
 }
 
+// Check: a host-backed buffer must hold b.Size bytes; a device buffer's
+// [Ptr, Ptr+Size) must lie inside one allocation (cuMemGetAddressRange).
+func (d *CUDA) Check(b Buffer) error {
+	if b.Host != nil || b.Size == 0 {
+		return NewHost().Check(b)
+	}
+	if b.Ptr == 0 {
+		return fmt.Errorf("%w: a buffer of %d bytes with no memory", ErrRange, b.Size)
+	}
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrRange, err)
+	}
+	defer d.leave()
+	size, base, err := cu.DevicePtr(b.Ptr).AddressRange()
+	if err != nil {
+		return fmt.Errorf("%w: 0x%x is no device allocation: cuMemGetAddressRange: %w", ErrRange, b.Ptr, cuErr(err))
+	}
+	if end := uintptr(base) + uintptr(size); b.Ptr+uintptr(b.Size) > end {
+		return fmt.Errorf("%w: [0x%x,+%d) runs %d bytes past its allocation", ErrRange, b.Ptr, b.Size, b.Ptr+uintptr(b.Size)-end)
+	}
+	return nil
+}
+
 func devPtr(b Buffer, off int) cu.DevicePtr { return cu.DevicePtr(b.Ptr + uintptr(off)) }
 
 func hostPtr(p []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(p)) }
@@ -472,6 +496,68 @@ func (d *CUDA) Wait(e Event) error {
 		return fmt.Errorf("%w: wait for event %d: %w", ErrCopy, h, err)
 	}
 	return nil
+}
+
+// WaitFor is Wait bounded by timeout (< 0: Wait): it polls cuEventQuery,
+// backing off from a microsecond to a millisecond, and returns ErrTimeout
+// past the bound with the event still pending. An event already known to
+// be complete costs no driver call.
+func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
+	if timeout < 0 {
+		return d.Wait(e)
+	}
+	if e == 0 {
+		return nil
+	}
+	h := uint64(e)
+	d.evMu.Lock()
+	if h > d.seq {
+		d.evMu.Unlock()
+		return fmt.Errorf("%w: event %d was never recorded (last %d)", ErrRange, h, d.seq)
+	}
+	if h <= d.done {
+		d.evMu.Unlock()
+		return nil
+	}
+	ent := &d.pend[h-d.pend[0].seq]
+	ent.waiters++
+	ev := ent.ev
+	d.evMu.Unlock()
+
+	deadline := time.Now().Add(timeout)
+	var err error
+	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+		if err = d.enter(); err == nil {
+			err = ev.Query()
+			d.leave()
+		}
+		if err == nil || !errors.Is(err, cu.NotReady) {
+			break
+		}
+		if !time.Now().Before(deadline) {
+			err = fmt.Errorf("%w: event %d after %v", ErrTimeout, h, timeout)
+			break
+		}
+		time.Sleep(pause)
+	}
+
+	d.evMu.Lock()
+	if len(d.pend) > 0 && h >= d.pend[0].seq { // (Close empties pend)
+		d.pend[h-d.pend[0].seq].waiters--
+	}
+	if err == nil && h > d.done {
+		d.done = h
+	}
+	d.reapLocked(false)
+	d.evMu.Unlock()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrTimeout):
+		return err
+	default:
+		return fmt.Errorf("%w: wait for event %d: cuEventQuery: %w", ErrCopy, h, cuErr(err))
+	}
 }
 
 // Close waits for the stream to drain and releases the device's events,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/omnicache/omnicache/gpu"
 )
@@ -330,4 +331,57 @@ func TestCUDAPinned(t *testing.T) {
 	must(t, err)
 	d.FreeHost(z)
 	d.FreeHost(make([]byte, 10)) // not ours: ignored
+}
+
+// Check accepts a buffer inside its allocation and rejects one whose size
+// runs past it (or that names no allocation), with both allocators.
+func TestCUDACheck(t *testing.T) {
+	for _, opt := range []gpu.CUDAOptions{{}, {SyncAlloc: true}} {
+		t.Run(fmt.Sprintf("sync=%v", opt.SyncAlloc), func(t *testing.T) {
+			d := newCUDA(t, opt)
+			defer d.Close()
+			b, err := d.Alloc(1 << 20)
+			must(t, err)
+			defer d.Free(b)
+			must(t, d.Check(b))
+			inner := gpu.Buffer{Ptr: b.Ptr + 4096, Size: 4096}
+			must(t, d.Check(inner))
+			over := b
+			over.Size = b.Size + (64 << 20) // far past any rounding of the allocation
+			if err := d.Check(over); !errors.Is(err, gpu.ErrRange) {
+				t.Fatalf("Check of a buffer past its allocation: %v, want ErrRange", err)
+			}
+			if err := d.Check(gpu.Buffer{Size: 8}); !errors.Is(err, gpu.ErrRange) {
+				t.Fatalf("Check of a buffer with no memory: %v, want ErrRange", err)
+			}
+			if err := d.Check(gpu.HostBuffer(make([]byte, 8))); err != nil {
+				t.Fatalf("Check of a host-backed buffer: %v", err)
+			}
+		})
+	}
+}
+
+// WaitFor with no time left returns ErrTimeout for a copy still in flight
+// (the event stays pending and can be waited for again), and nil once it
+// completes; an event known complete costs nothing.
+func TestCUDAWaitFor(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	defer d.Close()
+	const n = 1 << 30 // ~20 ms at pinned bandwidth: still in flight microseconds after the Record
+	a, err := d.Alloc(n)
+	must(t, err)
+	defer d.Free(a)
+	pin, err := d.AllocHost(n)
+	must(t, err)
+	defer d.FreeHost(pin)
+	must(t, d.CopyDtoH(pin, a, 0))
+	must(t, d.CopyDtoH(pin, a, 0))
+	ev, err := d.Record()
+	must(t, err)
+	if err := d.WaitFor(ev, 0); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("WaitFor(0) of two 1 GiB copies just issued: %v, want ErrTimeout", err)
+	}
+	must(t, d.WaitFor(ev, time.Minute))
+	must(t, d.WaitFor(ev, 0)) // complete: no wait
+	must(t, d.Wait(ev))
 }

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/omnicache/omnicache/internal/hostmem"
+	"time"
 )
 
 // Sentinel errors of the device layer.
@@ -34,6 +35,8 @@ var (
 	ErrAlloc = errors.New("gpu: allocation failed")
 	// ErrRange reports an offset or length outside a buffer.
 	ErrRange = errors.New("gpu: range outside buffer")
+	// ErrTimeout reports a WaitFor whose event did not complete in time.
+	ErrTimeout = errors.New("gpu: event did not complete in time")
 )
 
 // Buffer is a span of device memory. For the host device Host holds the
@@ -73,10 +76,19 @@ type Device interface {
 	CopyDtoH(dst []byte, src Buffer, srcOff int) error
 	// CopyHtoD copies host bytes into device memory, asynchronously.
 	CopyHtoD(dst Buffer, dstOff int, src []byte) error
+	// Check reports whether b names memory this device can copy b.Size
+	// bytes from (ErrRange naming why not). It issues no copy: the cache
+	// calls it on every device tensor handed to Save, so that a tensor
+	// whose declared size exceeds its memory is a per-call error, not a
+	// failed copy.
+	Check(b Buffer) error
 	// Record marks the stream's current end.
 	Record() (Event, error)
 	// Wait blocks until e has completed.
 	Wait(e Event) error
+	// WaitFor is Wait bounded by timeout (< 0: no bound): past it, it
+	// returns ErrTimeout and e is still pending.
+	WaitFor(e Event, timeout time.Duration) error
 	// Close releases the device's own resources.
 	Close() error
 }
@@ -149,9 +161,23 @@ func (*Host) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
 	return nil
 }
 
+// Check: b must hold at least b.Size bytes of Go memory.
+func (*Host) Check(b Buffer) error {
+	if b.Host == nil && b.Size > 0 {
+		return fmt.Errorf("%w: a buffer of %d bytes with no memory", ErrRange, b.Size)
+	}
+	if len(b.Host) < b.Size {
+		return fmt.Errorf("%w: a buffer of %d bytes declares %d", ErrRange, len(b.Host), b.Size)
+	}
+	return nil
+}
+
 func (*Host) Record() (Event, error) { return 0, nil }
 func (*Host) Wait(Event) error       { return nil }
-func (*Host) Close() error           { return nil }
+
+// WaitFor returns at once: host copies are complete when they return.
+func (*Host) WaitFor(Event, time.Duration) error { return nil }
+func (*Host) Close() error                       { return nil }
 
 func span(b Buffer, off, n int) error {
 	if off < 0 || n < 0 || off+n > len(b.Host) {

@@ -272,9 +272,10 @@ func (m *Mirror) newLeaf(l uint32) *leaf {
 // last chunk holds only the rows that exist.
 func (m *Mirror) newChunk(lf *leaf, c uint32) *chunk {
 	rows := min(1<<m.rowShift, m.numSlots-int(c)<<m.rowShift)
-	// Straight from the OS when large (zero, untouched until written): a
-	// make that reuses freed heap memory would clear all of it first.
-	b, _ := hostmem.Alloc(rows * m.rowBytes)
+	// Straight from the OS (zero, untouched until written: a make that
+	// reuses freed heap memory would clear all of it first), and never Go
+	// heap memory: see hostmem.Map.
+	b, _ := hostmem.Map(rows * m.rowBytes)
 	ch := &chunk{b: b}
 	(*lf)[c&m.leafMask].Store(ch)
 	m.resident.Add(int64(len(ch.b)))

@@ -9,23 +9,31 @@ import (
 
 // Tenancy tracks, for keys that one goroutine writes in order (the cache's
 // immediate keys, written by its committer), which write last touched each
-// block and which slots were ever written:
+// block and the state of each slot's row:
 //
 //	owner   []uint64  one per block: id of the last write into the block
 //	written []uint32  one bit per slot: ever written
+//	stale   []uint32  one bit per slot: the last write that claimed the slot
+//	                  skipped it (a newer queued write replaces it), so the
+//	                  row is older than that write; cleared when a write
+//	                  puts its row there
 //
-// A block changes tenant as a whole (the engine hands whole blocks to
-// requests), so the owner of a block is what a reader compares against the
-// writes it has joined; the written bit is what tells an absent row from a
-// present one. Updates cost a plain load per row and an atomic store only
-// when a value changes (a new owner for the block, a slot's first write),
-// instead of an atomic read-modify-write per row.
+// A reader planned when the newest write handed over was maxOwner, and
+// joined up to it, finds the rows it planned in a block only if the
+// block's owner is at most maxOwner (no newer write touched the block) and
+// none of its slots is stale (every planned write put its rows there);
+// otherwise a write newer than the plan claimed the block, and the read
+// fails instead of returning another tenant's rows. The written bit tells
+// an absent row from a present one. Updates cost plain loads per row and an
+// atomic store only when a value changes (a new owner for the block, a
+// slot's first write, a skip), instead of an atomic store per row.
 //
-// Exactly one goroutine calls Publish; any goroutine may call Owner and
-// Written (atomic loads).
+// Exactly one goroutine calls Publish; any goroutine may call Owner,
+// Written and Stale (atomic loads).
 type Tenancy struct {
 	owner   []uint64
 	written []uint32
+	stale   []uint32
 	bs      int
 	shift   int // log2(bs) when bs is a power of two, else -1
 }
@@ -37,8 +45,10 @@ func NewTenancy(numBlocks, blockSize int) *Tenancy {
 	if blockSize&(blockSize-1) == 0 {
 		t.shift = bits.TrailingZeros(uint(blockSize))
 	}
+	words := (numBlocks*blockSize + 31) / 32
 	t.owner, _ = hostmem.Uint64s(numBlocks) // falls back to make; never fails
-	t.written, _ = hostmem.Uint32s((numBlocks*blockSize + 31) / 32)
+	t.written, _ = hostmem.Uint32s(words)
+	t.stale, _ = hostmem.Uint32s(words)
 	return t
 }
 
@@ -46,7 +56,8 @@ func NewTenancy(numBlocks, blockSize int) *Tenancy {
 func (t *Tenancy) Free() {
 	hostmem.FreeUint64s(t.owner)
 	hostmem.FreeUint32s(t.written)
-	t.owner, t.written = nil, nil
+	hostmem.FreeUint32s(t.stale)
+	t.owner, t.written, t.stale = nil, nil, nil
 }
 
 func (t *Tenancy) block(s int32) int {
@@ -56,22 +67,33 @@ func (t *Tenancy) block(s int32) int {
 	return int(s) / t.bs
 }
 
-// Publish records that write id wrote every non-negative slot of slots.
+// Publish records that write id put its rows into slots, except those whose
+// entry in mask is negative: those it skipped (they turn stale). mask may
+// be slots itself when nothing was skipped; negative slots are ignored.
 // Single writer only; ids must not decrease.
-func (t *Tenancy) Publish(slots []int32, id uint64) {
-	owner, written := t.owner, t.written
-	for _, s := range slots {
+func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
+	owner, written, stale := t.owner, t.written, t.stale
+	for i, s := range slots {
 		if s < 0 {
 			continue
 		}
 		// The writer is the only goroutine that stores into these columns,
 		// so it may read them without atomics.
+		w, bit := s>>5, uint32(1)<<(s&31)
+		if mask[i] < 0 {
+			if old := stale[w]; old&bit == 0 {
+				atomic.StoreUint32(&stale[w], old|bit)
+			}
+			continue
+		}
 		if b := t.block(s); owner[b] != id {
 			atomic.StoreUint64(&owner[b], id)
 		}
-		w, bit := s>>5, uint32(1)<<(s&31)
 		if old := written[w]; old&bit == 0 {
 			atomic.StoreUint32(&written[w], old|bit)
+		}
+		if old := stale[w]; old&bit != 0 {
+			atomic.StoreUint32(&stale[w], old&^bit)
 		}
 	}
 }
@@ -82,4 +104,9 @@ func (t *Tenancy) Owner(s int32) uint64 { return atomic.LoadUint64(&t.owner[t.bl
 // Written reports whether slot s was ever written.
 func (t *Tenancy) Written(s int32) bool {
 	return atomic.LoadUint32(&t.written[s>>5])&(1<<(s&31)) != 0
+}
+
+// Stale reports whether the last write that claimed slot s skipped it.
+func (t *Tenancy) Stale(s int32) bool {
+	return atomic.LoadUint32(&t.stale[s>>5])&(1<<(s&31)) != 0
 }

@@ -15,7 +15,7 @@ func TestTenancy(t *testing.T) {
 			require.False(t, tn.Written(s))
 			require.Zero(t, tn.Owner(s))
 		}
-		tn.Publish([]int32{0, -1, int32(bs)}, 5)
+		tn.Publish([]int32{0, -1, int32(bs)}, []int32{0, -1, int32(bs)}, 5)
 		require.True(t, tn.Written(0))
 		require.True(t, tn.Written(int32(bs)))
 		if bs > 1 {
@@ -24,9 +24,25 @@ func TestTenancy(t *testing.T) {
 		}
 		require.Equal(t, uint64(5), tn.Owner(int32(bs)))
 		require.Zero(t, tn.Owner(int32(2*bs)))
-		tn.Publish([]int32{int32(bs)}, 9)
+		tn.Publish([]int32{int32(bs)}, []int32{int32(bs)}, 9)
 		require.Equal(t, uint64(9), tn.Owner(int32(bs)))
 		require.Equal(t, uint64(5), tn.Owner(0))
+		// Write 11 skips slot bs (a newer write replaces it): the slot turns
+		// stale, its block's owner stays 9; write 12 puts its row there and
+		// clears it. A skipped slot never written before is stale, not
+		// written.
+		s2 := int32(2 * bs)
+		tn.Publish([]int32{int32(bs), s2}, []int32{-1, -1}, 11)
+		require.True(t, tn.Stale(int32(bs)))
+		require.True(t, tn.Stale(s2))
+		require.False(t, tn.Written(s2))
+		require.Equal(t, uint64(9), tn.Owner(int32(bs)), "a skipped slot does not change its block's owner")
+		require.Zero(t, tn.Owner(s2))
+		require.False(t, tn.Stale(0))
+		tn.Publish([]int32{int32(bs)}, []int32{int32(bs)}, 12)
+		require.False(t, tn.Stale(int32(bs)))
+		require.Equal(t, uint64(12), tn.Owner(int32(bs)))
+		require.True(t, tn.Stale(s2))
 		tn.Free()
 	}
 }
@@ -62,7 +78,7 @@ func TestTenancyConcurrentReaders(t *testing.T) {
 		for i := range sl {
 			sl[i] = int32((int(id)*7 + i*16) % (64 * 16))
 		}
-		tn.Publish(sl, id)
+		tn.Publish(sl, sl, id)
 	}
 	close(stop)
 	wg.Wait()
@@ -73,7 +89,7 @@ func TestTenancyPublishAllocs(t *testing.T) {
 	defer tn.Free()
 	sl := []int32{1, 17, 33, 1000}
 	id := uint64(0)
-	require.Zero(t, testing.AllocsPerRun(100, func() { id++; tn.Publish(sl, id) }))
+	require.Zero(t, testing.AllocsPerRun(100, func() { id++; tn.Publish(sl, sl, id) }))
 }
 
 func BenchmarkTenancy(b *testing.B) {
@@ -87,7 +103,7 @@ func BenchmarkTenancy(b *testing.B) {
 	b.Run("op=publish/slots=1024", func(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
-			tn.Publish(sl, uint64(i+1))
+			tn.Publish(sl, sl, uint64(i+1))
 		}
 	})
 	b.Run("op=owner/slots=1024", func(b *testing.B) {

@@ -1,9 +1,3 @@
-// Package writer holds the write-path machinery of the cache core: the
-// device byte budget, the staging page pool and the committer's task queue.
-//
-// Every type here is safe for concurrent use; none of them holds a lock
-// across a copy or a wait: waits happen on condition variables whose mutex
-// covers only the counters.
 package writer
 
 import (

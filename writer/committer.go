@@ -86,8 +86,22 @@ func (c *Committer) Start() {
 
 // Wait blocks until the committer has stopped (after Queue.Close), then
 // frees its scratch.
-func (c *Committer) Wait() {
-	<-c.done
+func (c *Committer) Wait() { c.WaitUntil(time.Time{}) }
+
+// WaitUntil is Wait bounded by deadline (zero: no bound); it reports
+// whether the committer stopped (its scratch is freed only then).
+func (c *Committer) WaitUntil(deadline time.Time) bool {
+	if deadline.IsZero() {
+		<-c.done
+	} else {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case <-c.done:
+		case <-t.C:
+			return false
+		}
+	}
 	if c.chunk != nil {
 		c.cfg.Dev.FreeHost(c.chunk)
 		c.chunk = nil
@@ -96,6 +110,7 @@ func (c *Committer) Wait() {
 		hostmem.FreeUint64s(c.newest)
 		c.newest = nil
 	}
+	return true
 }
 
 // EvenEpoch waits until no scatter of immediate rows is in progress and
@@ -211,7 +226,8 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	nimm := len(c.cfg.Imm)
 	c.epoch.Add(1)
 	for j := 0; j < w.Steps; j++ {
-		mk := c.newerMask(w.Rows.Slot[j*w.N : (j+1)*w.N])
+		sl := w.Rows.Slot[j*w.N : (j+1)*w.N]
+		mk := c.newerMask(sl)
 		for ki, k := range c.cfg.Imm {
 			rows := w.Host[j*nimm+ki]
 			if rows == nil {
@@ -219,7 +235,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 			}
 			c.cfg.Mirrors.Make(k).Write(mk, rows[:w.N*c.cfg.RowBytes[k]])
 		}
-		c.cfg.Tenancy.Publish(mk, w.ID)
+		c.cfg.Tenancy.Publish(sl, mk, w.ID)
 	}
 	c.endScatter()
 	return nil

@@ -12,6 +12,10 @@ var ErrTimeout = errors.New("writer: no free staging page")
 // ErrClosed: the pool was closed while waiting.
 var ErrClosed = errors.New("writer: pool closed")
 
+// ErrFailed: the pool was failed (the cache's sticky write failure) while
+// waiting.
+var ErrFailed = errors.New("writer: pool failed")
+
 // Page is one staging page: memory for Capacity token rows of every
 // immediate key, allocated on its first use. A page is reference counted;
 // it returns to the pool when the last reference is released.
@@ -28,6 +32,7 @@ type Pages struct {
 	pages  []Page
 	free   []int32
 	closed bool
+	failed bool
 }
 
 // NewPages returns a pool of depth pages (memory allocated lazily by the
@@ -47,11 +52,13 @@ func NewPages(depth int) *Pages {
 func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Closed and failed win over a free page: a page Close just freed is
+	// not handed to a Save still in flight.
+	if err := p.stopped(); err != nil {
+		return nil, err
+	}
 	if pg := p.pop(); pg != nil {
 		return pg, nil
-	}
-	if p.closed {
-		return nil, ErrClosed
 	}
 	if timeout < 0 {
 		return nil, ErrTimeout
@@ -65,16 +72,26 @@ func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
 	defer t.Stop()
 	for {
 		p.cond.Wait()
+		if err := p.stopped(); err != nil {
+			return nil, err
+		}
 		if pg := p.pop(); pg != nil {
 			return pg, nil
-		}
-		if p.closed {
-			return nil, ErrClosed
 		}
 		if !time.Now().Before(deadline) {
 			return nil, ErrTimeout
 		}
 	}
+}
+
+func (p *Pages) stopped() error {
+	switch {
+	case p.closed:
+		return ErrClosed
+	case p.failed:
+		return ErrFailed
+	}
+	return nil
 }
 
 func (p *Pages) pop() *Page {
@@ -125,6 +142,14 @@ func (p *Pages) InUse() int {
 func (p *Pages) Close() {
 	p.mu.Lock()
 	p.closed = true
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Fail wakes every waiter with ErrFailed; later claims fail the same way.
+func (p *Pages) Fail() {
+	p.mu.Lock()
+	p.failed = true
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }

@@ -203,14 +203,29 @@ func TestPagesCloseWakesWaiters(t *testing.T) {
 		assert.Nil(t, r.pg)
 	}
 
-	// After Close, a claim that finds no free page fails at once (any
-	// timeout); one that finds a free page still gets it.
+	// After Close every claim fails at once (any timeout), also one that
+	// would find a free page: a page Close just freed is never handed out.
 	r := recv(t, claimAsync(p, deadlockTimeout), "Claim after Close")
 	require.ErrorIs(t, r.err, ErrClosed)
 	p.Release(pg)
 	r = recv(t, claimAsync(p, deadlockTimeout), "Claim of a free page after Close")
-	require.NoError(t, r.err)
-	p.Release(r.pg)
+	require.ErrorIs(t, r.err, ErrClosed)
+	assert.Nil(t, r.pg)
+	assert.Zero(t, p.InUse())
+}
+
+func TestPagesFailWakesWaiters(t *testing.T) {
+	p := NewPages(1)
+	pg := mustClaim(t, p)
+	ch := claimAsync(p, deadlockTimeout)
+	require.True(t, blocked(ch), "Claim returned while every page was held")
+	p.Fail()
+	r := recv(t, ch, "a waiter after Fail")
+	require.ErrorIs(t, r.err, ErrFailed)
+	p.Release(pg)
+	r = recv(t, claimAsync(p, -1), "Claim of a free page after Fail")
+	require.ErrorIs(t, r.err, ErrFailed)
+	assert.Zero(t, p.InUse())
 }
 
 func TestPagesEach(t *testing.T) {

@@ -1,6 +1,9 @@
 package writer
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Queue is the committer's FIFO of pending work: an unbounded ring that
 // allocates only when it grows. Push never blocks; Pop blocks until an item
@@ -78,10 +81,42 @@ func (q *Queue[T]) Done() {
 // item before it has been processed, or the queue closed.
 func (q *Queue[T]) Wait(seq uint64) {
 	q.mu.Lock()
-	for q.done < seq && !(q.closed && q.n == 0 && q.done == q.pushed) {
+	for !q.reached(seq) {
 		q.idle.Wait()
 	}
 	q.mu.Unlock()
+}
+
+// WaitFor is Wait bounded by timeout; it reports whether the wait ended
+// before the timeout (timeout < 0: no bound).
+func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
+	if timeout < 0 {
+		q.Wait(seq)
+		return true
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.reached(seq) {
+		return true
+	}
+	deadline := time.Now().Add(timeout)
+	t := time.AfterFunc(timeout, func() {
+		q.mu.Lock()
+		q.idle.Broadcast()
+		q.mu.Unlock()
+	})
+	defer t.Stop()
+	for !q.reached(seq) {
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		q.idle.Wait()
+	}
+	return true
+}
+
+func (q *Queue[T]) reached(seq uint64) bool {
+	return q.done >= seq || (q.closed && q.n == 0 && q.done == q.pushed)
 }
 
 // Drain blocks until everything pushed so far has been processed.

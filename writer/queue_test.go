@@ -3,6 +3,7 @@ package writer
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -266,4 +267,23 @@ func TestQueueConcurrentProducersConsumer(t *testing.T) {
 			require.Equal(t, i, v, "producer %d: items out of order", p)
 		}
 	}
+}
+
+func TestQueueWaitFor(t *testing.T) {
+	q := NewQueue[int](2)
+	seq := q.Push(1)
+	// Nothing processes the item: the bounded wait gives up (the bound is
+	// a deadline the test sets, not a performance threshold).
+	require.False(t, q.WaitFor(seq, 10*time.Millisecond), "WaitFor returned true for an item nobody processed")
+	_, ok := q.Pop()
+	require.True(t, ok)
+	q.Done()
+	require.True(t, q.WaitFor(seq, 0), "WaitFor of a processed item")
+	require.True(t, q.WaitFor(seq, -1))
+	seq = q.Push(2)
+	done := make(chan bool)
+	go func() { done <- q.WaitFor(seq, deadlockTimeout) }()
+	_, _ = q.Pop()
+	q.Done()
+	require.True(t, <-done, "WaitFor woken by Done")
 }

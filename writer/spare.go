@@ -106,6 +106,19 @@ func (s *Spare) Pending() bool {
 	return s.busy
 }
 
+// Wait waits for the background allocation in flight, if any (Sync: the
+// cache is quiescent after it).
+func (s *Spare) Wait() {
+	s.mu.Lock()
+	if !s.busy {
+		s.mu.Unlock()
+		return
+	}
+	ch := s.done
+	s.mu.Unlock()
+	<-ch
+}
+
 // Close stops allocating ahead: it waits for an allocation in flight and
 // returns the memory allocated ahead and never handed out (nil if none),
 // for the caller to free.

@@ -55,7 +55,9 @@ func TestSpareAllocatesOneAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Ahead()
-	for s.Pending() {
+	s.Wait()
+	if s.Pending() || a.calls() != 3 {
+		t.Fatalf("after Wait: pending %v, %d allocations; want the third page allocated", s.Pending(), a.calls())
 	}
 	if _, err := s.Get(); err != nil {
 		t.Fatal(err)

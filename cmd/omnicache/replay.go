@@ -73,6 +73,7 @@ type replayFlags struct {
 	plot          string
 	cpuprofile    string
 	memprofile    string
+	metricsAddr   string
 	progress      string
 	repeat        int
 	wide          bool
@@ -125,6 +126,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, and per-step cache time and hit rate to FILE-steps.png")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	fs.IntVar(&f.repeat, "repeat", 3, "run each cache-on replay N times and keep the one with the least cache cost (the highest projected throughput): other processes on a shared machine only add time")
 	fs.BoolVar(&f.wide, "wide", false, "print every column, one line per workload and mode (wider than 120 columns)")
@@ -252,6 +254,13 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var ms *metricsServer
+	if f.metricsAddr != "" {
+		if ms, err = startMetrics(f.metricsAddr, stderr); err != nil {
+			return 2, err
+		}
+		defer ms.close()
+	}
 	var jsonFile *os.File
 	if f.jsonOut != "" {
 		if jsonFile, err = os.Create(f.jsonOut); err != nil {
@@ -306,6 +315,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		for _, on := range modes {
 			o := opt
 			o.Cache = on
+			if ms != nil && on {
+				ms.attach(&o, spec.Name)
+			}
 			mode := "off"
 			if on {
 				mode = "on"

@@ -36,11 +36,30 @@ func Alloc(n int) ([]byte, error) {
 	return b, nil
 }
 
-// Free returns memory from Alloc. b must be exactly the slice Alloc returned
-// (same pointer and length); memory Alloc did not map is left to the
-// collector.
+// Map is Alloc without the threshold: n zero bytes mapped from the OS
+// whatever n (a page at least), outside the Go heap. The host mirror's
+// chunks use it: readers may copy rows while the committer overwrites them
+// for a newer tenant (the copy is then discarded by the read protocol's
+// owner/epoch check), which must not be Go heap memory that the collector
+// or the race detector treats as Go data. It falls back to make only when
+// the OS refuses the mapping.
+func Map(n int) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	b, err := mapAnon(n)
+	if err != nil {
+		return make([]byte, n), nil
+	}
+	mapped.Store(unsafe.Pointer(unsafe.SliceData(b)), len(b))
+	return b, nil
+}
+
+// Free returns memory from Alloc or Map. b must be exactly the slice they
+// returned (same pointer and length); memory they did not map is left to
+// the collector.
 func Free(b []byte) error {
-	if len(b) < Threshold {
+	if len(b) == 0 {
 		return nil
 	}
 	if n, ok := mapped.LoadAndDelete(unsafe.Pointer(unsafe.SliceData(b))); !ok || n.(int) != len(b) {

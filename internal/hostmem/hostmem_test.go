@@ -2,10 +2,15 @@ package hostmem
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 )
+
+// mapAnonIsOS: on unix, mapAnon maps from the OS.
+var mapAnonIsOS = runtime.GOOS != "windows" && runtime.GOOS != "plan9" && runtime.GOOS != "js" && runtime.GOOS != "wasip1"
 
 func rss(t *testing.T) int64 {
 	b, err := os.ReadFile("/proc/self/statm")
@@ -79,4 +84,33 @@ func TestFreeForeign(t *testing.T) {
 		t.Fatal(err)
 	}
 	b[len(b)-1] = 1 // still mapped: the collector owns it
+}
+
+// Map maps even small sizes from the OS (zero, outside the Go heap), and
+// Free unmaps exactly what it mapped.
+func TestMapSmall(t *testing.T) {
+	for _, n := range []int{1, 100, 4096, 5000} {
+		b, err := Map(n)
+		if err != nil || len(b) != n {
+			t.Fatalf("Map(%d): len %d, %v", n, len(b), err)
+		}
+		for i, v := range b {
+			if v != 0 {
+				t.Fatalf("Map(%d): byte %d is %d", n, i, v)
+			}
+		}
+		b[n-1] = 7
+		if _, ok := mapped.Load(unsafe.Pointer(unsafe.SliceData(b))); !ok && mapAnonIsOS {
+			t.Fatalf("Map(%d) did not map from the OS", n)
+		}
+		if err := Free(b); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := mapped.Load(unsafe.Pointer(unsafe.SliceData(b))); ok {
+			t.Fatalf("Free(%d) left the mapping registered", n)
+		}
+	}
+	if b, _ := Map(0); b != nil {
+		t.Fatal("Map(0) returned memory")
+	}
 }

@@ -1,0 +1,323 @@
+package omnicache
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/omnicache/omnicache/reader"
+	"github.com/omnicache/omnicache/slots"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// request flags (soa.Requests.Flags)
+const flagHitPending = 1
+
+// engine is the engine goroutine's view of the step: the live request
+// table and the begun step. Only Begin, Save, Sync and Close touch it.
+type engine struct {
+	reqs     *soa.Requests
+	begun    bool
+	nextStep StepID
+
+	// the begun step
+	ids    []int64
+	h      []soa.Handle
+	count  []int32
+	slots  []int32
+	ntok   int
+	pure   bool
+	hitReq []int32      // positions in the batch of requests whose hit prefix is served this step
+	fresh  []soa.Handle // requests this Begin added (removed again if the step fails)
+
+	prevIDs  []int64
+	prevH    []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)
+	hbuf     []soa.Handle // spare for the next change of ids
+	stamp    []uint64     // per handle: last Begin that marked it (duplicate check)
+	stampGen uint64
+	unknown  []int64      // scratch: batch ids not live (duplicate check)
+	arrived  []int64      // scratch: arrival ids (duplicate check)
+	starts   []idStart    // scratch: fresh batch requests by id
+	hits     []reader.Hit // scratch: Save's hit list
+}
+
+type idStart struct {
+	id    int64
+	start int32
+}
+
+func (e *engine) mark(h soa.Handle, gen uint64) (was uint64) {
+	for int(h) >= len(e.stamp) {
+		e.stamp = append(e.stamp, 0)
+	}
+	was, e.stamp[h] = e.stamp[h], gen
+	return was
+}
+
+// Begin registers a step plan: it validates the whole plan, then writes
+// out the decode buffer unless this step continues it, processes finished
+// requests, registers arrivals and maps the batch to slots. A plan that
+// fails validation changes nothing. Engine goroutine only; the plan is
+// borrowed for the call.
+func (c *Cache) Begin(p *Plan) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	if err := c.check(); err != nil {
+		return err
+	}
+	e := &c.eng
+	if e.begun {
+		return fmt.Errorf("%w: Begin twice without Save (the begun step stays begun)", ErrSequence)
+	}
+	ntok, pure, same, err := c.validate(p)
+	if err != nil {
+		return err
+	}
+	// Apply. Anything but a buffered decode step writes the buffer first,
+	// before hits are registered, finishes escalate or blocks are reused.
+	if !pure && c.path.Buffered() > 0 {
+		if err := c.path.FlushBuffer(); err != nil {
+			return err
+		}
+	}
+	for _, id := range p.Finished {
+		if h, ok := e.reqs.Lookup(id); ok {
+			c.path.Finish(h)
+			e.reqs.Remove(h)
+			same = false
+		}
+	}
+	c.path.FlushFinished()
+	e.fresh = e.fresh[:0]
+	used := 0
+	for i, id := range p.Arrivals {
+		ht := p.HitTokens[i]
+		nb := int(ht) / c.cfg.BlockSize
+		blocks := p.HitBlocks[used : used+nb]
+		used += nb
+		if h, fresh := e.reqs.Add(id, ht, blocks); fresh {
+			same = false
+			e.fresh = append(e.fresh, h)
+			if ht > 0 {
+				e.reqs.Flags[e.reqs.Pos(h)] |= flagHitPending
+			}
+		}
+	}
+	e.ids = append(e.ids[:0], p.IDs...)
+	e.count = append(e.count[:0], p.Count...)
+	e.hitReq = e.hitReq[:0]
+	if same {
+		e.h = e.prevH // read-only until the ids change
+	} else {
+		e.h = e.hbuf[:0]
+		for _, id := range p.IDs {
+			h, ok := e.reqs.Lookup(id)
+			if !ok {
+				h, _ = e.reqs.Add(id, 0, nil)
+				e.fresh = append(e.fresh, h)
+			}
+			e.h = append(e.h, h)
+		}
+		for i, h := range e.h {
+			if e.reqs.Flags[e.reqs.Pos(h)]&flagHitPending != 0 {
+				e.hitReq = append(e.hitReq, int32(i))
+			}
+		}
+		e.prevIDs = append(e.prevIDs[:0], p.IDs...)
+		e.hbuf, e.prevH = e.prevH, e.h
+		c.live.Store(int64(e.reqs.Len())) // the table changes only with the ids
+	}
+	e.ntok = ntok
+	e.pure = pure
+	e.begun = true
+	return nil
+}
+
+// validate checks the whole plan before Begin applies any of it, and maps
+// the batch to slots (into the engine's scratch). same reports that the
+// batch is the previous step's (its handles can be reused).
+func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
+	e := &c.eng
+	bs := c.cfg.BlockSize
+	n := len(p.IDs)
+	if len(p.Rows) != n || len(p.Start) != n || len(p.Count) != n {
+		return 0, false, false, fmt.Errorf("%w: %d ids, %d rows, %d starts, %d counts", ErrPlan, n, len(p.Rows), len(p.Start), len(p.Count))
+	}
+	if len(p.HitTokens) != len(p.Arrivals) {
+		return 0, false, false, fmt.Errorf("%w: %d arrivals, %d hit lengths", ErrPlan, len(p.Arrivals), len(p.HitTokens))
+	}
+	used := 0
+	for i, ht := range p.HitTokens {
+		if ht < 0 {
+			return 0, false, false, fmt.Errorf("%w: request %d: negative hit length %d", ErrPlan, p.Arrivals[i], ht)
+		}
+		if int(ht)%bs != 0 {
+			return 0, false, false, fmt.Errorf("%w: request %d: %d hit tokens, block size %d", ErrUnalignedHit, p.Arrivals[i], ht, bs)
+		}
+		nb := int(ht) / bs
+		if used+nb > len(p.HitBlocks) {
+			return 0, false, false, fmt.Errorf("%w: request %d hits %d tokens but %d block ids remain", ErrHitBlocks, p.Arrivals[i], ht, len(p.HitBlocks)-used)
+		}
+		for _, b := range p.HitBlocks[used : used+nb] {
+			if b < 0 || int(b) >= c.cfg.NumBlocks {
+				return 0, false, false, fmt.Errorf("%w: request %d: hit block %d outside [0,%d)", ErrPlan, p.Arrivals[i], b, c.cfg.NumBlocks)
+			}
+		}
+		used += nb
+	}
+	if used != len(p.HitBlocks) {
+		return 0, false, false, fmt.Errorf("%w: %d block ids left over after the arrivals' hits", ErrHitBlocks, len(p.HitBlocks)-used)
+	}
+	pure = !c.cfg.DisableDecodeBuffer && n > 0 && len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
+		len(p.Preempted) == 0 && len(p.Resumed) == 0
+	var tot int64
+	for i, cnt := range p.Count {
+		if cnt < 0 || p.Start[i] < 0 {
+			return 0, false, false, fmt.Errorf("%w: request %d: start %d, count %d", ErrPlan, p.IDs[i], p.Start[i], cnt)
+		}
+		tot += int64(cnt)
+		if cnt != 1 {
+			pure = false
+		}
+	}
+	// Nothing is sized from the plan before this bound.
+	if tot > int64(c.cfg.StagingCapacityTokens) {
+		return 0, false, false, fmt.Errorf("%w: %d tokens, a page holds %d", ErrStepTooLarge, tot, c.cfg.StagingCapacityTokens)
+	}
+	ntok = int(tot)
+	e.slots = grow(e.slots, ntok)
+	if _, err := slots.Map(e.slots, slots.Batch{Rows: p.Rows, Start: p.Start, Count: p.Count, Table: p.Table, Stride: p.Stride}, bs); err != nil {
+		return 0, false, false, fmt.Errorf("%w: %w", ErrPlan, err)
+	}
+	// Block ids beyond NumBlocks: one branch-free pass (a slot outside
+	// [0, nslots) makes s or last-s negative), then find it for the error.
+	nslots := c.cfg.NumBlocks * bs
+	var bad int32
+	last := int32(nslots - 1)
+	for _, s := range e.slots {
+		bad |= s | (last - s)
+	}
+	if bad < 0 {
+		for _, s := range e.slots {
+			if s < 0 || s > last {
+				return 0, false, false, fmt.Errorf("%w: slot %d outside [0,%d): block table names a block beyond NumBlocks", ErrPlan, s, nslots)
+			}
+		}
+	}
+	same = slices.Equal(p.IDs, e.prevIDs)
+	// A non-empty buffer holds the previous step (any other step flushes
+	// it), so the same ids continue it.
+	if pure && !same && !c.path.BufferContinues(p.IDs) {
+		pure = false
+	}
+	if same && len(p.Arrivals) == 0 && len(p.Finished) == 0 {
+		return ntok, pure, true, nil // the previous step's ids, already checked
+	}
+	return ntok, pure, same, c.checkIDs(p)
+}
+
+// checkIDs rejects a request scheduled twice, an arrival listed twice, and
+// a fresh arrival scheduled from a position other than its hit length, as
+// the table will be once the finished requests are dropped. It changes
+// nothing but scratch and stamps.
+func (c *Cache) checkIDs(p *Plan) error {
+	e := &c.eng
+	e.stampGen += 2
+	finGen, batchGen := e.stampGen-1, e.stampGen
+	for _, id := range p.Finished {
+		if h, ok := e.reqs.Lookup(id); ok {
+			e.mark(h, finGen)
+		}
+	}
+	// live reports whether id is live once the finished are dropped.
+	live := func(id int64) (soa.Handle, bool) {
+		h, ok := e.reqs.Lookup(id)
+		if ok && int(h) < len(e.stamp) && e.stamp[h] == finGen {
+			return h, false
+		}
+		return h, ok
+	}
+	e.unknown = e.unknown[:0]
+	e.starts = e.starts[:0]
+	for i, id := range p.IDs {
+		h, ok := live(id)
+		if !ok {
+			e.unknown = append(e.unknown, id)
+			e.starts = append(e.starts, idStart{id, p.Start[i]})
+			continue
+		}
+		if e.mark(h, batchGen) == batchGen {
+			return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, id)
+		}
+	}
+	slices.Sort(e.unknown)
+	for i := 1; i < len(e.unknown); i++ {
+		if e.unknown[i] == e.unknown[i-1] {
+			return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, e.unknown[i])
+		}
+	}
+	if len(p.Arrivals) == 0 {
+		return nil
+	}
+	e.arrived = append(e.arrived[:0], p.Arrivals...)
+	slices.Sort(e.arrived)
+	for i := 1; i < len(e.arrived); i++ {
+		if e.arrived[i] == e.arrived[i-1] {
+			return fmt.Errorf("%w: request %d arrives twice", ErrPlan, e.arrived[i])
+		}
+	}
+	slices.SortFunc(e.starts, func(a, b idStart) int { return cmp.Compare(a.id, b.id) })
+	for i, id := range p.Arrivals {
+		if _, ok := live(id); ok {
+			continue // a streamed continuation: not a hit
+		}
+		j, found := slices.BinarySearchFunc(e.starts, id, func(s idStart, id int64) int { return cmp.Compare(s.id, id) })
+		if found && e.starts[j].start != p.HitTokens[i] {
+			return fmt.Errorf("%w: request %d arrives with %d hit tokens but is scheduled from position %d", ErrPlan, id, p.HitTokens[i], e.starts[j].start)
+		}
+	}
+	return nil
+}
+
+// Abort abandons the begun step when its forward failed after Begin: the
+// cache returns to the state before that Begin, except that the requests it
+// finished stay dropped (the engine dropped them, and their open writes
+// still land); begin the step again, or another. ErrSequence without a
+// begun step. Engine goroutine only.
+func (c *Cache) Abort() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	if !c.eng.begun {
+		return fmt.Errorf("%w: Abort without a begun step", ErrSequence)
+	}
+	c.unbegin()
+	return nil
+}
+
+// unbegin undoes the begun step (Abort, or its Save failed): the requests the
+// Begin added are dropped again (a retry of the same plan registers them,
+// and their hits, afresh); finished requests stay dropped, as the engine
+// dropped them.
+func (c *Cache) unbegin() {
+	e := &c.eng
+	for _, h := range e.fresh {
+		if e.reqs.Pos(h) >= 0 {
+			e.reqs.Remove(h)
+		}
+	}
+	e.fresh = e.fresh[:0]
+	e.prevIDs = e.prevIDs[:0]
+	e.begun = false
+	c.live.Store(int64(e.reqs.Len()))
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n, n+n/4)
+	}
+	return s[:n]
+}

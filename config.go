@@ -1,0 +1,97 @@
+package omnicache
+
+import (
+	"fmt"
+
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/writer"
+)
+
+// Limits New enforces (ErrConfig names the field and the limit). They keep
+// every size the cache computes from a Config inside what a 64-bit process
+// can address, so no call can fail later on an overflow.
+const (
+	MaxRowBytes     = 1 << 30 // Key.RowBytes
+	MaxSlots        = 1<<31 - 1
+	MaxMirrorBytes  = 1 << 46 // NumBlocks*BlockSize*RowBytes, per key (64 TiB of address space)
+	MaxStagingDepth = 1 << 16
+	MaxPageBytes    = 1 << 36 // StagingCapacityTokens × Σ immediate RowBytes (64 GiB)
+)
+
+// validate applies the defaults and checks every bound; it returns the
+// write path's configuration.
+func validate(cfg *Config) (writer.Config, error) {
+	bad := func(format string, a ...any) (writer.Config, error) {
+		return writer.Config{}, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+	}
+	if cfg.NumBlocks <= 0 || cfg.BlockSize <= 0 {
+		return bad("%d blocks of %d tokens", cfg.NumBlocks, cfg.BlockSize)
+	}
+	if int64(cfg.NumBlocks)*int64(cfg.BlockSize) > MaxSlots {
+		return bad("NumBlocks×BlockSize = %d×%d slots exceeds %d", cfg.NumBlocks, cfg.BlockSize, MaxSlots)
+	}
+	if len(cfg.Keys) == 0 {
+		return bad("no keys")
+	}
+	if cfg.StagingDepth == 0 {
+		cfg.StagingDepth = DefaultStagingDepth
+	}
+	if cfg.StagingCapacityTokens == 0 {
+		cfg.StagingCapacityTokens = DefaultStagingCapacityTokens
+	}
+	if cfg.StagingClaimTimeout == 0 {
+		cfg.StagingClaimTimeout = DefaultStagingClaimTimeout
+	}
+	if cfg.DeviceBudgetBytes == 0 {
+		cfg.DeviceBudgetBytes = DefaultDeviceBudgetBytes
+	}
+	if cfg.DeferredChunkBytes == 0 {
+		cfg.DeferredChunkBytes = DefaultDeferredChunkBytes
+	}
+	if cfg.WaitTimeout == 0 {
+		cfg.WaitTimeout = DefaultWaitTimeout
+	}
+	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 {
+		return bad("negative staging depth, capacity, budget or chunk")
+	}
+	if cfg.StagingDepth > MaxStagingDepth {
+		return bad("StagingDepth %d exceeds %d", cfg.StagingDepth, MaxStagingDepth)
+	}
+	if cfg.StagingCapacityTokens > MaxSlots {
+		return bad("StagingCapacityTokens %d exceeds %d", cfg.StagingCapacityTokens, MaxSlots)
+	}
+	nslots := int64(cfg.NumBlocks) * int64(cfg.BlockSize)
+	keys := make([]writer.KeySpec, len(cfg.Keys))
+	seen := make(map[string]bool, len(cfg.Keys))
+	var immRow int64
+	for i, k := range cfg.Keys {
+		switch {
+		case k.RowBytes <= 0:
+			return bad("key %q has %d row bytes", k.Name, k.RowBytes)
+		case k.RowBytes > MaxRowBytes:
+			return bad("key %q: RowBytes %d exceeds %d", k.Name, k.RowBytes, MaxRowBytes)
+		case nslots*int64(k.RowBytes) > MaxMirrorBytes:
+			return bad("key %q: mirror of %d slots × %d bytes exceeds %d bytes", k.Name, nslots, k.RowBytes, int64(MaxMirrorBytes))
+		case seen[k.Name]:
+			return bad("duplicate key name %q", k.Name)
+		}
+		seen[k.Name] = true
+		keys[i] = writer.KeySpec{Name: k.Name, RowBytes: k.RowBytes, Deferred: k.Deferred, Optional: k.Optional}
+		if !k.Deferred {
+			immRow += int64(k.RowBytes)
+		}
+	}
+	if pb := int64(cfg.StagingCapacityTokens) * immRow; pb > MaxPageBytes {
+		return bad("StagingCapacityTokens×Σ RowBytes = %d×%d bytes a page exceeds %d", cfg.StagingCapacityTokens, immRow, int64(MaxPageBytes))
+	}
+	dev := cfg.Device
+	if dev == nil {
+		dev = gpu.NewHost()
+	}
+	return writer.Config{
+		Dev: dev, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
+		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
+		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
+		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, ReleaseHost: cfg.ReleaseHost,
+	}, nil
+}

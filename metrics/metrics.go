@@ -1,0 +1,201 @@
+// Package metrics exports a cache's Stats as Prometheus metrics, so that an
+// engine vendoring omnicache scrapes standard names instead of polling Stats
+// and inventing its own. The core package does not import Prometheus; this
+// package does.
+//
+// It owns two things: the Collector, a prometheus.Collector that reads a
+// Source (anything with Stats(), e.g. *omnicache.Cache) on every scrape, and
+// the QueryCounter, where the engine counts its prefix-cache queries (the
+// cache cannot: it never sees prompt lengths).
+//
+// Goroutines: Collect and Describe run on the goroutine of whoever gathers
+// the registry (the promhttp handler's, per scrape), concurrently with the
+// engine goroutine; they only call Source.Stats, which the cache allows from
+// any goroutine and which never waits on the cache's state lock, and
+// QuerySource.QueryTokens. Nothing runs on the engine goroutine except
+// QueryCounter.AddQueries, one atomic add.
+//
+// Names follow the Prometheus conventions: the omnicache_ namespace,
+// counters end in _total, units are base units in the name (_bytes,
+// _seconds). Prefix-cache queries and hits count tokens, as vLLM's
+// vllm:prefix_cache_queries and vllm:prefix_cache_hits do, so the hit rate is
+//
+//	rate(omnicache_prefix_cache_hits_total[1m]) / rate(omnicache_prefix_cache_queries_total[1m])
+package metrics
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/omnicache/omnicache"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "omnicache"
+
+// Source is what the Collector reads; *omnicache.Cache implements it. Stats
+// must be safe to call from any goroutine.
+type Source interface {
+	Stats() omnicache.Stats
+}
+
+// QuerySource yields the prefix-cache query count in tokens; QueryCounter
+// implements it.
+type QuerySource interface {
+	QueryTokens() int64
+}
+
+// QueryCounter counts prefix-cache queries in tokens, as vLLM does: every
+// request the engine looks up in its KV prefix cache adds its prompt tokens
+// (hits and misses alike), once, when it first arrives. The zero value is
+// ready; it is safe for concurrent use and AddQueries does not allocate.
+type QueryCounter struct {
+	n atomic.Int64
+}
+
+// AddQueries counts tokens looked up (a request's prompt tokens at arrival).
+// Call it before the Begin of the request's arrival step: the cache counts
+// the request's hit in that step (Stats.HitTokens moves in its Save).
+func (q *QueryCounter) AddQueries(tokens int) { q.n.Add(int64(tokens)) }
+
+// QueryTokens returns the tokens counted so far.
+func (q *QueryCounter) QueryTokens() int64 { return q.n.Load() }
+
+// Options configure a Collector.
+type Options struct {
+	// Queries feeds omnicache_prefix_cache_queries_total. Nil leaves that
+	// metric out rather than exporting a made-up value: Stats has hits but
+	// no queries.
+	Queries QuerySource
+	// ConstLabels are added to every metric (e.g. {"cache": "thinker"} for
+	// an engine running several caches in one registry).
+	ConstLabels prometheus.Labels
+}
+
+// Collector is a prometheus.Collector over a Source's Stats: one Stats call
+// per scrape, every value from that one snapshot.
+type Collector struct {
+	src     Source
+	queries QuerySource
+	descs   []*prometheus.Desc // parallel to stats
+	qdesc   *prometheus.Desc   // nil without Options.Queries
+}
+
+// metric is one exported Stats field.
+type metric struct {
+	name  string // without the namespace
+	field string // the Stats field (for the tests and the README)
+	typ   prometheus.ValueType
+	help  string
+	value func(*omnicache.Stats) float64
+}
+
+const nanosPerSecond = 1e9
+
+// stats lists every exported Stats field, in exposition order.
+var stats = []metric{
+	{"prefix_cache_hits_total", "HitTokens", prometheus.CounterValue,
+		"Prompt tokens the prefix cache hit at arrival (as vLLM's prefix_cache_hits).",
+		func(s *omnicache.Stats) float64 { return float64(s.HitTokens) }},
+	{"prefix_cache_hit_requests_total", "HitRequests", prometheus.CounterValue,
+		"Arrivals with a prefix hit.",
+		func(s *omnicache.Stats) float64 { return float64(s.HitRequests) }},
+	{"hit_rows_read_total", "HitRowsRead", prometheus.CounterValue,
+		"Prefix rows served by Materialize (all keys).",
+		func(s *omnicache.Stats) float64 { return float64(s.HitRowsRead) }},
+	{"steps_total", "Steps", prometheus.CounterValue,
+		"Steps saved (Save calls that succeeded).",
+		func(s *omnicache.Stats) float64 { return float64(s.Steps) }},
+	{"write_tasks_total", "WriteTasks", prometheus.CounterValue,
+		"Write tasks handed to the committer.",
+		func(s *omnicache.Stats) float64 { return float64(s.WriteTasks) }},
+	{"written_rows_total", "RowsWritten", prometheus.CounterValue,
+		"Rows scattered into the host mirror (all keys).",
+		func(s *omnicache.Stats) float64 { return float64(s.RowsWritten) }},
+	{"written_bytes_total", "BytesWritten", prometheus.CounterValue,
+		"Bytes scattered into the host mirror (all keys).",
+		func(s *omnicache.Stats) float64 { return float64(s.BytesWritten) }},
+	{"skipped_rows_total", "RowsSkipped", prometheus.CounterValue,
+		"Rows a write task skipped because a newer write took the slot.",
+		func(s *omnicache.Stats) float64 { return float64(s.RowsSkipped) }},
+	{"buffered_steps_total", "BufferedSteps", prometheus.CounterValue,
+		"Pure-decode steps parked in the decode buffer.",
+		func(s *omnicache.Stats) float64 { return float64(s.BufferedSteps) }},
+	{"buffer_flushes_total", "BufferFlushes", prometheus.CounterValue,
+		"Decode-buffer flushes (each one write task).",
+		func(s *omnicache.Stats) float64 { return float64(s.BufferFlushes) }},
+	{"deferred_writes_total", "DeferredWrites", prometheus.CounterValue,
+		"Write tasks of deferred keys.",
+		func(s *omnicache.Stats) float64 { return float64(s.DeferredWrites) }},
+	{"budget_flushes_total", "BudgetFlushes", prometheus.CounterValue,
+		"Writes forced out early by device byte budget pressure.",
+		func(s *omnicache.Stats) float64 { return float64(s.BudgetFlushes) }},
+	{"cloned_bytes_total", "ClonedBytes", prometheus.CounterValue,
+		"Bytes copied defensively out of outputs not marked Owned.",
+		func(s *omnicache.Stats) float64 { return float64(s.ClonedBytes) }},
+	{"engine_stall_seconds_total", "StallNanos", prometheus.CounterValue,
+		"Time the engine goroutine waited on back-pressure (a free staging page, the committer under budget pressure).",
+		func(s *omnicache.Stats) float64 { return float64(s.StallNanos) / nanosPerSecond }},
+	{"committer_busy_seconds_total", "CommitterNanos", prometheus.CounterValue,
+		"Time the committer goroutine spent moving rows into the mirror.",
+		func(s *omnicache.Stats) float64 { return float64(s.CommitterNanos) / nanosPerSecond }},
+	{"mirror_resident_bytes", "MirrorResidentBytes", prometheus.GaugeValue,
+		"Host memory really backing the mirror.",
+		func(s *omnicache.Stats) float64 { return float64(s.MirrorResidentBytes) }},
+	{"budget_charged_bytes", "BudgetCharged", prometheus.GaugeValue,
+		"Device bytes the cache holds now (step clones, deferred clones, parked decode rows).",
+		func(s *omnicache.Stats) float64 { return float64(s.BudgetCharged) }},
+	{"budget_limit_bytes", "BudgetLimit", prometheus.GaugeValue,
+		"Device byte budget (Config.DeviceBudgetBytes).",
+		func(s *omnicache.Stats) float64 { return float64(s.BudgetLimit) }},
+	{"budget_peak_bytes", "BudgetPeak", prometheus.GaugeValue,
+		"Highest device byte charge ever held.",
+		func(s *omnicache.Stats) float64 { return float64(s.BudgetPeak) }},
+	{"staging_pages_in_use", "PagesInUse", prometheus.GaugeValue,
+		"Staging pages held now (one per saved step not yet materialized or discarded).",
+		func(s *omnicache.Stats) float64 { return float64(s.PagesInUse) }},
+	{"staging_pages_allocating", "PagesAllocating", prometheus.GaugeValue,
+		"1 while a staging page's memory is being allocated ahead in the background, else 0.",
+		func(s *omnicache.Stats) float64 { return float64(s.PagesAllocating) }},
+	{"live_requests", "LiveRequests", prometheus.GaugeValue,
+		"Requests the cache tracks now.",
+		func(s *omnicache.Stats) float64 { return float64(s.LiveRequests) }},
+}
+
+// New returns a Collector over src. Register it with a prometheus.Registerer.
+func New(src Source, o Options) *Collector {
+	c := &Collector{src: src, queries: o.Queries, descs: make([]*prometheus.Desc, len(stats))}
+	for i, m := range stats {
+		c.descs[i] = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", m.name), m.help, nil, o.ConstLabels)
+	}
+	if o.Queries != nil {
+		c.qdesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "prefix_cache_queries_total"),
+			"Prompt tokens looked up in the prefix cache at arrival, hits and misses (as vLLM's prefix_cache_queries).",
+			nil, o.ConstLabels)
+	}
+	return c
+}
+
+// Describe sends every metric's descriptor.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	if c.qdesc != nil {
+		ch <- c.qdesc
+	}
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect reads Stats once and sends every metric from that snapshot. The
+// query count is read after Stats, so that with queries counted before the
+// arrival step (see AddQueries) a scrape never shows more hits than queries.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.Stats()
+	if c.qdesc != nil {
+		ch <- prometheus.MustNewConstMetric(c.qdesc, prometheus.CounterValue, float64(c.queries.QueryTokens()))
+	}
+	for i, m := range stats {
+		ch <- prometheus.MustNewConstMetric(c.descs[i], m.typ, m.value(&s))
+	}
+}

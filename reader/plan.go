@@ -1,0 +1,104 @@
+package reader
+
+import (
+	"github.com/omnicache/omnicache/soa"
+	"github.com/omnicache/omnicache/writer"
+)
+
+// Reader is the read path of one cache, over its write path's tables.
+type Reader struct {
+	p   *writer.Path
+	lay *writer.Layout
+	st  *writer.Counters
+}
+
+// New returns the read path over p.
+func New(p *writer.Path) *Reader {
+	return &Reader{p: p, lay: p.Layout(), st: p.Counters()}
+}
+
+// Hit is a request whose hit prefix a step serves: its index in the step,
+// its hit tokens and the hit's block ids (borrowed for Plan).
+type Hit struct {
+	Index  int32
+	Tokens int32
+	Blocks []int32
+}
+
+// Plan plans the prefix reads of the step's hits; no data moves. It runs
+// on the engine goroutine in Save, after the step's own writes were handed
+// over, so a hit on blocks this step writes reads this step's rows.
+//
+// Immediate keys: the prefix rows' slots; the read joins the queue up to
+// here, and finds the planned rows only where no write newer than the
+// newest one handed over so far (maxOwner) touched the block and no
+// planned write skipped the slot (see soa.Tenancy). Deferred keys: each row's occupancy
+// word, and the clone (pinned) of a row still in transit.
+func (r *Reader) Plan(s *Step, hits []Hit) {
+	if len(hits) == 0 {
+		return
+	}
+	n := len(s.IDs)
+	s.prefix = grow(s.prefix, n)
+	clear(s.prefix)
+	s.immOff = grow(s.immOff, n)
+	s.defOff = grow(s.defOff, n)
+	for i := range s.immOff {
+		s.immOff[i], s.defOff[i] = -1, -1
+	}
+	s.joinSeq = r.p.Queue().Pushed()
+	s.maxOwner = r.p.LastID()
+	bs := int32(r.lay.BlockSize)
+	for _, h := range hits {
+		s.prefix[h.Index] = h.Tokens
+		r.st.HitRequests.Add(1)
+		r.st.HitTokens.Add(int64(h.Tokens))
+		if len(r.lay.Imm) == 0 {
+			continue
+		}
+		s.immOff[h.Index] = int32(len(s.immSlot))
+		for _, b := range h.Blocks {
+			for sl := b * bs; sl < (b+1)*bs; sl++ {
+				s.immSlot = append(s.immSlot, sl)
+			}
+		}
+	}
+	if len(r.lay.Def) == 0 {
+		return
+	}
+	r.p.Lock()
+	defer r.p.Unlock()
+	for _, h := range hits {
+		s.defOff[h.Index] = int32(len(s.pKind))
+		for _, k := range r.lay.Def {
+			occ := r.p.Occupancy(k)
+			opt := r.lay.Keys[k].Optional
+			for _, b := range h.Blocks {
+				for sl := b * bs; sl < (b+1)*bs; sl++ {
+					kind, row := uint8(srcMirror), uint32(0)
+					var src *writer.Write
+					w := occ.Word(sl)
+					switch st, owner := soa.Unpack(w); st {
+					case soa.Absent:
+						kind = srcAbsent
+						if opt {
+							kind = srcZero
+						}
+					case soa.InTransit:
+						// pending deferred rows: read the device clone
+						if src = r.p.CloneLocked(owner); src == nil {
+							panic("omnicache: in-transit slot without its clone")
+						}
+						kind, row = srcClone, occ.Row(sl)
+						r.p.PinLocked(&s.Refs, src)
+					}
+					s.pKind = append(s.pKind, kind)
+					s.pSlot = append(s.pSlot, sl)
+					s.pWord = append(s.pWord, w)
+					s.pProd = append(s.pProd, src)
+					s.pRow = append(s.pRow, row)
+				}
+			}
+		}
+	}
+}

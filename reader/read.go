@@ -1,0 +1,197 @@
+package reader
+
+import (
+	"fmt"
+
+	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/writer"
+)
+
+// Dest receives a step's rows: Rows(qi, k) is the qi-th asked request's
+// buffer for key k, prefix rows first.
+type Dest interface {
+	Rows(qi, k int) []byte
+}
+
+// Read fills dst with, per request asked for (the first nq of s.Qidx, or
+// the step's first nq requests when all) and key, `[hit prefix rows | this
+// step's rows]`. The step was taken by its one consumer.
+func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
+	tokOff := s.Offsets()
+	for qi := 0; qi < nq; qi++ {
+		i := qi
+		if !all {
+			i = int(s.Qidx[qi])
+		}
+		pre := int(s.Prefix(i))
+		if pre > 0 {
+			r.st.HitRows.Add(int64(pre))
+		}
+		for k := range r.lay.Keys {
+			rb := r.lay.RowBytes[k]
+			out := dst.Rows(qi, k)
+			if pre > 0 {
+				if err := r.readPrefix(s, i, k, pre, out[:pre*rb]); err != nil {
+					return fmt.Errorf("request %d, key %q: %w", s.IDs[i], r.lay.Keys[k].Name, err)
+				}
+			}
+			cnt := int(s.Count[i])
+			if cnt == 0 {
+				continue
+			}
+			w := s.Src[k]
+			if w == nil {
+				return fmt.Errorf("%w: step %d has no rows for key %q", errs.WriteFailed, s.ID, r.lay.Keys[k].Name)
+			}
+			r0 := int(s.SrcOff[k]) + int(tokOff[i])
+			if err := r.readWrite(w, k, r0, cnt, out[pre*rb:]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readPrefix reads request i's hit prefix of key k (pre rows) into out.
+func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
+	if r.lay.ImmIdx[k] >= 0 {
+		return r.readJoined(s, i, k, pre, out)
+	}
+	base := int(s.defOff[i]) + r.lay.DefIdx[k]*pre
+	rb := r.lay.RowBytes[k]
+	occ := r.p.Occupancy(k)
+	for t := 0; t < pre; t++ {
+		e := base + t
+		d := out[t*rb : (t+1)*rb]
+		switch s.pKind[e] {
+		case srcZero:
+			clear(d)
+		case srcAbsent:
+			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, s.pSlot[e])
+		case srcMirror:
+			sl := s.pSlot[e]
+			if occ.Word(sl) != s.pWord[e] {
+				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
+			}
+			m := r.p.Mirrors().Get(k)
+			if m == nil {
+				return fmt.Errorf("%w: position %d (slot %d): committed slot without mirror", errs.Reassigned, t, sl)
+			}
+			m.ReadRow(d, sl)
+			if occ.Word(sl) != s.pWord[e] {
+				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
+			}
+		case srcClone:
+			if err := r.readWrite(s.pProd[e], k, int(s.pRow[e]), 1, d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readJoined reads a hit prefix of an immediate key from the mirror once
+// every write handed over before the plan has landed. A block holds the
+// planned rows only if its owner is at most the plan's maxOwner (no newer
+// write touched it) and none of its slots is stale (no planned write
+// skipped one because a newer write claimed it); otherwise the block was
+// claimed after the plan (ErrReassigned). The written bit tells absent
+// rows. If a scatter overlapped the copies (the committer's epoch moved),
+// the owners and stale bits are checked again once it is over: a scatter
+// publishes them when its rows are in.
+func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
+	if err := r.p.WaitSeq(s.joinSeq); err != nil {
+		return err
+	}
+	lo := int(s.immOff[i])
+	sl := s.immSlot[lo : lo+pre]
+	rb := r.lay.RowBytes[k]
+	m := r.p.Mirrors().Get(k)
+	ten := r.p.Tenancy()
+	com := r.p.Committer()
+	opt := r.lay.Keys[k].Optional
+	e1 := com.Epoch()
+	for t, slot := range sl {
+		d := out[t*rb : (t+1)*rb]
+		switch {
+		case ten.Owner(slot) > s.maxOwner || ten.Stale(slot):
+			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
+		case !ten.Written(slot) && opt:
+			clear(d)
+		case !ten.Written(slot):
+			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, slot)
+		default:
+			m.ReadRow(d, slot)
+		}
+	}
+	if e1&1 == 0 && com.Epoch() == e1 {
+		return nil
+	}
+	com.EvenEpoch()
+	for t, slot := range sl {
+		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) {
+			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
+		}
+	}
+	return nil
+}
+
+// readWrite copies rows [r0, r0+cnt) of write w for key k into out.
+func (r *Reader) readWrite(w *writer.Write, k, r0, cnt int, out []byte) error {
+	rb := r.lay.RowBytes[k]
+	dev := r.p.Device()
+	if w.Deferred {
+		if err := dev.CopyDtoH(out[:cnt*rb], w.Buf, r0*rb); err != nil {
+			return r.p.Fail(err)
+		}
+		return r.record()
+	}
+	ki := r.lay.ImmIdx[k]
+	nimm := len(r.lay.Imm)
+	for cnt > 0 {
+		j, i := r0/w.N, r0%w.N
+		m := min(cnt, w.N-i)
+		slot := j*nimm + ki
+		if h := w.Host[slot]; h != nil {
+			if err := r.p.WaitDev(w.Ev); err != nil {
+				return err
+			}
+			copy(out[:m*rb], h[i*rb:(i+m)*rb])
+		} else if err := r.readParked(w, slot, i, m, rb, out); err != nil {
+			return err
+		}
+		out = out[m*rb:]
+		r0 += m
+		cnt -= m
+	}
+	return nil
+}
+
+// readParked reads rows of a decode-buffer step whose rows were parked on
+// the device: from the device while they are there, else from the staged
+// copy the flush made (the committer releases the device rows once it is
+// complete).
+func (r *Reader) readParked(w *writer.Write, slot, i, m, rb int, out []byte) error {
+	if !r.p.BeginParkedRead(w) {
+		copy(out[:m*rb], w.Staged[slot][i*rb:(i+m)*rb])
+		return nil
+	}
+	dev := r.p.Device()
+	err := dev.CopyDtoH(out[:m*rb], w.Dev[slot], i*rb)
+	if err != nil {
+		err = r.p.Fail(err)
+	} else {
+		err = r.record()
+	}
+	r.p.EndParkedRead(w)
+	return err
+}
+
+// record waits (bounded) for the copies issued so far on the device.
+func (r *Reader) record() error {
+	ev, err := r.p.Device().Record()
+	if err != nil {
+		return r.p.Fail(err)
+	}
+	return r.p.WaitDev(ev)
+}

@@ -1,0 +1,135 @@
+// Package reader is the cache core's read path: it plans the hit reads of
+// a saved step (which rows a hit prefix comes from, and whose rows they must
+// be) and executes them when the step is materialized, joined to the writes
+// they come from.
+//
+//	plan (Save, engine goroutine)            read (Materialize, any goroutine)
+//	─────────────────────────────            ────────────────────────────────────
+//	immediate keys: per prefix row its      join the committer up to the plan's
+//	  slot, and the newest write id          queue sequence; read a block's rows
+//	  handed over (maxOwner)                 only if its owner is at most
+//	                                         maxOwner and none of its slots is
+//	                                         stale (a planned write skipped it),
+//	                                         before and after the copy (else
+//	                                         ErrReassigned)
+//	deferred keys: per prefix row the        committed: mirror row, occupancy
+//	  slot's occupancy word, and the         word unchanged around the copy;
+//	  pending clone (pinned) in transit      in transit: the clone's row
+//
+// A read therefore never returns rows its plan did not own: a write that
+// skipped a slot (a newer write was queued) leaves it stale, a newer
+// tenant's write makes its block's owner newer than the plan, and a
+// committed deferred row replaced since planning changes its word.
+//
+// Goroutines: Plan runs on the engine goroutine (in Save); Read on the
+// goroutine that consumes the step (Materialize), one consumer per Step.
+// Reads take the write path's state lock only for parked-row bookkeeping,
+// never across a copy.
+package reader
+
+import "github.com/omnicache/omnicache/writer"
+
+// Step is a saved step until Materialize or Discard consumes it: its
+// requests, where its own rows are (writer.Refs) and the plan of its hit
+// reads. Reusable through Reset.
+type Step struct {
+	ID     uint64
+	IDs    []int64 // per request, in batch order
+	Count  []int32 // per request: this step's tokens
+	tokOff []int32 // per request: first row in the step (see Offsets)
+	prefix []int32 // per request: hit prefix tokens (empty when no hit)
+	writer.Refs
+
+	// immediate-key hit plan: per hit prefix row its slot; the read joins
+	// the committer up to joinSeq, and a block whose owner is newer than
+	// maxOwner was claimed by a write newer than the plan.
+	immOff   []int32 // per request: first entry (-1: no hit)
+	immSlot  []int32
+	joinSeq  uint64
+	maxOwner uint64
+	// deferred-key hit plan: per (request, deferred key, prefix row).
+	defOff []int32 // per request: first entry
+	pKind  []uint8
+	pSlot  []int32
+	pWord  []uint64
+	pProd  []*writer.Write
+	pRow   []uint32
+
+	lastQ int     // search hint for Find
+	Qidx  []int32 // requests asked of Materialize, as step indices
+}
+
+// plan entry kinds for deferred hit rows.
+const (
+	srcZero = iota
+	srcAbsent
+	srcMirror
+	srcClone
+)
+
+// Reset empties s for a step of nkeys keys, keeping its buffers.
+func (s *Step) Reset(nkeys int) {
+	s.IDs = s.IDs[:0]
+	s.Count = s.Count[:0]
+	s.tokOff = s.tokOff[:0]
+	s.prefix = s.prefix[:0]
+	s.Refs.Reset(nkeys)
+	s.immOff = s.immOff[:0]
+	s.immSlot = s.immSlot[:0]
+	s.joinSeq, s.maxOwner = 0, 0
+	s.defOff = s.defOff[:0]
+	s.pKind = s.pKind[:0]
+	s.pSlot = s.pSlot[:0]
+	s.pWord = s.pWord[:0]
+	clear(s.pProd)
+	s.pProd = s.pProd[:0]
+	s.pRow = s.pRow[:0]
+	s.lastQ = 0
+	s.Qidx = s.Qidx[:0]
+}
+
+// Offsets returns each request's first row within the step, computing them
+// on first use (by the engine before the step is published, or by its one
+// consumer after it was taken).
+func (s *Step) Offsets() []int32 {
+	if len(s.tokOff) != len(s.IDs) {
+		s.tokOff = s.tokOff[:0]
+		off := int32(0)
+		for _, n := range s.Count {
+			s.tokOff = append(s.tokOff, off)
+			off += n
+		}
+	}
+	return s.tokOff
+}
+
+// Prefix is request i's hit prefix (0 when the step served none).
+func (s *Step) Prefix(i int) int32 {
+	if len(s.prefix) == 0 {
+		return 0
+	}
+	return s.prefix[i]
+}
+
+// Find returns the step index of request id (-1 when the step has none).
+func (s *Step) Find(id int64) int {
+	n := len(s.IDs)
+	for k := 0; k < n; k++ {
+		i := s.lastQ + k
+		if i >= n {
+			i -= n
+		}
+		if s.IDs[i] == id {
+			s.lastQ = i + 1
+			return i
+		}
+	}
+	return -1
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n, n+n/4)
+	}
+	return s[:n]
+}

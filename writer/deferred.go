@@ -1,0 +1,123 @@
+package writer
+
+import (
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// saveDeferred clones this step's deferred rows (one clone per key, shared
+// by the step's requests) and appends each request's run to its pending
+// deferred write. Save reserved defNeed bytes for the clones; each clone
+// takes its share, and what no clone took is released on failure.
+func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
+	n := len(s.Slots)
+	if n == 0 || len(p.lay.Def) == 0 {
+		return nil
+	}
+	for _, k := range p.lay.Def {
+		t := &s.Out[k]
+		nb := n * p.lay.RowBytes[k]
+		w := &Write{ID: p.newID(), Deferred: true, Key: k, Charge: int64(nb)}
+		defNeed -= int64(nb) // the write owns its share from here on
+		switch {
+		case t.Owned && t.Host != nil:
+			w.Buf, w.Own = gpu.HostBuffer(t.Host[:nb:nb]), true
+			w.Owned = append(w.Owned, t.Host)
+		case t.Owned:
+			w.Buf, w.Own = t.Dev, true
+		case t.Host == nil:
+			w.Buf = p.takePre(k) // cloned by preClone
+		default:
+			// A host→device copy returns once the host bytes were taken
+			// (staged by the driver for pageable memory): the engine may
+			// overwrite them once Save returns.
+			b, err := p.dev.Alloc(nb)
+			if err != nil {
+				p.budget.Release(int64(nb) + defNeed)
+				return p.Fail(err)
+			}
+			if err := p.dev.CopyHtoD(b, 0, t.Host[:nb]); err != nil {
+				p.dev.Free(b)
+				p.budget.Release(int64(nb) + defNeed)
+				return p.Fail(err)
+			}
+			w.Buf = b
+			p.st.Cloned.Add(int64(nb))
+		}
+		w.Slots = append([]int32(nil), s.Slots...)
+		owners := int32(0)
+		for i, h := range s.Handles {
+			cnt := s.Count[i]
+			if cnt == 0 {
+				continue
+			}
+			p.openDeferred(h)
+			p.segs.Push(h, w, s.TokOff[i], cnt)
+			owners++
+		}
+		p.mu.Lock()
+		p.occ[k].Claim(w.Slots, w.ID, 0)
+		w.Owners = owners
+		if owners > 0 {
+			p.clones[w.ID] = w
+		}
+		refs.Src[k], refs.SrcOff[k] = w, 0
+		p.PinLocked(refs, w)
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// openDeferred notes that h has a pending deferred write (oldest first for
+// budget pressure).
+func (p *Path) openDeferred(h soa.Handle) {
+	for int(h) >= len(p.defOpen) {
+		p.defOpen = append(p.defOpen, 0)
+	}
+	if p.defOpen[h] == 0 {
+		p.defSeq++
+		p.defOpen[h] = p.defSeq
+		p.defFIFO = append(p.defFIFO, openRef{h: h, seq: p.defSeq})
+	}
+}
+
+// Finish collects the pending deferred rows of request h (finished or
+// aborted) for the next deferred task; its open writes still land. Engine
+// goroutine.
+func (p *Path) Finish(h soa.Handle) {
+	if int(h) < len(p.defOpen) {
+		p.defOpen[h] = 0
+	}
+	p.segs.Take(h)
+}
+
+// FlushFinished hands the collected deferred rows to the committer as one
+// task and returns its queue sequence (0 when there was nothing). Engine
+// goroutine.
+func (p *Path) FlushFinished() uint64 {
+	if len(p.segs.Out) == 0 {
+		return 0
+	}
+	segs := append([]Seg(nil), p.segs.Out...)
+	clear(p.segs.Out)
+	p.segs.Out = p.segs.Out[:0]
+	p.st.DeferredWrites.Add(1)
+	p.st.Tasks.Add(1)
+	return p.q.Push(Task{Segs: segs})
+}
+
+// forceOldestDeferred writes the oldest open deferred write and waits
+// (bounded) for it to land; it reports whether there was one (reserve
+// checks the sticky failure after it).
+func (p *Path) forceOldestDeferred() bool {
+	for len(p.defFIFO) > 0 {
+		r := p.defFIFO[0]
+		p.defFIFO = p.defFIFO[1:]
+		if int(r.h) < len(p.defOpen) && p.defOpen[r.h] == r.seq {
+			p.Finish(r.h)
+			_ = p.WaitSeq(p.FlushFinished())
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,24 @@
+// Package writer is the cache core's write path, behind one type: Path.
+// It owns everything between a step's outputs and the host mirror:
+//
+//	Save(step) ─┬─ immediate keys ─ stage into a staging page ──┐ (one write per step)
+//	            ├─ pure decode ───── park in the decode buffer ─┤ (≤ block_size steps, one write)
+//	            └─ deferred keys ─── device clone, runs per request, written at finish
+//	                                                            ▼
+//	      Queue[Task] ─▶ Committer goroutine ─▶ Mirrors (scatter) + Tenancy/Occupancy (publish)
+//
+// and the resources those stages hold: the device byte budget (every device
+// copy is charged once and released once), the staging pages (one per
+// unconsumed step), the sticky write failure, and the state lock that
+// guards the reference counts of writes (Owners: pending writes of its rows;
+// Pins: step records and readers).
+//
+// Goroutines. Save, FlushBuffer, Finish, FlushFinished, Sync and Close are
+// called by the engine goroutine only (the root package's Begin, Save,
+// Sync and Close). Unpin, the parked-read calls and the accessors the read
+// path uses may be called from any goroutine. The Committer runs on its own
+// goroutine (pprof label omnicache=committer). No lock is held across a
+// copy, a wait or a budget flush: the state lock covers reference counts and
+// the clone table only; Budget, Pages and Queue wait on condition variables
+// whose mutexes cover only their counters.
+package writer

@@ -1,0 +1,340 @@
+package writer
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// KeySpec is one configured key as the write path sees it.
+type KeySpec struct {
+	Name     string
+	RowBytes int
+	Deferred bool
+	Optional bool
+}
+
+// Config configures a Path; the root package validated and defaulted it.
+type Config struct {
+	Dev          gpu.Device
+	NumBlocks    int
+	BlockSize    int
+	Keys         []KeySpec
+	StagingDepth int
+	Capacity     int           // rows per staging page
+	ClaimTimeout time.Duration // < 0: fail at once
+	Budget       int64         // device byte budget
+	ChunkBytes   int64         // largest device→host copy of deferred rows
+	WaitTimeout  time.Duration // bound of every wait on the committer (< 0: none)
+	ReleaseHost  func([]byte)
+}
+
+// Layout is the key layout both paths share, read-only after NewPath.
+type Layout struct {
+	BlockSize int
+	NumSlots  int
+	Keys      []KeySpec
+	RowBytes  []int // per key
+	Imm, Def  []int // key indices of the immediate / deferred keys
+	ImmIdx    []int // per key: index among the immediate keys, -1 if deferred
+	DefIdx    []int // per key: index among the deferred keys, -1 if immediate
+}
+
+// Path is the write path of one cache. See the package doc for what it
+// owns and which goroutine calls what.
+type Path struct {
+	cfg Config
+	lay Layout
+	dev gpu.Device
+	cap int
+
+	pageB int   // bytes of one page
+	pageO []int // per key: offset of its region in a page (immediate keys)
+
+	pages   *Pages
+	spare   *Spare // page memory allocated one page ahead
+	budget  *Budget
+	q       *Queue[Task]
+	com     *Committer
+	mirrors *Mirrors
+	ten     *soa.Tenancy     // immediate keys (written together, in order)
+	occ     []*soa.Occupancy // per key: deferred keys' per-slot occupancy
+
+	// mu is the state lock: reference counts of writes, the clone table,
+	// parked-row reads and the hand-back list. The padding keeps it, the
+	// engine goroutine's fields and the counters the committer bumps on
+	// separate cache lines (false sharing cost the engine ~40% per step).
+	_            [64]byte
+	mu           sync.Mutex
+	clones       map[uint64]*Write
+	handback     [][]byte
+	pinnedCharge int64 // budget charge of deferred clones pinned by steps
+	failed       atomic.Pointer[error]
+	_            [64]byte
+
+	// engine goroutine only
+	nextID  uint64
+	buf     DecodeBuf
+	segs    Runs
+	defOpen []uint64 // per handle: sequence of its open deferred write (0: none)
+	defFIFO []openRef
+	defSeq  uint64
+	lastEv  [2]gpu.Event // the last two writes' copies (see join)
+	pre     []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
+	_       [64]byte
+	landed  []*Write // committer-only scratch (Landed)
+	_       [64]byte
+	st      Counters
+	_       [64]byte
+}
+
+type openRef struct {
+	h   soa.Handle
+	seq uint64
+}
+
+// NewPath builds the write path and starts its committer. It allocates no
+// mirror and no staging memory (both are made on first use).
+func NewPath(cfg Config) *Path {
+	nslots := cfg.NumBlocks * cfg.BlockSize
+	p := &Path{
+		cfg:    cfg,
+		dev:    cfg.Dev,
+		cap:    cfg.Capacity,
+		pageO:  make([]int, len(cfg.Keys)),
+		occ:    make([]*soa.Occupancy, len(cfg.Keys)),
+		clones: make(map[uint64]*Write),
+	}
+	l := &p.lay
+	l.BlockSize, l.NumSlots, l.Keys = cfg.BlockSize, nslots, cfg.Keys
+	for i, k := range cfg.Keys {
+		l.RowBytes = append(l.RowBytes, k.RowBytes)
+		if k.Deferred {
+			p.occ[i] = soa.NewOccupancy(nslots)
+			l.ImmIdx = append(l.ImmIdx, -1)
+			l.DefIdx = append(l.DefIdx, len(l.Def))
+			l.Def = append(l.Def, i)
+			continue
+		}
+		if p.ten == nil {
+			p.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize)
+		}
+		l.ImmIdx = append(l.ImmIdx, len(l.Imm))
+		l.DefIdx = append(l.DefIdx, -1)
+		l.Imm = append(l.Imm, i)
+		p.pageO[i] = p.pageB
+		p.pageB += p.cap * k.RowBytes
+	}
+	p.pages = NewPages(cfg.StagingDepth)
+	p.spare = NewSpare(p.dev.AllocHost, p.pageB, cfg.StagingDepth)
+	p.budget = NewBudget(cfg.Budget)
+	p.q = NewQueue[Task](2 * cfg.StagingDepth)
+	p.mirrors = NewMirrors(nslots, l.RowBytes)
+	p.com = NewCommitter(CommitterConfig{
+		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,
+		Tenancy: p.ten, Occ: p.occ, NumSlots: nslots, ChunkBytes: cfg.ChunkBytes,
+		Stats: &p.st, Owner: committerOwner{p},
+	})
+	p.com.Start()
+	return p
+}
+
+// ---- accessors (any goroutine) ----
+
+// Layout is the key layout.
+func (p *Path) Layout() *Layout { return &p.lay }
+
+// Device is the device the path copies with.
+func (p *Path) Device() gpu.Device { return p.dev }
+
+// Counters are the path's statistics (the read path adds its own).
+func (p *Path) Counters() *Counters { return &p.st }
+
+// Mirrors are the per-key host mirrors.
+func (p *Path) Mirrors() *Mirrors { return p.mirrors }
+
+// Tenancy is the immediate keys' per-slot owner table (nil without
+// immediate keys).
+func (p *Path) Tenancy() *soa.Tenancy { return p.ten }
+
+// Occupancy is deferred key k's per-slot occupancy (nil for immediate keys).
+func (p *Path) Occupancy(k int) *soa.Occupancy { return p.occ[k] }
+
+// Committer is the path's committer (its scatter epoch).
+func (p *Path) Committer() *Committer { return p.com }
+
+// Queue is the committer's queue (its sequence numbers are join points).
+func (p *Path) Queue() *Queue[Task] { return p.q }
+
+// Lock and Unlock take the state lock (see the package doc).
+func (p *Path) Lock()   { p.mu.Lock() }
+func (p *Path) Unlock() { p.mu.Unlock() }
+
+// CloneLocked is the deferred clone with write id, nil when none is
+// pending. Caller holds the state lock.
+func (p *Path) CloneLocked(id uint64) *Write { return p.clones[id] }
+
+// LastID is the id of the newest write handed over so far: a hit planned
+// now reads rows of writes up to it. Engine goroutine only.
+func (p *Path) LastID() uint64 { return p.nextID }
+
+// Budget reports the device bytes charged now, the peak and the limit.
+func (p *Path) Budget() (charged, peak, limit int64) {
+	ch, pk := p.budget.Charged()
+	return ch, pk, p.budget.Limit()
+}
+
+// PagesInUse is the number of staging pages held now.
+func (p *Path) PagesInUse() int { return p.pages.InUse() }
+
+// PagesAllocating is 1 while a staging page's memory is being allocated
+// ahead in the background (Spare), else 0.
+func (p *Path) PagesAllocating() int {
+	if p.spare.Pending() {
+		return 1
+	}
+	return 0
+}
+
+// ---- the sticky failure ----
+
+// Err is the sticky write failure (nil while none).
+func (p *Path) Err() error {
+	if e := p.failed.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// Fail makes err sticky (the first failure wins) and returns the sticky
+// error, which matches errs.WriteFailed.
+func (p *Path) Fail(err error) error {
+	e := fmt.Errorf("%w: %w", errs.WriteFailed, err)
+	if p.failed.CompareAndSwap(nil, &e) {
+		p.pages.Fail() // a Save waiting for a page wakes with the failure
+	}
+	return *p.failed.Load()
+}
+
+// WaitSeq waits until the committer has processed queue item seq and
+// everything before it, bounded by the wait timeout: a committer that does
+// not get there in time (a device that never completes a copy) fails the
+// path with errs.DeviceTimeout. Any goroutine.
+func (p *Path) WaitSeq(seq uint64) error {
+	if !p.q.WaitFor(seq, p.cfg.WaitTimeout) {
+		return p.Fail(fmt.Errorf("%w: the committer did not reach write %d within %v", errs.DeviceTimeout, seq, p.cfg.WaitTimeout))
+	}
+	return p.Err()
+}
+
+// WaitDev waits for device event ev, bounded by the wait timeout; a
+// failure or a timeout fails the path (sticky; errs.DeviceTimeout for a
+// timeout). Engine goroutine and readers (the committer waits unbounded:
+// a copy still in flight may write its staging memory, which must then stay
+// allocated).
+func (p *Path) WaitDev(ev gpu.Event) error {
+	err := p.dev.WaitFor(ev, p.cfg.WaitTimeout)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, gpu.ErrTimeout):
+		return p.Fail(fmt.Errorf("%w: %w", errs.DeviceTimeout, err))
+	default:
+		return p.Fail(err)
+	}
+}
+
+// drain waits (bounded, see WaitSeq) for everything handed over so far.
+func (p *Path) drain() error { return p.WaitSeq(p.q.Pushed()) }
+
+func (p *Path) newID() uint64 { p.nextID++; return p.nextID }
+
+// ---- engine-goroutine calls outside Save ----
+
+// Buffered is the number of decode steps parked now.
+func (p *Path) Buffered() int { return p.buf.K }
+
+// BufferContinues reports whether a pure-decode step over ids may join the
+// parked steps.
+func (p *Path) BufferContinues(ids []int64) bool { return p.buf.Continues(ids) }
+
+// Sync writes out the decode buffer and waits until every write handed to
+// the committer has landed.
+func (p *Path) Sync() error {
+	if p.buf.K > 0 {
+		if err := p.FlushBuffer(); err != nil {
+			return err
+		}
+	}
+	p.spare.Wait()
+	return p.drain()
+}
+
+// Stop wakes the waiters for a staging page (they fail with the pool
+// closed); later claims fail. The first step of closing.
+func (p *Path) Stop() { p.pages.Close() }
+
+// Close stops the committer (after it drained what was handed to it) and
+// releases every page, budget charge and device buffer the path holds,
+// including the pins of the unconsumed steps' refs. No call may be in
+// flight. If the committer does not stop by deadline (a device that never
+// completes a copy), nothing is freed, since the committer may still touch
+// it, and Close reports errs.DeviceTimeout. Called once.
+func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
+	p.pages.Close()
+	p.q.Close()
+	if !p.com.WaitUntil(deadline) {
+		return fmt.Errorf("%w: the committer did not stop (%d writes pending); the cache's memory is left allocated", errs.DeviceTimeout, p.q.Pending())
+	}
+	p.mu.Lock()
+	var rel []*Write
+	seen := map[*Write]bool{}
+	add := func(w *Write) {
+		if w != nil && !seen[w] {
+			seen[w] = true
+			rel = append(rel, w)
+		}
+	}
+	for _, r := range unconsumed {
+		for _, w := range r.Pins {
+			add(w)
+		}
+		clear(r.Pins)
+		r.Pins = r.Pins[:0]
+	}
+	for _, w := range p.clones {
+		add(w)
+	}
+	add(p.buf.W)
+	p.clones = map[uint64]*Write{}
+	p.mu.Unlock()
+	for _, w := range rel {
+		p.release(w, false)
+	}
+	p.buf = DecodeBuf{}
+	if m := p.spare.Close(); m != nil {
+		p.dev.FreeHost(m)
+	}
+	p.pages.Each(func(pg *Page) {
+		if pg.Mem != nil {
+			p.dev.FreeHost(pg.Mem)
+			pg.Mem = nil
+		}
+	})
+	for _, o := range p.occ {
+		if o != nil {
+			o.Free()
+		}
+	}
+	if p.ten != nil {
+		p.ten.Free()
+	}
+	p.mirrors.Free()
+	return nil
+}

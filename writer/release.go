@@ -1,0 +1,204 @@
+package writer
+
+import (
+	"sync"
+
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// writePool recycles immediate writes (and their slices) once nothing
+// references them, so steady-state steps allocate nothing.
+var writePool sync.Pool
+
+func (p *Path) newWrite(pg *Page, n int) *Write {
+	w, _ := writePool.Get().(*Write)
+	if w == nil {
+		w = &Write{}
+	}
+	host, dev, staged, rows, early, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Rows, w.Early[:0], w.Owned[:0]
+	rows.Reset()
+	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Rows: rows, Early: early, Owned: owned}
+	return w
+}
+
+// release frees what a write holds once nothing references it; locked
+// says the caller holds the state lock, so owned host buffers are queued
+// for HandBack instead of handed back now.
+func (p *Path) release(w *Write, locked bool) {
+	if w.Page != nil {
+		p.pages.Release(w.Page)
+		w.Page = nil
+	}
+	for _, b := range w.Early {
+		p.dev.Free(b)
+	}
+	w.Early = nil
+	p.budget.Release(w.EarlyB)
+	w.EarlyB = 0
+	p.freeDev(w)
+	// A deferred clone's buffer is the cache's, or an owned device tensor
+	// (freed too: it was handed over); an owned host tensor goes back
+	// through ReleaseHost below.
+	if w.Deferred && !w.Buf.IsZero() && !(w.Own && len(w.Owned) > 0) {
+		p.dev.Free(w.Buf)
+	}
+	w.Buf = gpu.Buffer{}
+	p.budget.Release(w.Charge)
+	w.Charge = 0
+	if p.cfg.ReleaseHost != nil && len(w.Owned) > 0 {
+		if locked {
+			p.handback = append(p.handback, w.Owned...)
+		} else {
+			for _, b := range w.Owned {
+				p.cfg.ReleaseHost(b)
+			}
+		}
+	}
+	clear(w.Owned)
+	w.Owned = w.Owned[:0]
+	if !w.Deferred {
+		clear(w.Host)
+		clear(w.Staged)
+		writePool.Put(w)
+	}
+}
+
+// freeDev frees the device rows parked in w and releases their charge.
+func (p *Path) freeDev(w *Write) {
+	for i, b := range w.Dev {
+		if !b.IsZero() {
+			p.dev.Free(b)
+		}
+		w.Dev[i] = gpu.Buffer{}
+	}
+	p.budget.Release(w.DevCharge)
+	w.DevCharge = 0
+	w.DevLive = false
+}
+
+// unrefLocked drops pins (and owner refs) and reports whether nothing
+// references w any more. Caller holds the state lock.
+func (p *Path) unrefLocked(w *Write, pins, owners int32) (release bool) {
+	if pins > 0 && w.Deferred && w.Pins == pins {
+		p.pinnedCharge -= w.Charge
+	}
+	w.Pins -= pins
+	w.Owners -= owners
+	if owners > 0 && w.Owners == 0 {
+		delete(p.clones, w.ID)
+	}
+	if w.Pins < 0 || w.Owners < 0 {
+		panic("omnicache: write reference count below zero")
+	}
+	return w.Pins == 0 && w.Owners == 0
+}
+
+// Unpin drops a consumed (or failed) step's pins and releases the writes
+// nothing references any more. Any goroutine.
+func (p *Path) Unpin(r *Refs) {
+	p.mu.Lock()
+	for _, w := range r.Pins {
+		if p.unrefLocked(w, 1, 0) {
+			p.release(w, true)
+		}
+	}
+	clear(r.Pins)
+	r.Pins = r.Pins[:0]
+	clear(r.Src)
+	p.mu.Unlock()
+	p.HandBack()
+}
+
+// HandBack calls Config.ReleaseHost for the owned host buffers released
+// under the state lock. Call it without the lock.
+func (p *Path) HandBack() {
+	if p.cfg.ReleaseHost == nil {
+		return
+	}
+	p.mu.Lock()
+	if len(p.handback) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	bufs := p.handback
+	p.handback = nil
+	p.mu.Unlock()
+	for _, b := range bufs {
+		p.cfg.ReleaseHost(b)
+	}
+}
+
+// BeginParkedRead reports whether w's parked device rows are still live
+// and, if so, registers a reader that must call EndParkedRead. Otherwise
+// the rows are in w.Staged. Any goroutine.
+func (p *Path) BeginParkedRead(w *Write) bool {
+	p.mu.Lock()
+	live := w.DevLive
+	if live {
+		w.DevReads++
+	}
+	p.mu.Unlock()
+	return live
+}
+
+// EndParkedRead ends a read registered by BeginParkedRead, freeing the
+// device rows when the committer left them to the last reader.
+func (p *Path) EndParkedRead(w *Write) {
+	p.mu.Lock()
+	w.DevReads--
+	if w.DevReads == 0 && w.DevRelease {
+		w.DevRelease = false
+		p.freeDev(w)
+	}
+	p.mu.Unlock()
+}
+
+// committerOwner is the path's side of the committer (Owner).
+type committerOwner struct{ p *Path }
+
+func (o committerOwner) Failed() bool   { return o.p.failed.Load() != nil }
+func (o committerOwner) Fail(err error) { o.p.Fail(err) }
+
+// Staged releases the device copies a write held until its rows were
+// host-ready: step clones, and parked device rows (or leaves those to the
+// last reader still copying from them).
+func (o committerOwner) Staged(w *Write) {
+	p := o.p
+	p.mu.Lock()
+	if w.DevLive {
+		if w.DevReads == 0 {
+			p.freeDev(w)
+		} else {
+			w.DevLive, w.DevRelease = false, true
+		}
+	}
+	p.mu.Unlock()
+	for _, b := range w.Early {
+		p.dev.Free(b)
+	}
+	w.Early = w.Early[:0]
+	p.budget.Release(w.EarlyB)
+	w.EarlyB = 0
+}
+
+// Landed drops the references a finished task held and releases the
+// writes nothing references any more.
+func (o committerOwner) Landed(t Task) {
+	p := o.p
+	rel := p.landed[:0] // committer-only scratch
+	p.mu.Lock()
+	if t.W != nil && p.unrefLocked(t.W, 0, 1) {
+		rel = append(rel, t.W)
+	}
+	for _, s := range t.Segs {
+		if p.unrefLocked(s.W, 0, 1) {
+			rel = append(rel, s.W)
+		}
+	}
+	p.mu.Unlock()
+	for _, w := range rel {
+		p.release(w, false)
+	}
+	clear(rel)
+	p.landed = rel[:0]
+}

@@ -1,0 +1,482 @@
+package writer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// Src is one key's output rows of a step: host memory (Host) or device
+// memory (Dev); Owned hands the tensor to the cache (no defensive clone).
+type Src struct {
+	Host  []byte
+	Dev   gpu.Buffer
+	Owned bool
+}
+
+// Step is what the engine goroutine hands Save: the step's slot of every
+// token and its requests (borrowed for the call).
+type Step struct {
+	Slots   []int32      // slot of every token, in batch order
+	IDs     []int64      // per request, in batch order
+	Handles []soa.Handle // per request
+	Count   []int32      // per request: scheduled tokens
+	TokOff  []int32      // per request: first row in the step (needed with deferred keys)
+	Pure    bool         // a pure-decode step the decode buffer may park
+	Out     []Src        // per key
+}
+
+// Refs are a saved step's references into the write path: per key the
+// write holding the step's rows (Src, at row SrcOff), and the writes the
+// step pins (its own, and those its hit reads come from) until it is
+// consumed (Unpin).
+type Refs struct {
+	Src    []*Write
+	SrcOff []int32
+	Pins   []*Write
+}
+
+// Reset empties r for nkeys keys, keeping its capacity.
+func (r *Refs) Reset(nkeys int) {
+	clear(r.Src)
+	clear(r.Pins)
+	r.Src = grow(r.Src, nkeys)
+	clear(r.Src)
+	r.SrcOff = grow(r.SrcOff, nkeys)
+	r.Pins = r.Pins[:0]
+}
+
+// PinLocked pins w for r once. A pinned deferred clone's charge cannot be
+// forced out of the budget (see reserve). Caller holds the state lock.
+func (p *Path) PinLocked(r *Refs, w *Write) {
+	for _, q := range r.Pins {
+		if q == w {
+			return
+		}
+	}
+	w.Pins++
+	if w.Pins == 1 && w.Deferred {
+		p.pinnedCharge += w.Charge
+	}
+	r.Pins = append(r.Pins, w)
+}
+
+// Save hands the step's rows to the write path: immediate rows of the whole
+// step form one write (or are parked by the decode buffer when s.Pure),
+// deferred rows are cloned and stay pending until their request finishes.
+// refs receives the step's references.
+//
+// Validate, then apply: every device byte the step needs is reserved and
+// its staging page claimed before anything is staged, so an error that is
+// not the sticky write failure (ErrBudget, a page timeout, ErrClosed)
+// leaves nothing of the step behind. Work done to make room (a budget
+// flush of older writes) is not undone: it would have happened anyway.
+// Engine goroutine only.
+func (p *Path) Save(s *Step, refs *Refs) error {
+	// Once the step's device calls are issued, a page taken now has the
+	// next one's memory allocated in the background.
+	defer p.spare.Ahead()
+	n := len(s.Slots)
+	imm := len(p.lay.Imm) > 0
+	park := s.Pure && imm
+	if park && p.buf.K > 0 && !p.buf.Fits(n, p.cap) {
+		if err := p.FlushBuffer(); err != nil {
+			return err
+		}
+	}
+	immNeed := p.cloneNeed(s)
+	var defNeed int64
+	if n > 0 {
+		for _, k := range p.lay.Def {
+			defNeed += int64(n * p.lay.RowBytes[k])
+		}
+	}
+	if need := immNeed + defNeed; need > 0 {
+		if err := p.reserve(need); err != nil {
+			return err
+		}
+	}
+	var pg *Page
+	if imm && (!park || p.buf.K == 0) {
+		var err error
+		if pg, err = p.claimPage(); err != nil {
+			p.budget.Release(immNeed + defNeed)
+			return err
+		}
+	}
+	// Applied from here on: a failure now is a device failure (sticky).
+	// Clones of the engine's (non-owned) device tensors go first, so that
+	// Save can wait for exactly them before it returns: the engine may then
+	// overwrite its tensors at once, whatever stream it writes them on.
+	cloneEv, err := p.preClone(s)
+	switch {
+	case err != nil:
+		// Nothing took the page or the immediate bytes yet.
+		if pg != nil {
+			p.pages.Release(pg)
+		}
+		p.budget.Release(immNeed)
+	case park:
+		err = p.park(s, refs, pg, immNeed)
+	case imm:
+		err = p.writeStep(s, refs, pg, immNeed)
+	}
+	if err != nil {
+		p.dropPreClones()
+		p.budget.Release(defNeed)
+		return err
+	}
+	if err := p.saveDeferred(s, refs, defNeed); err != nil {
+		p.dropPreClones()
+		return err
+	}
+	if cloneEv != 0 {
+		return p.WaitDev(cloneEv)
+	}
+	return nil
+}
+
+// preClone clones every non-owned device tensor of the step (device→device,
+// on the device's stream) into p.pre and records an event after them (0
+// when there was none). The bytes were reserved by Save.
+func (p *Path) preClone(s *Step) (gpu.Event, error) {
+	n := len(s.Slots)
+	p.pre = grow(p.pre, len(s.Out))
+	any := false
+	for k := range s.Out {
+		p.pre[k] = gpu.Buffer{}
+		t := &s.Out[k]
+		nb := n * p.lay.RowBytes[k]
+		if t.Host != nil || t.Owned || nb == 0 {
+			continue
+		}
+		clone, err := p.dev.Alloc(nb)
+		if err != nil {
+			return 0, p.Fail(err)
+		}
+		p.pre[k] = clone
+		if err := p.dev.CopyDtoD(clone, 0, t.Dev, 0, nb); err != nil {
+			return 0, p.Fail(err)
+		}
+		p.st.Cloned.Add(int64(nb))
+		any = true
+	}
+	if !any {
+		return 0, nil
+	}
+	ev, err := p.dev.Record()
+	if err != nil {
+		return 0, p.Fail(err)
+	}
+	return ev, nil
+}
+
+// takePre hands key k's pre-made clone to its write (zero when none).
+func (p *Path) takePre(k int) gpu.Buffer {
+	if k >= len(p.pre) {
+		return gpu.Buffer{}
+	}
+	b := p.pre[k]
+	p.pre[k] = gpu.Buffer{}
+	return b
+}
+
+// dropPreClones frees the clones no write took (the Save failed).
+func (p *Path) dropPreClones() {
+	for k, b := range p.pre {
+		if !b.IsZero() {
+			p.dev.Free(b)
+		}
+		p.pre[k] = gpu.Buffer{}
+	}
+}
+
+// cloneNeed is the device bytes the step's immediate tensors need for
+// clones (non-owned device tensors).
+func (p *Path) cloneNeed(s *Step) int64 {
+	var need int64
+	n := len(s.Slots)
+	for _, k := range p.lay.Imm {
+		t := &s.Out[k]
+		if t.Host == nil && !t.Owned {
+			need += int64(n * p.lay.RowBytes[k])
+		}
+	}
+	return need
+}
+
+// claimPage takes a staging page, waiting up to the claim timeout.
+func (p *Path) claimPage() (*Page, error) {
+	pg, err := p.pages.Claim(NoWait)
+	if err != nil && errors.Is(err, ErrTimeout) && p.cfg.ClaimTimeout >= 0 {
+		// Back-pressure: every page is held by unconsumed steps or by
+		// writes the committer has not landed yet.
+		t0 := time.Now()
+		pg, err = p.pages.Claim(p.cfg.ClaimTimeout)
+		p.st.StallNanos.Add(int64(time.Since(t0)))
+	}
+	switch {
+	case err == nil:
+		if pg.Mem == nil {
+			// The first page is allocated here; later ones were allocated
+			// ahead in the background (Spare).
+			if pg.Mem, err = p.spare.Get(); err != nil {
+				p.pages.Release(pg)
+				return nil, p.Fail(fmt.Errorf("staging page: %w", err))
+			}
+		}
+		return pg, nil
+	case errors.Is(err, ErrClosed):
+		return nil, errs.Closed
+	case errors.Is(err, ErrFailed):
+		return nil, p.Err()
+	default:
+		return nil, &TimeoutError{Waited: max(p.cfg.ClaimTimeout, 0)}
+	}
+}
+
+// TimeoutError is a Save's failure to claim a staging page within the
+// claim timeout (errors.Is(err, errs.StagingTimeout)); the root package
+// turns it into its StagingTimeoutError naming the unconsumed steps.
+type TimeoutError struct{ Waited time.Duration }
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("%v after %v", errs.StagingTimeout, e.Waited)
+}
+
+// Unwrap makes errors.Is(err, errs.StagingTimeout) hold.
+func (e *TimeoutError) Unwrap() error { return errs.StagingTimeout }
+
+// NoWait as a claim timeout fails at once.
+const NoWait time.Duration = -1
+
+// stage puts rows of tensor t (key k, ki-th immediate key) for parked step
+// j of write w: host rows are copied into the page (or kept when owned);
+// device rows are cloned (kept when owned) and, when copyNow, copied
+// device→host into the page right away.
+func (p *Path) stage(w *Write, t *Src, k, ki, j int, copyNow bool) error {
+	rb := p.lay.RowBytes[k]
+	nb := w.N * rb
+	slot := j*len(p.lay.Imm) + ki
+	o := p.pageO[k] + j*nb
+	region := w.Page.Mem[o : o+nb : o+nb]
+	if t.Host != nil {
+		if t.Owned {
+			w.Host[slot] = t.Host[:nb:nb]
+			w.Owned = append(w.Owned, t.Host)
+		} else {
+			copy(region, t.Host[:nb])
+			w.Host[slot] = region
+			p.st.Cloned.Add(int64(nb))
+		}
+		return nil
+	}
+	src := t.Dev
+	if !t.Owned {
+		// The clone preClone made (Save reserved its bytes: cloneNeed).
+		clone := p.takePre(k)
+		if copyNow {
+			w.Early = append(w.Early, clone)
+		} else {
+			w.Dev[slot] = clone
+		}
+		src = clone
+	} else if copyNow {
+		w.Early = append(w.Early, src) // owned: freed once copied
+	} else {
+		w.Dev[slot] = src
+	}
+	if !copyNow {
+		p.mu.Lock()
+		w.DevLive = true
+		p.mu.Unlock()
+		w.Staged[slot] = region
+		return nil
+	}
+	if err := p.dev.CopyDtoH(region, src, 0); err != nil {
+		return p.Fail(err)
+	}
+	w.Host[slot] = region
+	return nil
+}
+
+// writeStep writes a whole step's immediate rows as one task into page pg;
+// need is the clone bytes reserved for it.
+func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
+	w := p.newWrite(pg, len(s.Slots))
+	w.EarlyB = need
+	nimm := len(p.lay.Imm)
+	w.Host = grow(w.Host, nimm)
+	w.Dev = grow(w.Dev, nimm)
+	w.Staged = grow(w.Staged, nimm)
+	for ki, k := range p.lay.Imm {
+		if err := p.stage(w, &s.Out[k], k, ki, 0, true); err != nil {
+			p.release(w, false)
+			return err
+		}
+	}
+	ev, err := p.dev.Record()
+	if err != nil {
+		p.release(w, false)
+		return p.Fail(err)
+	}
+	w.Ev = ev
+	if err := p.join(ev); err != nil {
+		p.release(w, false)
+		return err
+	}
+	w.Steps = 1
+	w.Rows.AppendSlots(s.Slots, 0, 0)
+	p.mu.Lock()
+	for _, k := range p.lay.Imm {
+		refs.Src[k], refs.SrcOff[k] = w, 0
+	}
+	w.Owners = 1
+	p.PinLocked(refs, w)
+	p.mu.Unlock()
+	w.Seq = p.q.Push(Task{W: w, Ev: ev})
+	p.st.Tasks.Add(1)
+	return nil
+}
+
+// park parks a pure-decode step's immediate rows in the decode buffer (a
+// new buffer write on page pg when the buffer is empty); need is the
+// device bytes reserved for its clones.
+func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
+	n := len(s.Slots)
+	if p.buf.K == 0 {
+		w := p.newWrite(pg, n)
+		m := p.lay.BlockSize * len(p.lay.Imm)
+		w.Host = grow(w.Host, m)
+		w.Dev = grow(w.Dev, m)
+		w.Staged = grow(w.Staged, m)
+		p.buf.Open(s.IDs, w)
+		w.Owners = 1 // not published yet: no lock needed
+	}
+	w, j := p.buf.W, p.buf.K
+	if need > 0 {
+		p.mu.Lock()
+		w.DevCharge += need // the write owns the reservation from here on
+		p.mu.Unlock()
+	}
+	for ki, k := range p.lay.Imm {
+		if err := p.stage(w, &s.Out[k], k, ki, j, false); err != nil {
+			return err
+		}
+	}
+	w.Rows.AppendSlots(s.Slots, int32(j), int32(j*n))
+	p.mu.Lock()
+	for _, k := range p.lay.Imm {
+		refs.Src[k], refs.SrcOff[k] = w, int32(j*n)
+	}
+	p.PinLocked(refs, w)
+	w.Steps = j + 1
+	p.mu.Unlock()
+	p.buf.K++
+	p.st.Buffered.Add(1)
+	if p.buf.K == p.lay.BlockSize {
+		return p.FlushBuffer()
+	}
+	return nil
+}
+
+// FlushBuffer writes the parked steps as one task: device-parked rows are
+// copied into the buffer's page, then the committer scatters them. Engine
+// goroutine.
+func (p *Path) FlushBuffer() error {
+	w := p.buf.Take()
+	if w == nil {
+		return nil
+	}
+	for i, b := range w.Dev[:w.Steps*len(p.lay.Imm)] {
+		if !b.IsZero() {
+			if err := p.dev.CopyDtoH(w.Staged[i], b, 0); err != nil {
+				p.pushDead(w)
+				return p.Fail(err)
+			}
+		}
+	}
+	ev, err := p.dev.Record()
+	if err == nil {
+		err = p.join(ev)
+	}
+	if err != nil {
+		p.pushDead(w)
+		return p.Fail(err)
+	}
+	w.Seq = p.q.Push(Task{W: w, Ev: ev})
+	p.st.Tasks.Add(1)
+	p.st.Flushes.Add(1)
+	return nil
+}
+
+// pushDead hands a write that failed to the committer so that its owner
+// reference is dropped in order (the committer skips work once failed).
+func (p *Path) pushDead(w *Write) { p.q.Push(Task{W: w}) }
+
+// reserve charges n device bytes, forcing the oldest pending writes out
+// while the charge would exceed the budget. A reservation that cannot be met
+// even with every pending write forced out (what stays charged then is the
+// deferred clones that unconsumed steps pin) fails first, forcing nothing.
+// Engine goroutine.
+func (p *Path) reserve(n int64) error {
+	p.mu.Lock()
+	pinned := p.pinnedCharge
+	p.mu.Unlock()
+	if limit := p.budget.Limit(); n <= limit && n > limit-pinned {
+		return fmt.Errorf("%w: %d bytes wanted, %d of %d pinned by steps not consumed yet", errs.Budget, n, pinned, limit)
+	}
+	for {
+		ok, err := p.budget.TryReserve(n)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errs.Budget, err)
+		}
+		if ok {
+			return nil
+		}
+		switch {
+		case p.buf.K > 0 && p.buf.W != nil && p.buf.W.DevCharge > 0:
+			p.st.BudgetFlushes.Add(1)
+			if err := p.FlushBuffer(); err != nil {
+				return err
+			}
+		case p.forceOldestDeferred():
+			p.st.BudgetFlushes.Add(1)
+		case p.q.Pending() > 0:
+			t0 := time.Now()
+			err := p.drain()
+			p.st.StallNanos.Add(int64(time.Since(t0)))
+			if err != nil {
+				return err
+			}
+		default:
+			// Nothing left to force out. Bytes may have been released since
+			// the attempt (the committer, a Materialize or Discard): try again
+			// while they would fit; what is still held then is pinned by
+			// steps not consumed yet.
+			if ch, _ := p.budget.Charged(); ch+n <= p.budget.Limit() {
+				continue
+			} else {
+				return fmt.Errorf("%w: %d bytes wanted, %d of %d held by steps not consumed yet", errs.Budget, n, ch, p.budget.Limit())
+			}
+		}
+		if err := p.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// join is the save-side join point: before a write is handed over, the
+// engine goroutine waits for the device→host copies of the write before the
+// previous one. At most two writes' copies are in flight, and a step's rows
+// are host-ready once two more writes were saved, without serializing each
+// save behind the copy it just issued.
+func (p *Path) join(ev gpu.Event) error {
+	prev := p.lastEv[0]
+	p.lastEv[0], p.lastEv[1] = p.lastEv[1], ev
+	return p.WaitDev(prev)
+}

@@ -82,6 +82,16 @@ type Config struct {
 	// DisableDecodeBuffer writes every step at once instead of parking
 	// pure-decode steps.
 	DisableDecodeBuffer bool
+	// CopyWorkers is the number of goroutines a large host copy is split
+	// across: the committer's scatter of a step's rows into the mirror, and
+	// Materialize's gather of hit rows from it, each counting the goroutine
+	// that asks (the committer, the Materialize caller). The cache starts
+	// CopyWorkers-1 long-lived goroutines (pprof label
+	// omnicache=copy-worker) shared by both; a copy under 256 KiB (a decode
+	// step) never leaves its goroutine. 0 means GOMAXPROCS minus a quarter
+	// (at most 16): 2 on 2 cores, 12 on 16, leaving the engine its share.
+	// 1 copies on one goroutine, as before.
+	CopyWorkers int
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device
 	// ReleaseHost, when set, is called once for every owned host tensor

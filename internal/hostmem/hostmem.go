@@ -36,16 +36,22 @@ func Alloc(n int) ([]byte, error) {
 	return b, nil
 }
 
-// Free returns memory from Alloc. b must be exactly the slice Alloc returned
+// Free returns memory from Alloc or AllocHuge. b must be exactly the slice Alloc returned
 // (same pointer and length); memory Alloc did not map is left to the
 // collector.
 func Free(b []byte) error {
 	if len(b) < Threshold {
 		return nil
 	}
-	if n, ok := mapped.LoadAndDelete(unsafe.Pointer(unsafe.SliceData(b))); !ok || n.(int) != len(b) {
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	if n, ok := mappedHuge.Load(p); ok && n.(int) == len(b) {
+		mappedHuge.Delete(p)
+		return unmapHuge(b)
+	}
+	if n, ok := mapped.Load(p); !ok || n.(int) != len(b) {
 		return nil
 	}
+	mapped.Delete(p)
 	return unmap(b)
 }
 

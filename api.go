@@ -16,7 +16,9 @@
 // concurrently with the engine goroutine and with each other (a step late is
 // normal). Stats may be called from any goroutine. The cache runs one
 // background goroutine of its own, the committer (pprof label
-// omnicache=committer), which moves host-ready rows into the mirror.
+// omnicache=committer), which moves host-ready rows into the mirror, and
+// Config.CopyWorkers-1 copy workers (omnicache=copy-worker) that large
+// scatters and hit gathers are split across.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched

@@ -90,9 +90,10 @@ type Config struct {
 	// that asks (the committer, the Materialize caller). The cache starts
 	// CopyWorkers-1 long-lived goroutines (pprof label
 	// omnicache=copy-worker) shared by both; a copy under 256 KiB (a decode
-	// step) never leaves its goroutine. 0 means GOMAXPROCS minus a quarter
-	// (at most 16): 2 on 2 cores, 12 on 16, leaving the engine its share.
-	// 1 copies on one goroutine, as before.
+	// step), or a scatter of rows under 512 bytes, never leaves its
+	// goroutine. 0 means GOMAXPROCS minus a quarter, at most 16 (2 on 2
+	// cores, 12 on 16: the engine keeps its share); 1 copies on one
+	// goroutine, as before. At most MaxCopyWorkers.
 	CopyWorkers int
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device

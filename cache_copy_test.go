@@ -179,3 +179,14 @@ func TestCopyWorkersSplitExact(t *testing.T) {
 		})
 	}
 }
+
+// CopyWorkers outside [0, MaxCopyWorkers] is a configuration error.
+func TestCopyWorkersConfig(t *testing.T) {
+	for _, n := range []int{-1, omnicache.MaxCopyWorkers + 1} {
+		_, err := omnicache.New(omnicache.Config{NumBlocks: 4, BlockSize: 16, Keys: []omnicache.Key{{Name: "h", RowBytes: 64}}, CopyWorkers: n})
+		require.ErrorIs(t, err, omnicache.ErrConfig, "CopyWorkers %d", n)
+	}
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 4, BlockSize: 16, Keys: []omnicache.Key{{Name: "h", RowBytes: 64}}, CopyWorkers: 1})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}

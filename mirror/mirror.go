@@ -35,7 +35,9 @@
 //
 // # Concurrency
 //
-// Exactly one goroutine (the cache's committer) may call Write and WriteRow.
+// Exactly one goroutine (the cache's committer) may call Write, WriteRow
+// and WriteSplit; WriteSplit's workers write disjoint rows on its behalf
+// and are done before it returns (see Workers).
 // Any number of goroutines may call Read, ReadRow, ResidentBytes, RowBytes
 // and NumSlots concurrently with it, under one rule: a reader may only read
 // slots that are committed, i.e. whose last Write returned before the reader

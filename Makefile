@@ -48,6 +48,7 @@ gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cu
 	$(GO) vet -tags cuda ./gpu/
 	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
 	$(GO) test -c -o .gpu/mirror.test ./mirror/
+	$(GO) test -c -o .gpu/omnicache.test .
 
 profile: ## CPU-profile the default replay into cpu.pprof
 	$(GO) run ./cmd/omnicache replay --cpuprofile cpu.pprof

@@ -6,7 +6,7 @@ FUZZPKGS ?= ./fuzz/ .
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test race vet check bench benchcmp fuzz generate check-generate gpu-test profile replay replay-full
+.PHONY: help test race vet check bench benchcmp fuzz generate check-generate gpu-test profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -58,3 +58,6 @@ replay: ## the main job on embedded defaults
 
 replay-full: ## the whole reference table at full size, JSON Lines to full.jsonl
 	$(GO) run ./cmd/omnicache replay --full --json full.jsonl
+
+fit: ## print the replay's step-cost model fitted to the reference (the workload table's cost lines)
+	$(GO) run ./cmd/omnicache fit

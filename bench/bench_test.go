@@ -20,7 +20,7 @@ func BenchmarkReplay(b *testing.B) {
 			var engine, steps int64
 			var change float64
 			for b.Loop() {
-				rep, err := Replay(w.Spec(1), Options{Cache: true, Pace: true})
+				rep, err := Replay(w.Spec(0), Options{Cache: true, Pace: true})
 				if err != nil {
 					b.Fatal(err)
 				}

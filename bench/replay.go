@@ -26,9 +26,10 @@ type Spec struct {
 	Prompts int
 	// MaxModelLen bounds prompt+output tokens of any request.
 	MaxModelLen int
-	// RefReqPerSec is the reference cache-off throughput giving the model
-	// step time (0: use Options.StepTime).
-	RefReqPerSec float64
+	// Ref is what the reference measured (zero for a trace).
+	Ref Reference
+	// Cost is the model's step cost (zero: a constant Options.StepTime).
+	Cost StepCost
 	// KVBlocks overrides the automatic KV pool size when > 0.
 	KVBlocks int
 	// Source returns a fresh source of the requests (called once a run).
@@ -82,8 +83,15 @@ type Options struct {
 	// claims. The waits are reported as stall; the part of a wait beyond the
 	// model step time (a backlog a real engine would feel) as backlog.
 	Pace bool
-	// StepTime is the model step time for the projection when the spec has
-	// no reference throughput, or when > 0 and ForceStepTime.
+	// MaterializeOnEngine calls Materialize on the engine goroutine, timed
+	// as engine time, instead of on an output goroutine that overlaps the
+	// next step's forward (an engine's output path, which hands stage 0's
+	// outputs to the next stage). Either way the engine waits for the output
+	// goroutine during the next forward at the latest: the wait is a stall,
+	// and its part beyond the model step time backlog.
+	MaterializeOnEngine bool
+	// StepTime is the constant model step time of the projection when the
+	// spec has no step cost, or when ForceStepTime.
 	StepTime      time.Duration
 	ForceStepTime bool
 	// NewCache creates the cache (default NewRealCache).
@@ -124,72 +132,138 @@ type StepSample struct {
 	SaveNs    int64
 	ConsumeNs int64
 	StallNs   int64
-	Tokens    int32
-	Queried   int32 // prompt tokens looked up at arrival
-	Hit       int32 // of which hit
+	// OutputWaitNs is the part of StallNs spent waiting for the output
+	// goroutine's Materialize.
+	OutputWaitNs int64
+	Tokens       int32
+	Queried      int32 // prompt tokens looked up at arrival
+	Hit          int32 // of which hit
 }
 
-// Report is one run's result. JSON names are stable.
-type Report struct {
-	Name        string `json:"name"`
-	Model       string `json:"model,omitempty"`
-	Cache       string `json:"cache"` // "off" or "on"
-	Verify      bool   `json:"verify"`
-	Owned       bool   `json:"owned"`
-	Keys        string `json:"keys"`
-	Prompts     int    `json:"prompts"`
-	Concurrency int    `json:"concurrency"`
-	KVBlocks    int    `json:"kv_blocks"`
+// SchemaVersion is Report's JSON schema version: 2 has computed_tokens
+// (was tokens), the step-cost projection (model_*, ref_*, fit_error) and no
+// nested stats object.
+const SchemaVersion = 2
 
-	Steps         int     `json:"steps"`
-	Tokens        int64   `json:"tokens"`
-	QueriedTokens int64   `json:"queried_tokens"`
-	HitTokens     int64   `json:"hit_tokens"`
-	HitRate       float64 `json:"hit_rate"`
-	Preemptions   int64   `json:"preemptions"`
-	Evictions     int64   `json:"evictions"` // cached blocks handed to a new tenant
-	PureDecode    int     `json:"pure_decode_steps"`
+// Report is one run's result. JSON names are snake_case and stable within a
+// SchemaVersion.
+type Report struct {
+	SchemaVersion int    `json:"schema_version"`
+	Name          string `json:"name"`
+	Model         string `json:"model,omitempty"`
+	Cache         string `json:"cache"` // "off" or "on"
+	Verify        bool   `json:"verify"`
+	Owned         bool   `json:"owned"`
+	Keys          string `json:"keys"`
+	Prompts       int    `json:"prompts"`
+	Concurrency   int    `json:"concurrency"`
+	KVBlocks      int    `json:"kv_blocks"`
+
+	Steps int `json:"steps"`
+	// ComputedTokens are the tokens the engine computed: scheduled, so
+	// prefix hits excluded.
+	ComputedTokens int64   `json:"computed_tokens"`
+	QueriedTokens  int64   `json:"queried_tokens"`
+	HitTokens      int64   `json:"hit_tokens"`
+	HitRate        float64 `json:"hit_rate"`
+	Preemptions    int64   `json:"preemptions"`
+	Evictions      int64   `json:"evictions"` // cached blocks handed to a new tenant
+	PureDecode     int     `json:"pure_decode_steps"`
 
 	// Engine goroutine time in cache calls (Begin + Save +
 	// Materialize/Discard), stalls excluded.
-	EngineNsTotal    int64   `json:"engine_ns_total"`
-	EngineNsPerStep  float64 `json:"engine_ns_per_step_mean"`
-	EngineNsP50      int64   `json:"engine_ns_per_step_p50"`
-	EngineNsP99      int64   `json:"engine_ns_per_step_p99"`
-	EngineNsMax      int64   `json:"engine_ns_per_step_max"`
-	BeginNsTotal     int64   `json:"begin_ns_total"`
-	SaveNsTotal      int64   `json:"save_ns_total"`
-	ConsumeNsTotal   int64   `json:"consume_ns_total"`
-	Materialized     int     `json:"materialized_steps"`
-	Discarded        int     `json:"discarded_steps"`
-	StallNs          int64   `json:"stall_ns"`
-	StallSteps       int     `json:"stall_steps"`
-	BacklogNs        int64   `json:"backlog_ns"`
+	EngineNsTotal   int64   `json:"engine_ns_total"`
+	EngineNsPerStep float64 `json:"engine_ns_per_step_mean"`
+	EngineNsP50     int64   `json:"engine_ns_per_step_p50"`
+	EngineNsP99     int64   `json:"engine_ns_per_step_p99"`
+	EngineNsMax     int64   `json:"engine_ns_per_step_max"`
+	BeginNsTotal    int64   `json:"begin_ns_total"`
+	SaveNsTotal     int64   `json:"save_ns_total"`
+	ConsumeNsTotal  int64   `json:"consume_ns_total"` // Discard, and Materialize on the engine goroutine
+	Materialized    int     `json:"materialized_steps"`
+	// MaterializeOn is where Materialize runs: "output" (a goroutine
+	// overlapping the next forward) or "engine" (Options.MaterializeOnEngine).
+	MaterializeOn      string `json:"materialize_on"`
+	MaterializeNsTotal int64  `json:"materialize_ns_total"`
+	MaterializeNsP99   int64  `json:"materialize_ns_p99"`
+	Discarded          int    `json:"discarded_steps"`
+	StallNs            int64  `json:"stall_ns"`
+	StallSteps         int    `json:"stall_steps"`
+	BacklogNs          int64  `json:"backlog_ns"`
+	// OutputBacklogNs is the part of the waits for the output goroutine
+	// beyond the model step time (and all of them after the last step): hit
+	// reads the forward could not hide. It is charged to the projection.
+	OutputBacklogNs  int64   `json:"output_backlog_ns"`
 	SyncNs           int64   `json:"sync_ns"`
 	CommitterNsTotal int64   `json:"committer_ns_total"`
 	CommitterPerStep float64 `json:"committer_ns_per_step"`
 	CommitterShare   float64 `json:"committer_share_of_step"`
 
+	// StepCost describes the step-cost model of the projection.
+	StepCost string `json:"step_cost"`
+	// ModelStepNs is the mean model step time t(step) of this run's
+	// schedule.
 	ModelStepNs float64 `json:"model_step_ns"`
-	// ProjectedChange is -cache/(cache+step) with cache the mean engine ns
-	// per step: negative for a loss, 0 with the cache off.
+	// ModelReqPerSec is the projected throughput of this run: prompts /
+	// Σ_steps (t(step) + the engine goroutine's cache time of the step),
+	// where the cache time includes the output goroutine's backlog (hit
+	// reads that outlast the forward they overlap). The first step's cache
+	// time is the cache's start-up (first_request_ns, with New) and not
+	// part of it: the reference measured throughput on a running server and
+	// its first request apart (WarmEngineNs).
+	ModelReqPerSec float64 `json:"model_req_per_s"`
+	// ModelReqPerSecOff is the projected cache-off throughput of the same
+	// workload: prompts / Σ t(step) over the simulator's schedule with
+	// prefix caching off (every prompt token computed).
+	ModelReqPerSecOff float64 `json:"model_req_per_s_off"`
+	// ProjectedChange is ModelReqPerSec/ModelReqPerSecOff − 1: positive for
+	// a gain, 0 with the cache off. At a 0% hit rate the schedules are the
+	// same and it is −cache/(cache + model time).
 	ProjectedChange float64 `json:"projected_throughput_change"`
+
+	// The reference's results for the workload (0 and "" for a trace):
+	// its cache-off throughput, fit_error = model_req_per_s_off /
+	// ref_req_per_s_off − 1, its hit rate as it printed it, and its
+	// throughput change before and after its fix with the after range.
+	RefReqPerSecOff  float64 `json:"ref_req_per_s_off"`
+	FitError         float64 `json:"fit_error"`
+	RefHit           string  `json:"ref_hit"`
+	RefChangeBefore  float64 `json:"ref_change_before"`
+	RefChangeAfter   float64 `json:"ref_change_after"`
+	RefChangeAfterLo float64 `json:"ref_change_after_lo"`
+	RefChangeAfterHi float64 `json:"ref_change_after_hi"`
 
 	RowsWritten         int64 `json:"rows_written"`
 	BytesWritten        int64 `json:"bytes_written"`
+	RowsSkipped         int64 `json:"rows_skipped"`
+	WriteTasks          int64 `json:"write_tasks"`
+	BufferedSteps       int64 `json:"buffered_steps"`
+	BufferFlushes       int64 `json:"buffer_flushes"`
+	BudgetFlushes       int64 `json:"budget_flushes"`
+	BudgetPeakBytes     int64 `json:"budget_peak_bytes"`
+	ClonedBytes         int64 `json:"cloned_bytes"`
+	HitRowsRead         int64 `json:"hit_rows_read"`
 	MirrorResidentBytes int64 `json:"mirror_resident_bytes"`
 	// FirstRequestNs is New plus the first step's Begin and Save.
 	FirstRequestNs int64 `json:"first_request_ns"`
+	// FirstStepEngineNs is the first step's engine time (in
+	// EngineNsTotal): start-up, outside the projected throughput.
+	FirstStepEngineNs int64 `json:"first_step_engine_ns"`
 
 	VerifiedRows   int64     `json:"verified_rows"`
 	VerifyFailures int64     `json:"verify_failures"`
 	Failures       []Failure `json:"failures,omitempty"`
 
-	WallNs int64            `json:"wall_ns"`
-	Stats  *omnicache.Stats `json:"stats,omitempty"`
+	WallNs int64 `json:"wall_ns"`
+	// Stats is the cache's Stats at the end (flattened above for JSON).
+	Stats *omnicache.Stats `json:"-"`
 
 	Samples []StepSample `json:"-"`
 }
+
+// WarmEngineNs is the engine goroutine's cache time after the first step:
+// the part of EngineNsTotal a running server pays per workload.
+func (r *Report) WarmEngineNs() int64 { return r.EngineNsTotal - r.FirstStepEngineNs }
 
 // ErrVerify is returned (wrapped) by Replay when --verify found wrong rows;
 // the report is complete.
@@ -208,33 +282,103 @@ func AutoKVBlocks(spec Spec, o Options) int {
 	return max(min(want, capBlocks), perReq+1)
 }
 
-// Replay runs spec once with the cache on or off.
-func Replay(spec Spec, o Options) (*Report, error) {
+// KVPool is the KV pool size a run of spec under o uses, in blocks.
+func KVPool(spec Spec, o Options) int {
 	o.defaults()
-	kv := o.KVBlocks
-	if kv <= 0 {
-		kv = spec.KVBlocks
+	switch {
+	case o.KVBlocks > 0:
+		return o.KVBlocks
+	case spec.KVBlocks > 0:
+		return spec.KVBlocks
 	}
-	if kv <= 0 {
-		kv = AutoKVBlocks(spec, o)
-	}
-	s, err := sim.New(sim.Config{
+	return AutoKVBlocks(spec, o)
+}
+
+// newSim is the simulated engine of a run: prefix caching on with the cache
+// on, off with the cache off, as the reference's enable_prefix_caching.
+func newSim(spec Spec, o Options, prefixCaching bool) (*sim.Sim, error) {
+	return sim.New(sim.Config{
 		BlockSize:        o.BlockSize,
-		NumBlocks:        kv,
+		NumBlocks:        KVPool(spec, o),
 		MaxBatchedTokens: o.MaxBatchedTokens,
 		Concurrency:      spec.Concurrency,
 		MaxModelLen:      spec.MaxModelLen,
 		Vocab:            Vocab,
+		NoPrefixCaching:  !prefixCaching,
 	}, spec.Source())
+}
+
+// Schedule is what the simulator alone schedules for a spec.
+type Schedule struct {
+	Steps int
+	// Work is what the steps compute, summed (the step-cost model's input).
+	Work                                     sim.Work
+	ComputedTokens, QueriedTokens, HitTokens int64
+	Preemptions, Evictions                   int64
+}
+
+// HitRate is hit tokens / queried prompt tokens.
+func (s *Schedule) HitRate() float64 {
+	if s.QueriedTokens == 0 {
+		return 0
+	}
+	return float64(s.HitTokens) / float64(s.QueriedTokens)
+}
+
+// Simulate runs spec's requests through the engine simulator alone (no
+// cache, nothing timed), with the KV prefix cache on or off.
+func Simulate(spec Spec, o Options, prefixCaching bool) (*Schedule, error) {
+	o.defaults()
+	s, err := newSim(spec, o, prefixCaching)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		st, err := s.Next()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", spec.Name, err)
+		}
+		if st == nil {
+			break
+		}
+	}
+	return scheduleOf(s), nil
+}
+
+func scheduleOf(s *sim.Sim) *Schedule {
+	return &Schedule{Steps: s.Steps, Work: s.Work, ComputedTokens: s.TokensTotal, QueriedTokens: s.Queried,
+		HitTokens: s.Hit, Preemptions: s.Preemptions, Evictions: s.KV().Evictions}
+}
+
+// CostOf is the step cost a run of spec under o projects with: the spec's
+// fitted cost, or the constant Options.StepTime when it has none or
+// ForceStepTime is set.
+func CostOf(spec Spec, o Options) StepCost {
+	o.defaults()
+	if spec.Cost.IsZero() || o.ForceStepTime {
+		return ConstantStep(o.StepTime)
+	}
+	return spec.Cost
+}
+
+// Replay runs spec once with the cache on or off. With the cache off the
+// engine's KV prefix caching is off too (an omni model cannot skip a prefix
+// without its per-token outputs), so nothing hits; with it on, hits are not
+// computed. A cache-on run also simulates the cache-off schedule (no cache,
+// nothing timed) for its projected change.
+func Replay(spec Spec, o Options) (*Report, error) {
+	o.defaults()
+	s, err := newSim(spec, o, o.Cache)
 	if err != nil {
 		return nil, err
 	}
 	rep := &Report{
-		Name: spec.Name, Model: spec.Model, Cache: "off", Verify: o.Verify && o.Cache,
+		SchemaVersion: SchemaVersion,
+		Name:          spec.Name, Model: spec.Model, Cache: "off", Verify: o.Verify && o.Cache,
 		Owned: !o.NotOwned, Keys: FormatWidths(spec.Keys), Prompts: spec.Prompts,
-		Concurrency: spec.Concurrency, KVBlocks: kv,
+		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(),
 	}
-	r := &runner{spec: spec, o: o, s: s, rep: rep}
+	r := &runner{spec: spec, o: o, s: s, rep: rep, cost: CostOf(spec, o)}
 	// Start from a clean heap: the previous run's garbage should not be
 	// collected during this one's timed calls.
 	runtime.GC()
@@ -250,7 +394,13 @@ func Replay(spec Spec, o Options) (*Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("%s (cache %s): %w", spec.Name, rep.Cache, err)
 	}
-	r.finish()
+	off := scheduleOf(s)
+	if o.Cache {
+		if off, err = Simulate(spec, o, false); err != nil {
+			return rep, err
+		}
+	}
+	r.finish(off)
 	if rep.VerifyFailures > 0 {
 		return rep, fmt.Errorf("%s: %w: %d wrong rows, first: %s", spec.Name, ErrVerify, rep.VerifyFailures, rep.Failures[0])
 	}
@@ -262,9 +412,11 @@ type runner struct {
 	o      Options
 	s      *sim.Sim
 	rep    *Report
+	cost   StepCost
 	engine []int64
-	stalls []int64
-	clock  int64 // cost of one timed empty interval, subtracted from each call
+	// materialize are the Materialize calls' times.
+	materialize []int64
+	clock       int64 // cost of one timed empty interval, subtracted from each call
 }
 
 // clockOverhead measures what timing an empty interval costs (the least of
@@ -286,7 +438,9 @@ func (r *runner) since(t time.Time) int64 {
 func (r *runner) account(st *sim.Step, smp StepSample) {
 	smp.EngineNs = smp.BeginNs + smp.SaveNs + smp.ConsumeNs
 	r.engine = append(r.engine, smp.EngineNs)
-	r.stalls = append(r.stalls, smp.StallNs)
+	t := int64(r.cost.Ns(st.Cost))
+	r.rep.BacklogNs += max(0, smp.StallNs-t)
+	r.rep.OutputBacklogNs += max(0, smp.OutputWaitNs-t)
 	if st.PureDecode {
 		r.rep.PureDecode++
 	}
@@ -349,11 +503,18 @@ func (r *runner) runOn() error {
 		ver = newVerifier(spec.Keys, s.KV().Len()*o.BlockSize, o.BlockSize)
 	}
 	out := omnicache.Outputs{Tensors: make([]omnicache.Tensor, len(spec.Keys))}
-	var cur, prev stepRecord
+	// Step records: the step being run, the previous one (consumed after
+	// this step's Save) and the one the output goroutine may still read.
+	var ring [3]stepRecord
 	var curBufs *bufSet
 	var prevID omnicache.StepID
-	havePrev := false
+	var prev *stepRecord
 	saved := 0
+	if o.MaterializeOnEngine {
+		rep.MaterializeOn = "engine"
+	} else {
+		rep.MaterializeOn = "output"
+	}
 
 	t0 := time.Now()
 	c, err := o.NewCache(cfg)
@@ -362,40 +523,42 @@ func (r *runner) runOn() error {
 		return fmt.Errorf("new cache: %w", err)
 	}
 	closed := false
+	out2 := newOutputGoroutine(c, r)
 	defer func() {
+		out2.stop()
 		if !closed {
 			c.Close()
 		}
 	}()
 
-	consume := func() (int64, error) {
-		var ns int64
-		if o.Verify || len(prev.hits) > 0 {
-			asked := prev.hits
-			if o.Verify {
-				asked = prev.ids
-			}
+	// consume hands step rec (id) to Materialize when one of its requests
+	// hit (or always with --verify), else discards it on the engine
+	// goroutine (timed). Materialize runs on the output goroutine, where an
+	// engine hands stage 0's outputs to the next stage, overlapping the next
+	// forward; with MaterializeOnEngine it runs here, timed.
+	consume := func(rec *stepRecord, id omnicache.StepID) (int64, error) {
+		if !o.Verify && len(rec.hits) == 0 {
 			t := time.Now()
-			res, err := c.Materialize(prevID, asked)
-			ns = r.since(t)
-			if err != nil {
-				return ns, fmt.Errorf("step %d: materialize: %w", prev.index, err)
-			}
-			rep.Materialized++
-			if ver != nil {
-				ver.check(&prev, asked, res)
-			}
-		} else {
-			t := time.Now()
-			err := c.Discard(prevID)
-			ns = r.since(t)
-			if err != nil {
-				return ns, fmt.Errorf("step %d: discard: %w", prev.index, err)
-			}
+			err := c.Discard(id)
+			ns := r.since(t)
 			rep.Discarded++
+			rep.ConsumeNsTotal += ns
+			if err != nil {
+				return ns, fmt.Errorf("step %d: discard: %w", rec.index, err)
+			}
+			return ns, nil
 		}
+		asked := rec.hits
+		if o.Verify {
+			asked = rec.ids
+		}
+		out2.hand(rec, id, asked)
+		if !o.MaterializeOnEngine {
+			return 0, nil
+		}
+		_, ns, err := out2.wait(ver)
 		rep.ConsumeNsTotal += ns
-		return ns, nil
+		return ns, err
 	}
 
 	for {
@@ -428,9 +591,16 @@ func (r *runner) runOn() error {
 			out.Tensors[k] = omnicache.Tensor{Host: bufs[k], Rows: st.Tokens, Owned: !o.NotOwned}
 		}
 		out.Tokens, out.Padded = st.Tokens, st.Tokens
+		cur := &ring[st.Index%len(ring)]
 		cur.set(st)
 
-		var stallNs int64
+		// The output goroutine's Materialize of the step before the
+		// previous one overlaps this forward: wait for it here.
+		outputNs, _, err := out2.wait(ver)
+		if err != nil {
+			return err
+		}
+		stallNs := outputNs
 		if o.Pace {
 			if !st.PureDecode && saved > 0 {
 				tw := time.Now()
@@ -457,13 +627,12 @@ func (r *runner) runOn() error {
 		s.Advance()
 
 		var consumeNs int64
-		if havePrev {
-			if consumeNs, err = consume(); err != nil {
+		if prev != nil {
+			if consumeNs, err = consume(prev, prevID); err != nil {
 				return err
 			}
 		}
-		prev, cur = cur, prev
-		prevID, havePrev = id, true
+		prev, prevID = cur, id
 
 		rep.BeginNsTotal += beginNs
 		rep.SaveNsTotal += saveNs
@@ -471,20 +640,35 @@ func (r *runner) runOn() error {
 		if stallNs > 0 {
 			rep.StallSteps++
 		}
-		r.account(st, StepSample{BeginNs: beginNs, SaveNs: saveNs, ConsumeNs: consumeNs, StallNs: stallNs})
+		r.account(st, StepSample{BeginNs: beginNs, SaveNs: saveNs, ConsumeNs: consumeNs, StallNs: stallNs, OutputWaitNs: outputNs})
 		r.progress(before)
 	}
-	if havePrev {
-		ns, err := consume()
+	// The tail: no forward is left to hide the output goroutine's work, so
+	// its waits are backlog; the last step's Discard is engine time.
+	tail := func() error {
+		ns, _, err := out2.wait(ver)
+		rep.StallNs += ns
+		rep.BacklogNs += ns
+		rep.OutputBacklogNs += ns
+		return err
+	}
+	if err := tail(); err != nil {
+		return err
+	}
+	if prev != nil {
+		ns, err := consume(prev, prevID)
 		if err != nil {
 			return err
 		}
 		if n := len(r.engine); n > 0 {
-			r.engine[n-1] += ns // the last step's id is consumed after the loop
+			r.engine[n-1] += ns
 			if o.KeepSamples {
 				rep.Samples[n-1].EngineNs += ns
 				rep.Samples[n-1].ConsumeNs += ns
 			}
+		}
+		if err := tail(); err != nil {
+			return err
 		}
 	}
 	ts := time.Now()
@@ -503,10 +687,93 @@ func (r *runner) runOn() error {
 	st := c.Stats()
 	rep.Stats = &st
 	closed = true
+	out2.stop()
 	if err := c.Close(); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}
 	return nil
+}
+
+// outputGoroutine runs Materialize for the engine, one step at a time, as an
+// engine's output path that hands stage 0's outputs to the next stage.
+type outputGoroutine struct {
+	c       Cache
+	r       *runner
+	jobs    chan outputJob
+	done    chan outputDone
+	pending *outputJob
+	stopped bool
+}
+
+type outputJob struct {
+	rec   *stepRecord
+	id    omnicache.StepID
+	asked []int64
+}
+
+type outputDone struct {
+	res Rows
+	ns  int64
+	err error
+}
+
+func newOutputGoroutine(c Cache, r *runner) *outputGoroutine {
+	g := &outputGoroutine{c: c, r: r, jobs: make(chan outputJob), done: make(chan outputDone)}
+	go func() {
+		for j := range g.jobs {
+			t := time.Now()
+			res, err := c.Materialize(j.id, j.asked)
+			g.done <- outputDone{res: res, ns: r.since(t), err: err}
+		}
+	}()
+	return g
+}
+
+// hand starts Materialize of rec's requests asked (id). At most one is in
+// flight: the caller waits for it before handing the next.
+func (g *outputGoroutine) hand(rec *stepRecord, id omnicache.StepID, asked []int64) {
+	if g.pending != nil {
+		panic("bench: output goroutine busy")
+	}
+	g.pending = &outputJob{rec: rec, id: id, asked: asked}
+	g.jobs <- *g.pending
+}
+
+// wait waits for the Materialize in flight, if any, and checks its rows
+// (ver != nil). It returns the time waited and the time Materialize took.
+func (g *outputGoroutine) wait(ver *verifier) (waited, took int64, err error) {
+	j := g.pending
+	if j == nil {
+		return 0, 0, nil
+	}
+	t := time.Now()
+	d := <-g.done
+	waited = time.Since(t).Nanoseconds()
+	g.pending = nil
+	rep := g.r.rep
+	rep.Materialized++
+	rep.MaterializeNsTotal += d.ns
+	g.r.materialize = append(g.r.materialize, d.ns)
+	if d.err != nil {
+		return waited, d.ns, fmt.Errorf("step %d: materialize: %w", j.rec.index, d.err)
+	}
+	if ver != nil {
+		ver.check(j.rec, j.asked, d.res)
+	}
+	return waited, d.ns, nil
+}
+
+// stop ends the goroutine (after the job in flight, if any).
+func (g *outputGoroutine) stop() {
+	if g.stopped {
+		return
+	}
+	g.stopped = true
+	if g.pending != nil {
+		<-g.done
+		g.pending = nil
+	}
+	close(g.jobs)
 }
 
 // pace waits outside the timed calls until a staging page is free (see
@@ -530,51 +797,79 @@ func (r *runner) pace(c Cache, depth int) int64 {
 	return time.Since(t).Nanoseconds()
 }
 
-// finish derives the report's summary numbers.
-func (r *runner) finish() {
+// finish derives the report's summary numbers; off is the cache-off
+// schedule of the same workload.
+func (r *runner) finish(off *Schedule) {
 	rep, s := r.rep, r.s
-	rep.Steps = s.Steps
-	rep.Tokens = s.TokensTotal
-	rep.QueriedTokens = s.Queried
-	rep.HitTokens = s.Hit
-	if s.Queried > 0 {
-		rep.HitRate = float64(s.Hit) / float64(s.Queried)
-	}
-	rep.Preemptions = s.Preemptions
-	rep.Evictions = s.KV().Evictions
-	if rep.Steps == 0 {
-		return
-	}
+	sch := scheduleOf(s)
+	rep.Steps = sch.Steps
+	rep.ComputedTokens = sch.ComputedTokens
+	rep.QueriedTokens = sch.QueriedTokens
+	rep.HitTokens = sch.HitTokens
+	rep.HitRate = sch.HitRate()
+	rep.Preemptions = sch.Preemptions
+	rep.Evictions = sch.Evictions
+
 	var total int64
 	for _, ns := range r.engine {
 		total += ns
 	}
 	rep.EngineNsTotal = total
-	rep.EngineNsPerStep = float64(total) / float64(rep.Steps)
-	sorted := slices.Clone(r.engine)
-	slices.Sort(sorted)
-	rep.EngineNsP50 = percentile(sorted, 0.50)
-	rep.EngineNsP99 = percentile(sorted, 0.99)
-	rep.EngineNsMax = sorted[len(sorted)-1]
+	if len(r.engine) > 0 {
+		rep.FirstStepEngineNs = r.engine[0]
+	}
+	if rep.Steps > 0 {
+		rep.EngineNsPerStep = float64(total) / float64(rep.Steps)
+		sorted := slices.Clone(r.engine)
+		slices.Sort(sorted)
+		rep.EngineNsP50 = percentile(sorted, 0.50)
+		rep.EngineNsP99 = percentile(sorted, 0.99)
+		rep.EngineNsMax = sorted[len(sorted)-1]
+	}
 
-	stepNs := float64(r.o.StepTime.Nanoseconds())
-	if r.spec.RefReqPerSec > 0 && !r.o.ForceStepTime {
-		stepNs = float64(rep.Prompts) / r.spec.RefReqPerSec / float64(rep.Steps) * 1e9
+	if len(r.materialize) > 0 {
+		sorted := slices.Clone(r.materialize)
+		slices.Sort(sorted)
+		rep.MaterializeNsP99 = percentile(sorted, 0.99)
 	}
-	rep.ModelStepNs = stepNs
-	for _, ns := range r.stalls {
-		rep.BacklogNs += max(0, ns-int64(stepNs))
+	rep.StepCost = r.cost.Describe()
+	if r.cost.Model != "" {
+		rep.StepCost = "fitted " + r.cost.Model + ": " + rep.StepCost
 	}
+	modelNs := r.cost.Ns(sch.Work)
+	if rep.Steps > 0 {
+		rep.ModelStepNs = modelNs / float64(rep.Steps)
+	}
+	prompts := float64(rep.Prompts)
+	rep.ModelReqPerSecOff = prompts / (r.cost.Ns(off.Work) / 1e9)
+	rep.ModelReqPerSec = prompts / ((modelNs + float64(rep.WarmEngineNs()) + float64(rep.OutputBacklogNs)) / 1e9)
 	if rep.Cache == "on" {
-		rep.ProjectedChange = -rep.EngineNsPerStep / (rep.EngineNsPerStep + stepNs)
+		rep.ProjectedChange = rep.ModelReqPerSec/rep.ModelReqPerSecOff - 1
+	}
+	if ref := r.spec.Ref; ref.ReqPerSecOff > 0 {
+		rep.RefReqPerSecOff = ref.ReqPerSecOff
+		rep.FitError = rep.ModelReqPerSecOff/ref.ReqPerSecOff - 1
+		rep.RefHit = ref.Hit
+		rep.RefChangeBefore, rep.RefChangeAfter = ref.Before, ref.After
+		rep.RefChangeAfterLo, rep.RefChangeAfterHi = ref.AfterLo, ref.AfterHi
 	}
 	if st := rep.Stats; st != nil {
 		rep.RowsWritten = st.RowsWritten
 		rep.BytesWritten = st.BytesWritten
+		rep.RowsSkipped = st.RowsSkipped
+		rep.WriteTasks = st.WriteTasks
+		rep.BufferedSteps = st.BufferedSteps
+		rep.BufferFlushes = st.BufferFlushes
+		rep.BudgetFlushes = st.BudgetFlushes
+		rep.BudgetPeakBytes = st.BudgetPeak
+		rep.ClonedBytes = st.ClonedBytes
+		rep.HitRowsRead = st.HitRowsRead
 		rep.MirrorResidentBytes = st.MirrorResidentBytes
 		rep.CommitterNsTotal = st.CommitterNanos
-		rep.CommitterPerStep = float64(st.CommitterNanos) / float64(rep.Steps)
-		rep.CommitterShare = rep.CommitterPerStep / stepNs
+		if rep.Steps > 0 {
+			rep.CommitterPerStep = float64(st.CommitterNanos) / float64(rep.Steps)
+			rep.CommitterShare = rep.CommitterPerStep / rep.ModelStepNs
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/omnicache/omnicache"
@@ -30,7 +31,7 @@ func fakeWith(setup func(*fakeCache)) func(omnicache.Config) (Cache, error) {
 // decode.
 func small() Workload {
 	return Workload{Model: "test", Name: "P96_h50_c4", SharedPrefix: 48, InputLen: 48, OutputLen: 20,
-		RangeRatio: 0.5, Concurrency: 4, Prompts: 24, RefReqPerSec: 10,
+		RangeRatio: 0.5, Concurrency: 4, Prompts: 24, Ref: Reference{ReqPerSecOff: 10},
 		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 24}, {Name: "extra", RowBytes: 13, Optional: true}}}
 }
 
@@ -44,21 +45,41 @@ func TestDefaultTable(t *testing.T) {
 		byName[w.FullName()] = w
 	}
 	q := byName["Qwen3-Omni/DECV_c64"]
-	if q.InputLen != 100 || q.OutputLen != 100 || q.RangeRatio != 0.5 || q.Concurrency != 64 || q.Prompts != 512 || q.RefReqPerSec != 22.41 {
+	if q.InputLen != 100 || q.OutputLen != 100 || q.RangeRatio != 0.5 || q.Concurrency != 64 || q.Prompts != 512 || q.Ref.ReqPerSecOff != 22.41 {
 		t.Fatalf("Qwen3-Omni/DECV_c64: %+v", q)
 	}
 	if got := FormatWidths(q.Keys); got != "hidden=4096,layer_a=4096:opt,layer_b=4096:opt" {
 		t.Fatalf("Qwen keys %s", got)
 	}
 	m := byName["MiniCPM-o/P16384_h0_c64"]
-	if m.InputLen != 16384 || m.OutputLen != 8 || m.Concurrency != 64 || m.Prompts != 512 || m.RefReqPerSec != 0.44 {
+	if m.InputLen != 16384 || m.OutputLen != 8 || m.Concurrency != 64 || m.Prompts != 128 || m.Seed != 50107 || m.Ref.ReqPerSecOff != 0.44 {
 		t.Fatalf("MiniCPM-o/P16384_h0_c64: %+v", m)
 	}
 	if got := FormatWidths(m.Keys); got != "hidden=8192" {
 		t.Fatalf("MiniCPM keys %s", got)
 	}
-	if h := byName["Qwen3-Omni/P1024_h50_c64"]; h.SharedPrefix+h.InputLen != 1024 {
+	if h := byName["Qwen3-Omni/P1024_h50_c64"]; h.SharedPrefix != 512 || h.InputLen != 512 || h.Seed != 50009 ||
+		h.Ref != (Reference{Hit: "49.4", ReqPerSecOff: 19.44, Before: 0.688, After: 0.765, AfterLo: 0.757, AfterHi: 0.772}) {
 		t.Fatalf("h50 row %+v", h)
+	}
+	// DESIGN §6's prompt counts and seeds, row by row.
+	want := map[string][2]int{
+		"Qwen3-Omni/P1024_h0_c8": {256, 50003}, "Qwen3-Omni/P4096_h0_c1": {64, 50014}, "Qwen3-Omni/DEC100_c32": {256, 50059},
+		"Qwen3-Omni/DEC100_c64": {512, 50060}, "Qwen3-Omni/DECV_c32": {256, 50063}, "Qwen3-Omni/DECV_c64": {512, 50064},
+		"MiniCPM-o/P256_h0_c32": {512, 50063}, "MiniCPM-o/P1024_h0_c32": {256, 50070}, "MiniCPM-o/P1024_h0_c64": {256, 50071},
+		"MiniCPM-o/P4096_h0_c32": {128, 50088}, "MiniCPM-o/P4096_h0_c64": {256, 50089}, "MiniCPM-o/P8192_h0_c32": {128, 50099},
+		"MiniCPM-o/P16384_h0_c32": {64, 50106}, "MiniCPM-o/DEC100_c32": {256, 50129}, "MiniCPM-o/DEC100_c64": {512, 50130},
+		"MiniCPM-o/DECV_c32": {256, 50063}, "MiniCPM-o/DECV_c64": {512, 50064},
+	}
+	for name, pw := range want {
+		if w := byName[name]; w.Prompts != pw[0] || w.Seed != uint64(pw[1]) {
+			t.Errorf("%s: %d prompts seed %d, want %d seed %d", name, w.Prompts, w.Seed, pw[0], pw[1])
+		}
+	}
+	for _, w := range ws {
+		if w.Cost.Model != w.Model || w.Cost.IsZero() {
+			t.Errorf("%s: no step cost", w.FullName())
+		}
 	}
 	if got := byName["Qwen3-Omni/P1024_h0_c8"].Scaled(0.125).Prompts; got != 32 {
 		t.Fatalf("scaled prompts %d, want 32", got)
@@ -115,8 +136,27 @@ func TestReplayCacheOffMakesNoCall(t *testing.T) {
 	if rep.Cache != "off" || rep.ProjectedChange != 0 || rep.EngineNsTotal != 0 || rep.Steps == 0 {
 		t.Fatalf("%+v", rep)
 	}
-	if rep.HitRate <= 0.2 {
-		t.Fatalf("hit rate %.2f with a half shared prefix", rep.HitRate)
+	// Cache off is the reference's enable_prefix_caching: false: nothing
+	// hits and every prompt token is computed.
+	var all int64
+	src := NewRandomSource(small(), 1)
+	for {
+		r, ok, _ := src.Next()
+		if !ok {
+			break
+		}
+		all += int64(len(r.Prompt) + r.OutputLen - 1) // the last sampled token is never computed
+	}
+	if rep.HitTokens != 0 || rep.ComputedTokens != all {
+		t.Fatalf("cache off: %d hit tokens, %d computed, want 0 and %d", rep.HitTokens, rep.ComputedTokens, all)
+	}
+	on, err := Replay(small().Spec(1), Options{Cache: true, NewCache: fakeWith(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on.HitRate <= 0.2 || on.ComputedTokens != all-on.HitTokens {
+		t.Fatalf("cache on: hit rate %.2f with a half shared prefix, %d computed tokens, %d hit, want %d in all",
+			on.HitRate, on.ComputedTokens, on.HitTokens, all)
 	}
 }
 
@@ -131,8 +171,9 @@ func TestReplayVerifyFake(t *testing.T) {
 			if rep.VerifiedRows == 0 || rep.VerifyFailures != 0 || rep.Materialized != rep.Steps {
 				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
 			}
-			if rep.HitRate == 0 || rep.FirstRequestNs <= 0 || rep.ProjectedChange >= 0 || len(rep.Samples) != rep.Steps {
-				t.Fatalf("owned=%v kv=%d: %+v", owned, kv, rep)
+			if rep.HitRate == 0 || rep.FirstRequestNs <= 0 || rep.ProjectedChange == 0 || len(rep.Samples) != rep.Steps {
+				t.Fatalf("owned=%v kv=%d: hit rate %.2f, first request %d ns, change %f, %d samples of %d steps",
+					owned, kv, rep.HitRate, rep.FirstRequestNs, rep.ProjectedChange, len(rep.Samples), rep.Steps)
 			}
 			if kv > 0 && rep.Preemptions == 0 {
 				t.Fatalf("no preemption with a 16-block pool")
@@ -278,23 +319,25 @@ func checkIdealHitRatio(t *testing.T, limit int) {
 	}
 	ideal := idealHitRate(recs)
 	keys, _ := ParseWidths("hidden=16")
-	spec := TraceSpec("trace", recs, keys, 4)
 	// A pool larger than every block ever allocated never evicts.
 	total := 0
 	for _, r := range recs {
 		total += (r.InputLength + r.OutputLength + 15) / 16
 	}
-	spec.KVBlocks = total + 1
-	rep, err := Replay(spec, Options{})
+	spec, err := TraceSpec("trace", recs, keys, 4, TraceLimits{MaxModelLen: DefaultTraceMaxModelLen, KVBlocks: total + 1, BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("ideal %.4f simulated %.4f over %d requests (%d steps)", ideal, rep.HitRate, len(recs), rep.Steps)
-	if math.Abs(ideal-rep.HitRate) > 0.01 {
-		t.Fatalf("simulated hit rate %.4f, ideal %.4f", rep.HitRate, ideal)
+	sch, err := Simulate(spec, Options{}, true)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if limit == 0 && math.Abs(rep.HitRate-0.65) > 0.01 {
-		t.Fatalf("whole-trace hit rate %.4f, the trace's README says about 0.65", rep.HitRate)
+	t.Logf("ideal %.4f simulated %.4f over %d requests (%d steps)", ideal, sch.HitRate(), len(recs), sch.Steps)
+	if math.Abs(ideal-sch.HitRate()) > 0.01 {
+		t.Fatalf("simulated hit rate %.4f, ideal %.4f", sch.HitRate(), ideal)
+	}
+	if limit == 0 && math.Abs(sch.HitRate()-0.65) > 0.01 {
+		t.Fatalf("whole-trace hit rate %.4f, the trace's README says about 0.65", sch.HitRate())
 	}
 }
 
@@ -307,8 +350,10 @@ func TestTraceVerifyRealCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, _ := ParseWidths("hidden=16,audio=8")
-	spec := TraceSpec("trace", recs, keys, 8)
-	spec.KVBlocks = 32768
+	spec, err := TraceSpec("trace", recs, keys, 8, TraceLimits{MaxModelLen: DefaultTraceMaxModelLen, KVBlocks: 32768, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rep, err := Replay(spec, Options{Cache: true, Verify: true, Pace: true})
 	if err != nil {
 		t.Fatal(err)
@@ -329,11 +374,13 @@ func TestPlotAndReport(t *testing.T) {
 	}
 	dir := t.TempDir()
 	png := filepath.Join(dir, "p.png")
-	if err := WritePlot(png, []*Report{off, rep}); err != nil {
+	if err := WritePlots(png, []*Report{off, rep}); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
-		t.Fatalf("plot: %v", err)
+	for _, f := range []string{png, StepPlotPath(png)} {
+		if st, err := os.Stat(f); err != nil || st.Size() < 1000 {
+			t.Fatalf("plot %s: %v", f, err)
+		}
 	}
 	f, _ := os.Create(filepath.Join(dir, "t.txt"))
 	defer f.Close()
@@ -381,6 +428,53 @@ func TestVerifyRealCacheModes(t *testing.T) {
 						t.Fatalf("kv=%d: %d rows, %d hits, %d preemptions", kv, rep.VerifiedRows, rep.HitTokens, rep.Preemptions)
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestCheckTrace: records out of the model length or the KV pool are errors
+// naming the record, checked before anything is sized from them.
+func TestCheckTrace(t *testing.T) {
+	lim := TraceLimits{MaxModelLen: 1000, KVBlocks: 32, BlockSize: 16} // pool: 512 tokens
+	ok := TraceRecord{InputLength: 100, OutputLength: 10}
+	for _, c := range []struct {
+		rec  TraceRecord
+		want string
+	}{
+		{TraceRecord{InputLength: 99999999999999, OutputLength: 4}, "model length"},
+		{TraceRecord{InputLength: 8, OutputLength: 1e12}, "model length"},
+		{TraceRecord{InputLength: 600, OutputLength: 10}, "KV pool"},
+		{TraceRecord{InputLength: 0, OutputLength: 10}, "> 0"},
+		{TraceRecord{InputLength: 10, OutputLength: -1}, "> 0"},
+	} {
+		recs := []TraceRecord{ok, ok, c.rec}
+		err := CheckTrace(recs, lim)
+		if !errors.Is(err, ErrTraceRecord) || !strings.Contains(err.Error(), "record 3:") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v", c.rec, err)
+		}
+		if _, err := TraceSpec("t", recs, []omnicache.Key{{Name: "h", RowBytes: 8}}, 4, lim); !errors.Is(err, ErrTraceRecord) {
+			t.Errorf("TraceSpec accepted %+v: %v", c.rec, err)
+		}
+	}
+	if err := CheckTrace([]TraceRecord{ok, {InputLength: 500, OutputLength: 12}}, lim); err != nil {
+		t.Fatalf("a record of exactly the pool: %v", err)
+	}
+}
+
+// TestParseTraceErrorsNameRecord: every parser names the bad record and its
+// line (simdjson alone names neither).
+func TestParseTraceErrorsNameRecord(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}`
+	for _, data := range []struct{ text, want string }{
+		{good + "\n" + good + "\n\n" + `{"timestamp": 0, "input_length": 10,` + "\n" + good + "\n", "record 3 (line 4)"},
+		{good + "\n" + `{"timestamp": 0, "input_length": "ten", "output_length": 2, "hash_ids": [1]}` + "\n", "record 2"},
+		{good + "\n" + `{"timestamp": 0, "input_length": 10, "output_length": 1.5e12, "hash_ids": [1]}` + "\n", "record 2"},
+	} {
+		for _, p := range []string{ParserStd, ParserAuto} {
+			_, err := ParseTrace([]byte(data.text), p, 0)
+			if err == nil || !strings.Contains(err.Error(), data.want) {
+				t.Errorf("%s: %q: %v, want %q", p, data.text, err, data.want)
 			}
 		}
 	}

@@ -4,52 +4,221 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"strings"
 	"text/tabwriter"
 )
 
 // TargetLoss is the projected throughput loss allowed at a 0% hit rate
-// (DESIGN §7).
+// (the project's design target).
 const TargetLoss = 0.001
 
-// WriteTable prints the reports as a table, one line per workload and mode,
-// and a summary against the 0%-hit target.
-func WriteTable(w io.Writer, reps []*Report) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tcache\tsteps\ttokens\thit\tpreempt\teng p50\teng p99\teng mean\tstall\tcommit/step\tcommit share\trows\twritten\tmirror RSS\tfirst req\tthroughput\t")
+// TargetGainPoints is how far a hit workload's projected change may be from
+// the reference's change after its fix: ±15 percentage points.
+const TargetGainPoints = 0.15
+
+// TableWidth is the most columns the default table (WriteTable) takes.
+const TableWidth = 120
+
+// workloadRuns pairs the cache-off and cache-on reports of one workload.
+type workloadRuns struct {
+	name    string
+	off, on *Report
+}
+
+// any is the report the workload-level numbers come from (the same in both).
+func (w *workloadRuns) any() *Report {
+	if w.on != nil {
+		return w.on
+	}
+	return w.off
+}
+
+func pairRuns(reps []*Report) []*workloadRuns {
+	var out []*workloadRuns
+	byName := map[string]*workloadRuns{}
 	for _, r := range reps {
-		if r.Cache == "off" {
-			fmt.Fprintf(tw, "%s\toff\t%d\t%d\t%s\t%d\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t\n",
-				r.Name, r.Steps, r.Tokens, pct(r.HitRate, 1), r.Preemptions, signedPct(r.ProjectedChange))
+		w := byName[r.Name]
+		if w == nil {
+			w = &workloadRuns{name: r.Name}
+			byName[r.Name] = w
+			out = append(out, w)
+		}
+		if r.Cache == "on" {
+			w.on = r
+		} else {
+			w.off = r
+		}
+	}
+	return out
+}
+
+// Verdict is the reports measured against the targets.
+type Verdict struct {
+	// ZeroHit counts the cache-on runs without a hit; WorstLoss is their
+	// largest projected loss (a fraction ≥ 0), in WorstLossName.
+	ZeroHit       int
+	WorstLoss     float64
+	WorstLossName string
+	// Hits are the cache-on runs with hits, each against the reference.
+	Hits []HitResult
+	// Missed names every target missed, one line each.
+	Missed []string
+}
+
+// HitResult is a workload with hits: its projected change against the
+// reference's change after its fix.
+type HitResult struct {
+	Name             string
+	HitRate          float64
+	Projected        float64
+	HasRef           bool
+	RefAfter         float64
+	RefLo, RefHi     float64
+	WithinGainTarget bool
+}
+
+// Check measures the reports against the targets: every cache-on run without
+// a hit loses at most TargetLoss, and every one with a hit projects within
+// TargetGainPoints of the reference's change after its fix (when the
+// workload has a reference).
+func Check(reps []*Report) Verdict {
+	var v Verdict
+	for _, r := range reps {
+		if r.Cache != "on" {
 			continue
 		}
-		fmt.Fprintf(tw, "%s\ton\t%d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t\n",
-			r.Name, r.Steps, r.Tokens, pct(r.HitRate, 1), r.Preemptions,
-			dur(float64(r.EngineNsP50)), dur(float64(r.EngineNsP99)), dur(r.EngineNsPerStep),
-			dur(float64(r.StallNs)), dur(r.CommitterPerStep), pct(r.CommitterShare, 2),
-			r.RowsWritten, bytesStr(r.BytesWritten), bytesStr(r.MirrorResidentBytes),
-			dur(float64(r.FirstRequestNs)), signedPct(r.ProjectedChange))
+		if r.HitTokens == 0 {
+			v.ZeroHit++
+			if loss := -r.ProjectedChange; loss > v.WorstLoss || v.WorstLossName == "" {
+				v.WorstLoss, v.WorstLossName = loss, r.Name
+			}
+			continue
+		}
+		h := HitResult{Name: r.Name, HitRate: r.HitRate, Projected: r.ProjectedChange, HasRef: r.RefReqPerSecOff > 0,
+			RefAfter: r.RefChangeAfter, RefLo: r.RefChangeAfterLo, RefHi: r.RefChangeAfterHi}
+		h.WithinGainTarget = !h.HasRef || math.Abs(h.Projected-h.RefAfter) <= TargetGainPoints
+		if !h.WithinGainTarget {
+			v.Missed = append(v.Missed, fmt.Sprintf("%s: projected %s at %s hit, reference %s: more than %.0f points apart",
+				r.Name, signedPct(h.Projected, 1), pct(h.HitRate, 1), signedPct(h.RefAfter, 1), 100*TargetGainPoints))
+		}
+		v.Hits = append(v.Hits, h)
+	}
+	if v.ZeroHit > 0 && v.WorstLoss > TargetLoss {
+		v.Missed = append(v.Missed, fmt.Sprintf("%s: projected loss %s at 0%% hit, target <= %s",
+			v.WorstLossName, pct(v.WorstLoss, 3), pct(TargetLoss, 1)))
+	}
+	return v
+}
+
+// WriteTable prints one line per workload, at most TableWidth columns: the
+// hit rate, the engine goroutine's cache time per step (mean and p99), the
+// mirror's resident bytes, the model's cache-off throughput and the
+// reference's ("model/ref"), the projected change beside the reference's
+// change after its fix and its range; then the summary against the targets
+// (WriteSummary).
+func WriteTable(w io.Writer, reps []*Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\thit\teng/step\teng p99\tmirror\toff req/s\tprojected\tref after\tref range\t")
+	for _, run := range pairRuns(reps) {
+		a := run.any()
+		hit, eng, p99, mirror, proj := "-", "-", "-", "-", "-"
+		if run.on != nil {
+			r := run.on
+			hit = pct(r.HitRate, 1)
+			eng, p99 = dur(r.EngineNsPerStep), dur(float64(r.EngineNsP99))
+			mirror = shortBytes(r.MirrorResidentBytes)
+			proj = signedPct(r.ProjectedChange, 2)
+		}
+		refOff, _, after, rng := refCols(a)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f/%s\t%s\t%s\t%s\t\n", shortName(run.name), hit, eng, p99, mirror,
+			a.ModelReqPerSecOff, refOff, proj, after, strings.ReplaceAll(rng, "%", ""))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	worst, name, n := 0.0, "", 0
-	var failures int64
-	for _, r := range reps {
-		failures += r.VerifyFailures
-		if r.Cache == "on" && r.HitTokens == 0 {
-			n++
-			if -r.ProjectedChange > worst || name == "" {
-				worst, name = -r.ProjectedChange, r.Name
-			}
-		}
+	return WriteSummary(w, reps)
+}
+
+// refCols are the reference columns of a report ("-" without a reference).
+func refCols(r *Report) (refOff, fit, after, rng string) {
+	if r.RefReqPerSecOff == 0 {
+		return "-", "-", "-", "-"
 	}
-	if n > 0 {
+	// Reference changes to its own precision (0.1 points).
+	return fmt.Sprintf("%.2f", r.RefReqPerSecOff), signedPct(r.FitError, 1), refPct(r.RefChangeAfter),
+		refPct(r.RefChangeAfterLo) + ".." + refPct(r.RefChangeAfterHi)
+}
+
+// WriteWideTable prints one line per workload and mode with every column.
+func WriteWideTable(w io.Writer, reps []*Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tcache\tsteps\tcomputed\thit\tref hit\tpreempt\teng p50\teng p99\teng mean\tstall\t"+
+		"commit/step\tcommit share\trows\twritten\tmirror RSS\tfirst req\tmodel step\treq/s\toff req/s\tref req/s\t"+
+		"fit err\tprojected\tref before\tref after\tref range\t")
+	for _, r := range reps {
+		refOff, fit, after, rng := refCols(r)
+		before, refHit := "-", "-"
+		if r.RefReqPerSecOff > 0 {
+			before, refHit = refPct(r.RefChangeBefore), r.RefHit+"%"
+		}
+		common := fmt.Sprintf("%s\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t", dur(r.ModelStepNs), r.ModelReqPerSec,
+			r.ModelReqPerSecOff, refOff, fit, signedPct(r.ProjectedChange, 3), before, after, rng)
+		if r.Cache == "off" {
+			fmt.Fprintf(tw, "%s\toff\t%d\t%d\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\n",
+				r.Name, r.Steps, r.ComputedTokens, pct(r.HitRate, 1), refHit, r.Preemptions, common)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\ton\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n",
+			r.Name, r.Steps, r.ComputedTokens, pct(r.HitRate, 1), refHit, r.Preemptions,
+			dur(float64(r.EngineNsP50)), dur(float64(r.EngineNsP99)), dur(r.EngineNsPerStep),
+			dur(float64(r.StallNs)), dur(r.CommitterPerStep), pct(r.CommitterShare, 2),
+			r.RowsWritten, bytesStr(r.BytesWritten), bytesStr(r.MirrorResidentBytes),
+			dur(float64(r.FirstRequestNs)), common)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return WriteSummary(w, reps)
+}
+
+// WriteSummary prints the verdict: the worst 0%-hit loss against the target,
+// each hit workload's gain against the reference, the worst fit error of the
+// runs, and the --verify results. Lines fit TableWidth columns but for
+// verification failures.
+func WriteSummary(w io.Writer, reps []*Report) error {
+	v := Check(reps)
+	fmt.Fprintln(w)
+	if v.ZeroHit > 0 {
 		verdict := "ok"
-		if worst > TargetLoss {
+		if v.WorstLoss > TargetLoss {
 			verdict = "OVER TARGET"
 		}
-		fmt.Fprintf(w, "\nworst projected loss at 0%% hit: %s (%s) over %d workloads; target <= %s: %s\n",
-			pct(worst, 3), name, n, pct(TargetLoss, 1), verdict)
+		fmt.Fprintf(w, "worst projected loss at 0%% hit: %s (%s), %d workloads; target <= %s: %s\n",
+			pct(v.WorstLoss, 3), shortName(v.WorstLossName), v.ZeroHit, pct(TargetLoss, 1), verdict)
+	}
+	for _, h := range v.Hits {
+		if !h.HasRef {
+			fmt.Fprintf(w, "gain %s (hit %s): %s, no reference\n", shortName(h.Name), pct(h.HitRate, 1), signedPct(h.Projected, 1))
+			continue
+		}
+		verdict := "ok"
+		if !h.WithinGainTarget {
+			verdict = "OFF TARGET"
+		}
+		fmt.Fprintf(w, "gain %s at %s hit: %s vs reference %s, %+.1f points; target ±%.0f: %s\n",
+			shortName(h.Name), pct(h.HitRate, 1), signedPct(h.Projected, 1), signedPct(h.RefAfter, 1),
+			100*(h.Projected-h.RefAfter), 100*TargetGainPoints, verdict)
+	}
+	worst, name := 0.0, ""
+	for _, r := range reps {
+		if r.RefReqPerSecOff > 0 && math.Abs(r.FitError) >= worst {
+			worst, name = math.Abs(r.FitError), r.Name
+		}
+	}
+	if name != "" {
+		fmt.Fprintf(w, "worst fit error, model vs reference cache-off req/s at these prompt counts: %s (%s)\n",
+			pct(worst, 1), shortName(name))
 	}
 	for _, r := range reps {
 		if r.Verify {
@@ -73,13 +242,41 @@ func WriteJSON(w io.Writer, r *Report) error {
 	return err
 }
 
+// maxNameCols bounds the workload column of the default table.
+const maxNameCols = 26
+
+// shortName cuts a name to maxNameCols, keeping its end (the distinctive
+// part of a file name or workload).
+func shortName(s string) string {
+	r := []rune(s)
+	if len(r) <= maxNameCols {
+		return s
+	}
+	return "…" + string(r[len(r)-maxNameCols+1:])
+}
+
+// shortBytes is bytesStr without decimals (MiB and up).
+func shortBytes(n int64) string {
+	switch {
+	case n < 1<<20:
+		return bytesStr(n)
+	case n < 1<<30:
+		return fmt.Sprintf("%.0fMiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
+}
+
 func pct(f float64, prec int) string { return fmt.Sprintf("%.*f%%", prec, 100*f) }
 
-func signedPct(f float64) string {
+// refPct is a reference change as the reference printed it: one decimal,
+// signed, "-0.0%" included.
+func refPct(f float64) string { return fmt.Sprintf("%+.1f%%", 100*f) }
+
+func signedPct(f float64, prec int) string {
 	if f == 0 {
 		return "0"
 	}
-	return fmt.Sprintf("%+.3f%%", 100*f)
+	return fmt.Sprintf("%+.*f%%", prec, 100*f)
 }
 
 func dur(ns float64) string {

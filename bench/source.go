@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"hash/fnv"
 	"math/rand/v2"
 
 	"github.com/omnicache/omnicache/bench/sim"
@@ -13,7 +12,9 @@ const Vocab = 151936
 // RandomSource generates a workload's prompts with vLLM random-dataset
 // semantics: every prompt is the workload's shared prefix followed by random
 // tokens; input and output lengths are uniform in [len*(1-ratio),
-// len*(1+ratio)]. Prompt i depends only on (seed, workload, i).
+// len*(1+ratio)]. Prompt i depends only on (seed, the workload's shape, i):
+// the seed is the reference's dataset seed, so two rows with the same seed
+// and shape (as the reference's DECV_c32 rows) get the same prompts.
 type RandomSource struct {
 	w      Workload
 	seed   uint64
@@ -23,9 +24,7 @@ type RandomSource struct {
 
 // NewRandomSource returns the prompts of w for seed.
 func NewRandomSource(w Workload, seed uint64) *RandomSource {
-	h := fnv.New64a()
-	h.Write([]byte(w.FullName()))
-	s := &RandomSource{w: w, seed: seed ^ h.Sum64()}
+	s := &RandomSource{w: w, seed: seed}
 	rng := rand.New(rand.NewPCG(s.seed, 0))
 	s.prefix = make([]int32, w.SharedPrefix)
 	for i := range s.prefix {

@@ -85,7 +85,8 @@ func ParseTrace(data []byte, parser string, limit int) ([]TraceRecord, error) {
 	}
 	for i, r := range recs {
 		if r.InputLength <= 0 || r.OutputLength <= 0 {
-			return nil, fmt.Errorf("record %d: input_length %d, output_length %d", i+1, r.InputLength, r.OutputLength)
+			return nil, fmt.Errorf("%w: record %d: input_length %d, output_length %d: both must be > 0",
+				ErrTraceRecord, i+1, r.InputLength, r.OutputLength)
 		}
 	}
 	return recs, nil
@@ -112,13 +113,22 @@ func parseStd(data []byte) ([]TraceRecord, error) {
 	var recs []TraceRecord
 	for {
 		var r TraceRecord
+		start := dec.InputOffset()
 		if err := dec.Decode(&r); err == io.EOF {
 			return recs, nil
 		} else if err != nil {
-			return nil, fmt.Errorf("record %d: %w", len(recs)+1, err)
+			return nil, fmt.Errorf("record %d (line %d): %w", len(recs)+1, lineAt(data, start), err)
 		}
 		recs = append(recs, r)
 	}
+}
+
+// lineAt is the line (from 1) of the first non-space byte at or after off.
+func lineAt(data []byte, off int64) int {
+	for off < int64(len(data)) && (data[off] == ' ' || data[off] == '\t' || data[off] == '\n' || data[off] == '\r') {
+		off++
+	}
+	return bytes.Count(data[:off], []byte{'\n'}) + 1
 }
 
 func parseSIMD(data []byte) ([]TraceRecord, error) {
@@ -127,7 +137,14 @@ func parseSIMD(data []byte) ([]TraceRecord, error) {
 	}
 	pj, err := simdjson.ParseND(data, nil)
 	if err != nil {
-		return nil, err
+		// simdjson validates the whole file at once and names no record:
+		// encoding/json names the first bad one. Should it accept the file,
+		// its records are the answer.
+		recs, stdErr := parseStd(data)
+		if stdErr != nil {
+			return nil, fmt.Errorf("%w (simdjson: %v)", stdErr, err)
+		}
+		return recs, nil
 	}
 	var recs []TraceRecord
 	var el simdjson.Element
@@ -140,6 +157,10 @@ func parseSIMD(data []byte) ([]TraceRecord, error) {
 			e, err := it.FindElement(&el, name)
 			if err != nil {
 				return 0, fmt.Errorf("record %d: %s: %w", n, name, err)
+			}
+			// As encoding/json into an int: an integer literal, not 1e12.
+			if t := e.Iter.Type(); t != simdjson.TypeInt && t != simdjson.TypeUint {
+				return 0, fmt.Errorf("record %d: %s: %s is not an integer", n, name, t)
 			}
 			v, err := e.Iter.Int()
 			if err != nil {
@@ -187,9 +208,55 @@ func parseSIMD(data []byte) ([]TraceRecord, error) {
 	return recs, err
 }
 
+// DefaultTraceMaxModelLen is the model length a trace's requests are checked
+// against by default: 256k tokens (the Mooncake traces' longest requests are
+// about 191k).
+const DefaultTraceMaxModelLen = 1 << 18
+
+// TraceLimits are what a trace's requests must fit: the model length and,
+// each request alone, the KV pool.
+type TraceLimits struct {
+	MaxModelLen int // tokens, prompt + output
+	KVBlocks    int // KV pool size
+	BlockSize   int // tokens a KV block
+}
+
+// ErrTraceRecord reports a trace record the engine could never serve.
+var ErrTraceRecord = errors.New("bench: trace record out of range")
+
+// CheckTrace checks every record against the limits before anything is sized
+// from it; the error names the first record out of range.
+func CheckTrace(recs []TraceRecord, lim TraceLimits) error {
+	if lim.MaxModelLen <= 0 || lim.KVBlocks <= 0 || lim.BlockSize <= 0 {
+		return fmt.Errorf("bench: trace limits %+v: every limit must be > 0", lim)
+	}
+	pool := int64(lim.KVBlocks) * int64(lim.BlockSize)
+	for i, r := range recs {
+		if r.InputLength <= 0 || r.OutputLength <= 0 {
+			return fmt.Errorf("%w: record %d: input_length %d, output_length %d: both must be > 0",
+				ErrTraceRecord, i+1, r.InputLength, r.OutputLength)
+		}
+		total := int64(r.InputLength) + int64(r.OutputLength)
+		if total > int64(lim.MaxModelLen) {
+			return fmt.Errorf("%w: record %d: input_length %d + output_length %d = %d tokens, more than the model length %d",
+				ErrTraceRecord, i+1, r.InputLength, r.OutputLength, total, lim.MaxModelLen)
+		}
+		if total > pool {
+			return fmt.Errorf("%w: record %d: %d tokens, more than the KV pool (%d blocks of %d tokens)",
+				ErrTraceRecord, i+1, total, lim.KVBlocks, lim.BlockSize)
+		}
+	}
+	return nil
+}
+
 // TraceSpec is the replay spec of a parsed trace: requests admitted in file
-// order (timestamps are not replayed), keys and concurrency as given.
-func TraceSpec(name string, recs []TraceRecord, keys []omnicache.Key, concurrency int) Spec {
+// order (timestamps are not replayed), keys and concurrency as given. Every
+// record is checked against lim first (CheckTrace); the spec's KV pool is
+// lim.KVBlocks.
+func TraceSpec(name string, recs []TraceRecord, keys []omnicache.Key, concurrency int, lim TraceLimits) (Spec, error) {
+	if err := CheckTrace(recs, lim); err != nil {
+		return Spec{}, err
+	}
 	maxLen := 1
 	for _, r := range recs {
 		maxLen = max(maxLen, r.InputLength+r.OutputLength)
@@ -201,6 +268,7 @@ func TraceSpec(name string, recs []TraceRecord, keys []omnicache.Key, concurrenc
 		Concurrency: concurrency,
 		Prompts:     len(recs),
 		MaxModelLen: maxLen,
+		KVBlocks:    lim.KVBlocks,
 		Source:      func() sim.Source { return NewTraceSource(recs) },
-	}
+	}, nil
 }

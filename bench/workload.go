@@ -1,5 +1,5 @@
 // Package bench is the engine replay, the project's main job: it replays
-// workloads (the reference table of DESIGN §6, or a Mooncake-style request
+// workloads (the reference's workload table, or a Mooncake-style request
 // trace) through the engine simulator of bench/sim, drives the real cache
 // through its public API exactly as an engine would, and reports what the
 // cache costs the engine goroutine, what it writes, whether it is right
@@ -29,8 +29,8 @@ var defaultTable string
 func DefaultTable() string { return defaultTable }
 
 // Workload is one row of the reference table: vLLM "random dataset"
-// parameters, the benchmark's concurrency and prompt count, the reference
-// cache-off throughput and the model's per-token keys.
+// parameters, the benchmark's concurrency, prompt count and dataset seed, the
+// reference's results and the model's per-token keys and step cost.
 type Workload struct {
 	Model        string
 	Name         string
@@ -40,10 +40,26 @@ type Workload struct {
 	RangeRatio   float64
 	Concurrency  int
 	Prompts      int
-	// RefReqPerSec is the reference cache-off throughput (req/s) that gives
-	// the model step time.
-	RefReqPerSec float64
-	Keys         []omnicache.Key
+	// Seed is the reference's dataset seed; it picks the prompts.
+	Seed uint64
+	Ref  Reference
+	Keys []omnicache.Key
+	// Cost is the model's fitted step cost (zero when the table has no
+	// `cost` line for the model).
+	Cost StepCost
+}
+
+// Reference is what the reference measured for a workload. Changes are
+// fractions (+0.765 is +76.5%).
+type Reference struct {
+	// Hit is its engine's prefix-hit rate as it printed it ("49.4",
+	// "0.3-64.7"), in percent.
+	Hit string
+	// ReqPerSecOff is its cache-off throughput.
+	ReqPerSecOff float64
+	// Before and After are its throughput change with the cache on, before
+	// and after its fix; AfterLo..AfterHi is the range of the after runs.
+	Before, After, AfterLo, AfterHi float64
 }
 
 // FullName is "model/name".
@@ -60,11 +76,14 @@ func DefaultWorkloads() []Workload {
 
 // ParseWorkloads reads a workload table: one workload a line
 // (`model name shared_prefix input_len output_len range_ratio concurrency
-// prompts ref_req_per_s`) and one `keys model key=bytes,...` line per model.
-// '#' starts a comment.
+// prompts dataset_seed | ref_hit ref_req_per_s_off ref_before% ref_after%
+// ref_after_lo% ref_after_hi%`), one `keys model key=bytes,...` line per
+// model and at most one `cost model a_ns b_ns c_ns d_ns` line per model (see
+// StepCost). '#' starts a comment.
 func ParseWorkloads(text string) ([]Workload, error) {
 	var ws []Workload
 	keys := map[string][]omnicache.Key{}
+	costs := map[string]StepCost{}
 	for ln, line := range strings.Split(text, "\n") {
 		if i := strings.IndexByte(line, '#'); i >= 0 {
 			line = line[:i]
@@ -73,7 +92,8 @@ func ParseWorkloads(text string) ([]Workload, error) {
 		if len(f) == 0 {
 			continue
 		}
-		if f[0] == "keys" {
+		switch f[0] {
+		case "keys":
 			if len(f) != 3 {
 				return nil, fmt.Errorf("line %d: want `keys model key=bytes,...`", ln+1)
 			}
@@ -83,34 +103,20 @@ func ParseWorkloads(text string) ([]Workload, error) {
 			}
 			keys[f[1]] = k
 			continue
-		}
-		if len(f) != 9 {
-			return nil, fmt.Errorf("line %d: want 9 fields, got %d", ln+1, len(f))
-		}
-		w := Workload{Model: f[0], Name: f[1]}
-		ints := []*int{&w.SharedPrefix, &w.InputLen, &w.OutputLen}
-		for i, p := range ints {
-			v, err := strconv.Atoi(f[2+i])
-			if err != nil || v < 0 {
-				return nil, fmt.Errorf("line %d: bad length %q", ln+1, f[2+i])
+		case "cost":
+			c, err := parseCost(f)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: %w", ln+1, err)
 			}
-			*p = v
+			if _, dup := costs[c.Model]; dup {
+				return nil, fmt.Errorf("line %d: second cost line for %s", ln+1, c.Model)
+			}
+			costs[c.Model] = c
+			continue
 		}
-		var err error
-		if w.RangeRatio, err = strconv.ParseFloat(f[5], 64); err != nil || w.RangeRatio < 0 || w.RangeRatio >= 1 {
-			return nil, fmt.Errorf("line %d: bad range ratio %q", ln+1, f[5])
-		}
-		if w.Concurrency, err = strconv.Atoi(f[6]); err != nil || w.Concurrency <= 0 {
-			return nil, fmt.Errorf("line %d: bad concurrency %q", ln+1, f[6])
-		}
-		if w.Prompts, err = strconv.Atoi(f[7]); err != nil || w.Prompts <= 0 {
-			return nil, fmt.Errorf("line %d: bad prompt count %q", ln+1, f[7])
-		}
-		if w.RefReqPerSec, err = strconv.ParseFloat(f[8], 64); err != nil || w.RefReqPerSec <= 0 {
-			return nil, fmt.Errorf("line %d: bad reference throughput %q", ln+1, f[8])
-		}
-		if w.InputLen+w.SharedPrefix == 0 || w.OutputLen == 0 {
-			return nil, fmt.Errorf("line %d: empty prompt or output", ln+1)
+		w, err := parseWorkload(f)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", ln+1, err)
 		}
 		ws = append(ws, w)
 	}
@@ -120,8 +126,56 @@ func ParseWorkloads(text string) ([]Workload, error) {
 			return nil, fmt.Errorf("no `keys %s ...` line", ws[i].Model)
 		}
 		ws[i].Keys = k
+		ws[i].Cost = costs[ws[i].Model]
 	}
 	return ws, nil
+}
+
+func parseWorkload(f []string) (Workload, error) {
+	if len(f) != 16 || f[9] != "|" {
+		return Workload{}, fmt.Errorf("want 9 fields, '|' and 6 reference fields, got %d fields", len(f))
+	}
+	w := Workload{Model: f[0], Name: f[1]}
+	for i, p := range []*int{&w.SharedPrefix, &w.InputLen, &w.OutputLen} {
+		v, err := strconv.Atoi(f[2+i])
+		if err != nil || v < 0 {
+			return w, fmt.Errorf("bad length %q", f[2+i])
+		}
+		*p = v
+	}
+	var err error
+	if w.RangeRatio, err = strconv.ParseFloat(f[5], 64); err != nil || !(w.RangeRatio >= 0 && w.RangeRatio < 1) {
+		return w, fmt.Errorf("bad range ratio %q", f[5])
+	}
+	if w.Concurrency, err = strconv.Atoi(f[6]); err != nil || w.Concurrency <= 0 {
+		return w, fmt.Errorf("bad concurrency %q", f[6])
+	}
+	if w.Prompts, err = strconv.Atoi(f[7]); err != nil || w.Prompts <= 0 {
+		return w, fmt.Errorf("bad prompt count %q", f[7])
+	}
+	if w.Seed, err = strconv.ParseUint(f[8], 10, 64); err != nil {
+		return w, fmt.Errorf("bad dataset seed %q", f[8])
+	}
+	if w.InputLen+w.SharedPrefix == 0 || w.OutputLen == 0 {
+		return w, fmt.Errorf("empty prompt or output")
+	}
+	w.Ref.Hit = f[10]
+	if w.Ref.ReqPerSecOff, err = strconv.ParseFloat(f[11], 64); err != nil || !(w.Ref.ReqPerSecOff > 0) || math.IsInf(w.Ref.ReqPerSecOff, 0) {
+		return w, fmt.Errorf("bad reference throughput %q", f[11])
+	}
+	for i, p := range []*float64{&w.Ref.Before, &w.Ref.After, &w.Ref.AfterLo, &w.Ref.AfterHi} {
+		// Percent to fraction in the parse ("76.5e-2"), so the fraction is
+		// the double nearest the decimal.
+		v, err := strconv.ParseFloat(f[12+i]+"e-2", 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= -1 {
+			return w, fmt.Errorf("bad reference change %q", f[12+i])
+		}
+		*p = v
+	}
+	if w.Ref.AfterLo > w.Ref.AfterHi {
+		return w, fmt.Errorf("reference range %s..%s is empty", f[14], f[15])
+	}
+	return w, nil
 }
 
 // ParseWidths reads per-token keys: `name=bytes[:opt|:req|:deferred],...`.
@@ -212,16 +266,21 @@ func (w Workload) MaxModelLen() int {
 	return w.SharedPrefix + in + out
 }
 
-// Spec returns the replay spec of the workload; seed picks the prompts.
+// Spec returns the replay spec of the workload; seed picks the prompts (0:
+// the workload's dataset seed).
 func (w Workload) Spec(seed uint64) Spec {
+	if seed == 0 {
+		seed = w.Seed
+	}
 	return Spec{
-		Name:         w.FullName(),
-		Model:        w.Model,
-		Keys:         w.Keys,
-		Concurrency:  w.Concurrency,
-		Prompts:      w.Prompts,
-		MaxModelLen:  w.MaxModelLen(),
-		RefReqPerSec: w.RefReqPerSec,
+		Name:        w.FullName(),
+		Model:       w.Model,
+		Keys:        w.Keys,
+		Concurrency: w.Concurrency,
+		Prompts:     w.Prompts,
+		MaxModelLen: w.MaxModelLen(),
+		Ref:         w.Ref,
+		Cost:        w.Cost,
 		Source: func() sim.Source {
 			return NewRandomSource(w, seed)
 		},

@@ -42,6 +42,10 @@ type Config struct {
 	MaxModelLen int
 	// Vocab is the vocabulary sampled tokens are drawn from (default 151936).
 	Vocab int
+	// NoPrefixCaching turns the KV prefix cache off (vLLM's
+	// enable_prefix_caching: false): no lookup hits, every prompt token is
+	// computed, and freed blocks keep no hash.
+	NoPrefixCaching bool
 }
 
 // Request is one prompt the client sends.
@@ -120,6 +124,32 @@ type Step struct {
 	// Queried and Hit are the prompt tokens looked up at arrival this step
 	// and the tokens that hit.
 	Queried, Hit int
+	// Cost is what the step computes, the step-cost model's inputs.
+	Cost Work
+}
+
+// Work is what the forward of one step (or of many, summed) computes.
+type Work struct {
+	// Steps is the number of steps (1 for one step).
+	Steps int64
+	// PrefillTokens are the scheduled tokens that are not decodes: prompt
+	// chunks, and recomputation after preemption. Prefix hits are not
+	// scheduled, so they are not counted.
+	PrefillTokens int64
+	// Attention is, over the prefill chunks, Σ chunk_len × context_len, with
+	// context_len the tokens the chunk's last token attends to (start +
+	// chunk_len): the quadratic part of a prefill.
+	Attention int64
+	// DecodeSeqs are the requests decoding one sampled token.
+	DecodeSeqs int64
+}
+
+// Add accumulates w into a sum.
+func (a *Work) Add(w Work) {
+	a.Steps += w.Steps
+	a.PrefillTokens += w.PrefillTokens
+	a.Attention += w.Attention
+	a.DecodeSeqs += w.DecodeSeqs
 }
 
 // Sim is the simulated engine. Not safe for concurrent use.
@@ -146,6 +176,7 @@ type Sim struct {
 	hitBuf    []int32
 
 	// Counters over the whole run.
+	Work        Work // summed over the steps
 	Steps       int
 	TokensTotal int64
 	Queried     int64
@@ -154,6 +185,9 @@ type Sim struct {
 	Finished    int64
 	Arrived     int64
 }
+
+// maxTableEntries bounds the block table (1 GiB of int32).
+const maxTableEntries = 1 << 28
 
 // New returns a simulator reading requests from src.
 func New(cfg Config, src Source) (*Sim, error) {
@@ -169,6 +203,12 @@ func New(cfg Config, src Source) (*Sim, error) {
 	if cfg.BlockSize <= 0 || cfg.NumBlocks <= 0 || cfg.MaxBatchedTokens <= 0 ||
 		cfg.Concurrency <= 0 || cfg.MaxModelLen <= 0 || cfg.Vocab <= 0 {
 		return nil, fmt.Errorf("sim: bad config %+v", cfg)
+	}
+	// The block table is 2*Concurrency rows of MaxModelLen/BlockSize: refuse
+	// one that cannot be allocated rather than die trying.
+	if stride := (int64(cfg.MaxModelLen) + int64(cfg.BlockSize) - 1) / int64(cfg.BlockSize); stride*2*int64(cfg.Concurrency) > maxTableEntries {
+		return nil, fmt.Errorf("sim: block table of %d rows of %d blocks is too large (max model length %d, concurrency %d)",
+			2*cfg.Concurrency, stride, cfg.MaxModelLen, cfg.Concurrency)
 	}
 	s := &Sim{
 		cfg:    cfg,
@@ -342,6 +382,7 @@ func (s *Sim) schedule() error {
 	clear(st.Reqs)
 	st.Reqs, st.Prefix = st.Reqs[:0], st.Prefix[:0]
 	st.Tokens, st.Queried, st.Hit = 0, 0, 0
+	st.Cost = Work{Steps: 1}
 	s.dropAll(&s.reported) // not released by the caller: release now
 	s.reported, s.finishing = s.finishing, s.reported
 	for _, r := range s.reported {
@@ -441,6 +482,7 @@ func (s *Sim) schedule() error {
 			st.Index, len(s.waiting), len(s.running), s.blocks.NumFree())
 	}
 	s.Steps++
+	s.Work.Add(st.Cost)
 	s.TokensTotal += int64(st.Tokens)
 	s.Queried += int64(st.Queried)
 	s.Hit += int64(st.Hit)
@@ -457,11 +499,20 @@ func (s *Sim) add(r *Req, n, prefix int) {
 	st.Reqs = append(st.Reqs, r)
 	st.Prefix = append(st.Prefix, int32(prefix))
 	st.Tokens += n
+	if n == 1 && r.computed >= r.PromptLen {
+		st.Cost.DecodeSeqs++
+	} else {
+		st.Cost.PrefillTokens += int64(n)
+		st.Cost.Attention += int64(n) * int64(r.computed+n)
+	}
 }
 
 // lookup returns the longest run of cached full blocks of r's known tokens,
 // capped so that at least one token is computed.
 func (s *Sim) lookup(r *Req) []int32 {
+	if s.cfg.NoPrefixCaching {
+		return s.hitBuf[:0]
+	}
 	bs := s.cfg.BlockSize
 	maxBlocks := (len(r.Tokens) - 1) / bs
 	hit := s.hitBuf[:0]
@@ -503,6 +554,9 @@ func (s *Sim) grow(r *Req, upto int) bool {
 // tokens (at allocation, as vLLM does: a request scheduled later in the
 // same step may hit them).
 func (s *Sim) cache(r *Req, upto int) {
+	if s.cfg.NoPrefixCaching {
+		return
+	}
 	bs := s.cfg.BlockSize
 	full := min(upto, len(r.Tokens)) / bs
 	for i := r.hashed; i < full; i++ {

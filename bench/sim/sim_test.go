@@ -426,3 +426,46 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal("different seeds, same schedule")
 	}
 }
+
+// TestNoPrefixCaching: with the KV prefix cache off nothing hits, every
+// prompt token is computed, and the step work adds up: prefill tokens +
+// decodes = scheduled tokens, with the attention sum of each prefill chunk.
+func TestNoPrefixCaching(t *testing.T) {
+	reqs := randomPrompts(3, 10, 64, 40, 6) // a shared 64-token prefix
+	for _, caching := range []bool{true, false} {
+		cfg := Config{NumBlocks: 200, Concurrency: 3, MaxModelLen: 128, MaxBatchedTokens: 64, NoPrefixCaching: !caching}
+		var sum Work
+		var tokens int64
+		s := runAll(t, cfg, reqs, func(s *Sim, st *Step) {
+			var w Work
+			w.Steps = 1
+			for i, r := range st.Reqs {
+				start, n := int64(st.Plan.Start[i]), int64(st.Plan.Count[i])
+				if n == 1 && start >= int64(r.PromptLen) {
+					w.DecodeSeqs++
+				} else {
+					w.PrefillTokens += n
+					w.Attention += n * (start + n)
+				}
+			}
+			if w != st.Cost {
+				t.Fatalf("step %d: work %+v, want %+v", st.Index, st.Cost, w)
+			}
+			sum.Add(w)
+			tokens += int64(st.Tokens)
+		})
+		if s.Work != sum || sum.PrefillTokens+sum.DecodeSeqs != tokens || sum.Steps != int64(s.Steps) {
+			t.Fatalf("run work %+v, steps summed %+v, %d tokens", s.Work, sum, tokens)
+		}
+		all := int64(0)
+		for _, r := range reqs {
+			all += int64(len(r.Prompt) + r.OutputLen - 1)
+		}
+		switch {
+		case !caching && (s.Hit != 0 || s.KV().Cached() != 0 || tokens != all):
+			t.Fatalf("prefix caching off: %d hit tokens, %d cached blocks, %d computed of %d", s.Hit, s.KV().Cached(), tokens, all)
+		case caching && (s.Hit == 0 || tokens != all-s.Hit):
+			t.Fatalf("prefix caching on: %d hit tokens, %d computed of %d", s.Hit, tokens, all)
+		}
+	}
+}

@@ -2,6 +2,8 @@
 //
 //	omnicache replay [flags]   replay workloads through the engine simulator
 //	                           and the cache (cache off vs on); see -h
+//	omnicache fit              fit the step-cost model to the reference's
+//	                           cache-off throughputs; see -h
 package main
 
 import (
@@ -15,6 +17,8 @@ commands:
   replay   replay the reference workloads (or a trace) through the engine
            simulator with the cache off and on, and report the cost
            (omnicache replay -h for its flags)
+  fit      fit the step-cost model of the projection to the reference's
+           cache-off throughputs and print it (omnicache fit -h)
 `
 
 func main() {
@@ -25,6 +29,8 @@ func main() {
 	switch os.Args[1] {
 	case "replay":
 		os.Exit(replayMain(os.Args[2:], os.Stdout, os.Stderr))
+	case "fit":
+		os.Exit(fitMain(os.Args[2:], os.Stdout, os.Stderr))
 	case "help", "-h", "-help", "--help":
 		fmt.Print(usage)
 	default:

@@ -5,17 +5,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/bench"
 )
 
@@ -23,48 +26,62 @@ const replayUsage = `usage: omnicache replay [flags]
 
 Replays workloads through the engine simulator (continuous batching, chunked
 prefill, a KV block manager with prefix hashing and least-recently-freed
-reuse, preemption), once with the cache off and once driving the real cache,
-and prints per workload the engine goroutine's time in cache calls, the
-committer's time, the hit rate, rows and bytes written, the mirror's resident
-bytes, the time to the first request and the projected throughput change.
+reuse, preemption), once with the cache off (and the engine's prefix caching
+off, as the reference measured it) and once driving the real cache, and
+prints per workload the hit rate, the engine goroutine's time in cache calls,
+the mirror's resident bytes, the model's cache-off throughput against the
+reference's, and the projected throughput change beside the reference's
+(--wide: every column, per mode). The projection prices every step with the
+step-cost model fitted to the reference (omnicache fit).
 
-Default: the embedded reference table (DESIGN §6), prompts scaled by --scale
-so the run takes a few minutes on 2 cores; --full runs it at full size.
---trace FILE replays a Mooncake-style JSONL trace instead.
+Default: the embedded reference table, prompts scaled by --scale so the run
+takes about two minutes on 2 cores; --full runs it at full size. --trace FILE
+replays a Mooncake-style JSONL trace instead.
+
+Exit status: 0; 1 when a run fails, --verify finds a wrong row, or --check
+finds a missed target; 2 for bad flags or input.
 
 flags:
 `
 
 type replayFlags struct {
-	scale        float64
-	full         bool
-	workloads    string
-	table        string
-	cache        string
-	verify       bool
-	owned        bool
-	maxBatched   int
-	blockSize    int
-	kvBlocks     int
-	mirrorMiB    int64
-	stagingDepth int
-	decodeBuffer bool
-	pace         bool
-	stepTime     time.Duration
-	seed         uint64
-	trace        string
-	limit        int
-	widths       string
-	concurrency  int
-	jsonParser   string
-	jsonOut      string
-	plot         string
-	cpuprofile   string
-	memprofile   string
-	metricsAddr  string
-	progress     string
-	repeat       int
+	scale         float64
+	full          bool
+	workloads     string
+	table         string
+	cache         string
+	verify        bool
+	owned         bool
+	maxBatched    int
+	blockSize     int
+	kvBlocks      int
+	mirrorMiB     int64
+	stagingDepth  int
+	decodeBuffer  bool
+	pace          bool
+	stepTime      time.Duration
+	seed          uint64
+	trace         string
+	limit         int
+	widths        string
+	concurrency   int
+	jsonParser    string
+	jsonOut       string
+	plot          string
+	cpuprofile    string
+	memprofile    string
+	metricsAddr   string
+	progress      string
+	repeat        int
+	wide          bool
+	check         bool
+	materializeOn string
+	maxModelLen   int
 }
+
+// newCache creates the cache of the cache-on runs (nil: bench's default,
+// the real cache on the host device); tests plug in others.
+var newCache func(omnicache.Config) (bench.Cache, error)
 
 func replayMain(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
@@ -75,7 +92,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	fs.Float64Var(&f.scale, "scale", 0.125, "scale the table's prompt counts (at least 2×concurrency prompts a workload)")
-	fs.BoolVar(&f.full, "full", false, "run the whole table at full size (scale 1, 4 GiB mirror budget)")
+	fs.BoolVar(&f.full, "full", false, "run the whole table at full size (scale 1)")
 	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC')")
 	fs.StringVar(&f.table, "table", "", "read the workload table from FILE instead of the embedded reference table")
 	fs.StringVar(&f.cache, "cache", "both", "cache modes to run: off, on or both")
@@ -84,32 +101,35 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.maxBatched, "max-batched-tokens", bench.DefaultMaxBatchedTokens, "engine token budget per step (also the staging page capacity)")
 	fs.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "KV block size in tokens")
 	fs.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV pool size in blocks (0: auto for the table, 65536 for a trace)")
-	fs.Int64Var(&f.mirrorMiB, "mirror-budget-mib", 0, "cap of the automatic KV pool, as mirror MiB (default 1024, 4096 with --full)")
+	fs.Int64Var(&f.mirrorMiB, "mirror-budget-mib", 0, "cap of the automatic KV pool, as mirror MiB (0: 1024)")
 	fs.IntVar(&f.stagingDepth, "staging-depth", 0, "cache staging pages (0: the cache's default)")
 	fs.BoolVar(&f.decodeBuffer, "decode-buffer", true, "let the cache park pure-decode steps")
 	fs.BoolVar(&f.pace, "pace", true, "wait outside the timed calls for a free staging page (reported as stall)")
-	fs.DurationVar(&f.stepTime, "step-time", 0, "model step time for the projection (default: from the reference throughput; 20ms for a trace)")
-	fs.Uint64Var(&f.seed, "seed", 1, "prompt seed")
+	fs.DurationVar(&f.stepTime, "step-time", 0, "price every step at this constant model step time instead of the fitted step cost (default for a trace: 20ms)")
+	fs.Uint64Var(&f.seed, "seed", 0, "prompt seed (0: each workload's dataset seed)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-style JSONL trace FILE instead of the table")
 	fs.IntVar(&f.limit, "limit", 0, "replay only the first N trace requests (0: all)")
+	fs.IntVar(&f.maxModelLen, "max-model-len", bench.DefaultTraceMaxModelLen, "a trace request's prompt + output tokens must fit this model length")
 	fs.StringVar(&f.widths, "widths", "", "per-token keys name=bytes[:opt|:req|:deferred],... (default: the model's; hidden=64 for a trace)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "requests in flight (default: the workload's; 32 for a trace)")
 	fs.StringVar(&f.jsonParser, "json-parser", bench.ParserAuto, "trace parser: auto, simd (simdjson-go) or std (encoding/json)")
 	fs.StringVar(&f.jsonOut, "json", "", "write one JSON object per workload and mode (JSON Lines) to FILE")
-	fs.StringVar(&f.plot, "plot", "", "draw per-step cache time and hit rate to FILE.png")
+	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, and per-step cache time and hit rate to FILE-steps.png")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
-	fs.IntVar(&f.repeat, "repeat", 1, "run each cache-on replay N times and keep the one with the least engine time (noisy machines)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs.IntVar(&f.repeat, "repeat", 3, "run each cache-on replay N times and keep the one with the least cache cost (the highest projected throughput): other processes on a shared machine only add time")
+	fs.BoolVar(&f.wide, "wide", false, "print every column, one line per workload and mode (wider than 120 columns)")
+	fs.BoolVar(&f.check, "check", false, "exit 1 when a target is missed (0%-hit loss, hit gain against the reference)")
+	fs.StringVar(&f.materializeOn, "materialize-on", "output", "where Materialize runs: output (a goroutine overlapping the next forward) or engine (timed as engine time)")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "replay: unexpected arguments %q\n", fs.Args())
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if err := checkFlags(&f, set); err != nil {
+		fmt.Fprintf(stderr, "replay: %v\n", err)
 		return 2
 	}
 	code, err := runReplay(&f, stdout, stderr)
@@ -122,22 +142,84 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
+// Flag ranges: values a run can use; anything else is an error (exit 2)
+// rather than a silent default, a hang or an allocation that cannot succeed.
+const (
+	maxConcurrency  = 4096
+	maxBlockSize    = 4096
+	maxKVBlocks     = 1 << 26
+	maxBatched      = 1 << 20
+	maxStagingDepth = 1024
+	maxRepeat       = 1000
+	maxMirrorMiB    = 1 << 20 // 1 TiB
+	maxStepTime     = time.Hour
+	maxModelLen     = 1 << 24
+)
+
+// checkFlags checks every flag's range; set names the flags given.
+func checkFlags(f *replayFlags, set map[string]bool) error {
+	intIn := func(name string, v, lo, hi int) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("--%s %d: want %d..%d", name, v, lo, hi)
+		}
+		return nil
+	}
+	concLo := 0 // 0: the workload's
+	if set["concurrency"] {
+		concLo = 1
+	}
+	for _, err := range []error{
+		intIn("limit", f.limit, 0, math.MaxInt32),
+		intIn("kv-blocks", f.kvBlocks, 0, maxKVBlocks),
+		intIn("block-size", f.blockSize, 1, maxBlockSize),
+		intIn("concurrency", f.concurrency, concLo, maxConcurrency),
+		intIn("max-batched-tokens", f.maxBatched, 1, maxBatched),
+		intIn("staging-depth", f.stagingDepth, 0, maxStagingDepth),
+		intIn("repeat", f.repeat, 1, maxRepeat),
+		intIn("max-model-len", f.maxModelLen, 1, maxModelLen),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	if f.mirrorMiB < 0 || f.mirrorMiB > maxMirrorMiB {
+		return fmt.Errorf("--mirror-budget-mib %d: want 0..%d", f.mirrorMiB, maxMirrorMiB)
+	}
+	if f.stepTime < 0 || f.stepTime > maxStepTime {
+		return fmt.Errorf("--step-time %v: want 0..%v", f.stepTime, maxStepTime)
+	}
+	if !(f.scale > 0 && f.scale <= 1) {
+		return fmt.Errorf("--scale %v: want 0 < scale <= 1", f.scale)
+	}
+	for _, e := range []struct {
+		name, v string
+		ok      []string
+	}{
+		{"cache", f.cache, []string{"off", "on", "both"}},
+		{"progress", f.progress, []string{"auto", "on", "off"}},
+		{"materialize-on", f.materializeOn, []string{"output", "engine"}},
+		{"json-parser", f.jsonParser, []string{bench.ParserAuto, bench.ParserSIMD, bench.ParserStd}},
+	} {
+		if !slices.Contains(e.ok, e.v) {
+			return fmt.Errorf("--%s %q: want %s", e.name, e.v, strings.Join(e.ok, ", "))
+		}
+	}
+	if f.trace == "" {
+		for _, name := range []string{"limit", "max-model-len", "json-parser"} {
+			if set[name] {
+				return fmt.Errorf("--%s applies to --trace only", name)
+			}
+		}
+	}
+	return nil
+}
+
 func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	specs, err := buildSpecs(f)
 	if err != nil {
 		return 2, err
 	}
-	var modes []bool
-	switch f.cache {
-	case "off":
-		modes = []bool{false}
-	case "on":
-		modes = []bool{true}
-	case "both":
-		modes = []bool{false, true}
-	default:
-		return 2, fmt.Errorf("--cache %q: want off, on or both", f.cache)
-	}
+	modes := map[string][]bool{"off": {false}, "on": {true}, "both": {false, true}}[f.cache]
 
 	if f.cpuprofile != "" {
 		pf, err := os.Create(f.cpuprofile)
@@ -177,12 +259,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		StepTime:            f.stepTime,
 		ForceStepTime:       f.stepTime > 0,
 		KeepSamples:         f.plot != "",
-	}
-	switch {
-	case f.mirrorMiB > 0:
-		opt.MirrorBudget = f.mirrorMiB << 20
-	case f.full:
-		opt.MirrorBudget = 4 << 30
+		MaterializeOnEngine: f.materializeOn == "engine",
+		NewCache:            newCache,
+		MirrorBudget:        f.mirrorMiB << 20,
 	}
 
 	repeat := max(f.repeat, 1)
@@ -220,7 +299,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			rep, err := bench.Replay(spec, o)
 			for i := 1; on && i < repeat && err == nil; i++ {
 				var again *bench.Report
-				if again, err = bench.Replay(spec, o); err == nil && again.EngineNsTotal < rep.EngineNsTotal {
+				if again, err = bench.Replay(spec, o); err == nil && again.ModelReqPerSec > rep.ModelReqPerSec {
 					rep = again
 				} else if err != nil {
 					rep = again
@@ -253,13 +332,17 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		bar.Finish()
 		fmt.Fprintln(stderr)
 	}
-	if err := bench.WriteTable(stdout, reps); err != nil {
+	write := bench.WriteTable
+	if f.wide {
+		write = bench.WriteWideTable
+	}
+	if err := write(stdout, reps); err != nil {
 		return 1, err
 	}
 	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start; cache-on runs: best of %d\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, repeat)
 	if f.plot != "" && len(reps) > 0 {
-		if err := bench.WritePlot(f.plot, reps); err != nil {
+		if err := bench.WritePlots(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "replay: plot: %v\n", err)
 			failed++
 		}
@@ -282,21 +365,31 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	case failed > 0:
 		return 1, fmt.Errorf("%d runs failed", failed)
 	}
+	if f.check {
+		if missed := bench.Check(reps).Missed; len(missed) > 0 {
+			return 1, fmt.Errorf("--check: %d targets missed: %s", len(missed), strings.Join(missed, "; "))
+		}
+	}
 	return 0, nil
 }
 
+// doneLine is the progress line of a finished run.
 func doneLine(rep *bench.Report, err error) string {
 	switch {
-	case rep == nil:
-		return "failed"
-	case err != nil:
+	case err == nil:
+		return fmt.Sprintf("%d steps in %.2fs", rep.Steps, float64(rep.WallNs)/1e9)
+	case errors.Is(err, bench.ErrVerify):
 		return fmt.Sprintf("%d steps, FAILED verification", rep.Steps)
 	}
-	return fmt.Sprintf("%d steps in %.2fs", rep.Steps, float64(rep.WallNs)/1e9)
+	return "failed"
 }
 
 // buildSpecs turns the flags into the runs' specs: the (scaled, filtered)
 // table, or the trace.
+// defaultTraceKVBlocks is a trace's KV pool: 65536 blocks (1M tokens at
+// block size 16).
+const defaultTraceKVBlocks = 65536
+
 func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 	if f.trace != "" {
 		recs, err := bench.ReadTrace(f.trace, f.jsonParser, f.limit)
@@ -305,6 +398,10 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		}
 		if len(recs) == 0 {
 			return nil, fmt.Errorf("%s: no requests", f.trace)
+		}
+		kv := f.kvBlocks
+		if kv == 0 {
+			kv = defaultTraceKVBlocks
 		}
 		widths := f.widths
 		if widths == "" {
@@ -318,26 +415,16 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		if conc <= 0 {
 			conc = 32
 		}
-		spec := bench.TraceSpec("trace:"+filepath.Base(f.trace), recs, keys, conc)
-		if f.kvBlocks <= 0 {
-			spec.KVBlocks = 65536
-		}
-		if f.stepTime <= 0 {
-			f.stepTime = bench.DefaultStepTime
+		spec, err := bench.TraceSpec(filepath.Base(f.trace), recs, keys, conc,
+			bench.TraceLimits{MaxModelLen: f.maxModelLen, KVBlocks: kv, BlockSize: f.blockSize})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.trace, err)
 		}
 		return []bench.Spec{spec}, nil
 	}
-	var ws []bench.Workload
-	if f.table != "" {
-		data, err := os.ReadFile(f.table)
-		if err != nil {
-			return nil, err
-		}
-		if ws, err = bench.ParseWorkloads(string(data)); err != nil {
-			return nil, fmt.Errorf("%s: %w", f.table, err)
-		}
-	} else {
-		ws = bench.DefaultWorkloads()
+	ws, err := readTable(f.table)
+	if err != nil {
+		return nil, err
 	}
 	var re *regexp.Regexp
 	if f.workloads != "" {
@@ -349,9 +436,6 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 	scale := f.scale
 	if f.full {
 		scale = 1
-	}
-	if scale <= 0 {
-		return nil, fmt.Errorf("--scale %v: want > 0", scale)
 	}
 	var specs []bench.Spec
 	for _, w := range ws {
@@ -412,4 +496,20 @@ func loadAverage() string {
 		return "unknown"
 	}
 	return f[0]
+}
+
+// parseFlags parses a command's flags: ok is false when the command must
+// exit with code (0 after -h, 2 for a bad flag or an argument).
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", fs.Name(), fs.Args())
+		return 2, false
+	}
+	return 0, true
 }

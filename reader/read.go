@@ -86,6 +86,11 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 			if err := r.readWrite(s.pProd[e], k, int(s.pRow[e]), 1, d); err != nil {
 				return err
 			}
+		case srcFailed:
+			if err := r.p.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: position %d (slot %d): its write was dropped", errs.WriteFailed, t, s.pSlot[e])
 		}
 	}
 	return nil

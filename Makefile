@@ -49,6 +49,7 @@ gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cu
 	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
 	$(GO) test -tags cuda -c -o .gpu/bench.test ./bench/
 	$(GO) test -c -o .gpu/mirror.test ./mirror/
+	$(GO) test -c -o .gpu/omnicache.test .
 
 gpu-replay: ## build the replay with the CUDA device into .gpu/omnicache (same CGO flags as gpu-test; README "The replay on the GPU")
 	$(GO) vet -tags cuda ./cmd/omnicache/

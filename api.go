@@ -22,7 +22,9 @@
 // any moment: calls in flight complete or fail with ErrClosed, and Close
 // frees nothing before the last of them left. The cache runs one background
 // goroutine of its own, the committer (pprof label omnicache=committer),
-// which moves host-ready rows into the mirror.
+// which moves host-ready rows into the mirror, and Config.CopyWorkers-1
+// copy workers (omnicache=copy-worker) that large scatters and hit gathers
+// are split across.
 //
 // Layout: this package is the engine contract (api.go, errors.go,
 // result.go, config.go) with one short orchestration per call (cache.go,
@@ -101,6 +103,17 @@ type Config struct {
 	// DisableDecodeBuffer writes every step at once instead of parking
 	// pure-decode steps.
 	DisableDecodeBuffer bool
+	// CopyWorkers is the number of goroutines a large host copy is split
+	// across: the committer's scatter of a step's rows into the mirror, and
+	// Materialize's gather of hit rows from it, each counting the goroutine
+	// that asks (the committer, the Materialize caller). The cache starts
+	// CopyWorkers-1 long-lived goroutines (pprof label
+	// omnicache=copy-worker) shared by both; a copy under 256 KiB (a decode
+	// step), or a scatter of rows under 512 bytes, never leaves its
+	// goroutine. 0 means GOMAXPROCS minus a quarter, at most 16 (2 on 2
+	// cores, 12 on 16: the engine keeps its share); 1 copies on one
+	// goroutine, as before. At most MaxCopyWorkers.
+	CopyWorkers int
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device
 	// ReleaseHost, when set, is called once for every owned host tensor

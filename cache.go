@@ -30,9 +30,10 @@ type Cache struct {
 	live   atomic.Int64 // requests tracked, for Stats
 	closed atomic.Bool
 
-	// calls counts the calls in flight (see enter); Close waits until the
-	// last one left (idle is closed by it) before anything is freed.
-	calls    atomic.Int64
+	// gate is 2×(calls in flight) | 1 once Close began (see enter); Close
+	// waits until the last call left (idle is closed by it) before
+	// anything is freed.
+	gate     atomic.Int64
 	idle     chan struct{}
 	idleOnce sync.Once
 }
@@ -63,13 +64,11 @@ func (c *Cache) check() error {
 
 // enter registers a call in flight; it fails with ErrClosed once Close
 // began. Every call that touches the cache's memory runs between enter and
-// leave, so Close frees nothing while one is in flight. (The counter is
-// incremented before closed is read, and Close sets closed before reading
-// the counter: sequentially consistent atomics make one of them see the
-// other.)
+// leave, so Close frees nothing while one is in flight. One word holds
+// both the count and the closed bit, so a call costs two atomic adds and
+// either the call sees Close's bit or Close sees the call.
 func (c *Cache) enter() error {
-	c.calls.Add(1)
-	if c.closed.Load() {
+	if c.gate.Add(2)&1 != 0 {
 		c.leave()
 		return ErrClosed
 	}
@@ -77,7 +76,7 @@ func (c *Cache) enter() error {
 }
 
 func (c *Cache) leave() {
-	if c.calls.Add(-1) == 0 && c.closed.Load() {
+	if c.gate.Add(-2) == 1 { // closed, and this was the last call
 		c.idleOnce.Do(func() { close(c.idle) })
 	}
 }
@@ -358,12 +357,13 @@ func (c *Cache) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	inFlight := c.gate.Or(1) >> 1
 	var deadline time.Time
 	if c.cfg.WaitTimeout >= 0 {
 		deadline = time.Now().Add(c.cfg.WaitTimeout)
 	}
 	c.path.Stop()
-	if c.calls.Load() > 0 {
+	if inFlight > 0 {
 		var tc <-chan time.Time
 		if !deadline.IsZero() {
 			t := time.NewTimer(time.Until(deadline))
@@ -373,7 +373,7 @@ func (c *Cache) Close() error {
 		select {
 		case <-c.idle:
 		case <-tc:
-			return fmt.Errorf("%w: %d calls still in flight after %v; the cache's memory is left allocated", ErrDeviceTimeout, c.calls.Load(), c.cfg.WaitTimeout)
+			return fmt.Errorf("%w: %d calls still in flight after %v; the cache's memory is left allocated", ErrDeviceTimeout, c.gate.Load()>>1, c.cfg.WaitTimeout)
 		}
 	}
 	c.mu.Lock()

@@ -145,6 +145,17 @@ func (r *propRun) faultStep(act propAction) {
 	f, ok := h.cfg.Device.(*gpu.Faulty)
 	require.True(h.t, ok, "harness: faults need a gpu.Faulty device")
 	op := gpu.Op(act.fault - 1)
+	// Reads in flight on other goroutines finish first: a fault they
+	// triggered after the checks below would go unnoticed there.
+	keep := r.late[:0]
+	for _, l := range r.late {
+		if l.async {
+			consume(h, l)
+		} else {
+			keep = append(keep, l)
+		}
+	}
+	r.late = keep
 	f.FailOpAfter(op, int64(act.faultN))
 	var failed error
 	note := func(what string, err error) bool {

@@ -2,6 +2,7 @@ package omnicache
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/writer"
@@ -16,7 +17,12 @@ const (
 	MaxMirrorBytes  = 1 << 46 // NumBlocks*BlockSize*RowBytes, per key (64 TiB of address space)
 	MaxStagingDepth = 1 << 16
 	MaxPageBytes    = 1 << 36 // StagingCapacityTokens × Σ immediate RowBytes (64 GiB)
+	MaxCopyWorkers  = 1024
 )
+
+// splitBytes overrides the smallest copy split across the copy workers
+// (tests force the split on small steps; 0: the default).
+var splitBytes int
 
 // validate applies the defaults and checks every bound; it returns the
 // write path's configuration.
@@ -50,6 +56,13 @@ func validate(cfg *Config) (writer.Config, error) {
 	}
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = DefaultWaitTimeout
+	}
+	if cfg.CopyWorkers == 0 {
+		n := runtime.GOMAXPROCS(0)
+		cfg.CopyWorkers = min(16, max(1, n-n/4))
+	}
+	if cfg.CopyWorkers < 0 || cfg.CopyWorkers > MaxCopyWorkers {
+		return bad("CopyWorkers %d not in [0, %d]", cfg.CopyWorkers, MaxCopyWorkers)
 	}
 	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 {
 		return bad("negative staging depth, capacity, budget or chunk")
@@ -93,5 +106,6 @@ func validate(cfg *Config) (writer.Config, error) {
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
 		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, ReleaseHost: cfg.ReleaseHost,
+		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes,
 	}, nil
 }

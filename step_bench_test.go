@@ -189,22 +189,57 @@ func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
 }
 
 // BenchmarkCommit measures the bytes/s of whole steps until their rows are
-// committed in the mirror (non-owned host outputs: engine → page → mirror),
-// next to a plain memcpy of the same bytes in the same run.
+// committed in the mirror, next to a plain memcpy of the same bytes in the
+// same run. A step is one request of 1024 tokens × 4 KiB (4 MiB) with an
+// owned host tensor, so the op is Begin + Save + Sync: the committer's
+// scatter from the engine's buffer into the mirror (split across the
+// default CopyWorkers), and nothing else of size.
+//
+//	op=step/mirror=warm   every step rewrites the same 1024 slots
+//	op=step/mirror=fresh  every step writes 1024 slots never written
+//	                      before: its rows land in never-touched mirror
+//	                      memory (first-touch faults included); every 64
+//	                      steps the cache is replaced, timer stopped
+//	op=memcpy             one copy() of the 4 MiB between two warm buffers,
+//	                      on one goroutine
 func BenchmarkCommit(b *testing.B) {
-	const rb, tokens = 4096, 1024
-	b.Run("op=step/row=4096", func(b *testing.B) {
-		e := newStepEngine(b, 1, 64, tokens, rb, false, tokens)
-		defer e.c.Close()
-		b.SetBytes(tokens * rb)
-		b.ReportAllocs()
-		for i := 0; i < b.N; i++ {
-			e.step(b, i, false, nil)
-			if err := e.c.Sync(); err != nil {
-				b.Fatal(err)
+	const rb, tokens, fresh = 4096, 1024, 64
+	for _, mirror := range []string{"fresh", "warm"} {
+		b.Run("op=step/mirror="+mirror+"/row=4096", func(b *testing.B) {
+			ranges := 1
+			if mirror == "fresh" {
+				ranges = fresh
 			}
-		}
-	})
+			mk := func() *stepEngine {
+				e := newStepEngine(b, ranges, 64, tokens, rb, false, tokens)
+				e.plan.Table, e.plan.Stride = e.plan.Table[:64], 64 // one request
+				e.plan.IDs, e.plan.Rows, e.plan.Start, e.plan.Count = e.plan.IDs[:1], e.plan.Rows[:1], e.plan.Start[:1], []int32{tokens}
+				return e
+			}
+			e := mk()
+			defer func() { e.c.Close() }()
+			b.SetBytes(tokens * rb)
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if mirror == "fresh" {
+					r := i % fresh
+					if r == 0 && i > 0 {
+						b.StopTimer()
+						e.c.Close()
+						e = mk()
+						b.StartTimer()
+					}
+					for blk := range e.plan.Table {
+						e.plan.Table[blk] = int32(r*64 + blk)
+					}
+				}
+				e.step(b, i, true, nil)
+				if err := e.c.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 	b.Run("op=memcpy/row=4096", func(b *testing.B) {
 		src := make([]byte, tokens*rb)
 		dst := make([]byte, tokens*rb)

@@ -87,7 +87,11 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 					case soa.InTransit:
 						// pending deferred rows: read the device clone
 						if src = r.p.CloneLocked(owner); src == nil {
-							panic("omnicache: in-transit slot without its clone")
+							// Only after a write failure: the committer
+							// drops clones it could not write. The read
+							// reports the failure.
+							kind = srcFailed
+							break
 						}
 						kind, row = srcClone, occ.Row(sl)
 						r.p.PinLocked(&s.Refs, src)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/writer"
 )
 
@@ -85,6 +86,11 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 			if err := r.readWrite(s.pProd[e], k, int(s.pRow[e]), 1, d); err != nil {
 				return err
 			}
+		case srcFailed:
+			if err := r.p.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: position %d (slot %d): its write was dropped", errs.WriteFailed, t, s.pSlot[e])
 		}
 	}
 	return nil
@@ -111,6 +117,42 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
 	com := r.p.Committer()
 	opt := r.lay.Keys[k].Optional
 	e1 := com.Epoch()
+	if wk := com.Workers(); wk.N() > 1 && len(out) >= wk.SplitBytes() && r.allWritten(s, sl) {
+		// Large, every row written and owned: check them all, then split
+		// the row copies across the copy workers.
+		m.ReadSplit(wk, out, sl)
+	} else if err := r.copyChecked(s, sl, rb, opt, m, out); err != nil {
+		return err
+	}
+	if e1&1 == 0 && com.Epoch() == e1 {
+		return nil
+	}
+	com.EvenEpoch()
+	for t, slot := range sl {
+		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) {
+			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
+		}
+	}
+	return nil
+}
+
+// allWritten reports whether every slot of sl holds a planned row: owned
+// by a write no newer than the plan, not stale, and written. If not, the
+// row-by-row copy reports which (or zeroes absent optional rows).
+func (r *Reader) allWritten(s *Step, sl []int32) bool {
+	ten := r.p.Tenancy()
+	for _, slot := range sl {
+		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) || !ten.Written(slot) {
+			return false
+		}
+	}
+	return true
+}
+
+// copyChecked copies sl's rows into out one by one, each after checking
+// its owner, stale and written bits.
+func (r *Reader) copyChecked(s *Step, sl []int32, rb int, opt bool, m *mirror.Mirror, out []byte) error {
+	ten := r.p.Tenancy()
 	for t, slot := range sl {
 		d := out[t*rb : (t+1)*rb]
 		switch {
@@ -122,15 +164,6 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
 			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, slot)
 		default:
 			m.ReadRow(d, slot)
-		}
-	}
-	if e1&1 == 0 && com.Epoch() == e1 {
-		return nil
-	}
-	com.EvenEpoch()
-	for t, slot := range sl {
-		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) {
-			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
 		}
 	}
 	return nil

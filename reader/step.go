@@ -65,6 +65,7 @@ const (
 	srcAbsent
 	srcMirror
 	srcClone
+	srcFailed // in transit for a write the committer dropped after a failure
 )
 
 // Reset empties s for a step of nkeys keys, keeping its buffers.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/hostmem"
+	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -42,6 +43,11 @@ type CommitterConfig struct {
 	ChunkBytes int64 // largest device→host copy of deferred rows
 	Stats      *Counters
 	Owner      Owner
+	// CopyWorkers is the number of goroutines a large scatter or gather is
+	// split across, the asking goroutine's included (<= 1: none started);
+	// SplitBytes the smallest copy split (<= 0: mirror.DefaultSplitBytes).
+	CopyWorkers int
+	SplitBytes  int
 }
 
 // Committer is the goroutine that moves host-ready rows from staging pages
@@ -57,6 +63,7 @@ type Committer struct {
 	emu     sync.Mutex
 	even    *sync.Cond // broadcast when the epoch turns even
 	done    chan struct{}
+	workers *mirror.Workers
 
 	// committer-only scratch
 	mask      []int32
@@ -79,8 +86,14 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 
 // Start runs the committer on its own goroutine, labelled
 // omnicache=committer for CPU profiles, until the queue is closed and
-// drained.
+// drained, and starts the copy workers (CopyWorkers-1 goroutines, labelled
+// omnicache=copy-worker) that its large scatters and the read path's large
+// gathers are split across. One pool serves both: every copy is bound by
+// the same memory bandwidth, so one set of goroutines bounds how many copy
+// at once, and the asking goroutine (committer or Materialize caller)
+// always copies a share itself, so neither waits on the other to progress.
 func (c *Committer) Start() {
+	c.workers = mirror.NewWorkers(c.cfg.CopyWorkers, c.cfg.SplitBytes)
 	go pprof.Do(context.Background(), pprof.Labels("omnicache", "committer"), func(context.Context) { c.run() })
 }
 
@@ -102,6 +115,7 @@ func (c *Committer) WaitUntil(deadline time.Time) bool {
 			return false
 		}
 	}
+	c.workers.Stop() // a gather asked for later copies on its caller
 	if c.chunk != nil {
 		c.cfg.Dev.FreeHost(c.chunk)
 		c.chunk = nil
@@ -137,6 +151,9 @@ func (c *Committer) endScatter() {
 	c.even.Broadcast()
 	c.emu.Unlock()
 }
+
+// Workers are the copy workers (nil before Start). Any goroutine.
+func (c *Committer) Workers() *mirror.Workers { return c.workers }
 
 // Epoch is the scatter counter (odd while scattering).
 func (c *Committer) Epoch() uint64 { return c.epoch.Load() }
@@ -222,7 +239,9 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	// Immediate keys share one tenancy table, written here only, in write
 	// order. The epoch is odd while rows are being overwritten: a reader
 	// whose copy overlapped a scatter re-checks the block's owner once the
-	// scatter is over.
+	// scatter is over. A large scatter is split across the copy workers;
+	// WriteSplit returns once every part is in, so the rows are in before
+	// Publish and before the epoch turns even.
 	nimm := len(c.cfg.Imm)
 	c.epoch.Add(1)
 	for j := 0; j < w.Steps; j++ {
@@ -233,7 +252,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 			if rows == nil {
 				rows = w.Staged[j*nimm+ki]
 			}
-			c.cfg.Mirrors.Make(k).Write(mk, rows[:w.N*c.cfg.RowBytes[k]])
+			c.cfg.Mirrors.Make(k).WriteSplit(c.workers, mk, rows[:w.N*c.cfg.RowBytes[k]])
 		}
 		c.cfg.Tenancy.Publish(sl, mk, w.ID)
 	}
@@ -296,7 +315,7 @@ func (c *Committer) commitDeferred(segs []Seg) error {
 				return err
 			}
 			sl := w.Slots[r0 : r0+cnt]
-			m.Write(c.owned(occ, sl, w.ID), c.chunk[:cnt*rb])
+			m.WriteSplit(c.workers, c.owned(occ, sl, w.ID), c.chunk[:cnt*rb])
 			c.cfg.Stats.Bytes.Add(int64(cnt * rb))
 			occ.Commit(sl, w.ID)
 			off += cnt

@@ -33,6 +33,8 @@ type Config struct {
 	ChunkBytes   int64         // largest device→host copy of deferred rows
 	WaitTimeout  time.Duration // bound of every wait on the committer (< 0: none)
 	ReleaseHost  func([]byte)
+	CopyWorkers  int // see CommitterConfig
+	SplitBytes   int // see CommitterConfig (tests)
 }
 
 // Layout is the key layout both paths share, read-only after NewPath.
@@ -139,7 +141,7 @@ func NewPath(cfg Config) *Path {
 	p.com = NewCommitter(CommitterConfig{
 		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,
 		Tenancy: p.ten, Occ: p.occ, NumSlots: nslots, ChunkBytes: cfg.ChunkBytes,
-		Stats: &p.st, Owner: committerOwner{p},
+		Stats: &p.st, Owner: committerOwner{p}, CopyWorkers: cfg.CopyWorkers, SplitBytes: cfg.SplitBytes,
 	})
 	p.com.Start()
 	return p

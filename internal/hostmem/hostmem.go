@@ -62,9 +62,15 @@ func Free(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	if n, ok := mapped.LoadAndDelete(unsafe.Pointer(unsafe.SliceData(b))); !ok || n.(int) != len(b) {
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	if n, ok := mappedHuge.Load(p); ok && n.(int) == len(b) {
+		mappedHuge.Delete(p)
+		return unmapHuge(b)
+	}
+	if n, ok := mapped.Load(p); !ok || n.(int) != len(b) {
 		return nil
 	}
+	mapped.Delete(p)
 	return unmap(b)
 }
 

@@ -114,3 +114,40 @@ func TestMapSmall(t *testing.T) {
 		t.Fatal("Map(0) returned memory")
 	}
 }
+
+// AllocHuge: zero, HugePage-aligned from HugePage up, lazy (touching one
+// byte makes at most one huge page resident), and freed by Free.
+func TestAllocHuge(t *testing.T) {
+	for _, n := range []int{1, Threshold, HugePage - 1, HugePage, 3*HugePage + 4096} {
+		b, err := AllocHuge(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) != n {
+			t.Fatalf("len %d, want %d", len(b), n)
+		}
+		if n >= HugePage && uintptr(unsafe.Pointer(&b[0]))%HugePage != 0 {
+			t.Fatalf("AllocHuge(%d) at %p: not %d-aligned", n, &b[0], HugePage)
+		}
+		for i := 0; i < n; i += 4093 {
+			if b[i] != 0 {
+				t.Fatalf("byte %d of %d not zero", i, n)
+			}
+			b[i] = 1
+		}
+		b[n-1] = 1
+		if err := Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := rss(t)
+	b, err := AllocHuge(1 << 30)
+	if err != nil {
+		t.Skipf("cannot map 1 GiB here: %v", err)
+	}
+	defer Free(b)
+	b[len(b)/2] = 1
+	if grown := rss(t) - before; grown > HugePage+(2<<20) {
+		t.Fatalf("RSS grew by %d bytes after touching one byte of a 1 GiB huge-page mapping", grown)
+	}
+}

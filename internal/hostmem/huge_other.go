@@ -1,0 +1,9 @@
+//go:build !linux
+
+package hostmem
+
+const hugePages = false
+
+func mapHuge(n int) ([]byte, error) { return mapAnon(n) }
+
+func unmapHuge(b []byte) error { return unmap(b) }

@@ -1,0 +1,269 @@
+package mirror
+
+import (
+	"context"
+	"math/bits"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+)
+
+// DefaultSplitBytes is the smallest copy WriteSplit and ReadSplit hand to
+// workers: below it, waking a parked goroutine (a few µs) costs about as
+// much as the copy it would take over. A decode step (64 rows of 64 bytes)
+// is 4 KiB: far below, it never leaves the calling goroutine.
+const DefaultSplitBytes = 256 << 10
+
+// partBytes is the least a part of a split copy moves (a work item's size),
+// unless the split size is below 4 parts (tests force splits on small
+// copies).
+const partBytes = 64 << 10
+
+// minSplitRow: scatters of smaller rows are never split (each part scans
+// every slot of the call; see WriteSplit).
+const minSplitRow = 512
+
+// Workers is a fixed set of long-lived goroutines (pprof label
+// omnicache=copy-worker) that large row copies are split across. The
+// goroutine asking for a copy always copies a share itself and returns once
+// every part is in, so a copy makes progress whatever the workers do: when
+// they are busy with another copy, or stopped, the caller copies the rest.
+// Nothing is allocated per copy in steady state (finished jobs are kept
+// for reuse; a job is handed over as a pointer on a buffered channel).
+//
+// One Workers may serve any number of goroutines at once (the committer's
+// scatters and any number of readers' gathers): they share its goroutines,
+// so the number of goroutines copying at any moment is bounded by
+// N()-1 plus the callers themselves.
+type Workers struct {
+	n         int // goroutines a copy is split across, the caller included
+	splitB    int
+	partB     int
+	jobs      chan *job
+	mu        sync.RWMutex // guards stopped against sends on jobs
+	stopped   bool
+	running   sync.WaitGroup
+	freeMu    sync.Mutex
+	free      []*job // jobs to reuse
+	splitRuns atomic.Int64
+}
+
+// NewWorkers starts n-1 goroutines, so that a large copy is split n ways
+// (the caller's included). n <= 1 starts none: every copy runs on its
+// caller, exactly as Write and Read. splitBytes is the smallest copy that
+// is split (<= 0: DefaultSplitBytes).
+func NewWorkers(n, splitBytes int) *Workers {
+	if splitBytes <= 0 {
+		splitBytes = DefaultSplitBytes
+	}
+	w := &Workers{n: max(1, n), splitB: splitBytes, partB: max(1, min(partBytes, splitBytes/4))}
+	if w.n > 1 {
+		w.jobs = make(chan *job, 4*(w.n-1))
+		w.running.Add(w.n - 1)
+		for i := 1; i < w.n; i++ {
+			go pprof.Do(context.Background(), pprof.Labels("omnicache", "copy-worker"), func(context.Context) { w.loop() })
+		}
+	}
+	return w
+}
+
+// N is the number of goroutines a large copy is split across (1: none).
+func (w *Workers) N() int {
+	if w == nil {
+		return 1
+	}
+	return w.n
+}
+
+// SplitBytes is the smallest copy that is split.
+func (w *Workers) SplitBytes() int {
+	if w == nil {
+		return DefaultSplitBytes
+	}
+	return w.splitB
+}
+
+// Splits counts the copies that were split so far (tests, benchmarks).
+func (w *Workers) Splits() int64 {
+	if w == nil {
+		return 0
+	}
+	return w.splitRuns.Load()
+}
+
+// Stop ends the goroutines once they have finished the parts handed to
+// them; copies asked for afterwards run on their callers. Idempotent.
+func (w *Workers) Stop() {
+	if w == nil || w.jobs == nil {
+		return
+	}
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	w.stopped = true
+	close(w.jobs)
+	w.mu.Unlock()
+	w.running.Wait()
+}
+
+func (w *Workers) loop() {
+	defer w.running.Done()
+	for j := range w.jobs {
+		j.work()
+		j.helpers.Done()
+	}
+}
+
+// job is one split copy: parts are claimed with an atomic counter by the
+// caller and by every worker it was handed to; helpers counts the workers
+// that still hold it.
+type job struct {
+	m     *Mirror
+	slots []int32
+	buf   []byte
+	write bool
+	parts int
+	per   int  // read: rows per part
+	gsh   uint // write: log2(rows per slot group)
+	next  atomic.Int64
+
+	helpers sync.WaitGroup
+}
+
+func (j *job) work() {
+	for {
+		p := int(j.next.Add(1) - 1)
+		if p >= j.parts {
+			return
+		}
+		if j.write {
+			j.m.writePart(j.slots, j.buf, p, j.parts, j.gsh)
+			continue
+		}
+		lo := p * j.per
+		hi := min(lo+j.per, len(j.slots))
+		rb := j.m.rowBytes
+		j.m.Read(j.buf[lo*rb:hi*rb], j.slots[lo:hi])
+	}
+}
+
+// run splits j into parts, hands it to up to parts-1 idle workers, works
+// on it too and returns once every part is done.
+func (w *Workers) run(j *job) {
+	w.splitRuns.Add(1)
+	j.next.Store(0)
+	w.mu.RLock()
+	if !w.stopped {
+		for i := 1; i < min(w.n, j.parts); i++ {
+			j.helpers.Add(1)
+			select {
+			case w.jobs <- j:
+				continue
+			default:
+				j.helpers.Done()
+			}
+			break
+		}
+	}
+	w.mu.RUnlock()
+	j.work()
+	j.helpers.Wait()
+	j.m, j.slots, j.buf = nil, nil, nil
+	w.freeMu.Lock()
+	w.free = append(w.free, j)
+	w.freeMu.Unlock()
+}
+
+// getJob reuses a finished job or makes one: there are never more jobs than
+// copies that ran at once.
+func (w *Workers) getJob() *job {
+	w.freeMu.Lock()
+	defer w.freeMu.Unlock()
+	if n := len(w.free); n > 0 {
+		j := w.free[n-1]
+		w.free = w.free[:n-1]
+		return j
+	}
+	return new(job)
+}
+
+// WriteSplit is Write, split across w when the copy is large (at least the
+// split size, rows of at least 512 bytes, w with more than one goroutine).
+// It first makes every chunk the rows land in, then each part writes the
+// rows of its own slot groups (64 KiB of consecutive slots, or whole chunks
+// when the call made chunks, dealt round robin to the parts), scanning every slot of the call: a slot that repeats is written
+// by one part, in call order, so the last of its rows still wins. Writer
+// goroutine only; w may be nil.
+func (m *Mirror) WriteSplit(w *Workers, slots []int32, rows []byte) {
+	rb := m.rowBytes
+	if w.N() <= 1 || len(rows) < w.splitB || rb < minSplitRow {
+		m.Write(slots, rows)
+		return
+	}
+	if len(rows) != len(slots)*rb {
+		panicLen("WriteSplit", len(rows), len(slots), rb)
+	}
+	res := m.resident.Load()
+	for _, s := range slots {
+		if s >= 0 {
+			m.writable(s)
+		}
+	}
+	j := w.getJob()
+	j.m, j.slots, j.buf, j.write = m, slots, rows, true
+	// One part per goroutine: each part scans every slot.
+	j.parts = min(w.n, max(1, len(rows)/w.partB))
+	j.gsh = 0
+	switch {
+	case m.resident.Load() != res:
+		// New chunks: deal whole chunks, so that each is first touched by
+		// one goroutine (two faulting the same huge page would both zero
+		// it, and one would throw its page away).
+		j.gsh = m.rowShift
+	case rb < partBytes:
+		j.gsh = uint(bits.Len(uint(partBytes/rb)) - 1)
+	}
+	w.run(j)
+}
+
+// writePart writes the rows whose slot group (s>>gsh) is p modulo parts,
+// round robin so that consecutive slots spread evenly. Every chunk exists
+// (WriteSplit made them before handing the job over).
+func (m *Mirror) writePart(slots []int32, rows []byte, p, parts int, gsh uint) {
+	rb := m.rowBytes
+	// g mod parts without a division (Lemire's fastmod): slots < 2^31.
+	mul := ^uint64(0)/uint64(parts) + 1
+	for i, s := range slots {
+		if s < 0 {
+			continue
+		}
+		if hi, _ := bits.Mul64(mul*uint64(s>>gsh), uint64(parts)); int(hi) != p {
+			continue
+		}
+		copy(m.readable(s), rows[i*rb:i*rb+rb])
+	}
+}
+
+// ReadSplit is Read, split across w by rows when the copy is large (at
+// least the split size, w with more than one goroutine). Read's rules
+// apply; any goroutine; w may be nil.
+func (m *Mirror) ReadSplit(w *Workers, dst []byte, slots []int32) {
+	rb := m.rowBytes
+	if w.N() <= 1 || len(dst) < w.splitB {
+		m.Read(dst, slots)
+		return
+	}
+	if len(dst) != len(slots)*rb {
+		panicLen("ReadSplit", len(dst), len(slots), rb)
+	}
+	j := w.getJob()
+	// More parts than goroutines, so that a worker busy with another
+	// copy leaves its share to the others.
+	parts := min(4*w.n, max(1, len(dst)/w.partB))
+	j.per = (len(slots) + parts - 1) / parts
+	j.m, j.slots, j.buf, j.write = m, slots, dst, false
+	j.parts = (len(slots) + j.per - 1) / j.per
+	w.run(j)
+}

@@ -1,0 +1,180 @@
+package mirror
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// WriteSplit and ReadSplit agree with Write and Read row for row, the split
+// forced on small copies (split size 1): random slots with repeats (the last
+// row wins) and skipped (negative) slots, rows at and above the 512-byte
+// floor, and below it (never split), for 1 to 5 goroutines.
+func TestSplitMatchesSerial(t *testing.T) {
+	for _, rb := range []int{64, 512, 4096, 3 << 10} {
+		for _, n := range []int{1, 2, 3, 5} {
+			t.Run(fmt.Sprintf("row=%d/workers=%d", rb, n), func(t *testing.T) {
+				w := NewWorkers(n, 1)
+				defer w.Stop()
+				const numSlots = 4096
+				got, err := New(numSlots, rb)
+				require.NoError(t, err)
+				want, err := New(numSlots, rb)
+				require.NoError(t, err)
+				defer got.Free()
+				defer want.Free()
+				rng := rand.New(rand.NewPCG(uint64(rb), uint64(n)))
+				for round := range 20 {
+					rows := 1 + rng.IntN(300)
+					slots := make([]int32, rows)
+					for i := range slots {
+						switch rng.IntN(10) {
+						case 0:
+							slots[i] = -1
+						case 1:
+							if i > 0 {
+								slots[i] = slots[rng.IntN(i)] // a repeat
+								continue
+							}
+							fallthrough
+						default:
+							slots[i] = rng.Int32N(numSlots)
+						}
+					}
+					buf := make([]byte, rows*rb)
+					for i := range buf {
+						buf[i] = byte(rng.Uint32())
+					}
+					got.WriteSplit(w, slots, buf)
+					want.Write(slots, buf)
+					require.Equal(t, want.ResidentBytes(), got.ResidentBytes(), "round %d", round)
+					a, b := make([]byte, rows*rb), make([]byte, rows*rb)
+					for i := range a {
+						a[i] = 0xAA // ReadSplit must overwrite every byte
+					}
+					got.ReadSplit(w, a, slots)
+					want.Read(b, slots)
+					require.True(t, bytes.Equal(a, b), "round %d: rows differ", round)
+				}
+				all := make([]int32, numSlots)
+				for i := range all {
+					all[i] = int32(i)
+				}
+				a, b := make([]byte, numSlots*rb), make([]byte, numSlots*rb)
+				got.Read(a, all)
+				want.Read(b, all)
+				require.True(t, bytes.Equal(a, b), "mirrors differ")
+				if n > 1 && rb >= minSplitRow {
+					require.Positive(t, w.Splits())
+				}
+			})
+		}
+	}
+}
+
+// Several goroutines split reads over one Workers while the writer splits
+// writes over it: readers of committed slots see exact rows.
+func TestSplitConcurrent(t *testing.T) {
+	const numSlots, rb = 2048, 1024
+	w := NewWorkers(3, 1)
+	defer w.Stop()
+	m, err := New(numSlots, rb)
+	require.NoError(t, err)
+	defer m.Free()
+	row := func(s int32, dst []byte) { fillRow(dst, s, 7) }
+	var committed atomic.Int32 // slots [0, committed) hold their rows
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for r := range 3 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(r), 2))
+			want := make([]byte, rb)
+			for !done.Load() {
+				n := committed.Load()
+				if n == 0 {
+					continue
+				}
+				k := 1 + rng.IntN(64)
+				slots := make([]int32, k)
+				for i := range slots {
+					slots[i] = rng.Int32N(n)
+				}
+				dst := make([]byte, k*rb)
+				m.ReadSplit(w, dst, slots)
+				for i, s := range slots {
+					row(s, want)
+					if !bytes.Equal(dst[i*rb:(i+1)*rb], want) {
+						errs <- fmt.Errorf("slot %d: wrong row", s)
+						return
+					}
+				}
+			}
+		})
+	}
+	const step = 64
+	buf := make([]byte, step*rb)
+	slots := make([]int32, step)
+	for s0 := int32(0); s0 < numSlots; s0 += step {
+		for i := range slots {
+			slots[i] = s0 + int32(i)
+			row(slots[i], buf[i*rb:(i+1)*rb])
+		}
+		m.WriteSplit(w, slots, buf)
+		committed.Store(s0 + step)
+	}
+	done.Store(true)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// After Stop, copies run on their callers; a nil Workers copies serially.
+func TestSplitStoppedAndNil(t *testing.T) {
+	w := NewWorkers(4, 1)
+	w.Stop()
+	w.Stop()
+	m, err := New(1024, 1024)
+	require.NoError(t, err)
+	defer m.Free()
+	slots := []int32{5, 900, 3, 5}
+	buf := make([]byte, len(slots)*1024)
+	for i := range buf {
+		buf[i] = byte(i / 1024)
+	}
+	m.WriteSplit(w, slots, buf)
+	var nilw *Workers
+	dst := make([]byte, len(buf))
+	m.ReadSplit(nilw, dst, slots)
+	require.Equal(t, byte(3), dst[0]) // slot 5: its last row wins
+	require.Equal(t, byte(1), dst[1024])
+	m.ReadSplit(w, dst, slots)
+	require.Equal(t, byte(2), dst[2*1024])
+}
+
+// A split copy allocates nothing in steady state.
+func TestSplitNoAllocs(t *testing.T) {
+	w := NewWorkers(2, 1)
+	defer w.Stop()
+	m, err := New(1024, 4096)
+	require.NoError(t, err)
+	defer m.Free()
+	slots := make([]int32, 256)
+	for i := range slots {
+		slots[i] = int32(i * 3)
+	}
+	buf := make([]byte, len(slots)*4096)
+	m.WriteSplit(w, slots, buf)
+	allocs := testing.AllocsPerRun(50, func() {
+		m.WriteSplit(w, slots, buf)
+		m.ReadSplit(w, buf, slots)
+	})
+	require.Zero(t, allocs)
+}

@@ -454,58 +454,14 @@ func (d *CUDA) reapLocked(query bool) {
 }
 
 // Wait blocks until the event with handle e has completed (0: at once).
-func (d *CUDA) Wait(e Event) error {
-	if e == 0 {
-		return nil
-	}
-	h := uint64(e)
-	d.evMu.Lock()
-	if h > d.seq {
-		d.evMu.Unlock()
-		return fmt.Errorf("%w: event %d was never recorded (last %d)", ErrRange, h, d.seq)
-	}
-	if h <= d.done {
-		d.evMu.Unlock()
-		return nil
-	}
-	// h is pending: every handle in (done, seq] still has its entry.
-	ent := &d.pend[h-d.pend[0].seq]
-	ent.waiters++
-	ev := ent.ev
-	d.evMu.Unlock()
+func (d *CUDA) Wait(e Event) error { return d.WaitFor(e, -1) }
 
-	err := d.enter()
-	if err == nil {
-		err = ev.Synchronize()
-		d.leave()
-		if err != nil {
-			err = fmt.Errorf("cuEventSynchronize: %w", cuErr(err))
-		}
-	}
-
-	d.evMu.Lock()
-	if len(d.pend) > 0 && h >= d.pend[0].seq { // (Close empties pend)
-		d.pend[h-d.pend[0].seq].waiters--
-	}
-	if err == nil && h > d.done {
-		d.done = h
-	}
-	d.reapLocked(false)
-	d.evMu.Unlock()
-	if err != nil {
-		return fmt.Errorf("%w: wait for event %d: %w", ErrCopy, h, err)
-	}
-	return nil
-}
-
-// WaitFor is Wait bounded by timeout (< 0: Wait): it polls cuEventQuery,
+// WaitFor is Wait bounded by timeout. With a bound it polls cuEventQuery,
 // backing off from a microsecond to a millisecond, and returns ErrTimeout
-// past the bound with the event still pending. An event already known to
-// be complete costs no driver call.
+// past it with the event still pending; without one (timeout < 0) it
+// blocks in cuEventSynchronize. An event already known to be complete
+// costs no driver call.
 func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
-	if timeout < 0 {
-		return d.Wait(e)
-	}
 	if e == 0 {
 		return nil
 	}
@@ -519,26 +475,35 @@ func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
 		d.evMu.Unlock()
 		return nil
 	}
+	// h is pending: every handle in (done, seq] still has its entry; the
+	// waiter count keeps it from being recycled while we wait.
 	ent := &d.pend[h-d.pend[0].seq]
 	ent.waiters++
 	ev := ent.ev
 	d.evMu.Unlock()
 
-	deadline := time.Now().Add(timeout)
 	var err error
-	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+	if timeout < 0 {
 		if err = d.enter(); err == nil {
-			err = ev.Query()
+			err = ev.Synchronize()
 			d.leave()
 		}
-		if err == nil || !errors.Is(err, cu.NotReady) {
-			break
+	} else {
+		deadline := time.Now().Add(timeout)
+		for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+			if err = d.enter(); err == nil {
+				err = ev.Query()
+				d.leave()
+			}
+			if err == nil || !errors.Is(err, cu.NotReady) {
+				break
+			}
+			if !time.Now().Before(deadline) {
+				err = fmt.Errorf("%w: event %d after %v", ErrTimeout, h, timeout)
+				break
+			}
+			time.Sleep(pause)
 		}
-		if !time.Now().Before(deadline) {
-			err = fmt.Errorf("%w: event %d after %v", ErrTimeout, h, timeout)
-			break
-		}
-		time.Sleep(pause)
 	}
 
 	d.evMu.Lock()
@@ -556,7 +521,7 @@ func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
 	case errors.Is(err, ErrTimeout):
 		return err
 	default:
-		return fmt.Errorf("%w: wait for event %d: cuEventQuery: %w", ErrCopy, h, cuErr(err))
+		return fmt.Errorf("%w: wait for event %d: %w", ErrCopy, h, cuErr(err))
 	}
 }
 

@@ -97,12 +97,9 @@ func (c *Committer) Start() {
 	go pprof.Do(context.Background(), pprof.Labels("omnicache", "committer"), func(context.Context) { c.run() })
 }
 
-// Wait blocks until the committer has stopped (after Queue.Close), then
-// frees its scratch.
-func (c *Committer) Wait() { c.WaitUntil(time.Time{}) }
-
-// WaitUntil is Wait bounded by deadline (zero: no bound); it reports
-// whether the committer stopped (its scratch is freed only then).
+// WaitUntil blocks until the committer has stopped (after Queue.Close) or
+// deadline passed (zero: no bound), and reports whether it stopped; only
+// then are its scratch and copy workers released.
 func (c *Committer) WaitUntil(deadline time.Time) bool {
 	if deadline.IsZero() {
 		<-c.done

@@ -42,12 +42,11 @@ type Refs struct {
 
 // Reset empties r for nkeys keys, keeping its capacity.
 func (r *Refs) Reset(nkeys int) {
-	clear(r.Src)
 	clear(r.Pins)
+	r.Pins = r.Pins[:0]
 	r.Src = grow(r.Src, nkeys)
 	clear(r.Src)
 	r.SrcOff = grow(r.SrcOff, nkeys)
-	r.Pins = r.Pins[:0]
 }
 
 // PinLocked pins w for r once. A pinned deferred clone's charge cannot be

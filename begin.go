@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"unsafe"
+
 	"github.com/omnicache/omnicache/reader"
 	"github.com/omnicache/omnicache/slots"
 	"github.com/omnicache/omnicache/soa"
@@ -60,10 +62,6 @@ func (e *engine) mark(h soa.Handle, gen uint64) (was uint64) {
 // fails validation changes nothing. Engine goroutine only; the plan is
 // borrowed for the call.
 func (c *Cache) Begin(p *Plan) error {
-	if err := c.enter(); err != nil {
-		return err
-	}
-	defer c.leave()
 	if err := c.check(); err != nil {
 		return err
 	}
@@ -75,8 +73,22 @@ func (c *Cache) Begin(p *Plan) error {
 	if err != nil {
 		return err
 	}
-	// Apply. Anything but a buffered decode step writes the buffer first,
-	// before hits are registered, finishes escalate or blocks are reused.
+	// Apply. Validation and the request table are the engine's own memory;
+	// only a Begin that writes out the decode buffer or finishes requests
+	// reaches the write path, and only it registers as a call in flight
+	// (Close frees nothing under it). A buffered decode step stays off the
+	// gate's atomics.
+	if (!pure && c.path.Buffered() > 0) || len(p.Finished) > 0 {
+		if err := c.enter(); err != nil {
+			return err
+		}
+		defer c.leave()
+		if err := c.check(); err != nil {
+			return err // closed or failed since the check above: nothing applied
+		}
+	}
+	// Anything but a buffered decode step writes the buffer first, before
+	// hits are registered, finishes escalate or blocks are reused.
 	if !pure && c.path.Buffered() > 0 {
 		if err := c.path.FlushBuffer(); err != nil {
 			return err
@@ -172,25 +184,23 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 	}
 	pure = !c.cfg.DisableDecodeBuffer && n > 0 && len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
 		len(p.Preempted) == 0 && len(p.Resumed) == 0
-	var tot int64
-	for i, cnt := range p.Count {
-		if cnt < 0 || p.Start[i] < 0 {
-			return 0, false, false, fmt.Errorf("%w: request %d: start %d, count %d", ErrPlan, p.IDs[i], p.Start[i], cnt)
+	// slots.Map checks the whole batch (negative starts and counts, rows,
+	// columns, the total against len(dst)) before it writes, so the plan is
+	// walked once here; the error path finds the culprit. The scratch holds
+	// a full page (StagingCapacityTokens): nothing is sized from the plan.
+	e.slots = grow(e.slots, c.cfg.StagingCapacityTokens)
+	ntok, err = slots.Map(e.slots, slots.Batch{Rows: p.Rows, Start: p.Start, Count: p.Count, Table: p.Table, Stride: p.Stride}, bs)
+	if err != nil {
+		return 0, false, false, c.mapError(p, err)
+	}
+	if pure {
+		var notOne int32
+		for _, cnt := range p.Count {
+			notOne |= cnt ^ 1
 		}
-		tot += int64(cnt)
-		if cnt != 1 {
-			pure = false
-		}
+		pure = notOne == 0
 	}
-	// Nothing is sized from the plan before this bound.
-	if tot > int64(c.cfg.StagingCapacityTokens) {
-		return 0, false, false, fmt.Errorf("%w: %d tokens, a page holds %d", ErrStepTooLarge, tot, c.cfg.StagingCapacityTokens)
-	}
-	ntok = int(tot)
-	e.slots = grow(e.slots, ntok)
-	if _, err := slots.Map(e.slots, slots.Batch{Rows: p.Rows, Start: p.Start, Count: p.Count, Table: p.Table, Stride: p.Stride}, bs); err != nil {
-		return 0, false, false, fmt.Errorf("%w: %w", ErrPlan, err)
-	}
+	e.slots = e.slots[:ntok]
 	// Block ids beyond NumBlocks: one branch-free pass (a slot outside
 	// [0, nslots) makes s or last-s negative), then find it for the error.
 	nslots := c.cfg.NumBlocks * bs
@@ -206,7 +216,7 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 			}
 		}
 	}
-	same = slices.Equal(p.IDs, e.prevIDs)
+	same = equalIDs(p.IDs, e.prevIDs)
 	// A non-empty buffer holds the previous step (any other step flushes
 	// it), so the same ids continue it.
 	if pure && !same && !c.path.BufferContinues(p.IDs) {
@@ -216,6 +226,22 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 		return ntok, pure, true, nil // the previous step's ids, already checked
 	}
 	return ntok, pure, same, c.checkIDs(p)
+}
+
+// mapError names the cause of a plan slots.Map rejected: a negative start
+// or count, a step larger than a staging page, else Map's own error.
+func (c *Cache) mapError(p *Plan, err error) error {
+	var tot int64
+	for i, cnt := range p.Count {
+		if cnt < 0 || p.Start[i] < 0 {
+			return fmt.Errorf("%w: request %d: start %d, count %d", ErrPlan, p.IDs[i], p.Start[i], cnt)
+		}
+		tot += int64(cnt)
+	}
+	if tot > int64(c.cfg.StagingCapacityTokens) {
+		return fmt.Errorf("%w: %d tokens, a page holds %d", ErrStepTooLarge, tot, c.cfg.StagingCapacityTokens)
+	}
+	return fmt.Errorf("%w: %w", ErrPlan, err)
 }
 
 // checkIDs rejects a request scheduled twice, an arrival listed twice, and
@@ -313,6 +339,21 @@ func (c *Cache) unbegin() {
 	e.prevIDs = e.prevIDs[:0]
 	e.begun = false
 	c.live.Store(int64(e.reqs.Len()))
+}
+
+// equalIDs is slices.Equal for request ids, as one memequal over the
+// bytes (the runtime's vectorised compare: a decode batch of hundreds of
+// ids is compared every step).
+func equalIDs(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 {
+		return true
+	}
+	ab := unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), len(a)*8)
+	bb := unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), len(b)*8)
+	return string(ab) == string(bb) // no conversion: compared in place
 }
 
 func grow[T any](s []T, n int) []T {

@@ -214,6 +214,10 @@ var recPool sync.Pool
 func (c *Cache) take(id StepID, reqs []int64) (*reader.Step, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.takeLocked(id, reqs)
+}
+
+func (c *Cache) takeLocked(id StepID, reqs []int64) (*reader.Step, error) {
 	for i, r := range c.steps {
 		if r.ID != uint64(id) {
 			continue
@@ -242,15 +246,22 @@ func (c *Cache) drop(r *reader.Step) {
 // failure it still consumes the step (releasing its page and pins) and
 // returns the failure. Any goroutine.
 func (c *Cache) Discard(id StepID) error {
-	if err := c.enter(); err != nil {
-		return err
+	// Discard needs no call-in-flight registration: it touches the cache
+	// only under c.mu, and Close takes c.mu (after closing) before it
+	// frees anything.
+	c.mu.Lock()
+	if c.closed.Load() {
+		c.mu.Unlock()
+		return ErrClosed
 	}
-	defer c.leave()
-	rec, err := c.take(id, nil)
+	rec, err := c.takeLocked(id, nil)
+	if err == nil {
+		c.drop(rec)
+	}
+	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	c.drop(rec)
 	return c.path.Err()
 }
 

@@ -36,6 +36,7 @@ type Tenancy struct {
 	stale   []uint32
 	bs      int
 	shift   int // log2(bs) when bs is a power of two, else -1
+	nstale  int // stale bits set (writer only): 0 lets Publish skip the column
 }
 
 // NewTenancy returns the table of numBlocks blocks of blockSize slots. Its
@@ -73,6 +74,23 @@ func (t *Tenancy) block(s int32) int {
 // Single writer only; ids must not decrease.
 func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
 	owner, written, stale := t.owner, t.written, t.stale
+	if t.nstale == 0 && len(mask) == len(slots) && (len(slots) == 0 || &mask[0] == &slots[0]) {
+		// Nothing skipped and no slot stale (the common case): the stale
+		// column is neither read nor written.
+		for _, s := range slots {
+			if s < 0 {
+				continue
+			}
+			if b := t.block(s); owner[b] != id {
+				atomic.StoreUint64(&owner[b], id)
+			}
+			w, bit := s>>5, uint32(1)<<(s&31)
+			if old := written[w]; old&bit == 0 {
+				atomic.StoreUint32(&written[w], old|bit)
+			}
+		}
+		return
+	}
 	for i, s := range slots {
 		if s < 0 {
 			continue
@@ -83,6 +101,7 @@ func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
 		if mask[i] < 0 {
 			if old := stale[w]; old&bit == 0 {
 				atomic.StoreUint32(&stale[w], old|bit)
+				t.nstale++
 			}
 			continue
 		}
@@ -92,8 +111,11 @@ func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
 		if old := written[w]; old&bit == 0 {
 			atomic.StoreUint32(&written[w], old|bit)
 		}
-		if old := stale[w]; old&bit != 0 {
-			atomic.StoreUint32(&stale[w], old&^bit)
+		if t.nstale > 0 {
+			if old := stale[w]; old&bit != 0 {
+				atomic.StoreUint32(&stale[w], old&^bit)
+				t.nstale--
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package soa
 
 import (
+	"math/rand/v2"
 	"sync"
 	"testing"
 
@@ -44,6 +45,57 @@ func TestTenancy(t *testing.T) {
 		require.Equal(t, uint64(12), tn.Owner(int32(bs)))
 		require.True(t, tn.Stale(s2))
 		tn.Free()
+	}
+}
+
+// TestTenancyModel checks Publish, fast path (nothing stale, nothing
+// skipped) and slow path alike, against a plain model of the three
+// columns over random writes, including slots repeated within one write.
+func TestTenancyModel(t *testing.T) {
+	const nb, bs = 8, 4
+	rng := rand.New(rand.NewPCG(1, 2))
+	tn := NewTenancy(nb, bs)
+	defer tn.Free()
+	owner := make([]uint64, nb)
+	written := make([]bool, nb*bs)
+	stale := make([]bool, nb*bs)
+	for id := uint64(1); id < 3000; id++ {
+		sl := make([]int32, rng.IntN(6))
+		for i := range sl {
+			sl[i] = int32(rng.IntN(nb*bs+1)) - 1 // -1: an unused entry
+		}
+		mask := sl
+		if rng.IntN(3) == 0 { // some rows skipped
+			mask = make([]int32, len(sl))
+			for i, s := range sl {
+				mask[i] = s
+				if rng.IntN(2) == 0 {
+					mask[i] = -1
+				}
+			}
+		}
+		tn.Publish(sl, mask, id)
+		for i, s := range sl {
+			switch {
+			case s < 0:
+			case mask[i] < 0:
+				stale[s] = true
+			default:
+				owner[int(s)/bs] = id
+				written[s] = true
+				stale[s] = false
+			}
+		}
+		n := 0
+		for s := int32(0); s < nb*bs; s++ {
+			require.Equal(t, owner[int(s)/bs], tn.Owner(s), "write %d slot %d", id, s)
+			require.Equal(t, written[s], tn.Written(s), "write %d slot %d", id, s)
+			require.Equal(t, stale[s], tn.Stale(s), "write %d slot %d", id, s)
+			if stale[s] {
+				n++
+			}
+		}
+		require.Equal(t, n, tn.nstale, "write %d", id)
 	}
 }
 

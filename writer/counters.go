@@ -3,8 +3,20 @@ package writer
 import "sync/atomic"
 
 // Counters are the write path's cumulative statistics, shared by the
-// engine goroutine and the committer.
+// engine goroutine, the committer and readers. They are grouped by the
+// goroutine that writes them, each group on cache lines of its own, so
+// the engine's per-step counts do not bounce a line the committer is
+// writing (an atomic add on a shared line costs several times one on a
+// line this core holds).
 type Counters struct {
-	Steps, Tasks, Rows, Bytes, Skipped, Buffered, Flushes, DeferredWrites, BudgetFlushes atomic.Int64
-	HitRequests, HitTokens, HitRows, CommitNanos, Cloned, StallNanos                     atomic.Int64
+	// written by the engine goroutine (Begin, Save and their flushes)
+	Steps, Tasks, Buffered, Flushes, DeferredWrites, BudgetFlushes, Cloned, StallNanos atomic.Int64
+	HitRequests, HitTokens                                                             atomic.Int64
+	_                                                                                  [64]byte
+	// written by the committer
+	Rows, Bytes, Skipped, CommitNanos atomic.Int64
+	_                                 [64]byte
+	// written by readers (Materialize, any goroutine)
+	HitRows atomic.Int64
+	_       [56]byte
 }

@@ -33,6 +33,14 @@ type Pages struct {
 	free   []int32
 	closed bool
 	failed bool
+	// wake bounds the waits: one timer for the pool, armed (armed true,
+	// firing at fireAt) while it fires no later than the earliest waiter's
+	// deadline, and left armed when a waiter leaves early. A wait costs no
+	// timer call while an armed one fires in time; a timer firing early
+	// only makes the waiters check their deadlines and re-arm it.
+	wake   *time.Timer
+	armed  bool
+	fireAt time.Time
 }
 
 // NewPages returns a pool of depth pages (memory allocated lazily by the
@@ -64,13 +72,8 @@ func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
 		return nil, ErrTimeout
 	}
 	deadline := time.Now().Add(timeout)
-	t := time.AfterFunc(timeout, func() {
-		p.mu.Lock()
-		p.cond.Broadcast()
-		p.mu.Unlock()
-	})
-	defer t.Stop()
 	for {
+		p.armLocked(deadline)
 		p.cond.Wait()
 		if err := p.stopped(); err != nil {
 			return nil, err
@@ -82,6 +85,26 @@ func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
 			return nil, ErrTimeout
 		}
 	}
+}
+
+// armLocked makes sure the pool's timer fires no later than deadline.
+func (p *Pages) armLocked(deadline time.Time) {
+	if p.armed && !p.fireAt.After(deadline) {
+		return
+	}
+	if p.wake == nil {
+		p.wake = time.AfterFunc(time.Hour, p.fire)
+	}
+	p.wake.Reset(time.Until(deadline))
+	p.armed, p.fireAt = true, deadline
+}
+
+// fire wakes every waiter to check its deadline.
+func (p *Pages) fire() {
+	p.mu.Lock()
+	p.armed = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
 }
 
 func (p *Pages) stopped() error {
@@ -142,6 +165,10 @@ func (p *Pages) InUse() int {
 func (p *Pages) Close() {
 	p.mu.Lock()
 	p.closed = true
+	if p.wake != nil {
+		p.wake.Stop()
+		p.armed = false
+	}
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }

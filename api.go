@@ -67,6 +67,7 @@ const (
 	DefaultDeviceBudgetBytes     = 512 << 20
 	DefaultDeferredChunkBytes    = 16 << 20
 	DefaultWaitTimeout           = 60 * time.Second
+	DefaultReadAheadBytes        = 1 << 30
 )
 
 // Config configures a Cache. Zero fields take the defaults above.
@@ -103,6 +104,24 @@ type Config struct {
 	// DisableDecodeBuffer writes every step at once instead of parking
 	// pure-decode steps.
 	DisableDecodeBuffer bool
+	// DisablePrefetch reads hit prefixes at Materialize, on the caller's
+	// goroutine, instead of prefetching them. With prefetch (the default),
+	// Begin queues a step's hit read to the committer right behind the
+	// writes handed over so far: the committer and the copy workers move
+	// the prefix rows into buffers laid out as the step's Result while the
+	// engine runs its forward, before any later write can overwrite them,
+	// and Materialize of the whole step adopts those buffers (no copy).
+	// Without prefetch, a Materialize late enough that a newer write
+	// claimed the hit's blocks first fails that request with
+	// ErrReassigned.
+	DisablePrefetch bool
+	// ReadAheadBytes bounds the prefetch buffers held by steps not
+	// consumed yet (a step holds Σ over keys of its Result's rows × RowBytes
+	// from Begin until Materialize or Discard), and the idle buffers kept
+	// for reuse. A step that does not fit is not prefetched: it is read at
+	// Materialize, and a request whose blocks a newer write claimed first
+	// fails with ErrReassigned, naming the exhausted budget.
+	ReadAheadBytes int64
 	// CopyWorkers is the number of goroutines a large host copy is split
 	// across: the committer's scatter of a step's rows into the mirror, and
 	// Materialize's gather of hit rows from it, each counting the goroutine

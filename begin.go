@@ -32,15 +32,18 @@ type engine struct {
 	hitReq []int32      // positions in the batch of requests whose hit prefix is served this step
 	fresh  []soa.Handle // requests this Begin added (removed again if the step fails)
 
-	prevIDs  []int64
-	prevH    []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)
-	hbuf     []soa.Handle // spare for the next change of ids
-	stamp    []uint64     // per handle: last Begin that marked it (duplicate check)
-	stampGen uint64
-	unknown  []int64      // scratch: batch ids not live (duplicate check)
-	arrived  []int64      // scratch: arrival ids (duplicate check)
-	starts   []idStart    // scratch: fresh batch requests by id
-	hits     []reader.Hit // scratch: Save's hit list
+	prevIDs   []int64
+	prevH     []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)
+	hbuf      []soa.Handle // spare for the next change of ids
+	stamp     []uint64     // per handle: last Begin that marked it (duplicate check)
+	stampGen  uint64
+	unknown   []int64      // scratch: batch ids not live (duplicate check)
+	arrived   []int64      // scratch: arrival ids (duplicate check)
+	starts    []idStart    // scratch: fresh batch requests by id
+	hits      []reader.Hit // the begun step's hits (planned at Begin)
+	rec       *reader.Step // the begun step's record, when its hits were planned at Begin
+	blockMark []uint32     // scratch: per block, the markGen of the last hitsOverlapStep
+	markGen   uint32
 }
 
 type idStart struct {
@@ -74,11 +77,11 @@ func (c *Cache) Begin(p *Plan) error {
 		return err
 	}
 	// Apply. Validation and the request table are the engine's own memory;
-	// only a Begin that writes out the decode buffer or finishes requests
-	// reaches the write path, and only it registers as a call in flight
-	// (Close frees nothing under it). A buffered decode step stays off the
-	// gate's atomics.
-	if (!pure && c.path.Buffered() > 0) || len(p.Finished) > 0 {
+	// only a Begin that writes out the decode buffer, finishes requests or
+	// plans hits reaches the write path, and only it registers as a call
+	// in flight (Close frees nothing under it). A buffered decode step
+	// stays off the gate's atomics.
+	if (!pure && c.path.Buffered() > 0) || len(p.Finished) > 0 || len(p.HitBlocks) > 0 {
 		if err := c.enter(); err != nil {
 			return err
 		}
@@ -144,7 +147,50 @@ func (c *Cache) Begin(p *Plan) error {
 	e.ntok = ntok
 	e.pure = pure
 	e.begun = true
+	e.hits = e.hits[:0]
+	if len(e.hitReq) > 0 {
+		// Plan the hits now, behind the rows handed over so far (the buffer
+		// was flushed above): with prefetch their rows move while the
+		// engine runs its forward.
+		for _, i := range e.hitReq {
+			h := e.h[i]
+			pos := e.reqs.Pos(h)
+			e.reqs.Flags[pos] &^= flagHitPending
+			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.reqs.HitTokens[pos], Blocks: e.reqs.HitBlocks(h)})
+		}
+		if !c.hitsOverlapStep() {
+			e.rec = c.newRec()
+			c.rd.Plan(e.rec, e.hits)
+		} // else planned at Save, behind this step's own rows
+	}
 	return nil
+}
+
+// hitsOverlapStep reports whether a hit block of the begun step is also
+// written by the step itself: such a hit reads the step's own rows, so it
+// is planned at Save, once they were handed over.
+func (c *Cache) hitsOverlapStep() bool {
+	e := &c.eng
+	bs := c.cfg.BlockSize
+	if len(e.blockMark) < c.cfg.NumBlocks {
+		e.blockMark = make([]uint32, c.cfg.NumBlocks)
+	}
+	e.markGen++
+	if e.markGen == 0 { // wrapped: start the marks afresh
+		clear(e.blockMark)
+		e.markGen = 1
+	}
+	for _, h := range e.hits {
+		for _, b := range h.Blocks {
+			e.blockMark[b] = e.markGen
+		}
+	}
+	for _, s := range e.slots {
+		if e.blockMark[int(s)/bs] == e.markGen {
+			return true
+		}
+	}
+	return false
 }
 
 // validate checks the whole plan before Begin applies any of it, and maps
@@ -338,6 +384,10 @@ func (c *Cache) unbegin() {
 	e.fresh = e.fresh[:0]
 	e.prevIDs = e.prevIDs[:0]
 	e.begun = false
+	if e.rec != nil {
+		c.rd.Cancel(e.rec) // a prefetch not started is skipped
+		e.rec = nil
+	}
 	c.live.Store(int64(e.reqs.Len()))
 }
 

@@ -47,7 +47,7 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{})}
-	c.rd = reader.New(c.path)
+	c.rd = reader.New(c.path, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes, Free: c.freeRec})
 	c.lay = c.path.Layout()
 	c.eng.reqs = soa.NewRequests(64)
 	c.ws.Out = make([]writer.Src, len(cfg.Keys))
@@ -105,7 +105,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		c.unbegin()
 		return 0, err
 	}
-	rec := c.newRec()
+	rec := e.rec // planned at Begin when the step has hits
+	if rec == nil {
+		rec = c.newRec()
+	}
 	ws := &c.ws
 	ws.Slots, ws.IDs, ws.Handles, ws.Count = e.slots[:e.ntok], rec.IDs, e.h, rec.Count
 	ws.TokOff, ws.Pure = nil, e.pure
@@ -119,9 +122,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	err := c.path.Save(ws, &rec.Refs)
 	clear(ws.Out) // borrowed for the call
 	if err != nil {
-		c.path.Unpin(&rec.Refs)
-		c.freeRec(rec)
-		c.unbegin() // after a sticky failure every later call fails anyway
+		if e.rec == nil {
+			c.rd.Release(rec)
+		}
+		c.unbegin() // cancels a planned record; after a sticky failure every later call fails anyway
 		var te *writer.TimeoutError
 		if errors.As(err, &te) {
 			err = c.timeoutError(te)
@@ -129,15 +133,16 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		return 0, err
 	}
 	e.begun = false
-	if len(e.hitReq) > 0 {
-		e.hits = e.hits[:0]
-		for _, i := range e.hitReq {
-			h := e.h[i]
-			pos := e.reqs.Pos(h)
-			e.reqs.Flags[pos] &^= flagHitPending
-			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.reqs.HitTokens[pos], Blocks: e.reqs.HitBlocks(h)})
+	if len(e.hits) > 0 {
+		if e.rec == nil {
+			c.rd.Plan(rec, e.hits) // a hit on blocks this step writes: its own rows
 		}
-		c.rd.Plan(rec, e.hits)
+		e.rec = nil
+		st := c.path.Counters()
+		st.HitRequests.Add(int64(len(e.hits)))
+		for _, h := range e.hits {
+			st.HitTokens.Add(int64(h.Tokens))
+		}
 	}
 	c.mu.Lock()
 	c.steps = append(c.steps, rec)
@@ -204,7 +209,12 @@ func (c *Cache) newRec() *reader.Step {
 	return r
 }
 
-func (c *Cache) freeRec(r *reader.Step) { recPool.Put(r) }
+// freeRec recycles a record nothing references any more (reader.Release
+// calls it, on any goroutine): its pins are dropped first.
+func (c *Cache) freeRec(r *reader.Step) {
+	c.path.Unpin(&r.Refs)
+	recPool.Put(r)
+}
 
 // recPool recycles step records (and their slices), so steady-state steps
 // allocate nothing and take no lock for a record.
@@ -236,11 +246,9 @@ func (c *Cache) takeLocked(id StepID, reqs []int64) (*reader.Step, error) {
 	return nil, fmt.Errorf("%w: %d", ErrUnknownStep, id)
 }
 
-// drop releases a consumed step's pins and recycles its record.
-func (c *Cache) drop(r *reader.Step) {
-	c.path.Unpin(&r.Refs)
-	c.freeRec(r)
-}
+// drop releases a consumed step: its record is recycled, and its pins
+// dropped, once its prefetch (if any) is done with it too.
+func (c *Cache) drop(r *reader.Step) { c.rd.Release(r) }
 
 // Discard consumes step id without reading it. After a sticky write
 // failure it still consumes the step (releasing its page and pins) and
@@ -256,7 +264,7 @@ func (c *Cache) Discard(id StepID) error {
 	}
 	rec, err := c.takeLocked(id, nil)
 	if err == nil {
-		c.drop(rec)
+		c.rd.Cancel(rec) // a prefetch not started yet is skipped
 	}
 	c.mu.Unlock()
 	if err != nil {
@@ -297,13 +305,29 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		pre := rec.Prefix(i)
 		dst.add(rec.IDs[i], pre, pre+rec.Count[i])
 	}
-	dst.size()
-	err = c.rd.Read(rec, all, nq, dst)
+	if !all || !rec.Prefetched() {
+		dst.size() // else the read adopts the prefetched buffers
+	}
+	err = c.rd.Read(rec, all, nq, dest{dst})
 	c.drop(rec)
 	if err == nil {
 		err = c.check()
 	}
-	return err
+	if err != nil {
+		dst.reset(c.lay.RowBytes) // nothing served
+		return err
+	}
+	if dst.nfail > 0 {
+		re := &RequestError{Step: id}
+		for i, e := range dst.errs {
+			if e != nil {
+				re.IDs = append(re.IDs, dst.ids[i])
+				re.Errs = append(re.Errs, e)
+			}
+		}
+		return re
+	}
+	return nil
 }
 
 // Sync writes out the decode buffer and waits until every write handed to
@@ -388,12 +412,18 @@ func (c *Cache) Close() error {
 		}
 	}
 	c.mu.Lock()
-	refs := make([]*writer.Refs, len(c.steps))
+	refs := make([]*writer.Refs, len(c.steps), len(c.steps)+1)
 	for i, r := range c.steps {
 		refs[i] = &r.Refs
 	}
 	c.steps = nil
 	c.mu.Unlock()
+	// A step begun and never saved holds the pins of its hit plan. No call
+	// is in flight (waited above) and a later one fails before touching the
+	// engine's state.
+	if r := c.eng.rec; r != nil {
+		refs = append(refs, &r.Refs)
+	}
 	return c.path.Close(refs, deadline)
 }
 

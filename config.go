@@ -57,6 +57,9 @@ func validate(cfg *Config) (writer.Config, error) {
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = DefaultWaitTimeout
 	}
+	if cfg.ReadAheadBytes == 0 {
+		cfg.ReadAheadBytes = DefaultReadAheadBytes
+	}
 	if cfg.CopyWorkers == 0 {
 		n := runtime.GOMAXPROCS(0)
 		cfg.CopyWorkers = min(16, max(1, n-n/4))
@@ -64,8 +67,8 @@ func validate(cfg *Config) (writer.Config, error) {
 	if cfg.CopyWorkers < 0 || cfg.CopyWorkers > MaxCopyWorkers {
 		return bad("CopyWorkers %d not in [0, %d]", cfg.CopyWorkers, MaxCopyWorkers)
 	}
-	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 {
-		return bad("negative staging depth, capacity, budget or chunk")
+	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 || cfg.ReadAheadBytes < 0 {
+		return bad("negative staging depth, capacity, budget, chunk or read-ahead")
 	}
 	if cfg.StagingDepth > MaxStagingDepth {
 		return bad("StagingDepth %d exceeds %d", cfg.StagingDepth, MaxStagingDepth)

@@ -59,7 +59,8 @@ var (
 	// ErrReassigned: a delayed read found that the hit's slots were given
 	// to another tenant after the read was planned (or the write it
 	// planned to read skipped them for a newer one). Never served as the
-	// new tenant's rows.
+	// new tenant's rows. With prefetch (the default) only a step that did
+	// not fit Config.ReadAheadBytes can meet it.
 	ErrReassigned = errs.Reassigned
 	// ErrBudget: a device reservation cannot be met: it is larger than the
 	// whole device byte budget, or what is still charged after every pending
@@ -100,3 +101,28 @@ func (e *StagingTimeoutError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrStagingTimeout) hold.
 func (e *StagingTimeoutError) Unwrap() error { return ErrStagingTimeout }
+
+// RequestError is the error of a Materialize that served some of the
+// requests asked for and not others: the Result holds every request, the
+// served ones' rows exact, the failed ones' rows zero with Result.Err
+// naming the cause. The step is consumed. errors.Is matches each failed
+// request's cause (ErrAbsentRequired, ErrReassigned).
+type RequestError struct {
+	Step StepID
+	// IDs are the failed requests, Errs their causes.
+	IDs  []int64
+	Errs []error
+}
+
+func (e *RequestError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "step %d: %d of the requests asked were not served", uint64(e.Step), len(e.IDs))
+	for _, err := range e.Errs {
+		b.WriteString("; ")
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap gives the failed requests' causes (errors.Is, errors.As).
+func (e *RequestError) Unwrap() []error { return e.Errs }

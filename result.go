@@ -12,6 +12,33 @@ type Result struct {
 	off      []int32 // row offset of request i within every key's buffer
 	rowBytes []int
 	keys     [][]byte
+	errs     []error // per request: why its rows were not served (nil: served)
+	nfail    int
+}
+
+// Err is nil when request i's rows were served, else why not (its rows
+// are then zeros; Materialize returned a *RequestError).
+func (r *Result) Err(i int) error { return r.errs[i] }
+
+// adopt makes buf key k's buffer (laid out as Rows expects for every
+// request added) and returns the buffer it replaces.
+func (r *Result) adopt(k int, buf []byte) []byte {
+	old := r.keys[k]
+	r.keys[k] = buf
+	return old
+}
+
+// fail records that request i's rows cannot be served, and zeroes them.
+func (r *Result) fail(i int, err error) {
+	if r.errs[i] == nil {
+		r.nfail++
+	}
+	r.errs[i] = err
+	for k := range r.keys {
+		if len(r.keys[k]) > 0 {
+			clear(r.Rows(i, k))
+		}
+	}
 }
 
 // Len is the number of requests in the result, in the order asked for.
@@ -40,6 +67,9 @@ func (r *Result) reset(rowBytes []int) {
 	r.prefix = r.prefix[:0]
 	r.tokens = r.tokens[:0]
 	r.off = r.off[:0]
+	clear(r.errs)
+	r.errs = r.errs[:0]
+	r.nfail = 0
 	r.rowBytes = append(r.rowBytes[:0], rowBytes...)
 	if cap(r.keys) < len(rowBytes) {
 		r.keys = make([][]byte, len(rowBytes))
@@ -57,6 +87,7 @@ func (r *Result) add(id int64, prefix, tokens int32) {
 	r.prefix = append(r.prefix, prefix)
 	r.tokens = append(r.tokens, tokens)
 	r.off = append(r.off, off)
+	r.errs = append(r.errs, nil)
 }
 
 // size grows every key buffer to hold the rows added so far.
@@ -73,3 +104,10 @@ func (r *Result) size() {
 		r.keys[k] = r.keys[k][:need]
 	}
 }
+
+// dest is the read path's view of a Result (reader.Dest).
+type dest struct{ r *Result }
+
+func (d dest) Rows(qi, k int) []byte          { return d.r.Rows(qi, k) }
+func (d dest) Adopt(k int, buf []byte) []byte { return d.r.adopt(k, buf) }
+func (d dest) Fail(qi int, err error)         { d.r.fail(qi, err) }

@@ -1,20 +1,27 @@
 package reader
 
 import (
+	"sync/atomic"
+
 	"github.com/omnicache/omnicache/soa"
 	"github.com/omnicache/omnicache/writer"
 )
 
 // Reader is the read path of one cache, over its write path's tables.
 type Reader struct {
-	p   *writer.Path
-	lay *writer.Layout
-	st  *writer.Counters
+	p       *writer.Path
+	lay     *writer.Layout
+	st      *writer.Counters
+	opt     Options
+	charged atomic.Int64 // read-ahead bytes held by unconsumed steps
+	pool    bufPool
 }
 
 // New returns the read path over p.
-func New(p *writer.Path) *Reader {
-	return &Reader{p: p, lay: p.Layout(), st: p.Counters()}
+func New(p *writer.Path, opt Options) *Reader {
+	r := &Reader{p: p, lay: p.Layout(), st: p.Counters(), opt: opt}
+	r.pool.max = opt.Budget
+	return r
 }
 
 // Hit is a request whose hit prefix a step serves: its index in the step,
@@ -25,9 +32,10 @@ type Hit struct {
 	Blocks []int32
 }
 
-// Plan plans the prefix reads of the step's hits; no data moves. It runs
-// on the engine goroutine in Save, after the step's own writes were handed
-// over, so a hit on blocks this step writes reads this step's rows.
+// Plan plans the prefix reads of the step's hits and, with prefetch on,
+// queues the read (see prefetch.go). It runs on the engine goroutine in
+// Begin, once the decode buffer and the finished requests' rows were
+// handed over: the rows a hit finds are those cached before the step.
 //
 // Immediate keys: the prefix rows' slots; the read joins the queue up to
 // here, and finds the planned rows only where no write newer than the
@@ -49,10 +57,11 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 	s.joinSeq = r.p.Queue().Pushed()
 	s.maxOwner = r.p.LastID()
 	bs := int32(r.lay.BlockSize)
+	if r.opt.Prefetch {
+		defer r.queue(s)
+	}
 	for _, h := range hits {
 		s.prefix[h.Index] = h.Tokens
-		r.st.HitRequests.Add(1)
-		r.st.HitTokens.Add(int64(h.Tokens))
 		if len(r.lay.Imm) == 0 {
 			continue
 		}

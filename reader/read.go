@@ -1,6 +1,7 @@
 package reader
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/omnicache/omnicache/internal/errs"
@@ -9,15 +10,26 @@ import (
 )
 
 // Dest receives a step's rows: Rows(qi, k) is the qi-th asked request's
-// buffer for key k, prefix rows first.
+// buffer for key k, prefix rows first. Adopt makes buf (laid out as the
+// whole step's rows, every request in batch order) key k's buffer and
+// returns the one it replaces. Fail records that request qi's rows cannot
+// be served (its rows read as zeros); the other requests are served.
 type Dest interface {
 	Rows(qi, k int) []byte
+	Adopt(k int, buf []byte) []byte
+	Fail(qi int, err error)
 }
 
 // Read fills dst with, per request asked for (the first nq of s.Qidx, or
 // the step's first nq requests when all) and key, `[hit prefix rows | this
-// step's rows]`. The step was taken by its one consumer.
+// step's rows]`. The step was taken by its one consumer. A request whose
+// prefix cannot be served (ErrAbsentRequired; ErrReassigned, only for a
+// step read here rather than prefetched) is failed in dst and the others
+// are read; an error returned fails the whole call (a write failure).
 func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
+	if s.Prefetched() {
+		return r.consumePrefetched(s, all, nq, dst)
+	}
 	tokOff := s.Offsets()
 	for qi := 0; qi < nq; qi++ {
 		i := qi
@@ -25,38 +37,55 @@ func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 			i = int(s.Qidx[qi])
 		}
 		pre := int(s.Prefix(i))
-		if pre > 0 {
-			r.st.HitRows.Add(int64(pre))
-		}
+		failed := false
 		for k := range r.lay.Keys {
 			rb := r.lay.RowBytes[k]
 			out := dst.Rows(qi, k)
 			if pre > 0 {
-				if err := r.readPrefix(s, i, k, pre, out[:pre*rb]); err != nil {
-					return fmt.Errorf("request %d, key %q: %w", s.IDs[i], r.lay.Keys[k].Name, err)
+				if err := r.readPrefix(s, i, k, pre, out[:pre*rb], false); err != nil {
+					if !perRequest(err) {
+						return err
+					}
+					if s.noBudget && errors.Is(err, errs.Reassigned) {
+						err = fmt.Errorf("%w (the step was not prefetched: the read-ahead budget was exhausted at Begin)", err)
+					}
+					dst.Fail(qi, fmt.Errorf("request %d, key %q: %w", s.IDs[i], r.lay.Keys[k].Name, err))
+					failed = true
+					break
 				}
 			}
-			cnt := int(s.Count[i])
-			if cnt == 0 {
-				continue
-			}
-			w := s.Src[k]
-			if w == nil {
-				return fmt.Errorf("%w: step %d has no rows for key %q", errs.WriteFailed, s.ID, r.lay.Keys[k].Name)
-			}
-			r0 := int(s.SrcOff[k]) + int(tokOff[i])
-			if err := r.readWrite(w, k, r0, cnt, out[pre*rb:]); err != nil {
+			if err := r.readOwn(s, i, k, tokOff, out[pre*rb:]); err != nil {
 				return err
 			}
+		}
+		if !failed && pre > 0 {
+			r.st.HitRows.Add(int64(pre))
 		}
 	}
 	return nil
 }
 
+// readOwn copies request i's rows of this step for key k into out.
+func (r *Reader) readOwn(s *Step, i, k int, tokOff []int32, out []byte) error {
+	cnt := int(s.Count[i])
+	if cnt == 0 {
+		return nil
+	}
+	w := s.Src[k]
+	if w == nil {
+		return fmt.Errorf("%w: step %d has no rows for key %q", errs.WriteFailed, s.ID, r.lay.Keys[k].Name)
+	}
+	return r.readWrite(w, k, int(s.SrcOff[k])+int(tokOff[i]), cnt, out)
+}
+
 // readPrefix reads request i's hit prefix of key k (pre rows) into out.
-func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
+// inOrder: the committer runs the read in queue order (prefetch), so no
+// write can have replaced a planned row: the checks against a newer write
+// are skipped (a deferred slot's word may already name a newer pending
+// write whose rows have not landed).
+func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte, inOrder bool) error {
 	if r.lay.ImmIdx[k] >= 0 {
-		return r.readJoined(s, i, k, pre, out)
+		return r.readJoined(s, i, k, pre, out, inOrder)
 	}
 	base := int(s.defOff[i]) + r.lay.DefIdx[k]*pre
 	rb := r.lay.RowBytes[k]
@@ -71,7 +100,7 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, s.pSlot[e])
 		case srcMirror:
 			sl := s.pSlot[e]
-			if occ.Word(sl) != s.pWord[e] {
+			if !inOrder && occ.Word(sl) != s.pWord[e] {
 				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
 			}
 			m := r.p.Mirrors().Get(k)
@@ -79,7 +108,7 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 				return fmt.Errorf("%w: position %d (slot %d): committed slot without mirror", errs.Reassigned, t, sl)
 			}
 			m.ReadRow(d, sl)
-			if occ.Word(sl) != s.pWord[e] {
+			if !inOrder && occ.Word(sl) != s.pWord[e] {
 				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
 			}
 		case srcClone:
@@ -105,9 +134,11 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte) error {
 // rows. If a scatter overlapped the copies (the committer's epoch moved),
 // the owners and stale bits are checked again once it is over: a scatter
 // publishes them when its rows are in.
-func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
-	if err := r.p.WaitSeq(s.joinSeq); err != nil {
-		return err
+func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) error {
+	if !inOrder {
+		if err := r.p.WaitSeq(s.joinSeq); err != nil {
+			return err
+		}
 	}
 	lo := int(s.immOff[i])
 	sl := s.immSlot[lo : lo+pre]
@@ -124,8 +155,8 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte) error {
 	} else if err := r.copyChecked(s, sl, rb, opt, m, out); err != nil {
 		return err
 	}
-	if e1&1 == 0 && com.Epoch() == e1 {
-		return nil
+	if inOrder || e1&1 == 0 && com.Epoch() == e1 {
+		return nil // in order: the committer itself runs this, no scatter overlaps
 	}
 	com.EvenEpoch()
 	for t, slot := range sl {

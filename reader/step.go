@@ -27,7 +27,11 @@
 // never across a copy.
 package reader
 
-import "github.com/omnicache/omnicache/writer"
+import (
+	"sync/atomic"
+
+	"github.com/omnicache/omnicache/writer"
+)
 
 // Step is a saved step until Materialize or Discard consumes it: its
 // requests, where its own rows are (writer.Refs) and the plan of its hit
@@ -57,6 +61,19 @@ type Step struct {
 
 	lastQ int     // search hint for Find
 	Qidx  []int32 // requests asked of Materialize, as step indices
+
+	// prefetch (see prefetch.go): the hit read the committer runs in queue
+	// order into result-layout buffers, while the engine runs its forward.
+	rd       *Reader
+	pf       [][]byte    // per key: [prefix | step rows] per request, batch order
+	pfOff    []int32     // per request: first row in pf
+	pfSeq    uint64      // queue sequence of the read (0: not prefetched)
+	pfBytes  int64       // read-ahead bytes charged for pf
+	pfErr    []error     // per request: its prefix could not be served
+	pfFailed bool        // the committer skipped the read: the path had failed
+	noBudget bool        // planned without read-ahead: the budget was exhausted
+	cancel   atomic.Bool // abandoned (Abort, failed Save): the read is skipped
+	hold     atomic.Int32
 }
 
 // plan entry kinds for deferred hit rows.
@@ -87,6 +104,14 @@ func (s *Step) Reset(nkeys int) {
 	s.pRow = s.pRow[:0]
 	s.lastQ = 0
 	s.Qidx = s.Qidx[:0]
+	s.pf = s.pf[:0]
+	s.pfOff = s.pfOff[:0]
+	s.pfSeq, s.pfBytes = 0, 0
+	clear(s.pfErr)
+	s.pfErr = s.pfErr[:0]
+	s.pfFailed, s.noBudget = false, false
+	s.cancel.Store(false)
+	s.hold.Store(1) // the consumer's (Materialize or Discard, or the cancel)
 }
 
 // Offsets returns each request's first row within the step, computing them

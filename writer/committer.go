@@ -71,6 +71,7 @@ type Committer struct {
 	newest    []uint64 // per slot: id of the newest immediate write queued
 	newestMax uint64
 	scanned   uint64 // queue sequence scanned into newest
+	popped    uint64 // queue sequence of the task being run
 	curID     uint64
 }
 
@@ -163,6 +164,15 @@ func (c *Committer) run() {
 		if !ok {
 			return
 		}
+		c.popped++
+		if t.R != nil {
+			// In-order work: every write before it landed, none after.
+			// The scan resumes past it (it stopped here: see scanQueued).
+			t.R.RunInOrder(c.cfg.Owner.Failed())
+			c.scanned = max(c.scanned, c.popped)
+			q.Done()
+			continue
+		}
 		t0 := time.Now()
 		if !c.cfg.Owner.Failed() {
 			var err error
@@ -182,20 +192,26 @@ func (c *Committer) run() {
 }
 
 // scanQueued records, per immediate slot, the newest write queued so far,
-// so that an older write skips rows a newer one replaces.
+// so that an older write skips rows a newer one replaces. The scan stops at
+// in-order work (a hit read): a write after it must not make a write before
+// it skip rows the read is planned to find.
 func (c *Committer) scanQueued() {
 	if c.newest == nil {
 		c.newest, _ = hostmem.Uint64s(c.cfg.NumSlots) // never fails
 	}
-	c.scanned = c.cfg.Queue.Since(c.scanned, func(t Task) {
+	c.scanned = c.cfg.Queue.Since(c.scanned, func(t Task) bool {
+		if t.R != nil {
+			return false
+		}
 		w := t.W
 		if w == nil {
-			return
+			return true
 		}
 		for _, s := range w.Rows.Slot {
 			c.newest[s] = w.ID
 		}
 		c.newestMax = w.ID
+		return true
 	})
 }
 

@@ -128,16 +128,22 @@ func (q *Queue[T]) Drain() {
 }
 
 // Since calls fn, under the queue's lock, for every queued item with a
-// sequence number above seq, oldest first, and returns the last sequence
-// number it saw (seq when none). fn must not call back into the queue.
-func (q *Queue[T]) Since(seq uint64, fn func(v T)) uint64 {
+// sequence number above seq, oldest first, until fn returns false, and
+// returns the sequence number of the last item fn accepted (seq when none;
+// items already popped count as accepted). fn must not call back into the
+// queue.
+func (q *Queue[T]) Since(seq uint64, fn func(v T) bool) uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	first := q.pushed - uint64(q.n) + 1 // sequence number of the head
-	for s := max(seq+1, first); s <= q.pushed; s++ {
-		fn(q.buf[(q.head+int(s-first))%len(q.buf)])
+	last := max(seq, first-1)
+	for s := last + 1; s <= q.pushed; s++ {
+		if !fn(q.buf[(q.head+int(s-first))%len(q.buf)]) {
+			break
+		}
+		last = s
 	}
-	return max(seq, q.pushed)
+	return last
 }
 
 // Pushed is the sequence number of the last item pushed.

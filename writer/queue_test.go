@@ -111,7 +111,7 @@ func TestQueueSince(t *testing.T) {
 	q := NewQueue[int](2)
 	since := func(seq uint64) ([]int, uint64) {
 		var got []int
-		last := q.Since(seq, func(v int) { got = append(got, v) })
+		last := q.Since(seq, func(v int) bool { got = append(got, v); return true })
 		return got, last
 	}
 
@@ -162,9 +162,31 @@ func TestQueueSince(t *testing.T) {
 	mark := uint64(0)
 	for v := 13; v <= 16; v++ {
 		q.Push(10 * v)
-		mark = q.Since(mark, func(x int) { seen = append(seen, x) })
+		mark = q.Since(mark, func(x int) bool { seen = append(seen, x); return true })
 	}
 	assert.Equal(t, []int{70, 80, 90, 100, 110, 120, 130, 140, 150, 160}, seen)
+
+	// fn stops the walk (the committer's barrier at in-order work): the
+	// item it refused is not counted, and the next walk starts at it.
+	q.Push(170)
+	q.Push(-1) // barrier
+	q.Push(190)
+	seen = seen[:0]
+	stop := func(x int) bool {
+		if x < 0 {
+			return false
+		}
+		seen = append(seen, x)
+		return true
+	}
+	mark = q.Since(mark, stop)
+	assert.Equal(t, []int{170}, seen)
+	assert.EqualValues(t, 17, mark, "stops before the barrier's sequence 18")
+	assert.EqualValues(t, 17, q.Since(mark, stop), "the barrier still stops it")
+	seen = seen[:0]
+	mark = q.Since(18, stop) // past the barrier (the committer ran it)
+	assert.Equal(t, []int{190}, seen)
+	assert.EqualValues(t, 19, mark)
 }
 
 func TestQueueClose(t *testing.T) {

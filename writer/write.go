@@ -58,11 +58,23 @@ type Write struct {
 }
 
 // Task is one unit of committer work: an immediate write (W, host-ready once
-// Ev completes) or deferred runs (Segs).
+// Ev completes), deferred runs (Segs), or in-order work (R).
 type Task struct {
 	W    *Write
 	Ev   gpu.Event
 	Segs []Seg
+	R    InOrder
+}
+
+// InOrder is work the committer runs in queue order, after every write
+// queued before it landed and before any write queued after it: a hit read
+// that must find exactly the rows the earlier writes left (the read path's
+// prefetch). A newer write's rows never make an older write skip slots
+// across it (see Committer.scanQueued), so the rows it reads are the
+// planned ones. failed reports the path's sticky failure (the work reports
+// it instead of copying).
+type InOrder interface {
+	RunInOrder(failed bool)
 }
 
 // Seg is a run of a deferred clone's rows.

@@ -1,0 +1,251 @@
+package reader
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/writer"
+)
+
+// Prefetch. A step with hits is planned at Begin; with prefetch on, its
+// hit read is queued to the committer right behind the writes handed over
+// so far. The committer runs it in queue order (writer.InOrder): after
+// every write before it landed and before any write after it, so the
+// mirror holds exactly the planned rows and no newer write can overwrite
+// them first: a late Materialize never finds its rows reassigned. The rows
+// go, across the copy workers, into buffers laid out as the step's Result
+// (per key, per request in batch order, [prefix rows | step rows]), while
+// the engine runs its forward; Materialize of the whole step adopts them
+// into its Result (no copy) and adds only the step's own rows.
+//
+// The buffers are charged to a read-ahead budget (Config.ReadAheadBytes)
+// from Begin until the step is consumed. A step whose buffers do not fit
+// is not prefetched: its hits are read at Materialize, on the caller's
+// goroutine, and fail with ErrReassigned (naming the budget) if a newer
+// write claimed their blocks first.
+
+// Options configure a Reader.
+type Options struct {
+	// Prefetch queues every planned hit read to the committer (see above);
+	// off, hits are read at Materialize on the caller's goroutine.
+	Prefetch bool
+	// Budget bounds the bytes of prefetch buffers held by unconsumed steps
+	// (and the idle buffers kept for reuse).
+	Budget int64
+	// Free recycles a step record nothing references any more: its pins
+	// are to be dropped. Called on any goroutine (the committer included).
+	Free func(*Step)
+}
+
+// bufPool keeps idle prefetch buffers (and the buffers Results hand back
+// when they adopt prefetched ones) for reuse, up to max bytes.
+type bufPool struct {
+	mu    sync.Mutex
+	free  [][]byte
+	bytes int64
+	max   int64
+}
+
+// get returns a buffer of n bytes (contents undefined): the smallest idle
+// one that holds n, else a new one.
+func (b *bufPool) get(n int) []byte {
+	b.mu.Lock()
+	best := -1
+	for i, f := range b.free {
+		if cap(f) >= n && (best < 0 || cap(f) < cap(b.free[best])) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		f := b.free[best]
+		last := len(b.free) - 1
+		b.free[best] = b.free[last]
+		b.free[last] = nil
+		b.free = b.free[:last]
+		b.bytes -= int64(cap(f))
+		b.mu.Unlock()
+		return f[:n]
+	}
+	b.mu.Unlock()
+	return make([]byte, n)
+}
+
+// put keeps f for reuse if it fits under max (else the GC takes it).
+func (b *bufPool) put(f []byte) {
+	if cap(f) == 0 {
+		return
+	}
+	b.mu.Lock()
+	if b.bytes+int64(cap(f)) <= b.max {
+		b.free = append(b.free, f[:0])
+		b.bytes += int64(cap(f))
+	}
+	b.mu.Unlock()
+}
+
+// charge reserves n read-ahead bytes; false if the budget cannot hold them.
+func (r *Reader) charge(n int64) bool {
+	for {
+		c := r.charged.Load()
+		if c+n > r.opt.Budget {
+			return false
+		}
+		if r.charged.CompareAndSwap(c, c+n) {
+			return true
+		}
+	}
+}
+
+// ReadAheadBytes is the read-ahead budget in use now.
+func (r *Reader) ReadAheadBytes() int64 { return r.charged.Load() }
+
+// queue lays out s's prefetch buffers and hands its read to the committer,
+// or marks it unbudgeted. Engine goroutine (Plan).
+func (r *Reader) queue(s *Step) {
+	n := len(s.IDs)
+	s.pfOff = grow(s.pfOff, n)
+	rows := int32(0)
+	for i := 0; i < n; i++ {
+		s.pfOff[i] = rows
+		rows += s.Prefix(i) + s.Count[i]
+	}
+	var bytes int64
+	for _, rb := range r.lay.RowBytes {
+		bytes += int64(rows) * int64(rb)
+	}
+	if !r.charge(bytes) {
+		s.noBudget = true
+		return
+	}
+	s.pfBytes = bytes
+	for _, rb := range r.lay.RowBytes {
+		s.pf = append(s.pf, r.pool.get(int(rows)*rb))
+	}
+	s.pfErr = grow(s.pfErr, n)
+	clear(s.pfErr)
+	s.rd = r
+	s.hold.Add(1) // the committer's, until the read ran
+	s.pfSeq = r.p.Queue().Push(writer.Task{R: s})
+}
+
+// Prefetched reports whether s's hits were read (or are being read) by the
+// committer; PrefetchSeq is the queue sequence to wait for.
+func (s *Step) Prefetched() bool   { return s.pfSeq != 0 }
+func (s *Step) PrefetchSeq() uint64 { return s.pfSeq }
+
+// RunInOrder is the prefetch read, on the committer goroutine in queue
+// order (writer.InOrder).
+func (s *Step) RunInOrder(failed bool) {
+	r := s.rd
+	switch {
+	case failed:
+		s.pfFailed = true
+	case !s.cancel.Load():
+		r.readInOrder(s)
+	}
+	r.Release(s)
+}
+
+// readInOrder reads every hit prefix of s into its buffers. Nothing can
+// overwrite the planned rows meanwhile: the committer, the only writer of
+// the mirror, is running this. A request whose rows cannot be served gets
+// its error in pfErr; the others are read.
+func (r *Reader) readInOrder(s *Step) {
+	for i := range s.IDs {
+		pre := int(s.Prefix(i))
+		if pre == 0 {
+			continue
+		}
+		for k := range r.lay.Keys {
+			rb := r.lay.RowBytes[k]
+			lo := int(s.pfOff[i]) * rb
+			out := s.pf[k][lo : lo+pre*rb]
+			if err := r.readPrefix(s, i, k, pre, out, true); err != nil {
+				s.pfErr[i] = fmt.Errorf("request %d, key %q: %w", s.IDs[i], r.lay.Keys[k].Name, err)
+				break
+			}
+		}
+	}
+}
+
+// Release drops one reference to s (the committer's once its read ran, or
+// the consumer's); the last one returns the buffers, the budget and the
+// record. Any goroutine.
+func (r *Reader) Release(s *Step) {
+	if s.hold.Add(-1) != 0 {
+		return
+	}
+	for k, b := range s.pf {
+		r.pool.put(b)
+		s.pf[k] = nil
+	}
+	if s.pfBytes > 0 {
+		r.charged.Add(-s.pfBytes)
+		s.pfBytes = 0
+	}
+	r.opt.Free(s)
+}
+
+// Cancel abandons a planned step that will never be saved (Abort, a failed
+// Save): a read not started yet is skipped; the consumer's reference is
+// dropped. Engine goroutine.
+func (r *Reader) Cancel(s *Step) {
+	s.cancel.Store(true)
+	r.Release(s)
+}
+
+// consumePrefetched serves the asked requests of a prefetched step: the
+// prefix rows are in s.pf (adopted whole into dst when every request is
+// asked), the step's own rows are copied after them.
+func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
+	if err := r.p.WaitSeq(s.pfSeq); err != nil {
+		return err
+	}
+	if s.pfFailed {
+		if err := r.p.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the prefetch of step %d was skipped", errs.WriteFailed, s.ID)
+	}
+	if all {
+		for k := range s.pf {
+			r.pool.put(dst.Adopt(k, s.pf[k]))
+			s.pf[k] = nil
+		}
+	}
+	tokOff := s.Offsets()
+	for qi := 0; qi < nq; qi++ {
+		i := qi
+		if !all {
+			i = int(s.Qidx[qi])
+		}
+		if err := s.pfErr[i]; err != nil {
+			dst.Fail(qi, err)
+			continue
+		}
+		pre := int(s.Prefix(i))
+		if pre > 0 {
+			r.st.HitRows.Add(int64(pre))
+		}
+		for k := range r.lay.Keys {
+			rb := r.lay.RowBytes[k]
+			out := dst.Rows(qi, k)
+			if !all && pre > 0 {
+				lo := int(s.pfOff[i]) * rb
+				copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
+			}
+			if err := r.readOwn(s, i, k, tokOff, out[pre*rb:]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// perRequest reports whether err is one request's (its rows cannot be
+// served) rather than the whole call's.
+func perRequest(err error) bool {
+	return errors.Is(err, errs.Reassigned) || errors.Is(err, errs.AbsentRequired)
+}

@@ -132,7 +132,7 @@ func (r *Reader) queue(s *Step) {
 
 // Prefetched reports whether s's hits were read (or are being read) by the
 // committer; PrefetchSeq is the queue sequence to wait for.
-func (s *Step) Prefetched() bool   { return s.pfSeq != 0 }
+func (s *Step) Prefetched() bool    { return s.pfSeq != 0 }
 func (s *Step) PrefetchSeq() uint64 { return s.pfSeq }
 
 // RunInOrder is the prefetch read, on the committer goroutine in queue

@@ -244,6 +244,9 @@ type Stats struct {
 	// allocate: each page after the first is allocated while the engine
 	// runs the steps before it needs it), else 0.
 	PagesAllocating int
+	// ReadAheadBytes is the prefetch buffers held by steps not consumed yet
+	// (bounded by Config.ReadAheadBytes).
+	ReadAheadBytes int64
 	// LiveRequests is the number of requests the cache tracks.
 	LiveRequests int
 }

@@ -454,6 +454,7 @@ func (c *Cache) Stats() Stats {
 		ClonedBytes:         st.Cloned.Load(),
 		PagesInUse:          c.path.PagesInUse(),
 		PagesAllocating:     c.path.PagesAllocating(),
+		ReadAheadBytes:      c.rd.ReadAheadBytes(),
 		LiveRequests:        int(c.live.Load()),
 	}
 }

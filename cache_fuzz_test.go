@@ -114,12 +114,17 @@ type fuzzSetup struct {
 	modes tensorModes
 }
 
+// fuzzReadAhead is a read-ahead budget that holds some hit steps'
+// prefetch buffers and not others.
+const fuzzReadAhead = 1024
+
 func fuzzConfig(in *fuzzIn) fuzzSetup {
 	c0 := in.byte()
 	bs := 1 + int(in.byte())%8
 	depth := 2 + int(in.byte())%3
 	blocks := 4 + int(in.byte())%13
-	chunk := 1 + int(in.byte())%8
+	cb := in.byte()
+	chunk := 1 + int(cb)%8
 
 	keys := []omnicache.Key{keyHidden}
 	if c0&0x10 == 0 {
@@ -158,6 +163,12 @@ func fuzzConfig(in *fuzzIn) fuzzSetup {
 	}
 	if c0&0x20 != 0 {
 		cfg.DeferredChunkBytes = 2 * int64(keyCodes.RowBytes)
+	}
+	switch cb >> 3 % 3 {
+	case 1:
+		cfg.DisablePrefetch = true // hits read at Materialize
+	case 2:
+		cfg.ReadAheadBytes = fuzzReadAhead // some hit steps do not fit: read at Materialize
 	}
 	s := fuzzSetup{
 		cfg: cfg,

@@ -742,6 +742,14 @@ func containsID(ids []int64, id int64) bool {
 // request in batch order).
 func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
 	h.t.Helper()
+	return h.verifyServed(id, reqs, res, nil)
+}
+
+// verifyServed is verify where the requests in failed were not served:
+// their Result.Err must be set and their rows zero; every other request's
+// rows must be exact and its Err nil.
+func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, failed map[int64]error) error {
+	h.t.Helper()
 	sw := h.want(id)
 	order := reqs
 	if order == nil {
@@ -765,6 +773,10 @@ func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Resul
 			continue
 		}
 		npre := len(rw.hitSlots)
+		if _, ok := failed[rid]; ok != (res.Err(i) != nil) {
+			bad = append(bad, fmt.Sprintf("req %d: Result.Err = %v, failed in the error: %v", rid, res.Err(i), ok))
+			continue
+		}
 		if res.Prefix(i) != npre || res.Tokens(i) != npre+rw.count {
 			bad = append(bad, fmt.Sprintf("req %d: Prefix=%d Tokens=%d, want Prefix=%d Tokens=%d (hit prefix + %d rows of this step)",
 				rid, res.Prefix(i), res.Tokens(i), npre, npre+rw.count, rw.count))
@@ -783,7 +795,9 @@ func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Resul
 			for j := 0; j < npre+rw.count; j++ {
 				var w tag
 				part := "prefix"
-				if j < npre {
+				if res.Err(i) != nil {
+					part = "failed request" // zeros
+				} else if j < npre {
 					w = rw.prefix[k][j]
 				} else {
 					w = mkTag(k, rid, rw.start+j-npre, rw.ver)

@@ -564,7 +564,7 @@ func materializeNow(h *harness, id omnicache.StepID, reqs []int64) {
 	}
 	err := h.matCall(id, reqs, &h.res)
 	require.ErrorIs(h.t, err, omnicache.ErrAbsentRequired, "%sMaterialize(%v, %v): the hit covers never-written rows of a required key", h.prefix(), id, reqs)
-	checkConsumed(h, id)
+	h.checkServed(id, reqs, &h.res, err, "immediate")
 }
 
 // consume finishes a late or asynchronous Materialize: ErrReassigned is
@@ -574,8 +574,6 @@ func materializeNow(h *harness, id omnicache.StepID, reqs []int64) {
 // step's (original) rows.
 func consume(h *harness, l lateMat) {
 	h.t.Helper()
-	allow := h.rewrittenSince(l.id, l.reqs)
-	absent := h.absentRequired(l.id, l.reqs)
 	var err error
 	res := l.res
 	if l.async {
@@ -584,18 +582,62 @@ func consume(h *harness, l lateMat) {
 		res = &h.res
 		err = h.matCall(l.id, l.reqs, res)
 	}
-	if allow && errors.Is(err, omnicache.ErrReassigned) {
+	if h.checkServed(l.id, l.reqs, res, err, "late") {
 		h.reassigned[h.want(l.id).ord] = true
-		checkConsumed(h, l.id)
-		return
 	}
-	if absent {
-		require.ErrorIs(h.t, err, omnicache.ErrAbsentRequired, "%slate Materialize(%v, %v): the hit covers never-written rows of a required key (rewritten since: %v)", h.prefix(), l.id, l.reqs, allow)
-		checkConsumed(h, l.id)
-		return
+}
+
+// checkServed checks a Materialize of reqs (nil: all) of step id that
+// returned err into res, request by request: a request whose hit covers
+// never-written rows of a required key must fail with ErrAbsentRequired;
+// one whose hit slots were rewritten since may fail with ErrReassigned
+// only where the cache may not have preserved them (prefetch off, or a
+// read-ahead budget that may not have held the step); every other request
+// is served exactly, failed or not its neighbours. It reports whether a
+// request failed with ErrReassigned.
+func (h *harness) checkServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, err error, what string) (reassigned bool) {
+	h.t.Helper()
+	var re *omnicache.RequestError
+	if err != nil && !errors.As(err, &re) {
+		h.t.Fatalf("%s%s Materialize(%v, %v): %v", h.prefix(), what, id, reqs, err)
 	}
-	require.NoError(h.t, err, "%slate Materialize(%v, %v) (hit slots rewritten since: %v)", h.prefix(), l.id, l.reqs, allow)
-	require.NoError(h.t, h.verify(l.id, l.reqs, res))
+	failed := map[int64]error{}
+	if re != nil {
+		require.Equal(h.t, id, re.Step)
+		for i, rid := range re.IDs {
+			failed[rid] = re.Errs[i]
+		}
+	}
+	for _, rw := range h.want(id).reqs {
+		if reqs != nil && !containsID(reqs, rw.id) {
+			continue
+		}
+		one := []int64{rw.id}
+		absent := h.absentRequired(id, one)
+		mayMove := h.rewrittenSince(id, one) && h.mayReassign()
+		ferr := failed[rw.id]
+		switch {
+		case ferr == nil:
+			require.False(h.t, absent, "%s%s Materialize(%v): request %d served over never-written rows of a required key", h.prefix(), what, id, rw.id)
+		case mayMove && errors.Is(ferr, omnicache.ErrReassigned):
+			reassigned = true
+		case absent:
+			require.ErrorIs(h.t, ferr, omnicache.ErrAbsentRequired, "%s%s Materialize(%v): request %d", h.prefix(), what, id, rw.id)
+		default:
+			h.t.Fatalf("%s%s Materialize(%v): request %d failed (hit slots rewritten since: %v, the cache may let them move: %v): %v",
+				h.prefix(), what, id, rw.id, h.rewrittenSince(id, one), h.mayReassign(), ferr)
+		}
+	}
+	require.NoError(h.t, h.verifyServed(id, reqs, res, failed))
+	checkConsumed(h, id)
+	return reassigned
+}
+
+// mayReassign reports whether a late read may find its hit rows moved:
+// only without prefetch, or with a read-ahead budget too small to hold
+// every hit step's buffers (such a step is read at Materialize).
+func (h *harness) mayReassign() bool {
+	return h.cfg.DisablePrefetch || (h.cfg.ReadAheadBytes > 0 && h.cfg.ReadAheadBytes < 1<<20)
 }
 
 // propRun applies actions to one harness, step by step.
@@ -872,6 +914,15 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		{"buffer on, tight budget", func(c *omnicache.Config) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
 			c.DeferredChunkBytes = 512
+		}},
+		{"prefetch off", func(c *omnicache.Config) { c.DisablePrefetch = true }},
+		{"tight read-ahead", func(c *omnicache.Config) {
+			// Some hit steps' prefetch buffers do not fit: read at
+			// Materialize, racing reassignment.
+			c.ReadAheadBytes = 1024
+			dev := gpu.NewFaulty(gpu.NewHost())
+			dev.DelayWaits(100 * time.Microsecond)
+			c.Device = dev
 		}},
 		{"buffer on, lagging committer", func(c *omnicache.Config) {
 			// Every device wait takes longer: the committer falls behind

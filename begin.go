@@ -41,7 +41,8 @@ type engine struct {
 	arrived   []int64      // scratch: arrival ids (duplicate check)
 	starts    []idStart    // scratch: fresh batch requests by id
 	hits      []reader.Hit // the begun step's hits (planned at Begin)
-	rec       *reader.Step // the begun step's record, when its hits were planned at Begin
+	rec       *reader.Step // the begun step's record when made at Begin (a hit step, prefetch on)
+	planned   bool         // rec's hits were planned (and their read queued) at Begin
 	blockMark []uint32     // scratch: per block, the markGen of the last hitsOverlapStep
 	markGen   uint32
 }
@@ -158,10 +159,18 @@ func (c *Cache) Begin(p *Plan) error {
 			e.reqs.Flags[pos] &^= flagHitPending
 			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.reqs.HitTokens[pos], Blocks: e.reqs.HitBlocks(h)})
 		}
-		if !c.hitsOverlapStep() {
+		// Prefetched steps are planned now. A step that reads its own rows
+		// (a hit on blocks it writes) is planned at Save, behind its own
+		// writes, and its prefetch queued there; one the read-ahead budget
+		// cannot hold is planned at Save as without prefetch (its plan's
+		// pins then come after Save's reservation).
+		if !c.cfg.DisablePrefetch {
 			e.rec = c.newRec()
-			c.rd.Plan(e.rec, e.hits)
-		} // else planned at Save, behind this step's own rows
+			if c.rd.Charge(e.rec, e.hits) && !c.hitsOverlapStep() {
+				c.rd.Plan(e.rec, e.hits)
+				e.planned = true
+			}
+		}
 	}
 	return nil
 }
@@ -386,7 +395,7 @@ func (c *Cache) unbegin() {
 	e.begun = false
 	if e.rec != nil {
 		c.rd.Cancel(e.rec) // a prefetch not started is skipped
-		e.rec = nil
+		e.rec, e.planned = nil, false
 	}
 	c.live.Store(int64(e.reqs.Len()))
 }

@@ -134,10 +134,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	}
 	e.begun = false
 	if len(e.hits) > 0 {
-		if e.rec == nil {
-			c.rd.Plan(rec, e.hits) // a hit on blocks this step writes: its own rows
+		if !e.planned {
+			c.rd.Plan(rec, e.hits) // not prefetched: planned behind the step's own rows
 		}
-		e.rec = nil
+		e.rec, e.planned = nil, false
 		st := c.path.Counters()
 		st.HitRequests.Add(int64(len(e.hits)))
 		for _, h := range e.hits {
@@ -412,9 +412,9 @@ func (c *Cache) Close() error {
 		}
 	}
 	c.mu.Lock()
-	refs := make([]*writer.Refs, len(c.steps), len(c.steps)+1)
-	for i, r := range c.steps {
-		refs[i] = &r.Refs
+	refs := make([]*writer.Refs, 0, 2*len(c.steps)+2)
+	for _, r := range c.steps {
+		refs = append(refs, &r.Refs, r.PlanPins())
 	}
 	c.steps = nil
 	c.mu.Unlock()
@@ -422,7 +422,7 @@ func (c *Cache) Close() error {
 	// is in flight (waited above) and a later one fails before touching the
 	// engine's state.
 	if r := c.eng.rec; r != nil {
-		refs = append(refs, &r.Refs)
+		refs = append(refs, &r.Refs, r.PlanPins())
 	}
 	return c.path.Close(refs, deadline)
 }

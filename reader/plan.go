@@ -32,10 +32,12 @@ type Hit struct {
 	Blocks []int32
 }
 
-// Plan plans the prefix reads of the step's hits and, with prefetch on,
-// queues the read (see prefetch.go). It runs on the engine goroutine in
-// Begin, once the decode buffer and the finished requests' rows were
-// handed over: the rows a hit finds are those cached before the step.
+// Plan plans the prefix reads of the step's hits and, when Charge took
+// the step's prefetch buffers, queues the read (see prefetch.go). It runs
+// on the engine goroutine: in Begin for a prefetched step, once the decode
+// buffer and the finished requests' rows were handed over (the rows a hit
+// finds are those cached before the step); in Save otherwise, after the
+// step's own writes (a hit on blocks the step writes reads its rows).
 //
 // Immediate keys: the prefix rows' slots; the read joins the queue up to
 // here, and finds the planned rows only where no write newer than the
@@ -57,8 +59,8 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 	s.joinSeq = r.p.Queue().Pushed()
 	s.maxOwner = r.p.LastID()
 	bs := int32(r.lay.BlockSize)
-	if r.opt.Prefetch {
-		defer r.queue(s)
+	if s.pfBytes > 0 {
+		defer r.queue(s) // charged (Charge): prefetch
 	}
 	for _, h := range hits {
 		s.prefix[h.Index] = h.Tokens
@@ -103,7 +105,7 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 							break
 						}
 						kind, row = srcClone, occ.Row(sl)
-						r.p.PinLocked(&s.Refs, src)
+						r.p.PinLocked(&s.planPins, src)
 					}
 					s.pKind = append(s.pKind, kind)
 					s.pSlot = append(s.pSlot, sl)

@@ -101,29 +101,46 @@ func (r *Reader) charge(n int64) bool {
 // ReadAheadBytes is the read-ahead budget in use now.
 func (r *Reader) ReadAheadBytes() int64 { return r.charged.Load() }
 
-// queue lays out s's prefetch buffers and hands its read to the committer,
-// or marks it unbudgeted. Engine goroutine (Plan).
-func (r *Reader) queue(s *Step) {
+// Charge lays out the prefetch buffers of a step about to be planned with
+// hits (per request, batch order, [prefix | step rows]) and charges them to
+// the read-ahead budget. false: the budget cannot hold them (the step is
+// then planned at Save and read at Materialize). Engine goroutine.
+func (r *Reader) Charge(s *Step, hits []Hit) bool {
 	n := len(s.IDs)
 	s.pfOff = grow(s.pfOff, n)
+	clear(s.pfOff)
+	for _, h := range hits { // pfOff holds the prefixes for a moment
+		s.pfOff[h.Index] = h.Tokens
+	}
 	rows := int32(0)
 	for i := 0; i < n; i++ {
+		pre := s.pfOff[i]
 		s.pfOff[i] = rows
-		rows += s.Prefix(i) + s.Count[i]
+		rows += pre + s.Count[i]
 	}
 	var bytes int64
 	for _, rb := range r.lay.RowBytes {
 		bytes += int64(rows) * int64(rb)
 	}
-	if !r.charge(bytes) {
-		s.noBudget = true
-		return
+	if !r.opt.Prefetch || !r.charge(bytes) {
+		s.noBudget = r.opt.Prefetch
+		return false
 	}
 	s.pfBytes = bytes
-	for _, rb := range r.lay.RowBytes {
-		s.pf = append(s.pf, r.pool.get(int(rows)*rb))
+	return true
+}
+
+// queue allocates s's prefetch buffers (charged by Charge) and hands its
+// read to the committer. Engine goroutine (Plan).
+func (r *Reader) queue(s *Step) {
+	rows := 0
+	if n := len(s.IDs); n > 0 {
+		rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
 	}
-	s.pfErr = grow(s.pfErr, n)
+	for _, rb := range r.lay.RowBytes {
+		s.pf = append(s.pf, r.pool.get(rows*rb))
+	}
+	s.pfErr = grow(s.pfErr, len(s.IDs))
 	clear(s.pfErr)
 	s.rd = r
 	s.hold.Add(1) // the committer's, until the read ran
@@ -145,6 +162,9 @@ func (s *Step) RunInOrder(failed bool) {
 	case !s.cancel.Load():
 		r.readInOrder(s)
 	}
+	// The clones it read are no longer needed: their budget can be forced
+	// out before the step is consumed.
+	r.p.Unpin(&s.planPins)
 	r.Release(s)
 }
 
@@ -185,6 +205,7 @@ func (r *Reader) Release(s *Step) {
 		r.charged.Add(-s.pfBytes)
 		s.pfBytes = 0
 	}
+	r.p.Unpin(&s.planPins)
 	r.opt.Free(s)
 }
 

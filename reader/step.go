@@ -58,6 +58,9 @@ type Step struct {
 	pWord  []uint64
 	pProd  []*writer.Write
 	pRow   []uint32
+	// planPins pin the clones the plan reads (pProd) until the read is
+	// done: the prefetch's end, or the step's release.
+	planPins writer.Refs
 
 	lastQ int     // search hint for Find
 	Qidx  []int32 // requests asked of Materialize, as step indices
@@ -92,6 +95,7 @@ func (s *Step) Reset(nkeys int) {
 	s.tokOff = s.tokOff[:0]
 	s.prefix = s.prefix[:0]
 	s.Refs.Reset(nkeys)
+	s.planPins.Reset(0)
 	s.immOff = s.immOff[:0]
 	s.immSlot = s.immSlot[:0]
 	s.joinSeq, s.maxOwner = 0, 0
@@ -113,6 +117,10 @@ func (s *Step) Reset(nkeys int) {
 	s.cancel.Store(false)
 	s.hold.Store(1) // the consumer's (Materialize or Discard, or the cancel)
 }
+
+// PlanPins are the pins of the step's hit plan (see Step.planPins), for
+// Close.
+func (s *Step) PlanPins() *writer.Refs { return &s.planPins }
 
 // Offsets returns each request's first row within the step, computing them
 // on first use (by the engine before the step is published, or by its one

@@ -426,6 +426,19 @@ func (p *Path) reserve(n int64) error {
 	p.mu.Lock()
 	pinned := p.pinnedCharge
 	p.mu.Unlock()
+	if limit := p.budget.Limit(); n <= limit && n > limit-pinned && p.q.Pending() > 0 {
+		// A hit read queued to the committer pins the clones it reads
+		// until it ran: let the committer get there, then look again.
+		t0 := time.Now()
+		err := p.drain()
+		p.st.StallNanos.Add(int64(time.Since(t0)))
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		pinned = p.pinnedCharge
+		p.mu.Unlock()
+	}
 	if limit := p.budget.Limit(); n <= limit && n > limit-pinned {
 		return fmt.Errorf("%w: %d bytes wanted, %d of %d pinned by steps not consumed yet", errs.Budget, n, pinned, limit)
 	}

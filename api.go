@@ -161,7 +161,8 @@ type Plan struct {
 
 // Tensor is one key's output rows for a step.
 //
-// The zero Tensor (Host nil and Dev zero) omits an optional key: the step
+// The zero Tensor (Host nil and Dev zero; Rows and Owned are then ignored)
+// omits an optional key: the step
 // did not emit it. Nothing is staged, cloned, copied or charged for it; the
 // step's rows of that key read back as exact zeros (Materialize of the step,
 // and any later hit over those slots until a later step supplies the key

@@ -179,6 +179,13 @@ type Plan struct {
 }
 
 // Tensor is one key's output rows for a step.
+//
+// The zero Tensor (Host nil and Dev zero; Rows and Owned are then ignored)
+// omits an optional key: the step
+// did not emit it. Nothing is staged, cloned, copied or charged for it; the
+// step's rows of that key read back as exact zeros (Materialize of the step,
+// and any later hit over those slots until a later step supplies the key
+// there again). A zero Tensor for a required key fails Save with ErrOutputs.
 type Tensor struct {
 	// Host holds the rows when they are in host memory; otherwise Dev.
 	Host []byte
@@ -202,7 +209,8 @@ type Outputs struct {
 	// Tokens is the step's token count n; Padded the padded count (≥ n).
 	Tokens int
 	Padded int
-	// Tensors holds one tensor per Config.Keys entry, in that order.
+	// Tensors holds one tensor per Config.Keys entry, in that order; a
+	// zero Tensor{} for an optional key means the step did not emit it.
 	Tensors []Tensor
 }
 

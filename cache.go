@@ -162,6 +162,12 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 	}
 	for k := range o.Tensors {
 		t := &o.Tensors[k]
+		if t.Host == nil && t.Dev.IsZero() {
+			if !c.cfg.Keys[k].Optional {
+				return fmt.Errorf("%w: key %q is required: a zero tensor (no memory) omits it, which only an optional key may", ErrOutputs, c.cfg.Keys[k].Name)
+			}
+			continue // omitted: the step did not emit this optional key
+		}
 		need := n * c.lay.RowBytes[k]
 		have := t.Dev.Size
 		if t.Host != nil {
@@ -346,8 +352,9 @@ func (c *Cache) Sync() error {
 }
 
 // Peek reads the committed mirror rows of key k (Config.Keys order) for
-// slots into dst (len(slots)*RowBytes bytes); slots never written read as
-// zeros. A diagnostic for tests and verification: call it after Sync.
+// slots into dst (len(slots)*RowBytes bytes); slots never written, and
+// slots whose last write omitted the key, read as zeros. A diagnostic for
+// tests and verification: call it after Sync.
 func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -374,6 +381,24 @@ func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 		return nil
 	}
 	m.Read(dst[:len(sl)*rb], sl)
+	if !c.cfg.Keys[k].Optional {
+		return nil
+	}
+	// Rows recorded absent read as zeros, whatever older row the mirror
+	// still holds.
+	ki, occ := c.lay.ImmIdx[k], c.path.Occupancy(k)
+	for i, s := range sl {
+		var absent bool
+		if ki >= 0 {
+			absent = c.path.Tenancy().Absent(ki, s)
+		} else {
+			st, _ := occ.Load(s)
+			absent = st == soa.Absent
+		}
+		if absent {
+			clear(dst[i*rb : (i+1)*rb])
+		}
+	}
 	return nil
 }
 

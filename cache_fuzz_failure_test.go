@@ -34,6 +34,9 @@ const (
 	badSaveTokens // one token too many: ErrTokenCount
 	badSaveRows   // a tensor with a row too few: ErrOutputs
 	badSaveMemory // a device tensor larger than its memory (else a tensor too few): ErrOutputs
+	// a zero tensor (omitted) for the required hidden key: ErrOutputs
+	// (FuzzCache's omission byte, not the failing-call byte)
+	badSaveOmitRequired
 )
 
 // engineStats are the Stats fields only the engine's calls change: a failed
@@ -120,6 +123,8 @@ func (r *propRun) badSaveFirst(act propAction) bool {
 		if !short {
 			o.Tensors = append(o.Tensors, o.Tensors[0])
 		}
+	case badSaveOmitRequired:
+		o.Tensors[0] = omnicache.Tensor{} // keyHidden, required
 	}
 	before := h.stats()
 	_, err := h.trySave(o)

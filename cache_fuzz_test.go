@@ -22,7 +22,9 @@ package omnicache_test
 //	           0x10 no optional key, 0x20 tiny deferred chunk, 0x40 the tiny
 //	           budget also holds the deferred clones of unconsumed steps,
 //	           0x80 a lagging committer (every device Wait takes longer)
-//	        c1 block size 1 + c1%8     c2 staging depth 2 + c2%3
+//	        c1 block size 1 + c1%8; 0x08 sparse steps (an omission byte
+//	           follows each step's cons byte), 0x10 the deferred key is
+//	           optional     c2 staging depth 2 + c2%3
 //	        c3 blocks 4 + c3%13        c4 prefill chunk 1 + c4%8
 //	        c5 initial tensor modes (bit 2k: key k on the device, 2k+1: owned)
 //	step    ev  events: 0x01 arrival, 0x02 arrival hitting cached blocks,
@@ -42,6 +44,9 @@ package omnicache_test
 //	            (gpu.Op) after (b>>3)&7 more calls, from this step on
 //	        cons bits 0-1 consumption (now, late, discard, async), bits 2-3
 //	            delay 1-4 steps (at most depth-1), bits 4-7 request subset
+//	        [omit] (sparse steps only) bit k: the step omits key k when it
+//	            is optional (a zero Tensor{}); 0x80: Save first with the
+//	            required hidden key omitted (ErrOutputs, changes nothing)
 //	        then one parameter byte per choice the events need, in order.
 
 import (
@@ -95,8 +100,21 @@ func (in *fuzzIn) pick(from []int32, k int) []int32 {
 	return out
 }
 
-// tensorModes are the output tensors' modes per key, toggled by the input.
-type tensorModes struct{ dev, own []bool }
+// tensorModes are the output tensors' modes per key, toggled by the input;
+// with sparse, every step reads which optional keys it omits.
+type tensorModes struct {
+	dev, own, optional []bool
+	sparse             bool
+}
+
+// omit decodes a step's omission byte: the optional keys it omits.
+func (m *tensorModes) omit(b byte) []bool {
+	om := make([]bool, len(m.optional))
+	for k := range om {
+		om[k] = k < 7 && m.optional[k] && b>>k&1 == 1
+	}
+	return om
+}
 
 func (m *tensorModes) toggle(bits byte) {
 	for k := range m.dev {
@@ -120,7 +138,8 @@ const fuzzReadAhead = 1024
 
 func fuzzConfig(in *fuzzIn) fuzzSetup {
 	c0 := in.byte()
-	bs := 1 + int(in.byte())%8
+	c1 := in.byte()
+	bs := 1 + int(c1)%8
 	depth := 2 + int(in.byte())%3
 	blocks := 4 + int(in.byte())%13
 	cb := in.byte()
@@ -131,7 +150,11 @@ func fuzzConfig(in *fuzzIn) fuzzSetup {
 		keys = append(keys, keyAux)
 	}
 	if c0&0x04 != 0 {
-		keys = append(keys, keyCodes)
+		codes := keyCodes
+		if c1&0x10 != 0 {
+			codes = keyCodesOpt
+		}
+		keys = append(keys, codes)
 	}
 	dev := gpu.NewFaulty(gpu.NewHost())
 	if c0&0x80 != 0 {
@@ -180,7 +203,10 @@ func fuzzConfig(in *fuzzIn) fuzzSetup {
 			chunk:       chunk,
 			maxRunning:  fuzzMaxRunning,
 		},
-		modes: tensorModes{dev: make([]bool, len(keys)), own: make([]bool, len(keys))},
+		modes: tensorModes{dev: make([]bool, len(keys)), own: make([]bool, len(keys)), sparse: c1&0x08 != 0},
+	}
+	for _, k := range keys {
+		s.modes.optional = append(s.modes.optional, k.Optional)
 	}
 	s.modes.toggle(in.byte())
 	return s
@@ -266,6 +292,10 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 		misuse = in.byte()
 	}
 	cons := in.byte()
+	var omit byte
+	if modes.sparse {
+		omit = in.byte()
+	}
 
 	e.finishComplete(&act)
 	if ev&0x04 != 0 {
@@ -300,6 +330,7 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 	modes.toggle(tweak)
 	act.devKeys = append([]bool(nil), modes.dev...)
 	act.ownKeys = append([]bool(nil), modes.own...)
+	act.omitKeys = modes.omit(omit)
 	act.mode = int(cons & 3)
 	act.delay = 1 + int(cons>>2&3)
 	if mask := cons >> 4; mask != 0 && len(act.st.Sched) > 1 {
@@ -318,6 +349,9 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 		b := in.byte()
 		act.badPlan, act.badSave = int(b&3), int(b>>2&3)
 	}
+	if omit&0x80 != 0 && act.badSave == badSaveNone {
+		act.badSave = badSaveOmitRequired
+	}
 	if misuse&0x80 != 0 {
 		b := in.byte()
 		if b&0x80 != 0 {
@@ -334,6 +368,10 @@ func FuzzCache(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0x04, 3, 0, 11, 7, 0x15, 0x03, 0x01, 12, 5, 9, 3, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 18, 4, 0})
 	f.Add([]byte{0x07, 0, 1, 6, 1, 0x3f, 0x01, 0x01, 30, 30, 0x01, 0x03, 40, 40, 0, 0x02, 0x02, 40, 0, 0, 0})
+	// Sparse steps with an optional deferred key: omissions of aux and
+	// codes on prefill, decode and hit steps, and a required key omitted.
+	f.Add([]byte{0x04, 0x1b, 0, 11, 7, 0x15, 0x01, 0x01, 0x02, 12, 5, 0x00, 0x00, 0x04, 0x00, 0x00, 0x06, 0x00, 0x00, 0x82,
+		0x02, 0x00, 0x02, 18, 4, 0, 0x00, 0x00, 0x80, 0x00, 0x00, 0x06, 0x40, 0x40, 0x00, 0x01, 0x02, 30, 30, 0, 0x00, 0x00, 0x04})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &fuzzIn{b: data}
 		s := fuzzConfig(in)
@@ -344,7 +382,7 @@ func FuzzCache(f *testing.F) {
 		for i := 0; i < fuzzMaxSteps && !in.empty() && run.broken == nil; i++ {
 			act := e.fuzzNext(in, &s.modes)
 			if os.Getenv("FUZZ_TRACE") != "" {
-				t.Logf("step %d: %+v mode %d delay %d reqs %v misuse %d outside %v twice %v check %v", i, act.st, act.mode, act.delay, act.reqs, act.misuse, act.outside, act.twice, act.check)
+				t.Logf("step %d: %+v mode %d delay %d reqs %v omit %v misuse %d outside %v twice %v check %v badSave %d", i, act.st, act.mode, act.delay, act.reqs, act.omitKeys, act.misuse, act.outside, act.twice, act.check, act.badSave)
 			}
 			run.apply(act)
 		}

@@ -207,7 +207,8 @@ type reqWant struct {
 	ver      int
 	prefix   [][]tag // [key][row]: the hit prefix as it stood at Save
 	hitSlots []int32
-	hitFrom  []int // per hit slot: ordinal of the step that last wrote it at Save (0: none)
+	hitFrom  []int  // per hit slot: ordinal of the step that last wrote it at Save (0: none)
+	omit     []bool // per key: the step omitted it (its own rows read as zeros)
 }
 
 type stepWant struct {
@@ -237,6 +238,9 @@ type harness struct {
 	// when set, override device/owned per key.
 	device, owned    bool
 	devKeys, ownKeys []bool
+	// omitKeys, when set, makes the outputs omit key k (a zero Tensor{})
+	// where omitKeys[k]: the step did not emit it.
+	omitKeys []bool
 	// noScribble leaves non-owned output buffers alone after Save (by
 	// default they are overwritten, as an engine reuses its buffers).
 	noScribble bool
@@ -516,6 +520,8 @@ func (h *harness) outputsFor(st step) *omnicache.Outputs {
 		}
 		t := omnicache.Tensor{Rows: tokens, Owned: h.isOwned(k)}
 		switch {
+		case h.omitKeys != nil && h.omitKeys[k]:
+			t = omnicache.Tensor{} // the step did not emit this key
 		case tokens == 0:
 			t.Host = []byte{}
 		case h.isDev(k):
@@ -526,6 +532,15 @@ func (h *harness) outputsFor(st step) *omnicache.Outputs {
 		o.Tensors = append(o.Tensors, t)
 	}
 	return o
+}
+
+// omitted reports per key whether the outputs omit it (a zero Tensor).
+func omitted(o *omnicache.Outputs) []bool {
+	om := make([]bool, len(o.Tensors))
+	for k, t := range o.Tensors {
+		om[k] = t.Host == nil && t.Dev.IsZero()
+	}
+	return om
 }
 
 // outs builds the outputs of the pending (begun) step.
@@ -592,6 +607,7 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	h.nsteps++
 	ord := h.nsteps
 	h.tokensAt = append(h.tokensAt, o.Tokens)
+	omit := omitted(o)
 	for _, s := range ps.st.Sched {
 		for j, sl := range ps.slots[s.ID] {
 			if sl < 0 || int(sl) >= len(h.writtenAt) {
@@ -599,13 +615,16 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 			}
 			for k := range h.model {
 				h.model[k][sl] = mkTag(k, s.ID, s.Start+j, ps.vers[s.ID])
+				if omit[k] {
+					h.model[k][sl] = 0 // recorded absent: reads as zeros
+				}
 			}
 			h.writtenAt[sl] = ord
 		}
 	}
 	sw := &stepWant{ord: ord, byID: map[int64]int{}}
 	for _, s := range ps.st.Sched {
-		rw := reqWant{id: s.ID, start: s.Start, count: s.Count, ver: ps.vers[s.ID]}
+		rw := reqWant{id: s.ID, start: s.Start, count: s.Count, ver: ps.vers[s.ID], omit: omit}
 		if hs, ok := ps.hits[s.ID]; ok {
 			rw.hitSlots = hs
 			for _, sl := range hs {
@@ -800,8 +819,10 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 				} else if j < npre {
 					w = rw.prefix[k][j]
 				} else {
-					w = mkTag(k, rid, rw.start+j-npre, rw.ver)
 					part = "own"
+					if !rw.omit[k] {
+						w = mkTag(k, rid, rw.start+j-npre, rw.ver)
+					}
 				}
 				got := rows[j*rb : (j+1)*rb]
 				if !bytes.Equal(got, rowOf(w, rb)) {

@@ -53,6 +53,7 @@ type propAction struct {
 	bump     []int64
 	devKeys  []bool
 	ownKeys  []bool
+	omitKeys []bool // the step omits these (optional) keys: a zero Tensor{}
 	mode     int
 	reqs     []int64
 	// delay: a late or asynchronous consumption completes after the Save
@@ -145,6 +146,13 @@ type propEngine struct {
 	zeroTokens int
 	bogus      int // arrivals hitting never-written blocks (FuzzCache)
 	reuses     int // cached blocks handed to a new tenant on purpose (FuzzCache)
+
+	// sparse steps (next): each optional key is omitted with probability
+	// 0.3, drawn from omitRng (a stream of its own, so the schedule is the
+	// same with and without omissions).
+	omitRng  *rand.Rand
+	optional []bool
+	omitted  int
 }
 
 func newPropEngine(seed uint64, nkeys int) *propEngine {
@@ -472,6 +480,15 @@ func (e *propEngine) next(i int) propAction {
 		act.devKeys[k] = rng.Float64() < 0.5
 		act.ownKeys[k] = rng.Float64() < 0.3
 	}
+	if e.omitRng != nil {
+		act.omitKeys = make([]bool, e.nkeys)
+		for k := range act.omitKeys {
+			act.omitKeys[k] = e.optional[k] && e.omitRng.Float64() < 0.3
+			if act.omitKeys[k] {
+				e.omitted++
+			}
+		}
+	}
 	switch x := rng.Float64(); {
 	case x < 0.4:
 		act.mode = matNow
@@ -673,7 +690,7 @@ func (r *propRun) apply(act propAction) {
 	for _, id := range act.bump {
 		h.bump(id)
 	}
-	h.devKeys, h.ownKeys = act.devKeys, act.ownKeys
+	h.devKeys, h.ownKeys, h.omitKeys = act.devKeys, act.ownKeys, act.omitKeys
 	if act.fault > 0 {
 		r.faultStep(act)
 		return
@@ -902,7 +919,6 @@ func TestPropertyRandomSchedule(t *testing.T) {
 	base := omnicache.Config{
 		NumBlocks:           propBlocks,
 		BlockSize:           testBlockSize,
-		Keys:                keys,
 		StagingClaimTimeout: testConfig().StagingClaimTimeout,
 	}
 	runs := []struct {
@@ -933,9 +949,21 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			c.Device = dev
 		}},
 	}
-	for _, seed := range []uint64{1, 2, 3} {
+	// Seed 4 is seed 1's schedule with sparse steps: aux and an optional
+	// deferred key omitted at random.
+	for _, seed := range []uint64{1, 2, 3, 4} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			base := base
+			base.Keys = keys
 			e := newPropEngine(seed, len(keys))
+			if seed == 4 {
+				base.Keys = []omnicache.Key{keyHidden, keyAux, keyCodesOpt}
+				e = newPropEngine(1, len(keys))
+				e.omitRng = rand.New(rand.NewPCG(4, 4^0x5eed))
+				for _, k := range base.Keys {
+					e.optional = append(e.optional, k.Optional)
+				}
+			}
 			var acts []propAction
 			for i := 0; i < propSteps; i++ {
 				acts = append(acts, e.next(i))
@@ -947,6 +975,9 @@ func TestPropertyRandomSchedule(t *testing.T) {
 				e.steps, e.nextID-1, e.hits, e.hitTokens, e.pureSteps, e.preempts, e.resumes, e.aborts, e.continued, e.implicit, e.zeroTokens)
 			require.Positive(t, e.hits, "the schedule must contain hits")
 			require.Positive(t, e.pureSteps, "the schedule must contain pure decode steps")
+			if e.omitRng != nil {
+				require.Positive(t, e.omitted, "the schedule must omit keys")
+			}
 
 			caps := make([]capture, len(runs))
 			for i, run := range runs {

@@ -71,6 +71,10 @@ func (r *Reader) readOwn(s *Step, i, k int, tokOff []int32, out []byte) error {
 	if cnt == 0 {
 		return nil
 	}
+	if s.Omit[k] {
+		clear(out[:cnt*r.lay.RowBytes[k]]) // the step did not emit the key
+		return nil
+	}
 	w := s.Src[k]
 	if w == nil {
 		return fmt.Errorf("%w: step %d has no rows for key %q", errs.WriteFailed, s.ID, r.lay.Keys[k].Name)
@@ -147,12 +151,13 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) er
 	ten := r.p.Tenancy()
 	com := r.p.Committer()
 	opt := r.lay.Keys[k].Optional
+	ki := r.lay.ImmIdx[k]
 	e1 := com.Epoch()
-	if wk := com.Workers(); wk.N() > 1 && len(out) >= wk.SplitBytes() && r.allWritten(s, sl) {
-		// Large, every row written and owned: check them all, then split
-		// the row copies across the copy workers.
+	if wk := com.Workers(); wk.N() > 1 && len(out) >= wk.SplitBytes() && r.allWritten(s, ki, sl) {
+		// Large, every row written, present and owned: check them all,
+		// then split the row copies across the copy workers.
 		m.ReadSplit(wk, out, sl)
-	} else if err := r.copyChecked(s, sl, rb, opt, m, out); err != nil {
+	} else if err := r.copyChecked(s, ki, sl, rb, opt, m, out); err != nil {
 		return err
 	}
 	if inOrder || e1&1 == 0 && com.Epoch() == e1 {
@@ -167,29 +172,30 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) er
 	return nil
 }
 
-// allWritten reports whether every slot of sl holds a planned row: owned
-// by a write no newer than the plan, not stale, and written. If not, the
-// row-by-row copy reports which (or zeroes absent optional rows).
-func (r *Reader) allWritten(s *Step, sl []int32) bool {
+// allWritten reports whether every slot of sl holds a planned row of
+// immediate key ki: owned by a write no newer than the plan, not stale,
+// written, and not omitted. If not, the row-by-row copy reports which (or
+// zeroes absent optional rows).
+func (r *Reader) allWritten(s *Step, ki int, sl []int32) bool {
 	ten := r.p.Tenancy()
 	for _, slot := range sl {
-		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) || !ten.Written(slot) {
+		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) || !ten.Written(slot) || ten.Absent(ki, slot) {
 			return false
 		}
 	}
 	return true
 }
 
-// copyChecked copies sl's rows into out one by one, each after checking
-// its owner, stale and written bits.
-func (r *Reader) copyChecked(s *Step, sl []int32, rb int, opt bool, m *mirror.Mirror, out []byte) error {
+// copyChecked copies sl's rows of immediate key ki into out one by one,
+// each after checking its owner, stale, written and absent bits.
+func (r *Reader) copyChecked(s *Step, ki int, sl []int32, rb int, opt bool, m *mirror.Mirror, out []byte) error {
 	ten := r.p.Tenancy()
 	for t, slot := range sl {
 		d := out[t*rb : (t+1)*rb]
 		switch {
 		case ten.Owner(slot) > s.maxOwner || ten.Stale(slot):
 			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
-		case !ten.Written(slot) && opt:
+		case opt && (!ten.Written(slot) || ten.Absent(ki, slot)):
 			clear(d)
 		case !ten.Written(slot):
 			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, slot)

@@ -11,7 +11,9 @@
 //	                                         maxOwner and none of its slots is
 //	                                         stale (a planned write skipped it),
 //	                                         before and after the copy (else
-//	                                         ErrReassigned)
+//	                                         ErrReassigned); an optional key's
+//	                                         absent bit (the last write omitted
+//	                                         it) reads zeros
 //	deferred keys: per prefix row the        committed: mirror row, occupancy
 //	  slot's occupancy word, and the         word unchanged around the copy;
 //	  pending clone (pinned) in transit      in transit: the clone's row

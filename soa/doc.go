@@ -19,6 +19,15 @@
 //	                           owner (high 62 bits): write-task id, never
 //	                                               reused, 1 .. 1<<62-1
 //
+// Absent is both "never written" and "the newest write omitted the key"
+// (MarkAbsent: a sparse step left out an optional key); either reads as
+// zeros.
+//
+// # Tenancy
+//
+// The immediate keys' table (see Tenancy): an owner per block, written and
+// stale bits per slot, and an absent bit per slot for each optional key.
+//
 // # Requests
 //
 // Dense columns indexed by position 0..Len()-1; Remove moves the last

@@ -150,6 +150,29 @@ func (o *Occupancy) Publish(slots []int32, w uint64) {
 	}
 }
 
+// MarkAbsent records that the newest write of slots omitted the key: every
+// non-negative slot turns Absent, stealing it from any owner still in
+// transit (that owner's commit then skips it, as for a Claim), and it
+// returns how many it stole. Claim's ordering rules apply: only the
+// claiming goroutine calls it, in write order with Claim.
+func (o *Occupancy) MarkAbsent(slots []int32) (stolen int) {
+	word := o.word
+	for _, s := range slots {
+		if s < 0 {
+			continue
+		}
+		old := atomic.LoadUint64(&word[s])
+		if old == 0 {
+			continue
+		}
+		atomic.StoreUint64(&word[s], 0)
+		if old&stateMask == uint64(InTransit) {
+			stolen++
+		}
+	}
+	return stolen
+}
+
 // Reset marks slot s Absent (atomic store; used by tests and Close).
 func (o *Occupancy) Reset(s int32) { atomic.StoreUint64(&o.word[s], 0) }
 

@@ -171,3 +171,22 @@ func TestOccupancyConcurrent(t *testing.T) {
 		require.NotEqual(t, InTransit, st, "slot %d left in transit", s)
 	}
 }
+
+// MarkAbsent steals in-transit slots (the old owner's Commit then fails),
+// turns committed slots absent, and counts only the steals.
+func TestOccupancyMarkAbsent(t *testing.T) {
+	o := NewOccupancy(8)
+	defer o.Free()
+	o.Claim([]int32{0, 1, 2}, 7, 0)
+	o.Commit([]int32{2}, 7)
+	require.Equal(t, 2, o.MarkAbsent([]int32{0, 1, 2, 3, -1}), "slots 0 and 1 were in transit")
+	for s := int32(0); s < 4; s++ {
+		requireSlot(t, o, s, Absent, 0)
+	}
+	require.Zero(t, o.Commit([]int32{0, 1}, 7), "the old owner's commit skips the stolen slots")
+	requireSlot(t, o, 0, Absent, 0)
+	require.False(t, o.Owns(1, 7))
+	o.Claim([]int32{0}, 9, 0)
+	require.Equal(t, 1, o.Commit([]int32{0}, 9), "a newer claim after the absence commits")
+	requireSlot(t, o, 0, Committed, 9)
+}

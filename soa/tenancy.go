@@ -17,6 +17,11 @@ import (
 //	                  skipped it (a newer queued write replaces it), so the
 //	                  row is older than that write; cleared when a write
 //	                  puts its row there
+//	absent  [][]uint32 per optional key (nil for the others), one bit per
+//	                  slot: the last write that put its rows into the slot
+//	                  omitted that key (its row reads as zeros, whatever
+//	                  older row the mirror still holds); cleared when a
+//	                  write supplies the key there
 //
 // A reader planned when the newest write handed over was maxOwner, and
 // joined up to it, finds the rows it planned in a block only if the
@@ -28,8 +33,13 @@ import (
 // atomic store only when a value changes (a new owner for the block, a
 // slot's first write, a skip), instead of an atomic store per row.
 //
-// Exactly one goroutine calls Publish; any goroutine may call Owner,
-// Written and Stale (atomic loads).
+// The writer updates a write's absent bits (SetAbsent, ClearAbsent) in the
+// same scatter as its rows, before the Publish that makes the block's owner
+// the write: a reader that saw an absent bit change under it sees the epoch
+// move and then the newer owner, exactly as for a row it copied.
+//
+// Exactly one goroutine calls Publish, SetAbsent and ClearAbsent; any
+// goroutine may call Owner, Written, Stale and Absent (atomic loads).
 type Tenancy struct {
 	owner   []uint64
 	written []uint32
@@ -37,11 +47,15 @@ type Tenancy struct {
 	bs      int
 	shift   int // log2(bs) when bs is a power of two, else -1
 	nstale  int // stale bits set (writer only): 0 lets Publish skip the column
+	absent  [][]uint32
+	nabsent []int // per key: absent bits set (writer only): 0 lets ClearAbsent return at once
 }
 
-// NewTenancy returns the table of numBlocks blocks of blockSize slots. Its
-// columns come from internal/hostmem: call Free when done.
-func NewTenancy(numBlocks, blockSize int) *Tenancy {
+// NewTenancy returns the table of numBlocks blocks of blockSize slots for
+// the keys whose optional entry is given (key i is optional when
+// optional[i]): only optional keys get an absent column. Its columns come
+// from internal/hostmem: call Free when done.
+func NewTenancy(numBlocks, blockSize int, optional ...bool) *Tenancy {
 	t := &Tenancy{bs: blockSize, shift: -1}
 	if blockSize&(blockSize-1) == 0 {
 		t.shift = bits.TrailingZeros(uint(blockSize))
@@ -50,6 +64,13 @@ func NewTenancy(numBlocks, blockSize int) *Tenancy {
 	t.owner, _ = hostmem.Uint64s(numBlocks) // falls back to make; never fails
 	t.written, _ = hostmem.Uint32s(words)
 	t.stale, _ = hostmem.Uint32s(words)
+	t.absent = make([][]uint32, len(optional))
+	t.nabsent = make([]int, len(optional))
+	for i, opt := range optional {
+		if opt {
+			t.absent[i], _ = hostmem.Uint32s(words)
+		}
+	}
 	return t
 }
 
@@ -58,7 +79,12 @@ func (t *Tenancy) Free() {
 	hostmem.FreeUint64s(t.owner)
 	hostmem.FreeUint32s(t.written)
 	hostmem.FreeUint32s(t.stale)
-	t.owner, t.written, t.stale = nil, nil, nil
+	for _, a := range t.absent {
+		if a != nil {
+			hostmem.FreeUint32s(a)
+		}
+	}
+	t.owner, t.written, t.stale, t.absent = nil, nil, nil, nil
 }
 
 func (t *Tenancy) block(s int32) int {
@@ -118,6 +144,59 @@ func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
 			}
 		}
 	}
+}
+
+// SetAbsent records that the write being scattered omitted optional key ki
+// for the non-negative slots of mask (the slots it puts its rows into). It
+// panics for a key without an absent column (a required key cannot be
+// omitted). Single writer only.
+func (t *Tenancy) SetAbsent(ki int, mask []int32) {
+	col := t.absent[ki]
+	if col == nil {
+		panic("soa: SetAbsent of a key without an absent column (not optional)")
+	}
+	for _, s := range mask {
+		if s < 0 {
+			continue
+		}
+		w, bit := s>>5, uint32(1)<<(s&31)
+		if old := col[w]; old&bit == 0 {
+			atomic.StoreUint32(&col[w], old|bit)
+			t.nabsent[ki]++
+		}
+	}
+}
+
+// ClearAbsent records that the write being scattered supplied key ki for
+// the non-negative slots of mask. While no absent bit of ki is set (always
+// for a key without a column) it returns at once: writes that supply every
+// key pay nothing per row. Single writer only.
+func (t *Tenancy) ClearAbsent(ki int, mask []int32) {
+	if ki >= len(t.nabsent) || t.nabsent[ki] == 0 {
+		return
+	}
+	col := t.absent[ki]
+	for _, s := range mask {
+		if s < 0 {
+			continue
+		}
+		w, bit := s>>5, uint32(1)<<(s&31)
+		if old := col[w]; old&bit != 0 {
+			atomic.StoreUint32(&col[w], old&^bit)
+			if t.nabsent[ki]--; t.nabsent[ki] == 0 {
+				return
+			}
+		}
+	}
+}
+
+// Absent reports whether the last write that put its rows into slot s
+// omitted key ki (false for a key without an absent column).
+func (t *Tenancy) Absent(ki int, s int32) bool {
+	if ki >= len(t.absent) || t.absent[ki] == nil {
+		return false
+	}
+	return atomic.LoadUint32(&t.absent[ki][s>>5])&(1<<(s&31)) != 0
 }
 
 // Owner is the id of the last write into the block of slot s (0: none).

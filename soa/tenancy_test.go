@@ -169,3 +169,55 @@ func BenchmarkTenancy(b *testing.B) {
 		_ = sum
 	})
 }
+
+// TestTenancyAbsent checks the absent columns against a plain model over
+// random writes that omit or supply each key, with skipped slots: only
+// optional keys have a column, a skipped slot keeps its bit, and the
+// counter that lets ClearAbsent return at once stays exact.
+func TestTenancyAbsent(t *testing.T) {
+	const nb, bs, nkeys = 6, 4, 3
+	optional := []bool{false, true, true}
+	rng := rand.New(rand.NewPCG(3, 4))
+	tn := NewTenancy(nb, bs, optional...)
+	defer tn.Free()
+	absent := make([][]bool, nkeys)
+	for k := range absent {
+		absent[k] = make([]bool, nb*bs)
+	}
+	require.Panics(t, func() { tn.SetAbsent(0, []int32{0}) }, "a required key cannot be recorded absent")
+	tn.ClearAbsent(0, []int32{0}) // a required key: nothing to clear
+	for i := 0; i < 2000; i++ {
+		n := 1 + rng.IntN(6)
+		mask := make([]int32, n)
+		for j := range mask {
+			mask[j] = int32(rng.IntN(nb * bs))
+			if rng.IntN(4) == 0 {
+				mask[j] = -1 // skipped
+			}
+		}
+		for k := 1; k < nkeys; k++ {
+			omit := rng.IntN(3) == 0
+			if omit {
+				tn.SetAbsent(k, mask)
+			} else {
+				tn.ClearAbsent(k, mask)
+			}
+			for _, s := range mask {
+				if s >= 0 {
+					absent[k][s] = omit
+				}
+			}
+		}
+		for k := 0; k < nkeys; k++ {
+			set := 0
+			for s := int32(0); s < nb*bs; s++ {
+				require.Equal(t, absent[k][s], tn.Absent(k, s), "write %d key %d slot %d", i, k, s)
+				if absent[k][s] {
+					set++
+				}
+			}
+			require.Equal(t, set, tn.nabsent[k], "write %d key %d: bits counted", i, k)
+		}
+	}
+	require.False(t, tn.Absent(5, 0), "a key past the table has no column")
+}

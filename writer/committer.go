@@ -216,17 +216,12 @@ func (c *Committer) scanQueued() {
 }
 
 // newerMask returns sl, or a copy with the slots a newer queued write
-// replaces set to -1, and counts rows written and skipped (over every
-// immediate key).
-func (c *Committer) newerMask(sl []int32) []int32 {
-	st, nimm := c.cfg.Stats, int64(len(c.cfg.Imm))
+// replaces set to -1, and how many rows it keeps and skips.
+func (c *Committer) newerMask(sl []int32) (mask []int32, kept, skipped int) {
 	if c.newestMax <= c.curID { // nothing newer queued: write every row
-		st.Rows.Add(int64(len(sl)) * nimm)
-		st.Bytes.Add(int64(len(sl) * c.immRowB))
-		return sl
+		return sl, len(sl), 0
 	}
 	c.mask = grow(c.mask, len(sl))
-	skipped := 0
 	for i, s := range sl {
 		if c.newest[s] > c.curID {
 			c.mask[i] = -1
@@ -235,14 +230,30 @@ func (c *Committer) newerMask(sl []int32) []int32 {
 			c.mask[i] = s
 		}
 	}
-	kept := int64(len(sl) - skipped)
-	st.Skipped.Add(int64(skipped) * nimm)
-	st.Rows.Add(kept * nimm)
-	st.Bytes.Add(kept * int64(c.immRowB))
 	if skipped == 0 {
-		return sl // nothing skipped: Tenancy.Publish takes its fast path
+		return sl, len(sl), 0 // nothing skipped: Tenancy.Publish takes its fast path
 	}
-	return c.mask
+	return c.mask, len(sl) - skipped, skipped
+}
+
+// count adds a step's rows written and skipped to the counters: over every
+// immediate key, less those the step omitted (nothing is written for them).
+func (c *Committer) count(w *Write, j, kept, skipped int) {
+	nimm, rowB := len(c.cfg.Imm), c.immRowB
+	if w.NAbsent > 0 {
+		for ki, k := range c.cfg.Imm {
+			if w.Absent[j*len(c.cfg.Imm)+ki] {
+				nimm--
+				rowB -= c.cfg.RowBytes[k]
+			}
+		}
+	}
+	st := c.cfg.Stats
+	if skipped > 0 {
+		st.Skipped.Add(int64(skipped * nimm))
+	}
+	st.Rows.Add(int64(kept * nimm))
+	st.Bytes.Add(int64(kept * rowB))
 }
 
 func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
@@ -257,20 +268,29 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	// whose copy overlapped a scatter re-checks the block's owner once the
 	// scatter is over. A large scatter is split across the copy workers;
 	// WriteSplit returns once every part is in, so the rows are in before
-	// Publish and before the epoch turns even.
+	// Publish and before the epoch turns even. A key the step omitted
+	// scatters nothing: its slots are recorded absent (and a key it
+	// supplied clears them), in the same scatter, before Publish.
 	nimm := len(c.cfg.Imm)
+	ten := c.cfg.Tenancy
 	c.epoch.Add(1)
 	for j := 0; j < w.Steps; j++ {
 		sl := w.Rows.Slot[j*w.N : (j+1)*w.N]
-		mk := c.newerMask(sl)
+		mk, kept, skipped := c.newerMask(sl)
+		c.count(w, j, kept, skipped)
 		for ki, k := range c.cfg.Imm {
+			if w.NAbsent > 0 && w.Absent[j*nimm+ki] {
+				ten.SetAbsent(ki, mk)
+				continue
+			}
 			rows := w.Host[j*nimm+ki]
 			if rows == nil {
 				rows = w.Staged[j*nimm+ki]
 			}
 			c.cfg.Mirrors.Make(k).WriteSplit(c.workers, mk, rows[:w.N*c.cfg.RowBytes[k]])
+			ten.ClearAbsent(ki, mk)
 		}
-		c.cfg.Tenancy.Publish(sl, mk, w.ID)
+		ten.Publish(sl, mk, w.ID)
 	}
 	c.endScatter()
 	return nil

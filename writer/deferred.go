@@ -9,6 +9,10 @@ import (
 // by the step's requests) and appends each request's run to its pending
 // deferred write. Save reserved defNeed bytes for the clones; each clone
 // takes its share, and what no clone took is released on failure.
+//
+// A key the step omitted is cloned and charged nothing: its slots turn
+// Absent at once, in write order with the claims of the steps before and
+// after (an older clone still in transit loses them, as to a newer claim).
 func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 	n := len(s.Slots)
 	if n == 0 || len(p.lay.Def) == 0 {
@@ -16,6 +20,13 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 	}
 	for _, k := range p.lay.Def {
 		t := &s.Out[k]
+		if t.Omitted() {
+			p.mu.Lock()
+			p.occ[k].MarkAbsent(s.Slots)
+			refs.Omit[k] = true
+			p.mu.Unlock()
+			continue
+		}
 		nb := n * p.lay.RowBytes[k]
 		w := &Write{ID: p.newID(), Deferred: true, Key: k, Charge: int64(nb)}
 		defNeed -= int64(nb) // the write owns its share from here on

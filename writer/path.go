@@ -124,14 +124,20 @@ func NewPath(cfg Config) *Path {
 			l.Def = append(l.Def, i)
 			continue
 		}
-		if p.ten == nil {
-			p.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize)
-		}
 		l.ImmIdx = append(l.ImmIdx, len(l.Imm))
 		l.DefIdx = append(l.DefIdx, -1)
 		l.Imm = append(l.Imm, i)
 		p.pageO[i] = p.pageB
 		p.pageB += p.cap * k.RowBytes
+	}
+	if len(l.Imm) > 0 {
+		// Optional immediate keys get an absent column (a step may omit
+		// them); required keys do not.
+		opt := make([]bool, len(l.Imm))
+		for ki, k := range l.Imm {
+			opt[ki] = cfg.Keys[k].Optional
+		}
+		p.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize, opt...)
 	}
 	p.pages = NewPages(cfg.StagingDepth)
 	p.spare = NewSpare(p.dev.AllocHost, p.pageB, cfg.StagingDepth)
@@ -161,8 +167,8 @@ func (p *Path) Counters() *Counters { return &p.st }
 // Mirrors are the per-key host mirrors.
 func (p *Path) Mirrors() *Mirrors { return p.mirrors }
 
-// Tenancy is the immediate keys' per-slot owner table (nil without
-// immediate keys).
+// Tenancy is the immediate keys' per-slot owner table, with an absent
+// column per optional immediate key (nil without immediate keys).
 func (p *Path) Tenancy() *soa.Tenancy { return p.ten }
 
 // Occupancy is deferred key k's per-slot occupancy (nil for immediate keys).

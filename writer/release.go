@@ -15,9 +15,9 @@ func (p *Path) newWrite(pg *Page, n int) *Write {
 	if w == nil {
 		w = &Write{}
 	}
-	host, dev, staged, rows, early, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Rows, w.Early[:0], w.Owned[:0]
+	host, dev, staged, absent, rows, early, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Rows, w.Early[:0], w.Owned[:0]
 	rows.Reset()
-	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Rows: rows, Early: early, Owned: owned}
+	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Rows: rows, Early: early, Owned: owned}
 	return w
 }
 

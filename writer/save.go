@@ -12,11 +12,17 @@ import (
 
 // Src is one key's output rows of a step: host memory (Host) or device
 // memory (Dev); Owned hands the tensor to the cache (no defensive clone).
+// A Src with neither (Omitted) is an optional key the step did not emit:
+// nothing is staged, cloned or copied for it, and its rows are recorded
+// absent (they read as zeros).
 type Src struct {
 	Host  []byte
 	Dev   gpu.Buffer
 	Owned bool
 }
+
+// Omitted reports whether the step did not emit the key (no memory named).
+func (t *Src) Omitted() bool { return t.Host == nil && t.Dev.IsZero() }
 
 // Step is what the engine goroutine hands Save: the step's slot of every
 // token and its requests (borrowed for the call).
@@ -31,12 +37,14 @@ type Step struct {
 }
 
 // Refs are a saved step's references into the write path: per key the
-// write holding the step's rows (Src, at row SrcOff), and the writes the
-// step pins (its own, and those its hit reads come from) until it is
-// consumed (Unpin).
+// write holding the step's rows (Src, at row SrcOff) or Omit when the step
+// did not emit the key (its rows read as zeros), and the writes the step
+// pins (its own, and those its hit reads come from) until it is consumed
+// (Unpin).
 type Refs struct {
 	Src    []*Write
 	SrcOff []int32
+	Omit   []bool
 	Pins   []*Write
 }
 
@@ -47,6 +55,8 @@ func (r *Refs) Reset(nkeys int) {
 	r.Src = grow(r.Src, nkeys)
 	clear(r.Src)
 	r.SrcOff = grow(r.SrcOff, nkeys)
+	r.Omit = grow(r.Omit, nkeys)
+	clear(r.Omit)
 }
 
 // PinLocked pins w for r once. A pinned deferred clone's charge cannot be
@@ -91,7 +101,9 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 	var defNeed int64
 	if n > 0 {
 		for _, k := range p.lay.Def {
-			defNeed += int64(n * p.lay.RowBytes[k])
+			if !s.Out[k].Omitted() {
+				defNeed += int64(n * p.lay.RowBytes[k])
+			}
 		}
 	}
 	if need := immNeed + defNeed; need > 0 {
@@ -150,7 +162,7 @@ func (p *Path) preClone(s *Step) (gpu.Event, error) {
 		p.pre[k] = gpu.Buffer{}
 		t := &s.Out[k]
 		nb := n * p.lay.RowBytes[k]
-		if t.Host != nil || t.Owned || nb == 0 {
+		if t.Host != nil || t.Owned || nb == 0 || t.Omitted() {
 			continue
 		}
 		clone, err := p.dev.Alloc(nb)
@@ -201,7 +213,7 @@ func (p *Path) cloneNeed(s *Step) int64 {
 	n := len(s.Slots)
 	for _, k := range p.lay.Imm {
 		t := &s.Out[k]
-		if t.Host == nil && !t.Owned {
+		if t.Host == nil && !t.Owned && !t.Omitted() {
 			need += int64(n * p.lay.RowBytes[k])
 		}
 	}
@@ -257,10 +269,20 @@ const NoWait time.Duration = -1
 // j of write w: host rows are copied into the page (or kept when owned);
 // device rows are cloned (kept when owned) and, when copyNow, copied
 // device→host into the page right away.
+//
+// An omitted key stages nothing: its entry is marked Absent, and the
+// committer records the slots absent instead of scattering rows.
 func (p *Path) stage(w *Write, t *Src, k, ki, j int, copyNow bool) error {
 	rb := p.lay.RowBytes[k]
 	nb := w.N * rb
 	slot := j*len(p.lay.Imm) + ki
+	if t.Omitted() {
+		w.Host[slot], w.Dev[slot], w.Staged[slot] = nil, gpu.Buffer{}, nil
+		w.Absent[slot] = true
+		w.NAbsent++
+		return nil
+	}
+	w.Absent[slot] = false
 	o := p.pageO[k] + j*nb
 	region := w.Page.Mem[o : o+nb : o+nb]
 	if t.Host != nil {
@@ -312,6 +334,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Host = grow(w.Host, nimm)
 	w.Dev = grow(w.Dev, nimm)
 	w.Staged = grow(w.Staged, nimm)
+	w.Absent = grow(w.Absent, nimm)
 	for ki, k := range p.lay.Imm {
 		if err := p.stage(w, &s.Out[k], k, ki, 0, true); err != nil {
 			p.release(w, false)
@@ -331,8 +354,8 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Steps = 1
 	w.Rows.AppendSlots(s.Slots, 0, 0)
 	p.mu.Lock()
-	for _, k := range p.lay.Imm {
-		refs.Src[k], refs.SrcOff[k] = w, 0
+	for ki, k := range p.lay.Imm {
+		refs.Src[k], refs.SrcOff[k], refs.Omit[k] = w, 0, w.Absent[ki]
 	}
 	w.Owners = 1
 	p.PinLocked(refs, w)
@@ -353,6 +376,7 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 		w.Host = grow(w.Host, m)
 		w.Dev = grow(w.Dev, m)
 		w.Staged = grow(w.Staged, m)
+		w.Absent = grow(w.Absent, m)
 		p.buf.Open(s.IDs, w)
 		w.Owners = 1 // not published yet: no lock needed
 	}
@@ -369,8 +393,9 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	}
 	w.Rows.AppendSlots(s.Slots, int32(j), int32(j*n))
 	p.mu.Lock()
-	for _, k := range p.lay.Imm {
-		refs.Src[k], refs.SrcOff[k] = w, int32(j*n)
+	nimm := len(p.lay.Imm)
+	for ki, k := range p.lay.Imm {
+		refs.Src[k], refs.SrcOff[k], refs.Omit[k] = w, int32(j*n), w.Absent[j*nimm+ki]
 	}
 	p.PinLocked(refs, w)
 	w.Steps = j + 1

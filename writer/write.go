@@ -36,11 +36,16 @@ type Write struct {
 	Host   [][]byte
 	Dev    []gpu.Buffer
 	Staged [][]byte
-	Rows   soa.Pending  // slot, parked step and row offset of every row
-	Early  []gpu.Buffer // device clones freed once the copy landed
-	Owned  [][]byte     // owned host tensors, handed back when the write is released
-	EarlyB int64        // their charge
-	Charge int64        // bytes released with the write
+	// Absent[(r/N)*nimm+ki]: that step omitted immediate key ki (nothing
+	// staged; the committer records the slots absent). NAbsent counts
+	// them: 0 lets the committer skip the column.
+	Absent  []bool
+	NAbsent int
+	Rows    soa.Pending  // slot, parked step and row offset of every row
+	Early   []gpu.Buffer // device clones freed once the copy landed
+	Owned   [][]byte     // owned host tensors, handed back when the write is released
+	EarlyB  int64        // their charge
+	Charge  int64        // bytes released with the write
 
 	// Device rows parked by the decode buffer are read by Materialize until
 	// the flush copied them to Staged; the committer then releases them.

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/omnicache/omnicache"
 )
@@ -17,99 +18,179 @@ import (
 // the gather runs on the Materialize caller alone; workers=8 only on
 // machines of 8 CPUs or more).
 func BenchmarkMaterialize(b *testing.B) {
-	const reqs, hit, rb, bs = 64, 512, 12288, 16
-	const hitBlk = hit / bs
-	const stride = hitBlk + 1 // the hit blocks, then the block of position 512
 	ws := []int{1, 2}
 	if runtime.NumCPU() >= 8 {
 		ws = append(ws, 8)
 	}
 	for _, workers := range ws {
-		b.Run(fmt.Sprintf("hit=%dx%d/row=%d/workers=%d", reqs, hit, rb, workers), func(b *testing.B) {
-			c, err := omnicache.New(omnicache.Config{
-				NumBlocks: reqs * stride, BlockSize: bs,
-				Keys:                  []omnicache.Key{{Name: "hidden", RowBytes: rb}},
-				StagingCapacityTokens: 8 * hit, StagingDepth: 2,
-				DisableDecodeBuffer: true,
-				CopyWorkers:         workers,
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
-			table := make([]int32, reqs*stride)
-			for i := range table {
-				table[i] = int32(i)
-			}
-			var id int64
-			// Write the 64 prefixes, 8 requests a step.
-			src := make([]byte, 8*hit*rb)
-			for i := range src {
-				src[i] = byte(i * 7)
-			}
-			for r0 := 0; r0 < reqs; r0 += 8 {
-				p := omnicache.Plan{Table: table, Stride: stride}
-				for r := r0; r < r0+8; r++ {
-					id++
-					p.IDs = append(p.IDs, id)
-					p.Rows = append(p.Rows, int32(r))
-					p.Start = append(p.Start, 0)
-					p.Count = append(p.Count, hit)
-					p.Arrivals = append(p.Arrivals, id)
-					p.HitTokens = append(p.HitTokens, 0)
-					p.Finished = append(p.Finished, id-8)
-				}
-				if r0 == 0 {
-					p.Finished = p.Finished[:0]
-				}
-				must(b, c.Begin(&p))
-				sid, err := c.Save(&omnicache.Outputs{Tokens: 8 * hit, Tensors: []omnicache.Tensor{{Host: src, Rows: 8 * hit}}})
-				must(b, err)
-				must(b, c.Discard(sid))
-			}
-			must(b, c.Sync())
-			// Every op: 64 arrivals hitting their row's 512 tokens.
-			p := omnicache.Plan{Table: table, Stride: stride}
-			for r := 0; r < reqs; r++ {
-				p.IDs = append(p.IDs, 0)
-				p.Rows = append(p.Rows, int32(r))
-				p.Start = append(p.Start, hit)
-				p.Count = append(p.Count, 1)
-				p.Arrivals = append(p.Arrivals, 0)
-				p.HitTokens = append(p.HitTokens, hit)
-				p.Finished = append(p.Finished, id-int64(reqs-1-r)) // the writers (then the last op's)
-				for blk := 0; blk < hitBlk; blk++ {
-					p.HitBlocks = append(p.HitBlocks, int32(r*stride+blk))
-				}
-			}
-			one := make([]byte, reqs*rb)
-			outs := omnicache.Outputs{Tokens: reqs, Tensors: []omnicache.Tensor{{Host: one, Rows: reqs}}}
-			var res omnicache.Result
-			step := func() {
-				for r := range p.IDs {
-					id++
-					p.IDs[r], p.Arrivals[r] = id, id
-				}
-				must(b, c.Begin(&p))
-				sid, err := c.Save(&outs)
-				must(b, err)
-				must(b, c.Materialize(sid, nil, &res))
-				for r := range p.Finished {
-					p.Finished[r] = p.IDs[r]
-				}
-			}
-			step() // warm the Result
-			if res.Prefix(0) != hit || res.Rows(reqs-1, 0)[0] != src[0] {
-				b.Fatalf("prefix %d rows, first byte %d: want %d, %d", res.Prefix(0), res.Rows(reqs-1, 0)[0], hit, src[0])
-			}
-			b.SetBytes(reqs * hit * rb)
+		b.Run(fmt.Sprintf("hit=%dx%d/row=%d/workers=%d", hbReqs, hbHit, hbRow, workers), func(b *testing.B) {
+			hb := newHitBench(b, omnicache.Config{CopyWorkers: workers, DisablePrefetch: true})
+			b.SetBytes(hbReqs * hbHit * hbRow)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				step()
+				hb.step(b, true, nil)
 			}
 		})
 	}
+}
+
+// The shape of BenchmarkMaterialize and BenchmarkHitStep: 64 requests, each
+// hitting 512 tokens (32 blocks of 16) of 12 KiB rows written earlier and
+// computing one token.
+const (
+	hbReqs   = 64
+	hbHit    = 512
+	hbRow    = 12288
+	hbBS     = 16
+	hbHitBlk = hbHit / hbBS
+	hbStride = hbHitBlk + 1 // the hit blocks, then the block of position 512
+)
+
+// hitBench is a cache whose 64 block-table rows hold written 512-token
+// prefixes, and the plan of a step of 64 arrivals hitting them.
+type hitBench struct {
+	c     *omnicache.Cache
+	p     omnicache.Plan // the hit step
+	miss  omnicache.Plan // the same step without hits
+	outs  omnicache.Outputs
+	res   omnicache.Result
+	id    int64
+	first byte
+}
+
+// newHitBench fills a cache made from cfg (shape fields set here) with the
+// prefixes and runs one warm-up hit step, checking its rows.
+func newHitBench(b *testing.B, cfg omnicache.Config) *hitBench {
+	cfg.NumBlocks, cfg.BlockSize = hbReqs*hbStride, hbBS
+	cfg.Keys = []omnicache.Key{{Name: "hidden", RowBytes: hbRow}}
+	cfg.StagingCapacityTokens, cfg.StagingDepth = 8*hbHit, 2
+	cfg.DisableDecodeBuffer = true
+	c, err := omnicache.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	hb := &hitBench{c: c}
+	table := make([]int32, hbReqs*hbStride)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	// Write the 64 prefixes, 8 requests a step.
+	src := make([]byte, 8*hbHit*hbRow)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	hb.first = src[0]
+	for r0 := 0; r0 < hbReqs; r0 += 8 {
+		p := omnicache.Plan{Table: table, Stride: hbStride}
+		for r := r0; r < r0+8; r++ {
+			hb.id++
+			p.IDs = append(p.IDs, hb.id)
+			p.Rows = append(p.Rows, int32(r))
+			p.Start = append(p.Start, 0)
+			p.Count = append(p.Count, hbHit)
+			p.Arrivals = append(p.Arrivals, hb.id)
+			p.HitTokens = append(p.HitTokens, 0)
+			p.Finished = append(p.Finished, hb.id-8)
+		}
+		if r0 == 0 {
+			p.Finished = p.Finished[:0]
+		}
+		must(b, c.Begin(&p))
+		sid, err := c.Save(&omnicache.Outputs{Tokens: 8 * hbHit, Tensors: []omnicache.Tensor{{Host: src, Rows: 8 * hbHit}}})
+		must(b, err)
+		must(b, c.Discard(sid))
+	}
+	must(b, c.Sync())
+	// Every op: 64 arrivals hitting their row's 512 tokens (or, for a miss
+	// step, nothing: the same 64 tokens at the same positions).
+	hb.p = omnicache.Plan{Table: table, Stride: hbStride}
+	hb.miss = omnicache.Plan{Table: table, Stride: hbStride}
+	for r := 0; r < hbReqs; r++ {
+		for _, p := range []*omnicache.Plan{&hb.p, &hb.miss} {
+			p.IDs = append(p.IDs, 0)
+			p.Rows = append(p.Rows, int32(r))
+			p.Count = append(p.Count, 1)
+			p.Arrivals = append(p.Arrivals, 0)
+			p.Finished = append(p.Finished, hb.id-int64(hbReqs-1-r)) // the writers (then the last op's)
+		}
+		hb.p.Start = append(hb.p.Start, hbHit)
+		hb.p.HitTokens = append(hb.p.HitTokens, hbHit)
+		for blk := 0; blk < hbHitBlk; blk++ {
+			hb.p.HitBlocks = append(hb.p.HitBlocks, int32(r*hbStride+blk))
+		}
+		hb.miss.Start = append(hb.miss.Start, 0)
+		hb.miss.HitTokens = append(hb.miss.HitTokens, 0)
+	}
+	one := make([]byte, hbReqs*hbRow)
+	hb.outs = omnicache.Outputs{Tokens: hbReqs, Tensors: []omnicache.Tensor{{Host: one, Rows: hbReqs}}}
+	hb.step(b, true, nil) // warm the Result
+	if hb.res.Prefix(0) != hbHit || hb.res.Rows(hbReqs-1, 0)[0] != hb.first {
+		b.Fatalf("prefix %d rows, first byte %d: want %d, %d", hb.res.Prefix(0), hb.res.Rows(hbReqs-1, 0)[0], hbHit, hb.first)
+	}
+	hb.step(b, true, nil) // and the prefetch buffers (the adopted Result's old ones)
+	return hb
+}
+
+// step runs one step: Begin (the hit step, or the miss step), forward
+// (called between Begin and Save, when set), Save, Materialize. The next
+// step finishes its requests. It returns the engine goroutine's time in
+// Save and Materialize.
+func (hb *hitBench) step(b *testing.B, hit bool, forward func()) time.Duration {
+	p := &hb.miss
+	if hit {
+		p = &hb.p
+	}
+	for r := range p.IDs {
+		hb.id++
+		p.IDs[r], p.Arrivals[r] = hb.id, hb.id
+	}
+	must(b, hb.c.Begin(p))
+	if forward != nil {
+		forward()
+	}
+	t0 := time.Now()
+	sid, err := hb.c.Save(&hb.outs)
+	must(b, err)
+	must(b, hb.c.Materialize(sid, nil, &hb.res))
+	d := time.Since(t0)
+	for r := range p.IDs {
+		hb.p.Finished[r], hb.miss.Finished[r] = p.IDs[r], p.IDs[r]
+	}
+	return d
+}
+
+// BenchmarkHitStep measures what a hit costs the engine goroutine: every op
+// is one step of 64 arrivals, each hitting 512 committed tokens of 12 KiB
+// rows (384 MiB of prefix rows) and computing one token: Begin, a modelled
+// forward of 20 ms (a sleep), Save, Materialize of the whole step. The
+// metric engine-ns/op is the engine goroutine's Save + Materialize time.
+// With prefetch on, the hit rows move during the forward (on the committer
+// and the copy workers) and Materialize adopts them; off, Materialize
+// gathers them on the engine goroutine. hit=0 is the miss step of the same
+// shape (the same 64 tokens, no hit), for comparison.
+func BenchmarkHitStep(b *testing.B) {
+	const forward = 20 * time.Millisecond
+	run := func(b *testing.B, cfg omnicache.Config, hit bool) {
+		hb := newHitBench(b, cfg)
+		sleep := func() { time.Sleep(forward) }
+		b.ReportAllocs()
+		b.ResetTimer()
+		var engine time.Duration
+		for i := 0; i < b.N; i++ {
+			engine += hb.step(b, hit, sleep)
+		}
+		b.ReportMetric(float64(engine.Nanoseconds())/float64(b.N), "engine-ns/op")
+	}
+	for _, prefetch := range []bool{true, false} {
+		b.Run(fmt.Sprintf("hit=%dx%d/row=%d/prefetch=%s", hbReqs, hbHit, hbRow, map[bool]string{true: "on", false: "off"}[prefetch]), func(b *testing.B) {
+			run(b, omnicache.Config{DisablePrefetch: !prefetch}, true)
+		})
+	}
+	b.Run(fmt.Sprintf("hit=0/row=%d", hbRow), func(b *testing.B) {
+		run(b, omnicache.Config{}, false)
+	})
 }
 
 // The machine's ceiling for the same bytes, in the same run: one 384 MiB

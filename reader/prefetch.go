@@ -130,16 +130,10 @@ func (r *Reader) Charge(s *Step, hits []Hit) bool {
 	return true
 }
 
-// queue allocates s's prefetch buffers (charged by Charge) and hands its
-// read to the committer. Engine goroutine (Plan).
+// queue hands s's read (its buffers charged by Charge) to the committer.
+// Engine goroutine (Plan). The buffers are taken by the read itself: a
+// new one is hundreds of MiB to zero, no work for the engine goroutine.
 func (r *Reader) queue(s *Step) {
-	rows := 0
-	if n := len(s.IDs); n > 0 {
-		rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
-	}
-	for _, rb := range r.lay.RowBytes {
-		s.pf = append(s.pf, r.pool.get(rows*rb))
-	}
 	s.pfErr = grow(s.pfErr, len(s.IDs))
 	clear(s.pfErr)
 	s.rd = r
@@ -160,6 +154,13 @@ func (s *Step) RunInOrder(failed bool) {
 	case failed:
 		s.pfFailed = true
 	case !s.cancel.Load():
+		rows := 0
+		if n := len(s.IDs); n > 0 {
+			rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
+		}
+		for _, rb := range r.lay.RowBytes {
+			s.pf = append(s.pf, r.pool.get(rows*rb))
+		}
 		r.readInOrder(s)
 	}
 	// The clones it read are no longer needed: their budget can be forced

@@ -123,6 +123,7 @@ type job struct {
 	m     *Mirror
 	slots []int32
 	buf   []byte
+	src   []byte // a plain copy into buf (Copy): parts of per bytes
 	write bool
 	parts int
 	per   int  // read: rows per part
@@ -137,6 +138,12 @@ func (j *job) work() {
 		p := int(j.next.Add(1) - 1)
 		if p >= j.parts {
 			return
+		}
+		if j.src != nil {
+			lo := p * j.per
+			hi := min(lo+j.per, len(j.buf))
+			copy(j.buf[lo:hi], j.src[lo:hi])
+			continue
 		}
 		if j.write {
 			j.m.writePart(j.slots, j.buf, p, j.parts, j.gsh)
@@ -170,10 +177,28 @@ func (w *Workers) run(j *job) {
 	w.mu.RUnlock()
 	j.work()
 	j.helpers.Wait()
-	j.m, j.slots, j.buf = nil, nil, nil
+	j.m, j.slots, j.buf, j.src = nil, nil, nil, nil
 	w.freeMu.Lock()
 	w.free = append(w.free, j)
 	w.freeMu.Unlock()
+}
+
+// Copy copies src into dst (min of both lengths), split across w when it
+// is large (at least the split size, w with more than one goroutine). Any
+// goroutine; w may be nil.
+func (w *Workers) Copy(dst, src []byte) {
+	n := min(len(dst), len(src))
+	if w.N() <= 1 || n < w.splitB {
+		copy(dst, src)
+		return
+	}
+	j := w.getJob()
+	parts := min(4*w.n, max(1, n/w.partB))
+	j.per = (n + parts - 1) / parts
+	j.per = (j.per + 63) &^ 63 // whole cache lines a part
+	j.buf, j.src = dst[:n], src[:n]
+	j.parts = (n + j.per - 1) / j.per
+	w.run(j)
 }
 
 // getJob reuses a finished job or makes one: there are never more jobs than

@@ -178,3 +178,33 @@ func TestSplitNoAllocs(t *testing.T) {
 	})
 	require.Zero(t, allocs)
 }
+
+// Copy is copy, split or not, for every length around the part and split
+// sizes, on stopped and nil workers too.
+func TestWorkersCopy(t *testing.T) {
+	run := func(w *Workers) {
+		for _, n := range []int{0, 1, 63, 64, 65, 1000, 4095, 4096, 4097, 100003, 1 << 20} {
+			src := make([]byte, n)
+			for i := range src {
+				src[i] = byte(i*7 + 3)
+			}
+			dst := make([]byte, n+5)
+			for i := range dst {
+				dst[i] = 0xee
+			}
+			w.Copy(dst, src)
+			require.Equal(t, src, dst[:n], "n=%d", n)
+			for _, b := range dst[n:] {
+				require.Equal(t, byte(0xee), b, "n=%d: wrote past the copy", n)
+			}
+		}
+	}
+	w := NewWorkers(4, 4096)
+	run(w)
+	before := w.Splits()
+	w.Copy(make([]byte, 1<<20), make([]byte, 1<<20))
+	require.Greater(t, w.Splits(), before, "a large copy is split")
+	w.Stop()
+	run(w)
+	run(nil)
+}

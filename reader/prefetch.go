@@ -256,7 +256,7 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 			out := dst.Rows(qi, k)
 			if !all && pre > 0 {
 				lo := int(s.pfOff[i]) * rb
-				copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
+				r.p.Committer().Workers().Copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
 			}
 			if err := r.readOwn(s, i, k, tokOff, out[pre*rb:]); err != nil {
 				return err

@@ -23,8 +23,15 @@
 // tenant's write makes its block's owner newer than the plan, and a
 // committed deferred row replaced since planning changes its word.
 //
-// Goroutines: Plan runs on the engine goroutine (in Save); Read on the
-// goroutine that consumes the step (Materialize), one consumer per Step.
+// With prefetch (prefetch.go) the read is planned at Begin and run by the
+// committer in queue order (writer.InOrder): no write after the plan has
+// landed, so the checks above hold by construction and the rows go into
+// Result-layout buffers that Materialize adopts.
+//
+// Goroutines: Plan runs on the engine goroutine (in Begin, or in Save for
+// a step not prefetched); a prefetch read on the committer (and the copy
+// workers); Read on the goroutine that consumes the step (Materialize),
+// one consumer per Step.
 // Reads take the write path's state lock only for parked-row bookkeeping,
 // never across a copy.
 package reader

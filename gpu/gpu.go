@@ -18,8 +18,9 @@ package gpu
 import (
 	"errors"
 	"fmt"
-	"github.com/omnicache/omnicache/internal/hostmem"
 	"time"
+
+	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // Sentinel errors of the device layer.

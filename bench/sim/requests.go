@@ -1,0 +1,153 @@
+// A request's way through the simulator: its scheduled spans, prefix
+// lookup, block growth and caching, preemption, and the rows and blocks it
+// gives back.
+
+package sim
+
+// add appends r's scheduled span to the plan.
+func (s *Sim) add(r *Req, n, prefix int) {
+	st := &s.step
+	st.Plan.IDs = append(st.Plan.IDs, r.ID)
+	st.Plan.Rows = append(st.Plan.Rows, r.row)
+	st.Plan.Start = append(st.Plan.Start, int32(r.computed))
+	st.Plan.Count = append(st.Plan.Count, int32(n))
+	st.Reqs = append(st.Reqs, r)
+	st.Prefix = append(st.Prefix, int32(prefix))
+	st.Tokens += n
+	if n == 1 && r.computed >= r.PromptLen {
+		st.Cost.DecodeSeqs++
+	} else {
+		st.Cost.PrefillTokens += int64(n)
+		st.Cost.Attention += int64(n) * int64(r.computed+n)
+	}
+}
+
+// lookup returns the longest run of cached full blocks of r's known tokens,
+// capped so that at least one token is computed.
+func (s *Sim) lookup(r *Req) []int32 {
+	if s.cfg.NoPrefixCaching {
+		return s.hitBuf[:0]
+	}
+	bs := s.cfg.BlockSize
+	maxBlocks := (len(r.Tokens) - 1) / bs
+	hit := s.hitBuf[:0]
+	for i := range maxBlocks {
+		b, ok := s.blocks.Lookup(r.H[(i+1)*bs-1])
+		if !ok {
+			break
+		}
+		hit = append(hit, b)
+	}
+	s.hitBuf = hit
+	return hit
+}
+
+// grow gives r blocks for its first upto tokens; false when the pool is
+// short (nothing is allocated then).
+func (s *Sim) grow(r *Req, upto int) bool {
+	need := s.blocksFor(upto) - len(r.blocks)
+	if need <= 0 {
+		return true
+	}
+	if need > s.blocks.NumFree() {
+		return false
+	}
+	if r.row < 0 {
+		s.takeRow(r)
+		copy(s.table[int(r.row)*s.stride:], r.blocks)
+	}
+	base := int(r.row) * s.stride
+	for range need {
+		b := s.blocks.Alloc()
+		s.table[base+len(r.blocks)] = b
+		r.blocks = append(r.blocks, b)
+	}
+	return true
+}
+
+// cache registers the hashes of r's full blocks within its first upto
+// tokens (at allocation, as vLLM does: a request scheduled later in the
+// same step may hit them).
+func (s *Sim) cache(r *Req, upto int) {
+	if s.cfg.NoPrefixCaching {
+		return
+	}
+	bs := s.cfg.BlockSize
+	full := min(upto, len(r.Tokens)) / bs
+	for i := r.hashed; i < full; i++ {
+		s.blocks.Register(r.blocks[i], r.H[(i+1)*bs-1])
+	}
+	if full > r.hashed {
+		r.hashed = full
+	}
+}
+
+// preempt frees r's blocks and puts it at the front of the waiting queue; it
+// will recompute from its next prefix lookup.
+func (s *Sim) preempt(r *Req) {
+	s.freeBlocks(r)
+	s.putRow(r)
+	r.computed = 0
+	r.hashed = 0
+	r.state = stWaiting
+	r.preempted = true
+	s.waiting = append(s.waiting, nil)
+	copy(s.waiting[1:], s.waiting)
+	s.waiting[0] = r
+	s.step.Plan.Preempted = append(s.step.Plan.Preempted, r.ID)
+	s.Preemptions++
+}
+
+// releaseEarly frees the finishing requests' blocks before Begin when the
+// pool is otherwise exhausted (vLLM's own order: the cache still sees them in
+// this step's Finished, in the same Begin that may reuse their blocks).
+func (s *Sim) releaseEarly() bool {
+	if len(s.reported) == 0 {
+		return false
+	}
+	s.dropAll(&s.reported)
+	return true
+}
+
+func (s *Sim) dropAll(list *[]*Req) {
+	for _, r := range *list {
+		s.drop(r)
+	}
+	clear(*list)
+	*list = (*list)[:0]
+}
+
+// drop ends a finished request: its blocks and row are released.
+func (s *Sim) drop(r *Req) {
+	if r.state == stDone {
+		return
+	}
+	s.freeBlocks(r)
+	s.putRow(r)
+	r.state = stDone
+	r.blocks = nil
+}
+
+func (s *Sim) freeBlocks(r *Req) {
+	// Tail first, so a request's last blocks are reused before its prefix.
+	for i := len(r.blocks) - 1; i >= 0; i-- {
+		s.blocks.Free(r.blocks[i])
+	}
+	r.blocks = r.blocks[:0]
+}
+
+func (s *Sim) takeRow(r *Req) {
+	if r.row >= 0 {
+		return
+	}
+	r.row = s.rows[len(s.rows)-1]
+	s.rows = s.rows[:len(s.rows)-1]
+}
+
+func (s *Sim) putRow(r *Req) {
+	if r.row < 0 {
+		return
+	}
+	s.rows = append(s.rows, r.row)
+	r.row = -1
+}

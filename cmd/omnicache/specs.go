@@ -1,0 +1,150 @@
+// The replay's inputs and its terminal: the specs the flags select, the
+// progress bar, the load average and flag parsing.
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/omnicache/omnicache/bench"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+// defaultTraceKVBlocks is a trace's KV pool: 65536 blocks (1M tokens at
+// block size 16).
+const defaultTraceKVBlocks = 65536
+
+// buildSpecs turns the flags into the runs' specs: the (scaled, filtered)
+// table, or the trace.
+func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
+	if f.trace != "" {
+		recs, err := bench.ReadTrace(f.trace, f.jsonParser, f.limit)
+		if err != nil {
+			return nil, err
+		}
+		if len(recs) == 0 {
+			return nil, fmt.Errorf("%s: no requests", f.trace)
+		}
+		kv := f.kvBlocks
+		if kv == 0 {
+			kv = defaultTraceKVBlocks
+		}
+		widths := f.widths
+		if widths == "" {
+			widths = "hidden=64"
+		}
+		keys, err := bench.ParseWidths(widths)
+		if err != nil {
+			return nil, fmt.Errorf("--widths: %w", err)
+		}
+		conc := f.concurrency
+		if conc <= 0 {
+			conc = 32
+		}
+		spec, err := bench.TraceSpec(filepath.Base(f.trace), recs, keys, conc,
+			bench.TraceLimits{MaxModelLen: f.maxModelLen, KVBlocks: kv, BlockSize: f.blockSize})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.trace, err)
+		}
+		return []bench.Spec{spec}, nil
+	}
+	ws, err := readTable(f.table)
+	if err != nil {
+		return nil, err
+	}
+	var re *regexp.Regexp
+	if f.workloads != "" {
+		var err error
+		if re, err = regexp.Compile(f.workloads); err != nil {
+			return nil, fmt.Errorf("--workloads: %w", err)
+		}
+	}
+	scale := f.scale
+	if f.full {
+		scale = 1
+	}
+	var specs []bench.Spec
+	for _, w := range ws {
+		if re != nil && !re.MatchString(w.FullName()) {
+			continue
+		}
+		if f.widths != "" {
+			keys, err := bench.ParseWidths(f.widths)
+			if err != nil {
+				return nil, fmt.Errorf("--widths: %w", err)
+			}
+			w.Keys = keys
+		}
+		if f.concurrency > 0 {
+			w.Concurrency = f.concurrency
+		}
+		specs = append(specs, w.Scaled(scale).Spec(f.seed))
+	}
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("no workload matches %q", f.workloads)
+	}
+	return specs, nil
+}
+
+func newProgress(mode string, total int, stderr io.Writer) *progressbar.ProgressBar {
+	on := false
+	switch mode {
+	case "on":
+		on = true
+	case "auto":
+		if fd, ok := stderr.(interface{ Fd() uintptr }); ok {
+			on = term.IsTerminal(int(fd.Fd()))
+		}
+	}
+	if !on || total <= 0 {
+		return nil
+	}
+	return progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(stderr),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetItsString("req"),
+		progressbar.OptionShowIts(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionFullWidth(),
+	)
+}
+
+// loadAverage is the 1-minute load average (Linux), for the report: timings
+// on a busy machine are noisy.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
+}
+
+// parseFlags parses a command's flags: ok is false when the command must
+// exit with code (0 after -h, 2 for a bad flag or an argument).
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", fs.Name(), fs.Args())
+		return 2, false
+	}
+	return 0, true
+}

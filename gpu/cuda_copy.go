@@ -1,0 +1,232 @@
+//go:build cuda
+
+// Copies and events of the CUDA device: device↔host and device→device
+// copies on the stream, and pooled completion events.
+
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"gorgonia.org/cu"
+)
+
+func devPtr(b Buffer, off int) cu.DevicePtr { return cu.DevicePtr(b.Ptr + uintptr(off)) }
+
+func hostPtr(p []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(p)) }
+
+// hostCopy copies between host memory once the stream has drained (host
+// memory used as a Buffer).
+func (d *CUDA) hostCopy(dst, src []byte) error {
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCopy, err)
+	}
+	defer d.leave()
+	if err := d.stream.Synchronize(); err != nil {
+		return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, cuErr(err))
+	}
+	copy(dst, src)
+	return nil
+}
+
+func (d *CUDA) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff int, n int) error {
+	if err := cspan(dst, dstOff, n); err != nil {
+		return err
+	}
+	if err := cspan(src, srcOff, n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	if dst.Host != nil && src.Host != nil {
+		return d.hostCopy(dst.Host[dstOff:dstOff+n], src.Host[srcOff:srcOff+n])
+	}
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCopy, err)
+	}
+	defer d.leave()
+	var err error
+	var op string
+	switch {
+	case src.Host != nil:
+		op, err = "cuMemcpyHtoDAsync", cu.MemcpyHtoDAsync(devPtr(dst, dstOff), hostPtr(src.Host[srcOff:]), int64(n), d.stream)
+	case dst.Host != nil:
+		op, err = "cuMemcpyDtoHAsync", cu.MemcpyDtoHAsync(hostPtr(dst.Host[dstOff:]), devPtr(src, srcOff), int64(n), d.stream)
+	default:
+		op, err = "cuMemcpyDtoDAsync", cu.MemcpyDtoDAsync(devPtr(dst, dstOff), devPtr(src, srcOff), int64(n), d.stream)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s of %d bytes: %w", ErrCopy, op, n, cuErr(err))
+	}
+	return nil
+}
+
+func (d *CUDA) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
+	n := len(dst)
+	if err := cspan(src, srcOff, n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	if src.Host != nil {
+		return d.hostCopy(dst, src.Host[srcOff:srcOff+n])
+	}
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCopy, err)
+	}
+	defer d.leave()
+	if err := cu.MemcpyDtoHAsync(hostPtr(dst), devPtr(src, srcOff), int64(n), d.stream); err != nil {
+		return fmt.Errorf("%w: cuMemcpyDtoHAsync of %d bytes: %w", ErrCopy, n, cuErr(err))
+	}
+	return nil
+}
+
+func (d *CUDA) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
+	n := len(src)
+	if err := cspan(dst, dstOff, n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	if dst.Host != nil {
+		return d.hostCopy(dst.Host[dstOff:dstOff+n], src)
+	}
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCopy, err)
+	}
+	defer d.leave()
+	if err := cu.MemcpyHtoDAsync(devPtr(dst, dstOff), hostPtr(src), int64(n), d.stream); err != nil {
+		return fmt.Errorf("%w: cuMemcpyHtoDAsync of %d bytes: %w", ErrCopy, n, cuErr(err))
+	}
+	return nil
+}
+
+// Record records an event at the stream's current end and returns its
+// handle (never 0).
+func (d *CUDA) Record() (Event, error) {
+	if err := d.enter(); err != nil {
+		return 0, fmt.Errorf("%w: record: %w", ErrCopy, err)
+	}
+	defer d.leave()
+	d.evMu.Lock()
+	defer d.evMu.Unlock()
+	d.reapLocked(true)
+	var ev cu.Event
+	if k := len(d.free); k > 0 {
+		ev = d.free[k-1]
+		d.free = d.free[:k-1]
+	} else {
+		var err error
+		if ev, err = cu.MakeEvent(cu.DisableTiming); err != nil {
+			return 0, fmt.Errorf("%w: cuEventCreate: %w", ErrCopy, cuErr(err))
+		}
+	}
+	if err := ev.Record(d.stream); err != nil {
+		d.free = append(d.free, ev)
+		return 0, fmt.Errorf("%w: cuEventRecord: %w", ErrCopy, cuErr(err))
+	}
+	d.seq++
+	d.pend = append(d.pend, evEntry{seq: d.seq, ev: ev})
+	return Event(d.seq), nil
+}
+
+// reapLocked recycles the oldest recorded events that have completed and
+// that nobody waits on. With query it asks the driver about events not yet
+// known complete (the caller then holds the context current).
+func (d *CUDA) reapLocked(query bool) {
+	for len(d.pend) > 0 {
+		e := &d.pend[0]
+		if e.waiters > 0 {
+			return
+		}
+		if e.seq > d.done {
+			if !query || e.ev.Query() != nil {
+				return // not ready (or failed: Wait reports it)
+			}
+			d.done = e.seq
+		}
+		d.free = append(d.free, e.ev)
+		d.pend = d.pend[1:]
+	}
+}
+
+// Wait blocks until the event with handle e has completed (0: at once).
+func (d *CUDA) Wait(e Event) error { return d.WaitFor(e, -1) }
+
+// WaitFor is Wait bounded by timeout. With a bound it polls cuEventQuery,
+// backing off from a microsecond to a millisecond, and returns ErrTimeout
+// past it with the event still pending; without one (timeout < 0) it
+// blocks in cuEventSynchronize. An event already known to be complete
+// costs no driver call.
+func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
+	if e == 0 {
+		return nil
+	}
+	h := uint64(e)
+	d.evMu.Lock()
+	if h > d.seq {
+		d.evMu.Unlock()
+		return fmt.Errorf("%w: event %d was never recorded (last %d)", ErrRange, h, d.seq)
+	}
+	if h <= d.done {
+		d.evMu.Unlock()
+		return nil
+	}
+	// h is pending: every handle in (done, seq] still has its entry; the
+	// waiter count keeps it from being recycled while we wait.
+	ent := &d.pend[h-d.pend[0].seq]
+	ent.waiters++
+	ev := ent.ev
+	d.evMu.Unlock()
+
+	var err error
+	if timeout < 0 {
+		if err = d.enter(); err == nil {
+			err = ev.Synchronize()
+			d.leave()
+		}
+	} else {
+		deadline := time.Now().Add(timeout)
+		for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+			if err = d.enter(); err == nil {
+				err = ev.Query()
+				d.leave()
+			}
+			if err == nil || !errors.Is(err, cu.NotReady) {
+				break
+			}
+			if !time.Now().Before(deadline) {
+				err = fmt.Errorf("%w: event %d after %v", ErrTimeout, h, timeout)
+				break
+			}
+			time.Sleep(pause)
+		}
+	}
+
+	d.evMu.Lock()
+	if len(d.pend) > 0 && h >= d.pend[0].seq { // (Close empties pend)
+		d.pend[h-d.pend[0].seq].waiters--
+	}
+	if err == nil && h > d.done {
+		d.done = h
+	}
+	d.reapLocked(false)
+	d.evMu.Unlock()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrTimeout):
+		return err
+	default:
+		return fmt.Errorf("%w: wait for event %d: %w", ErrCopy, h, cuErr(err))
+	}
+}
+
+// Close waits for the stream to drain and releases the device's events,
+// pool, stream and its reference to the primary context. Later calls fail

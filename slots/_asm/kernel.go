@@ -279,5 +279,3 @@ func (k *kernel) blocks(tp, off, c GPVirtual) {
 	k.fill(b2, c)
 	Label(end)
 }
-
-// genMap emits map<Pow2|Div><ISA>.

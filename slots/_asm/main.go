@@ -185,6 +185,7 @@ func ymask(n GP, iota8 VecVirtual) VecVirtual {
 // at returns the memory operand p + 4*i.
 func at(p, i Register) Mem { return Mem{Base: p, Index: i, Scale: 4} }
 
+// genMap emits map<Pow2|Div><ISA>.
 func genMap(v isa, div bool) {
 	name := "mapPow2" + v.name
 	sig := "func(dst, rows, start, count *int32, n int, table *int32, stride, blockSize int)"

@@ -6,12 +6,14 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 // capture is what one run leaves behind: the synced mirror of every key
@@ -303,5 +305,69 @@ func TestScenario26_OwnedOutputs(t *testing.T) {
 				h.checkMirror()
 			})
 		}
+	}
+}
+
+// batchDevice is the host device with a batch copy (gpu.BatchCopier), as
+// CUDA's cuMemcpyBatchAsync: it counts batches and single copies.
+type batchDevice struct {
+	*gpu.Host
+	batches, batched, singles atomic.Int64
+}
+
+func (d *batchDevice) CopyDtoH(dst []byte, src gpu.Buffer, off int) error {
+	d.singles.Add(1)
+	return d.Host.CopyDtoH(dst, src, off)
+}
+
+func (d *batchDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
+	for i := range dst {
+		if len(src[i].Host) < len(dst[i]) {
+			return fmt.Errorf("%w: batch copy %d", gpu.ErrRange, i)
+		}
+	}
+	for i := range dst {
+		copy(dst[i], src[i].Host)
+	}
+	d.batches.Add(1)
+	d.batched.Add(int64(len(dst)))
+	return nil
+}
+
+// A decode-buffer flush of device-parked rows issues one batch of copies
+// on a device that has one (one driver call on CUDA, instead of one per
+// parked step and key), and every row lands exactly: the flush at
+// block_size steps and the one a trigger forces, owned tensors or not.
+func TestDecodeFlushIsOneBatch(t *testing.T) {
+	const a, b, c = 1, 2, 3
+	for _, owned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+			dev := &batchDevice{Host: gpu.NewHost()}
+			cfg := testConfig()
+			cfg.Device = dev
+			h := newHarness(t, cfg)
+			h.device, h.owned = true, owned
+			d := &decoder{h: h, next: map[int64]int{}}
+			h.assign(a, 1, 2, 3)
+			h.assign(b, 4, 5, 6)
+			h.mat(h.step(step{Sched: []S{d.s(a, 2), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}}))
+			singles := dev.singles.Load()
+			for range testBlockSize { // block_size pure steps: one flush
+				h.discard(h.step(d.decode(a, b))) // a read of parked rows copies them
+			}
+			require.EqualValues(t, 1, dev.batches.Load(), "batches after block_size parked steps")
+			require.EqualValues(t, testBlockSize*2, dev.batched.Load(), "copies in the batch: steps × keys")
+			require.Equal(t, singles, dev.singles.Load(), "single copies during the parked steps and their flush")
+			for range 2 {
+				h.discard(h.step(d.decode(a, b)))
+			}
+			h.assign(c, 7)
+			h.discard(h.step(step{Sched: []S{d.s(a, 1), d.s(b, 1), d.s(c, 3)}, Arrive: []A{{ID: c}}})) // flushes 2 parked steps
+			require.Equal(t, singles+2, dev.singles.Load(), "single copies up to the arrival: its own step's two keys (written, not parked)")
+			require.EqualValues(t, 2, dev.batches.Load(), "batches after the arrival's flush")
+			require.EqualValues(t, testBlockSize*2+2*2, dev.batched.Load(), "copies in both batches")
+			h.sync()
+			h.checkMirror()
+		})
 	}
 }

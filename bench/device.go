@@ -46,6 +46,18 @@ func (m *meteredDevice) CopyDtoH(dst []byte, src gpu.Buffer, srcOff int) error {
 	return err
 }
 
+// CopyDtoHBatch forwards a batch (one driver call on CUDA) and counts its
+// bytes.
+func (m *meteredDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
+	err := gpu.CopyDtoHAll(m.Device, dst, src)
+	if err == nil {
+		for _, p := range dst {
+			m.dtoh.Add(int64(len(p)))
+		}
+	}
+	return err
+}
+
 // Wait times waits for events that may be pending (the host device's
 // events are complete when recorded and are handle 0).
 func (m *meteredDevice) Wait(e gpu.Event) error {

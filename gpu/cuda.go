@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/omnicache/omnicache/internal/hostmem"
 	"gorgonia.org/cu"
 )
 
@@ -37,8 +38,11 @@ const Available = true
 //     then waits for the device to be idle).
 //   - Free also accepts device memory allocated elsewhere with cuMemAlloc
 //     (owned tensors an engine hands over); it frees it with cuMemFree.
-//   - AllocHost returns page-locked (pinned, portable) host memory from
-//     cuMemHostAlloc; FreeHost waits for the stream to drain, then frees it.
+//   - AllocHost returns page-locked (pinned, portable) host memory: mapped
+//     2 MiB-aligned as transparent huge pages, faulted in outside the driver
+//     and registered with cuMemHostRegister (CUDAOptions.HostAlloc, or a
+//     refused registration: cuMemHostAlloc). FreeHost waits for the stream
+//     to drain, then unregisters and unmaps (or frees) it.
 //   - A Buffer whose Host field is set is host memory used as a device
 //     buffer (the cache does that for owned host tensors of deferred keys):
 //     copies from or into it run on the host after the stream drained.
@@ -65,17 +69,33 @@ type CUDA struct {
 	stream  cu.Stream
 	pool    memPool
 	usePool bool
-	closed  atomic.Bool
+	// hostAlloc: AllocHost pins with cuMemHostAlloc (CUDAOptions.HostAlloc).
+	hostAlloc bool
+	closed    atomic.Bool
+
+	// Batched device→host copies (CopyDtoHBatch): canBatch when the driver
+	// has cuMemcpyBatchAsync; the scratch arrays handed to it, under
+	// batchMu.
+	canBatch          bool
+	batchMu           sync.Mutex
+	bDst, bSrc, bSize []uint64
+	st                struct{ batched atomic.Int64 }
 
 	memMu sync.Mutex
-	mem   map[uintptr]bool // live device allocations: true when from the pool
-	host  map[uintptr]int  // live pinned host allocations and their sizes
+	mem   map[uintptr]bool   // live device allocations: true when from the pool
+	host  map[uintptr]pinned // live pinned host allocations
 
 	evMu sync.Mutex
 	seq  uint64    // last event handle issued
 	done uint64    // every handle <= done has completed
 	pend []evEntry // recorded events not yet recycled, handles consecutive
 	free []cu.Event
+}
+
+// pinned is a live AllocHost allocation: its size and how it was pinned.
+type pinned struct {
+	n          int
+	registered bool // cuMemHostRegister of hostmem memory; else cuMemHostAlloc
 }
 
 type evEntry struct {
@@ -126,13 +146,15 @@ func NewCUDAWith(ordinal int, opt CUDAOptions) (Device, error) {
 		return fail("cuStreamCreate", err)
 	}
 	d := &CUDA{
-		ordinal: ordinal,
-		dev:     dev,
-		ctx:     ctx,
-		stream:  stream,
-		mem:     make(map[uintptr]bool),
-		host:    make(map[uintptr]int),
+		ordinal:   ordinal,
+		dev:       dev,
+		ctx:       ctx,
+		stream:    stream,
+		mem:       make(map[uintptr]bool),
+		hostAlloc: opt.HostAlloc,
+		host:      make(map[uintptr]pinned),
 	}
+	d.canBatch = batchInit()
 	if !opt.SyncAlloc && poolsSupported(ordinal) {
 		if d.pool, err = poolCreate(ordinal); err != nil {
 			stream.Destroy()
@@ -230,6 +252,11 @@ func (d *CUDA) AllocHost(n int) ([]byte, error) {
 	if n == 0 {
 		return []byte{}, nil
 	}
+	if !d.hostAlloc {
+		if p, ok := d.registerHuge(n); ok {
+			return p, nil
+		}
+	}
 	if err := d.enter(); err != nil {
 		return nil, fmt.Errorf("%w: %d pinned bytes: %w", ErrAlloc, n, err)
 	}
@@ -239,9 +266,39 @@ func (d *CUDA) AllocHost(n int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: cuMemHostAlloc of %d bytes: %w", ErrAlloc, n, err)
 	}
 	d.memMu.Lock()
-	d.host[uintptr(unsafe.Pointer(unsafe.SliceData(p)))] = n
+	d.host[uintptr(unsafe.Pointer(unsafe.SliceData(p)))] = pinned{n: n}
 	d.memMu.Unlock()
 	return p, nil
+}
+
+// registerHuge pins n bytes the fast way: memory mapped 2 MiB-aligned and
+// advised as transparent huge pages (hostmem.AllocHuge), faulted in by the
+// kernel before the driver sees it (hostmem.PopulateParallel: the page
+// zeroing runs on the machine's cores, outside any driver call, so no
+// driver lock is held that the engine's copies would queue behind), then
+// registered (cuMemHostRegister), which pins 2 MiB pages, not 4 KiB ones. false (nothing held)
+// when the mapping or the registration is refused: AllocHost falls back to
+// cuMemHostAlloc.
+func (d *CUDA) registerHuge(n int) ([]byte, bool) {
+	p, err := hostmem.AllocHuge(n)
+	if err != nil || !hostmem.IsMapped(p) {
+		return nil, false
+	}
+	hostmem.PopulateParallel(p, runtime.GOMAXPROCS(0))
+	if d.enter() != nil {
+		hostmem.Free(p)
+		return nil, false
+	}
+	err = hostRegister(hostPtr(p), n)
+	d.leave()
+	if err != nil {
+		hostmem.Free(p)
+		return nil, false
+	}
+	d.memMu.Lock()
+	d.host[uintptr(hostPtr(p))] = pinned{n: n, registered: true}
+	d.memMu.Unlock()
+	return p, true
 }
 
 // FreeHost frees memory from AllocHost (other slices are ignored) once the
@@ -252,7 +309,7 @@ func (d *CUDA) FreeHost(p []byte) {
 	}
 	base := unsafe.Pointer(unsafe.SliceData(p))
 	d.memMu.Lock()
-	_, ours := d.host[uintptr(base)]
+	h, ours := d.host[uintptr(base)]
 	delete(d.host, uintptr(base))
 	d.memMu.Unlock()
 	if !ours || d.enter() != nil {
@@ -260,7 +317,13 @@ func (d *CUDA) FreeHost(p []byte) {
 	}
 	defer d.leave()
 	d.stream.Synchronize()
-	hostFree(base)
+	if !h.registered {
+		hostFree(base)
+		return
+	}
+	if hostUnregister(base) == nil {
+		hostmem.Free(unsafe.Slice((*byte)(base), h.n))
+	}
 }
 
 // IsPinned reports whether p starts in page-locked host memory the driver

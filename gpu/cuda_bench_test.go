@@ -273,3 +273,104 @@ func BenchmarkStaging(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAllocHost: what pinning one staging page costs (AllocHost +
+// FreeHost of a Qwen3-Omni prefill page: 8192 tokens × 12 KiB = 96 MiB),
+// registered huge pages (the default) against cuMemHostAlloc, and what it
+// costs the engine meanwhile: a second goroutine issues small device→host
+// copies (4 KiB + Record + Wait, as a decode step's Save does) throughout,
+// and stall-max-ms is the longest of those calls during the allocations
+// (a driver call queued behind the allocation's driver lock).
+func BenchmarkAllocHost(b *testing.B) {
+	const size = 96 << 20
+	for _, mode := range []string{"register", "hostalloc"} {
+		b.Run(fmt.Sprintf("mode=%s/size=96MiB", mode), func(b *testing.B) {
+			d := newCUDA(b, gpu.CUDAOptions{HostAlloc: mode == "hostalloc"})
+			src, err := d.Alloc(4096)
+			must(b, err)
+			defer d.Free(src)
+			small, err := d.AllocHost(4096)
+			must(b, err)
+			defer d.FreeHost(small)
+			var stop atomic.Bool
+			var worst atomic.Int64
+			var calls atomic.Int64
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for !stop.Load() {
+					t := time.Now()
+					if d.CopyDtoH(small, src, 0) != nil {
+						return
+					}
+					ev, err := d.Record()
+					if err != nil || d.Wait(ev) != nil {
+						return
+					}
+					if ns := time.Since(t).Nanoseconds(); ns > worst.Load() {
+						worst.Store(ns)
+					}
+					calls.Add(1)
+					time.Sleep(50 * time.Microsecond)
+				}
+			}()
+			time.Sleep(20 * time.Millisecond) // the copy loop's own first calls
+			worst.Store(0)
+			b.SetBytes(size)
+			b.ResetTimer()
+			for range b.N {
+				p, err := d.AllocHost(size)
+				must(b, err)
+				d.FreeHost(p)
+			}
+			b.StopTimer()
+			stop.Store(true)
+			<-done
+			b.ReportMetric(float64(worst.Load())/1e6, "stall-max-ms")
+			b.ReportMetric(float64(calls.Load())/float64(b.N), "copies/op")
+		})
+	}
+}
+
+// BenchmarkFlushCopies: a decode-buffer flush's device→host copies (16
+// parked steps × 3 keys of 32 rows × 4 KiB, Qwen3-Omni at concurrency 32)
+// issued one CopyDtoH each (mode=loop) or as one CopyDtoHBatch
+// (mode=batch), + Record + Wait. call-µs/op is the time to issue them (the
+// engine goroutine's share), ns/op includes the wait for the copies.
+func BenchmarkFlushCopies(b *testing.B) {
+	const copies, size = 48, 32 * 4096
+	for _, mode := range []string{"loop", "batch"} {
+		b.Run(fmt.Sprintf("copies=%d/mode=%s", copies, mode), func(b *testing.B) {
+			d := newCUDA(b, gpu.CUDAOptions{})
+			page, err := d.AllocHost(copies * size)
+			must(b, err)
+			defer d.FreeHost(page)
+			dst := make([][]byte, copies)
+			src := make([]gpu.Buffer, copies)
+			for i := range copies {
+				buf, err := d.Alloc(size)
+				must(b, err)
+				defer d.Free(buf)
+				dst[i], src[i] = page[i*size:(i+1)*size], buf
+			}
+			sync0(b, d)
+			var call time.Duration
+			b.SetBytes(copies * size)
+			b.ResetTimer()
+			for range b.N {
+				t := time.Now()
+				if mode == "batch" {
+					must(b, d.CopyDtoHBatch(dst, src))
+				} else {
+					for i := range dst {
+						must(b, d.CopyDtoH(dst[i], src[i], 0))
+					}
+				}
+				call += time.Since(t)
+				sync0(b, d)
+			}
+			b.ReportMetric(float64(call.Nanoseconds())/1e3/float64(b.N), "call-µs/op")
+			b.ReportMetric(float64(d.BatchedCopies())/float64(b.N), "batched/op")
+		})
+	}
+}

@@ -230,3 +230,86 @@ func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
 
 // Close waits for the stream to drain and releases the device's events,
 // pool, stream and its reference to the primary context. Later calls fail
+
+// CopyDtoHBatch is CopyDtoH(dst[i], src[i], 0) for every i, in stream
+// order. When every destination lies in AllocHost memory, every source in
+// device memory, and the driver has cuMemcpyBatchAsync (CUDA 12.8+), the
+// copies go to the driver as one call (a decode-buffer flush is one copy
+// per parked step and key: tens of calls of a few µs each otherwise);
+// else they are issued one by one. Spans are checked before anything is
+// issued.
+func (d *CUDA) CopyDtoHBatch(dst [][]byte, src []Buffer) error {
+	if len(dst) != len(src) {
+		panic("gpu: CopyDtoHBatch: dst and src lengths differ")
+	}
+	batch := len(dst) > 1
+	for i := range dst {
+		if err := cspan(src[i], 0, len(dst[i])); err != nil {
+			return err
+		}
+		batch = batch && src[i].Host == nil
+	}
+	if batch {
+		batch = d.allPinned(dst)
+	}
+	if !batch || !d.canBatch {
+		for i := range dst {
+			if err := d.CopyDtoH(dst[i], src[i], 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := d.enter(); err != nil {
+		return fmt.Errorf("%w: %w", ErrCopy, err)
+	}
+	defer d.leave()
+	d.batchMu.Lock()
+	defer d.batchMu.Unlock()
+	d.bDst, d.bSrc, d.bSize = d.bDst[:0], d.bSrc[:0], d.bSize[:0]
+	for i := range dst {
+		if len(dst[i]) == 0 {
+			continue
+		}
+		d.bDst = append(d.bDst, uint64(uintptr(hostPtr(dst[i]))))
+		d.bSrc = append(d.bSrc, uint64(src[i].Ptr))
+		d.bSize = append(d.bSize, uint64(len(dst[i])))
+	}
+	if len(d.bDst) == 0 {
+		return nil
+	}
+	if err := batchCopy(d.bDst, d.bSrc, d.bSize, streamPtr(d.stream)); err != nil {
+		return fmt.Errorf("%w: cuMemcpyBatchAsync of %d copies: %w", ErrCopy, len(d.bDst), err)
+	}
+	d.st.batched.Add(int64(len(d.bDst)))
+	return nil
+}
+
+// allPinned reports whether every non-empty dst lies inside one AllocHost
+// allocation (a handful are live: the staging pages).
+func (d *CUDA) allPinned(dst [][]byte) bool {
+	d.memMu.Lock()
+	defer d.memMu.Unlock()
+	for _, p := range dst {
+		if len(p) == 0 {
+			continue
+		}
+		lo := uintptr(hostPtr(p))
+		hi := lo + uintptr(len(p))
+		in := false
+		for base, h := range d.host {
+			if lo >= base && hi <= base+uintptr(h.n) {
+				in = true
+				break
+			}
+		}
+		if !in {
+			return false
+		}
+	}
+	return true
+}
+
+// BatchedCopies is the number of copies issued through cuMemcpyBatchAsync
+// so far (0: the driver lacks it, or no batch qualified).
+func (d *CUDA) BatchedCopies() int64 { return d.st.batched.Load() }

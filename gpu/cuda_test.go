@@ -303,34 +303,46 @@ func TestCUDAConcurrentCopies(t *testing.T) {
 	}
 }
 
+// AllocHost memory is pinned, copies round-trip through it, and FreeHost
+// gives it back, with both ways of pinning (registered huge pages, the
+// default; cuMemHostAlloc) and sizes below, at and off a huge page.
 func TestCUDAPinned(t *testing.T) {
-	d := newCUDA(t, gpu.CUDAOptions{})
-	p, err := d.AllocHost(8 << 20)
-	must(t, err)
-	if !d.IsPinned(p) {
-		t.Fatal("AllocHost memory is not pinned")
+	for _, opt := range []gpu.CUDAOptions{{}, {HostAlloc: true}} {
+		t.Run(fmt.Sprintf("hostalloc=%v", opt.HostAlloc), func(t *testing.T) {
+			d := newCUDA(t, opt)
+			for _, n := range []int{4096, 8 << 20, 3<<20 + 4096 + 17} {
+				p, err := d.AllocHost(n)
+				must(t, err)
+				if len(p) != n {
+					t.Fatalf("AllocHost(%d): %d bytes", n, len(p))
+				}
+				if !d.IsPinned(p) {
+					t.Fatalf("AllocHost(%d) memory is not pinned", n)
+				}
+				if d.IsPinned(make([]byte, 4096)) {
+					t.Fatal("Go memory reported as pinned")
+				}
+				src := pattern(len(p), byte(n))
+				copy(p, src)
+				a, err := d.Alloc(len(p))
+				must(t, err)
+				must(t, d.CopyHtoD(a, 0, p))
+				sync0(t, d) // the pinned source must stay put until the copy completed
+				clear(p)
+				must(t, d.CopyDtoH(p, a, 0))
+				sync0(t, d)
+				d.Free(a)
+				if !bytes.Equal(p, src) {
+					t.Fatalf("pinned round trip of %d bytes differs", n)
+				}
+				d.FreeHost(p)
+			}
+			z, err := d.AllocHost(0)
+			must(t, err)
+			d.FreeHost(z)
+			d.FreeHost(make([]byte, 10)) // not ours: ignored
+		})
 	}
-	if d.IsPinned(make([]byte, 4096)) {
-		t.Fatal("Go memory reported as pinned")
-	}
-	src := pattern(len(p), 5)
-	copy(p, src)
-	a, err := d.Alloc(len(p))
-	must(t, err)
-	defer d.Free(a)
-	must(t, d.CopyHtoD(a, 0, p))
-	sync0(t, d) // the pinned source must stay put until the copy completed
-	clear(p)
-	must(t, d.CopyDtoH(p, a, 0))
-	sync0(t, d)
-	if !bytes.Equal(p, src) {
-		t.Fatal("pinned round trip differs")
-	}
-	d.FreeHost(p)
-	z, err := d.AllocHost(0)
-	must(t, err)
-	d.FreeHost(z)
-	d.FreeHost(make([]byte, 10)) // not ours: ignored
 }
 
 // Check accepts a buffer inside its allocation and rejects one whose size
@@ -384,4 +396,67 @@ func TestCUDAWaitFor(t *testing.T) {
 	must(t, d.WaitFor(ev, time.Minute))
 	must(t, d.WaitFor(ev, 0)) // complete: no wait
 	must(t, d.Wait(ev))
+}
+
+// CopyDtoHBatch lands every copy exactly, in one batch when the driver has
+// cuMemcpyBatchAsync (destinations in AllocHost memory), one by one when a
+// destination is Go memory or a source host memory; a bad span fails
+// before anything is issued.
+func TestCUDACopyBatch(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	const n = 48
+	page, err := d.AllocHost(n * 5000)
+	must(t, err)
+	defer d.FreeHost(page)
+	var dst [][]byte
+	var src []gpu.Buffer
+	var want [][]byte
+	for i := range n {
+		size := 1 + (i*977)%4999 // odd sizes, one of them tiny
+		if i == 7 {
+			size = 0 // an empty copy is skipped
+		}
+		b, err := d.Alloc(max(size, 1))
+		must(t, err)
+		defer d.Free(b)
+		w := pattern(size, byte(i))
+		if size > 0 {
+			must(t, d.CopyHtoD(b, 0, w))
+		}
+		dst = append(dst, page[i*5000:i*5000+size])
+		src = append(src, gpu.Buffer{Ptr: b.Ptr, Size: size})
+		want = append(want, w)
+	}
+	sync0(t, d)
+	before := d.BatchedCopies()
+	must(t, d.CopyDtoHBatch(dst, src))
+	sync0(t, d)
+	for i := range dst {
+		if !bytes.Equal(dst[i], want[i]) {
+			t.Fatalf("copy %d of the batch differs", i)
+		}
+	}
+	t.Logf("batched copies: %d (0: the driver has no cuMemcpyBatchAsync)", d.BatchedCopies()-before)
+
+	// A Go-memory destination: one by one, still exact.
+	clear(page)
+	goMem := make([]byte, len(dst[3]))
+	mixed := append([][]byte{goMem}, dst[4:9]...)
+	must(t, gpu.CopyDtoHAll(d, mixed, append([]gpu.Buffer{src[3]}, src[4:9]...)))
+	sync0(t, d)
+	if !bytes.Equal(goMem, want[3]) || !bytes.Equal(dst[5], want[5]) {
+		t.Fatal("unbatched copies differ")
+	}
+
+	// A source span past its buffer: ErrRange, nothing copied.
+	clear(page)
+	bad := append([]gpu.Buffer(nil), src[:3]...)
+	bad[2].Size = len(dst[2]) - 1
+	if err := d.CopyDtoHBatch(dst[:3], bad); !errors.Is(err, gpu.ErrRange) {
+		t.Fatalf("bad span: %v, want ErrRange", err)
+	}
+	sync0(t, d)
+	if !bytes.Equal(dst[0], make([]byte, len(dst[0]))) {
+		t.Fatal("a failed batch copied rows")
+	}
 }

@@ -94,12 +94,40 @@ type Device interface {
 	Close() error
 }
 
+// BatchCopier is a Device that can issue many device→host copies at once
+// (CUDA: one cuMemcpyBatchAsync). CopyDtoHBatch(dst, src) is
+// CopyDtoH(dst[i], src[i], 0) for every i, in stream order, spans checked
+// before anything is issued.
+type BatchCopier interface {
+	CopyDtoHBatch(dst [][]byte, src []Buffer) error
+}
+
+// CopyDtoHAll issues dst[i] ← src[i] (from offset 0) for every i: in one
+// batch when d is a BatchCopier, else one CopyDtoH each, stopping at the
+// first error.
+func CopyDtoHAll(d Device, dst [][]byte, src []Buffer) error {
+	if b, ok := d.(BatchCopier); ok {
+		return b.CopyDtoHBatch(dst, src)
+	}
+	for i := range dst {
+		if err := d.CopyDtoH(dst[i], src[i], 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // CUDAOptions tune NewCUDAWith (cuda builds; see cuda.go).
 type CUDAOptions struct {
 	// SyncAlloc makes Alloc and Free call cuMemAlloc and cuMemFree instead
 	// of allocating from the device's stream-ordered memory pool. cuMemFree
 	// waits for the device to be idle.
 	SyncAlloc bool
+	// HostAlloc makes AllocHost pin staging memory with cuMemHostAlloc
+	// instead of registering huge-page memory faulted in beforehand
+	// (cuMemHostRegister; the default). cuMemHostAlloc faults and pins
+	// 4 KiB pages inside the driver call.
+	HostAlloc bool
 }
 
 // Host is the default device: "device" memory is Go memory and copies are

@@ -416,12 +416,20 @@ func (p *Path) FlushBuffer() error {
 	if w == nil {
 		return nil
 	}
+	// Every device-parked row in one batch (one driver call on CUDA).
+	p.flushDst, p.flushSrc = p.flushDst[:0], p.flushSrc[:0]
 	for i, b := range w.Dev[:w.Steps*len(p.lay.Imm)] {
 		if !b.IsZero() {
-			if err := p.dev.CopyDtoH(w.Staged[i], b, 0); err != nil {
-				p.pushDead(w)
-				return p.Fail(err)
-			}
+			p.flushDst = append(p.flushDst, w.Staged[i])
+			p.flushSrc = append(p.flushSrc, b)
+		}
+	}
+	if len(p.flushDst) > 0 {
+		err := gpu.CopyDtoHAll(p.dev, p.flushDst, p.flushSrc)
+		clear(p.flushDst) // no page references kept past the call
+		if err != nil {
+			p.pushDead(w)
+			return p.Fail(err)
 		}
 	}
 	ev, err := p.dev.Record()

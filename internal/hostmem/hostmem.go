@@ -55,6 +55,20 @@ func Map(n int) ([]byte, error) {
 	return b, nil
 }
 
+// IsMapped reports whether b starts a mapping that Alloc, Map or AllocHuge
+// made (not a fallback to make, nor a foreign slice).
+func IsMapped(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	p := unsafe.Pointer(unsafe.SliceData(b))
+	if _, ok := mappedHuge.Load(p); ok {
+		return true
+	}
+	_, ok := mapped.Load(p)
+	return ok
+}
+
 // Free returns memory from Alloc or Map. b must be exactly the slice they
 // returned (same pointer and length); memory they did not map is left to
 // the collector.

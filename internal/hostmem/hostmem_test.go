@@ -151,3 +151,37 @@ func TestAllocHuge(t *testing.T) {
 		t.Fatalf("RSS grew by %d bytes after touching one byte of a 1 GiB huge-page mapping", grown)
 	}
 }
+
+// Populate (and its portable path, touch) makes a mapping resident (RSS
+// grows by its size) and keeps its bytes: zero where unwritten.
+func TestPopulate(t *testing.T) {
+	Populate(nil)
+	for _, fn := range []struct {
+		name string
+		f    func([]byte)
+	}{{"populate", Populate}, {"touch", touch}, {"parallel", func(b []byte) { PopulateParallel(b, 3) }}} {
+		for _, n := range []int{1, 4096, HugePage + 4096, 16 << 20, 40<<20 + 4096} {
+			b, err := AllocHuge(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[n/2] = 7
+			before := rss(t)
+			fn.f(b)
+			if grown := rss(t) - before; n >= 8<<20 && grown < int64(n)*3/4 {
+				t.Fatalf("%s of %d bytes grew RSS by %d only", fn.name, n, grown)
+			}
+			for i := 0; i < n; i += 4093 {
+				if i != n/2 && b[i] != 0 {
+					t.Fatalf("%s: byte %d of %d is %d", fn.name, i, n, b[i])
+				}
+			}
+			if b[n/2] != 7 {
+				t.Fatalf("%s changed a written byte of %d", fn.name, n)
+			}
+			if err := Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -38,3 +38,7 @@ func unmapHuge(b []byte) error {
 	}
 	return nil
 }
+
+// populate faults b in with madvise(MADV_POPULATE_WRITE); false when the
+// kernel does not know the advice.
+func populate(b []byte) bool { return unix.Madvise(b, unix.MADV_POPULATE_WRITE) == nil }

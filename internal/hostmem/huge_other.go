@@ -7,3 +7,5 @@ const hugePages = false
 func mapHuge(n int) ([]byte, error) { return mapAnon(n) }
 
 func unmapHuge(b []byte) error { return unmap(b) }
+
+func populate([]byte) bool { return false }

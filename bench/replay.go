@@ -161,6 +161,7 @@ type StepSample struct {
 	Tokens  int32
 	Queried int32 // prompt tokens looked up at arrival
 	Hit     int32 // of which hit
+	Pure    bool  // a pure decode step
 }
 
 // SchemaVersion is Report's JSON schema version: 2 has computed_tokens

@@ -55,7 +55,7 @@ func (r *runner) account(st *sim.Step, smp StepSample) {
 		r.rep.PureDecode++
 	}
 	if r.o.KeepSamples {
-		smp.Tokens, smp.Queried, smp.Hit = int32(st.Tokens), int32(st.Queried), int32(st.Hit)
+		smp.Tokens, smp.Queried, smp.Hit, smp.Pure = int32(st.Tokens), int32(st.Queried), int32(st.Hit), st.PureDecode
 		r.rep.Samples = append(r.rep.Samples, smp)
 	}
 }

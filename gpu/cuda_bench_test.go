@@ -38,6 +38,8 @@ package gpu_test
 //	                    ranges, Sync once at the end: the sustained rate with
 //	                    staging and scatter overlapping (bounded by the
 //	                    slower of the two)
+//	op=cache-pipelined-hostalloc  the same with staging pages from
+//	                    cuMemHostAlloc (CUDAOptions.HostAlloc)
 
 import (
 	"fmt"
@@ -160,6 +162,7 @@ func BenchmarkStaging(b *testing.B) {
 		{op: "cache-staging-owned", owned: true, staging: true},
 		{op: "cache-staging-memalloc", staging: true, opt: gpu.CUDAOptions{SyncAlloc: true}},
 		{op: "cache-pipelined", pipeline: true},
+		{op: "cache-pipelined-hostalloc", pipeline: true, opt: gpu.CUDAOptions{HostAlloc: true}},
 	} {
 		b.Run(name(v.op), func(b *testing.B) {
 			cd := newCUDA(b, v.opt)
@@ -372,5 +375,108 @@ func BenchmarkFlushCopies(b *testing.B) {
 			b.ReportMetric(float64(call.Nanoseconds())/1e3/float64(b.N), "call-µs/op")
 			b.ReportMetric(float64(d.BatchedCopies())/float64(b.N), "batched/op")
 		})
+	}
+}
+
+// BenchmarkDecodeStep: the engine goroutine's cost of one pure decode step
+// on the CUDA device (Begin + Save + Discard of the previous step), 32
+// requests, 3 immediate keys of 4 KiB (Qwen3-Omni's widths), decode buffer
+// on: 15 of 16 steps park, every 16th flushes the buffer (one batch of
+// copies). tensors=owned: each step's outputs are fresh device buffers
+// (allocated with the timer stopped) handed over and freed by the cache;
+// tensors=cloned: one engine buffer per key, reused, cloned by the cache.
+// ns/op is per step.
+func BenchmarkDecodeStep(b *testing.B) {
+	const reqs, rb, nkeys, bs = 32, 4096, 3, 16
+	for _, mode := range []string{"owned", "cloned"} {
+		b.Run(fmt.Sprintf("reqs=%d/keys=%d/row=%d/tensors=%s", reqs, nkeys, rb, mode), func(b *testing.B) {
+			cd := newCUDA(b, gpu.CUDAOptions{})
+			keys := []omnicache.Key{{Name: "hidden", RowBytes: rb}, {Name: "a", RowBytes: rb, Optional: true}, {Name: "b", RowBytes: rb, Optional: true}}
+			stride := 64
+			c, err := omnicache.New(omnicache.Config{
+				NumBlocks: reqs*stride + 1, BlockSize: bs, Keys: keys,
+				StagingCapacityTokens: 8192, Device: cd,
+			})
+			must(b, err)
+			defer c.Close()
+			table := make([]int32, reqs*stride)
+			for i := range table {
+				table[i] = int32(i)
+			}
+			p := omnicache.Plan{Table: table, Stride: stride}
+			for i := range reqs {
+				p.IDs = append(p.IDs, int64(i+1))
+				p.Rows = append(p.Rows, int32(i))
+				p.Start = append(p.Start, 0)
+				p.Count = append(p.Count, 1)
+			}
+			shared := make([]gpu.Buffer, nkeys) // cloned mode: the engine's reused buffers
+			for k := range shared {
+				shared[k], err = cd.Alloc(reqs * rb)
+				must(b, err)
+				defer cd.Free(shared[k])
+			}
+			outs := omnicache.Outputs{Tokens: reqs, Tensors: make([]omnicache.Tensor, nkeys)}
+			pos := int32(0)
+			var prev omnicache.StepID
+			step := func() {
+				p.Arrivals, p.HitTokens, p.Finished = nil, nil, nil
+				if pos == int32(stride*bs) { // the rows are full: the next batch of requests
+					p.Finished = append([]int64(nil), p.IDs...)
+					for i := range p.IDs {
+						p.IDs[i] += reqs
+					}
+					pos = 0
+				}
+				for i := range p.Start {
+					p.Start[i] = pos
+				}
+				if pos == 0 {
+					p.Arrivals = p.IDs
+					p.HitTokens = make([]int32, reqs)
+				}
+				pos++
+				for k := range outs.Tensors {
+					t := shared[k]
+					if mode == "owned" {
+						b.StopTimer()
+						t, err = cd.Alloc(reqs * rb)
+						must(b, err)
+						b.StartTimer()
+					}
+					outs.Tensors[k] = omnicache.Tensor{Dev: t, Rows: reqs, Owned: mode == "owned"}
+				}
+				must(b, c.Begin(&p))
+				id, err := c.Save(&outs)
+				must(b, err)
+				if prev != 0 {
+					must(b, c.Discard(prev))
+				}
+				prev = id
+			}
+			for range 2 * bs { // warm up: pages pinned, pool grown
+				step()
+			}
+			b.ResetTimer()
+			for range b.N {
+				step()
+			}
+			b.StopTimer()
+			st := c.Stats()
+			b.ReportMetric(float64(st.BufferFlushes), "flushes")
+		})
+	}
+}
+
+// BenchmarkCheck: Device.Check of an allocation the device made (the
+// replay's and most engines' output tensors), as Save does per device
+// tensor.
+func BenchmarkCheck(b *testing.B) {
+	d := newCUDA(b, gpu.CUDAOptions{})
+	buf, err := d.Alloc(1 << 20)
+	must(b, err)
+	defer d.Free(buf)
+	for range b.N {
+		must(b, d.Check(buf))
 	}
 }

@@ -66,6 +66,7 @@ type replayFlags struct {
 	jsonParser    string
 	jsonOut       string
 	plot          string
+	samples       string
 	cpuprofile    string
 	memprofile    string
 	metricsAddr   string
@@ -119,6 +120,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.jsonParser, "json-parser", bench.ParserAuto, "trace parser: auto, simd (simdjson-go) or std (encoding/json)")
 	fs.StringVar(&f.jsonOut, "json", "", "write one JSON object per workload and mode (JSON Lines) to FILE")
 	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, and per-step cache time and hit rate to FILE-steps.png")
+	fs.StringVar(&f.samples, "samples", "", "write every run's per-step engine times (Begin, Save, consume, waits, hold; ns) as CSV to FILE")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
@@ -275,7 +277,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		Pace:                f.pace,
 		StepTime:            f.stepTime,
 		ForceStepTime:       f.stepTime > 0,
-		KeepSamples:         f.plot != "",
+		KeepSamples:         f.plot != "" || f.samples != "",
 		MaterializeOnEngine: f.materializeOn == "engine",
 		NewCache:            newCache,
 		MirrorBudget:        f.mirrorMiB << 20,
@@ -379,6 +381,12 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			failed++
 		}
 	}
+	if f.samples != "" && len(reps) > 0 {
+		if err := writeSamples(f.samples, reps); err != nil {
+			fmt.Fprintf(stderr, "replay: samples: %v\n", err)
+			failed++
+		}
+	}
 	if f.memprofile != "" {
 		mf, err := os.Create(f.memprofile)
 		if err != nil {
@@ -414,4 +422,17 @@ func doneLine(rep *bench.Report, err error) string {
 		return fmt.Sprintf("%d steps, FAILED verification", rep.Steps)
 	}
 	return "failed"
+}
+
+// writeSamples writes the runs' per-step samples as CSV to path.
+func writeSamples(path string, reps []*bench.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteSamples(f, reps); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

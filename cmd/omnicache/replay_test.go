@@ -329,3 +329,52 @@ func TestFitCommand(t *testing.T) {
 		t.Fatalf("missing table: exit %d", code)
 	}
 }
+
+// --samples writes one CSV row per step and run: the header, then as many
+// rows as the JSON report counts steps, each row's engine time the sum of
+// its calls.
+func TestReplaySamples(t *testing.T) {
+	dir := t.TempDir()
+	csvPath, jsonPath := filepath.Join(dir, "s.csv"), filepath.Join(dir, "r.jsonl")
+	code, out, errs := run(t, "--workloads", "MiniCPM-o/DEC100_c32$", "--scale", "0.01", "--repeat", "1",
+		"--samples", csvPath, "--json", jsonPath)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	steps := 0
+	for _, r := range readJSONL(t, jsonPath) {
+		steps += int(r["steps"].(float64))
+	}
+	b, err := os.ReadFile(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if !strings.HasPrefix(lines[0], "workload,cache,device,step,") {
+		t.Fatalf("header %q", lines[0])
+	}
+	if len(lines)-1 != steps {
+		t.Fatalf("%d sample rows, the reports count %d steps", len(lines)-1, steps)
+	}
+	pure := 0
+	for _, l := range lines[1:] {
+		var name, cache, dev string
+		var step, tok, q, hit, p int
+		var eng, beg, save, cons, stall, ow, hold int64
+		f := strings.Split(l, ",")
+		name, cache, dev = f[0], f[1], f[2]
+		if _, err := fmt.Sscan(strings.Join(f[3:], " "), &step, &tok, &q, &hit, &p, &eng, &beg, &save, &cons, &stall, &ow, &hold); err != nil {
+			t.Fatalf("row %q: %v", l, err)
+		}
+		if name != "MiniCPM-o/DEC100_c32" || !(cache == "on" && dev == "host" || cache == "off" && dev == "") {
+			t.Fatalf("row %q", l)
+		}
+		if eng != beg+save+cons {
+			t.Fatalf("row %q: engine %d != begin+save+consume %d", l, eng, beg+save+cons)
+		}
+		pure += p
+	}
+	if pure == 0 {
+		t.Fatal("no pure decode step in a decode workload")
+	}
+}

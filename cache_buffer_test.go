@@ -309,10 +309,12 @@ func TestScenario26_OwnedOutputs(t *testing.T) {
 }
 
 // batchDevice is the host device with a batch copy (gpu.BatchCopier), as
-// CUDA's cuMemcpyBatchAsync: it counts batches and single copies.
+// CUDA's cuMemcpyBatchAsync: it counts batches and single copies, and a
+// batch waits for hold to be closed when it is set.
 type batchDevice struct {
 	*gpu.Host
 	batches, batched, singles atomic.Int64
+	hold                      chan struct{}
 }
 
 func (d *batchDevice) CopyDtoH(dst []byte, src gpu.Buffer, off int) error {
@@ -321,6 +323,9 @@ func (d *batchDevice) CopyDtoH(dst []byte, src gpu.Buffer, off int) error {
 }
 
 func (d *batchDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
+	if d.hold != nil {
+		<-d.hold
+	}
 	for i := range dst {
 		if len(src[i].Host) < len(dst[i]) {
 			return fmt.Errorf("%w: batch copy %d", gpu.ErrRange, i)
@@ -334,15 +339,17 @@ func (d *batchDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
 	return nil
 }
 
-// A decode-buffer flush of device-parked rows issues one batch of copies
-// on a device that has one (one driver call on CUDA, instead of one per
-// parked step and key), and every row lands exactly: the flush at
-// block_size steps and the one a trigger forces, owned tensors or not.
+// A decode-buffer flush of device-parked rows costs the engine goroutine no
+// device call: the committer issues the parked rows' copies, as one batch
+// on a device that has one (one driver call on CUDA instead of one per
+// parked step and key). The flush's Save returns while that batch is held
+// back; every row lands exactly: the flush at block_size steps and the one
+// an arrival forces, owned tensors or not.
 func TestDecodeFlushIsOneBatch(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	for _, owned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
-			dev := &batchDevice{Host: gpu.NewHost()}
+			dev := &batchDevice{Host: gpu.NewHost(), hold: make(chan struct{})}
 			cfg := testConfig()
 			cfg.Device = dev
 			h := newHarness(t, cfg)
@@ -351,22 +358,27 @@ func TestDecodeFlushIsOneBatch(t *testing.T) {
 			h.assign(a, 1, 2, 3)
 			h.assign(b, 4, 5, 6)
 			h.mat(h.step(step{Sched: []S{d.s(a, 2), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}}))
+			h.sync()
 			singles := dev.singles.Load()
-			for range testBlockSize { // block_size pure steps: one flush
-				h.discard(h.step(d.decode(a, b))) // a read of parked rows copies them
+			for range testBlockSize { // block_size pure steps: the last one flushes
+				id := guard(t, "a pure decode step whose flush's copies are held back", func() omnicache.StepID { return h.step(d.decode(a, b)) })
+				h.discard(id) // (a read of parked rows would copy them)
 			}
+			require.EqualValues(t, 1, h.c.Stats().BufferFlushes, "BufferFlushes after block_size parked steps")
+			require.Equal(t, singles, dev.singles.Load(), "single copies during the parked steps and their flush")
+			close(dev.hold)
+			h.sync()
 			require.EqualValues(t, 1, dev.batches.Load(), "batches after block_size parked steps")
 			require.EqualValues(t, testBlockSize*2, dev.batched.Load(), "copies in the batch: steps × keys")
-			require.Equal(t, singles, dev.singles.Load(), "single copies during the parked steps and their flush")
 			for range 2 {
 				h.discard(h.step(d.decode(a, b)))
 			}
 			h.assign(c, 7)
 			h.discard(h.step(step{Sched: []S{d.s(a, 1), d.s(b, 1), d.s(c, 3)}, Arrive: []A{{ID: c}}})) // flushes 2 parked steps
-			require.Equal(t, singles+2, dev.singles.Load(), "single copies up to the arrival: its own step's two keys (written, not parked)")
+			h.sync()
 			require.EqualValues(t, 2, dev.batches.Load(), "batches after the arrival's flush")
 			require.EqualValues(t, testBlockSize*2+2*2, dev.batched.Load(), "copies in both batches")
-			h.sync()
+			require.Equal(t, singles+2, dev.singles.Load(), "single copies: the arrival step's own two keys (written, not parked)")
 			h.checkMirror()
 		})
 	}

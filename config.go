@@ -61,8 +61,7 @@ func validate(cfg *Config) (writer.Config, error) {
 		cfg.ReadAheadBytes = DefaultReadAheadBytes
 	}
 	if cfg.CopyWorkers == 0 {
-		n := runtime.GOMAXPROCS(0)
-		cfg.CopyWorkers = min(16, max(1, n-n/4))
+		cfg.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
 	}
 	if cfg.CopyWorkers < 0 || cfg.CopyWorkers > MaxCopyWorkers {
 		return bad("CopyWorkers %d not in [0, %d]", cfg.CopyWorkers, MaxCopyWorkers)

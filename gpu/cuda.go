@@ -82,14 +82,21 @@ type CUDA struct {
 	st                struct{ batched atomic.Int64 }
 
 	memMu sync.Mutex
-	mem   map[uintptr]bool   // live device allocations: true when from the pool
-	host  map[uintptr]pinned // live pinned host allocations
+	mem   map[uintptr]devAlloc // live device allocations (Alloc's)
+	host  map[uintptr]pinned   // live pinned host allocations
 
 	evMu sync.Mutex
 	seq  uint64    // last event handle issued
 	done uint64    // every handle <= done has completed
 	pend []evEntry // recorded events not yet recycled, handles consecutive
 	free []cu.Event
+}
+
+// devAlloc is a live Alloc allocation: its size and whether it came from
+// the pool.
+type devAlloc struct {
+	n      int
+	pooled bool
 }
 
 // pinned is a live AllocHost allocation: its size and how it was pinned.
@@ -150,7 +157,7 @@ func NewCUDAWith(ordinal int, opt CUDAOptions) (Device, error) {
 		dev:       dev,
 		ctx:       ctx,
 		stream:    stream,
-		mem:       make(map[uintptr]bool),
+		mem:       make(map[uintptr]devAlloc),
 		hostAlloc: opt.HostAlloc,
 		host:      make(map[uintptr]pinned),
 	}
@@ -221,7 +228,7 @@ func (d *CUDA) Alloc(n int) (Buffer, error) {
 		return Buffer{}, fmt.Errorf("%w: %d device bytes: %w", ErrAlloc, n, err)
 	}
 	d.memMu.Lock()
-	d.mem[p] = d.usePool
+	d.mem[p] = devAlloc{n: n, pooled: d.usePool}
 	d.memMu.Unlock()
 	return Buffer{Ptr: p, Size: n}, nil
 }
@@ -231,14 +238,14 @@ func (d *CUDA) Free(b Buffer) {
 		return
 	}
 	d.memMu.Lock()
-	pooled, ours := d.mem[b.Ptr]
+	a, ours := d.mem[b.Ptr]
 	delete(d.mem, b.Ptr)
 	d.memMu.Unlock()
 	if d.enter() != nil {
 		return // closed: the context's memory went with it
 	}
 	defer d.leave()
-	if ours && pooled {
+	if ours && a.pooled {
 		freeAsync(b.Ptr, d.stream)
 	} else {
 		cu.MemFree(cu.DevicePtr(b.Ptr))
@@ -358,6 +365,15 @@ func (d *CUDA) Check(b Buffer) error {
 	}
 	if b.Ptr == 0 {
 		return fmt.Errorf("%w: a buffer of %d bytes with no memory", ErrRange, b.Size)
+	}
+	// A buffer at the base of an allocation this device made and within
+	// its size needs no driver call (Save checks every device tensor of
+	// every step; a decode step's tensors are the engine's own buffers).
+	d.memMu.Lock()
+	a, ours := d.mem[b.Ptr]
+	d.memMu.Unlock()
+	if ours && b.Size <= a.n {
+		return nil
 	}
 	if err := d.enter(); err != nil {
 		return fmt.Errorf("%w: %w", ErrRange, err)

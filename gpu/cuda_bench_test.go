@@ -40,6 +40,7 @@ package gpu_test
 //	                    slower of the two)
 //	op=cache-pipelined-hostalloc  the same with staging pages from
 //	                    cuMemHostAlloc (CUDAOptions.HostAlloc)
+//	op=cache-pipelined-allcores  the same with CopyWorkers = GOMAXPROCS
 
 import (
 	"fmt"
@@ -154,6 +155,7 @@ func BenchmarkStaging(b *testing.B) {
 		staging  bool // wait for the step's event only
 		pipeline bool // Sync once, rotating slot ranges
 		opt      gpu.CUDAOptions
+		workers  int // Config.CopyWorkers (0: the default)
 	}
 	for _, v := range []variant{
 		{op: "cache"},
@@ -163,6 +165,7 @@ func BenchmarkStaging(b *testing.B) {
 		{op: "cache-staging-memalloc", staging: true, opt: gpu.CUDAOptions{SyncAlloc: true}},
 		{op: "cache-pipelined", pipeline: true},
 		{op: "cache-pipelined-hostalloc", pipeline: true, opt: gpu.CUDAOptions{HostAlloc: true}},
+		{op: "cache-pipelined-allcores", pipeline: true, workers: runtime.GOMAXPROCS(0)},
 	} {
 		b.Run(name(v.op), func(b *testing.B) {
 			cd := newCUDA(b, v.opt)
@@ -175,6 +178,7 @@ func BenchmarkStaging(b *testing.B) {
 				StagingCapacityTokens: stTokens,
 				DisableDecodeBuffer:   true,
 				Device:                d,
+				CopyWorkers:           v.workers,
 			})
 			must(b, err)
 			defer c.Close()
@@ -338,133 +342,175 @@ func BenchmarkAllocHost(b *testing.B) {
 // BenchmarkFlushCopies: a decode-buffer flush's device→host copies (16
 // parked steps × 3 keys of 32 rows × 4 KiB, Qwen3-Omni at concurrency 32)
 // issued one CopyDtoH each (mode=loop) or as one CopyDtoHBatch
-// (mode=batch), + Record + Wait. call-µs/op is the time to issue them (the
-// engine goroutine's share), ns/op includes the wait for the copies.
+// (mode=batch), then Record. With hold=0 each op also waits for its copies
+// (ns/op includes them); with hold=5ms the ops are 5 ms apart (sleep, then
+// spin the last 100 µs, as the replay holds a forward) and each waits for
+// the event of the op before the previous one, as Save's join does.
+// call-µs/op is the copies' issue, record-µs/op the Record, join-µs/op the
+// wait (the engine goroutine's share).
 func BenchmarkFlushCopies(b *testing.B) {
 	const copies, size = 48, 32 * 4096
-	for _, mode := range []string{"loop", "batch"} {
-		b.Run(fmt.Sprintf("copies=%d/mode=%s", copies, mode), func(b *testing.B) {
-			d := newCUDA(b, gpu.CUDAOptions{})
-			page, err := d.AllocHost(copies * size)
-			must(b, err)
-			defer d.FreeHost(page)
-			dst := make([][]byte, copies)
-			src := make([]gpu.Buffer, copies)
-			for i := range copies {
-				buf, err := d.Alloc(size)
+	for _, hold := range []time.Duration{0, 5 * time.Millisecond} {
+		for _, mode := range []string{"loop", "batch"} {
+			b.Run(fmt.Sprintf("copies=%d/mode=%s/hold=%v", copies, mode, hold), func(b *testing.B) {
+				d := newCUDA(b, gpu.CUDAOptions{})
+				page, err := d.AllocHost(copies * size)
 				must(b, err)
-				defer d.Free(buf)
-				dst[i], src[i] = page[i*size:(i+1)*size], buf
-			}
-			sync0(b, d)
-			var call time.Duration
-			b.SetBytes(copies * size)
-			b.ResetTimer()
-			for range b.N {
-				t := time.Now()
-				if mode == "batch" {
-					must(b, d.CopyDtoHBatch(dst, src))
-				} else {
-					for i := range dst {
-						must(b, d.CopyDtoH(dst[i], src[i], 0))
-					}
+				defer d.FreeHost(page)
+				dst := make([][]byte, copies)
+				src := make([]gpu.Buffer, copies)
+				for i := range copies {
+					buf, err := d.Alloc(size)
+					must(b, err)
+					defer d.Free(buf)
+					dst[i], src[i] = page[i*size:(i+1)*size], buf
 				}
-				call += time.Since(t)
 				sync0(b, d)
-			}
-			b.ReportMetric(float64(call.Nanoseconds())/1e3/float64(b.N), "call-µs/op")
-			b.ReportMetric(float64(d.BatchedCopies())/float64(b.N), "batched/op")
-		})
+				var call, rec, join time.Duration
+				var last [2]gpu.Event
+				b.SetBytes(copies * size)
+				b.ResetTimer()
+				for range b.N {
+					if hold > 0 {
+						ht := time.Now()
+						time.Sleep(hold - 100*time.Microsecond)
+						for time.Since(ht) < hold {
+						}
+					}
+					t := time.Now()
+					if mode == "batch" {
+						must(b, d.CopyDtoHBatch(dst, src))
+					} else {
+						for i := range dst {
+							must(b, d.CopyDtoH(dst[i], src[i], 0))
+						}
+					}
+					t1 := time.Now()
+					ev, err := d.Record()
+					must(b, err)
+					t2 := time.Now()
+					if hold == 0 {
+						must(b, d.Wait(ev))
+					} else {
+						must(b, d.WaitFor(last[0], time.Minute))
+						last[0], last[1] = last[1], ev
+					}
+					call += t1.Sub(t)
+					rec += t2.Sub(t1)
+					join += time.Since(t2)
+				}
+				b.ReportMetric(float64(call.Nanoseconds())/1e3/float64(b.N), "call-µs/op")
+				b.ReportMetric(float64(rec.Nanoseconds())/1e3/float64(b.N), "record-µs/op")
+				if hold > 0 {
+					b.ReportMetric(float64(join.Nanoseconds())/1e3/float64(b.N), "join-µs/op")
+				}
+				b.ReportMetric(float64(d.BatchedCopies())/float64(b.N), "batched/op")
+			})
+		}
 	}
 }
 
 // BenchmarkDecodeStep: the engine goroutine's cost of one pure decode step
-// on the CUDA device (Begin + Save + Discard of the previous step), 32
-// requests, 3 immediate keys of 4 KiB (Qwen3-Omni's widths), decode buffer
-// on: 15 of 16 steps park, every 16th flushes the buffer (one batch of
-// copies). tensors=owned: each step's outputs are fresh device buffers
-// (allocated with the timer stopped) handed over and freed by the cache;
-// tensors=cloned: one engine buffer per key, reused, cloned by the cache.
-// ns/op is per step.
+// on the CUDA device (Begin + Save + Discard of the previous step, timed
+// call by call: engine-µs/op), 32 requests, 3 immediate keys of 4 KiB
+// (Qwen3-Omni's widths), decode buffer on: 15 of 16 steps park, every 16th
+// flushes the buffer (one batch of copies). tensors=owned: each step's
+// outputs are fresh device buffers (allocated outside the timed calls)
+// handed over and freed by the cache; tensors=cloned: one engine buffer
+// per key, reused, cloned by the cache. Each forward sets its outputs on
+// the device (cuMemsetD8Async) and, with hold=5ms, holds the engine
+// goroutine as the replay does (sleep, then spin the last 100 µs).
 func BenchmarkDecodeStep(b *testing.B) {
 	const reqs, rb, nkeys, bs = 32, 4096, 3, 16
-	for _, mode := range []string{"owned", "cloned"} {
-		b.Run(fmt.Sprintf("reqs=%d/keys=%d/row=%d/tensors=%s", reqs, nkeys, rb, mode), func(b *testing.B) {
-			cd := newCUDA(b, gpu.CUDAOptions{})
-			keys := []omnicache.Key{{Name: "hidden", RowBytes: rb}, {Name: "a", RowBytes: rb, Optional: true}, {Name: "b", RowBytes: rb, Optional: true}}
-			stride := 64
-			c, err := omnicache.New(omnicache.Config{
-				NumBlocks: reqs*stride + 1, BlockSize: bs, Keys: keys,
-				StagingCapacityTokens: 8192, Device: cd,
+	for _, hold := range []time.Duration{0, 5 * time.Millisecond} {
+		for _, mode := range []string{"owned", "cloned"} {
+			b.Run(fmt.Sprintf("reqs=%d/keys=%d/row=%d/tensors=%s/hold=%v", reqs, nkeys, rb, mode, hold), func(b *testing.B) {
+				cd := newCUDA(b, gpu.CUDAOptions{})
+				keys := []omnicache.Key{{Name: "hidden", RowBytes: rb}, {Name: "a", RowBytes: rb, Optional: true}, {Name: "b", RowBytes: rb, Optional: true}}
+				stride := 64
+				c, err := omnicache.New(omnicache.Config{
+					NumBlocks: reqs*stride + 1, BlockSize: bs, Keys: keys,
+					StagingCapacityTokens: 8192, Device: cd,
+				})
+				must(b, err)
+				defer c.Close()
+				table := make([]int32, reqs*stride)
+				for i := range table {
+					table[i] = int32(i)
+				}
+				p := omnicache.Plan{Table: table, Stride: stride}
+				for i := range reqs {
+					p.IDs = append(p.IDs, int64(i+1))
+					p.Rows = append(p.Rows, int32(i))
+					p.Start = append(p.Start, 0)
+					p.Count = append(p.Count, 1)
+				}
+				shared := make([]gpu.Buffer, nkeys) // cloned mode: the engine's reused buffers
+				for k := range shared {
+					shared[k], err = cd.Alloc(reqs * rb)
+					must(b, err)
+					defer cd.Free(shared[k])
+				}
+				outs := omnicache.Outputs{Tokens: reqs, Tensors: make([]omnicache.Tensor, nkeys)}
+				pos := int32(0)
+				var prev omnicache.StepID
+				var engine time.Duration
+				step := func() {
+					p.Arrivals, p.HitTokens, p.Finished = nil, nil, nil
+					if pos == int32(stride*bs) { // the rows are full: the next batch of requests
+						p.Finished = append([]int64(nil), p.IDs...)
+						for i := range p.IDs {
+							p.IDs[i] += reqs
+						}
+						pos = 0
+					}
+					for i := range p.Start {
+						p.Start[i] = pos
+					}
+					if pos == 0 {
+						p.Arrivals = p.IDs
+						p.HitTokens = make([]int32, reqs)
+					}
+					pos++
+					t0 := time.Now()
+					must(b, c.Begin(&p))
+					engine += time.Since(t0)
+					for k := range outs.Tensors { // the forward
+						t := shared[k]
+						if mode == "owned" {
+							t, err = cd.Alloc(reqs * rb)
+							must(b, err)
+						}
+						must(b, cd.Fill(t, 0, reqs*rb, byte(pos)))
+						outs.Tensors[k] = omnicache.Tensor{Dev: t, Rows: reqs, Owned: mode == "owned"}
+					}
+					if hold > 0 {
+						ht := time.Now()
+						time.Sleep(hold - 100*time.Microsecond)
+						for time.Since(ht) < hold {
+						}
+					}
+					t1 := time.Now()
+					id, err := c.Save(&outs)
+					must(b, err)
+					if prev != 0 {
+						must(b, c.Discard(prev))
+					}
+					engine += time.Since(t1)
+					prev = id
+				}
+				for range 2 * bs { // warm up: pages pinned, pool grown
+					step()
+				}
+				engine = 0
+				b.ResetTimer()
+				for range b.N {
+					step()
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(engine.Nanoseconds())/1e3/float64(b.N), "engine-µs/op")
 			})
-			must(b, err)
-			defer c.Close()
-			table := make([]int32, reqs*stride)
-			for i := range table {
-				table[i] = int32(i)
-			}
-			p := omnicache.Plan{Table: table, Stride: stride}
-			for i := range reqs {
-				p.IDs = append(p.IDs, int64(i+1))
-				p.Rows = append(p.Rows, int32(i))
-				p.Start = append(p.Start, 0)
-				p.Count = append(p.Count, 1)
-			}
-			shared := make([]gpu.Buffer, nkeys) // cloned mode: the engine's reused buffers
-			for k := range shared {
-				shared[k], err = cd.Alloc(reqs * rb)
-				must(b, err)
-				defer cd.Free(shared[k])
-			}
-			outs := omnicache.Outputs{Tokens: reqs, Tensors: make([]omnicache.Tensor, nkeys)}
-			pos := int32(0)
-			var prev omnicache.StepID
-			step := func() {
-				p.Arrivals, p.HitTokens, p.Finished = nil, nil, nil
-				if pos == int32(stride*bs) { // the rows are full: the next batch of requests
-					p.Finished = append([]int64(nil), p.IDs...)
-					for i := range p.IDs {
-						p.IDs[i] += reqs
-					}
-					pos = 0
-				}
-				for i := range p.Start {
-					p.Start[i] = pos
-				}
-				if pos == 0 {
-					p.Arrivals = p.IDs
-					p.HitTokens = make([]int32, reqs)
-				}
-				pos++
-				for k := range outs.Tensors {
-					t := shared[k]
-					if mode == "owned" {
-						b.StopTimer()
-						t, err = cd.Alloc(reqs * rb)
-						must(b, err)
-						b.StartTimer()
-					}
-					outs.Tensors[k] = omnicache.Tensor{Dev: t, Rows: reqs, Owned: mode == "owned"}
-				}
-				must(b, c.Begin(&p))
-				id, err := c.Save(&outs)
-				must(b, err)
-				if prev != 0 {
-					must(b, c.Discard(prev))
-				}
-				prev = id
-			}
-			for range 2 * bs { // warm up: pages pinned, pool grown
-				step()
-			}
-			b.ResetTimer()
-			for range b.N {
-				step()
-			}
-			b.StopTimer()
-			st := c.Stats()
-			b.ReportMetric(float64(st.BufferFlushes), "flushes")
-		})
+		}
 	}
 }
 

@@ -72,7 +72,10 @@ type Committer struct {
 	newestMax uint64
 	scanned   uint64 // queue sequence scanned into newest
 	popped    uint64 // queue sequence of the task being run
-	curID     uint64
+	// copyLate's batch (committer goroutine)
+	lateDst [][]byte
+	lateSrc []gpu.Buffer
+	curID   uint64
 }
 
 // NewCommitter returns a committer; Start runs it.
@@ -191,6 +194,30 @@ func (c *Committer) run() {
 	}
 }
 
+// copyLate issues a flushed decode buffer's device→host copies (every
+// device-parked row into its place in the page) as one batch, and records
+// the event the scatter waits for. Until that event completed the rows stay
+// readable on the device (Write.DevLive).
+func (c *Committer) copyLate(w *Write) (gpu.Event, error) {
+	c.lateDst, c.lateSrc = c.lateDst[:0], c.lateSrc[:0]
+	for i, b := range w.Dev[:w.Steps*len(c.cfg.Imm)] {
+		if !b.IsZero() {
+			c.lateDst = append(c.lateDst, w.Staged[i])
+			c.lateSrc = append(c.lateSrc, b)
+		}
+	}
+	if len(c.lateDst) == 0 {
+		return 0, nil
+	}
+	err := gpu.CopyDtoHAll(c.cfg.Dev, c.lateDst, c.lateSrc)
+	clear(c.lateDst) // no page or device references kept past the call
+	clear(c.lateSrc)
+	if err != nil {
+		return 0, err
+	}
+	return c.cfg.Dev.Record()
+}
+
 // scanQueued records, per immediate slot, the newest write queued so far,
 // so that an older write skips rows a newer one replaces. The scan stops at
 // in-order work (a hit read): a write after it must not make a write before
@@ -257,6 +284,12 @@ func (c *Committer) count(w *Write, j, kept, skipped int) {
 }
 
 func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
+	if w.CopyLate {
+		var err error
+		if ev, err = c.copyLate(w); err != nil {
+			return err
+		}
+	}
 	if err := c.cfg.Dev.Wait(ev); err != nil {
 		return err
 	}

@@ -59,17 +59,14 @@ type Path struct {
 	pageB int   // bytes of one page
 	pageO []int // per key: offset of its region in a page (immediate keys)
 
-	pages *Pages
-	spare *Spare // page memory allocated one page ahead
-	// FlushBuffer's batch of device→host copies (engine goroutine).
-	flushDst [][]byte
-	flushSrc []gpu.Buffer
-	budget   *Budget
-	q        *Queue[Task]
-	com      *Committer
-	mirrors  *Mirrors
-	ten      *soa.Tenancy     // immediate keys (written together, in order)
-	occ      []*soa.Occupancy // per key: deferred keys' per-slot occupancy
+	pages   *Pages
+	spare   *Spare // page memory allocated one page ahead
+	budget  *Budget
+	q       *Queue[Task]
+	com     *Committer
+	mirrors *Mirrors
+	ten     *soa.Tenancy     // immediate keys (written together, in order)
+	occ     []*soa.Occupancy // per key: deferred keys' per-slot occupancy
 
 	// mu is the state lock: reference counts of writes, the clone table,
 	// parked-row reads and the hand-back list. The padding keeps it, the

@@ -408,39 +408,19 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	return nil
 }
 
-// FlushBuffer writes the parked steps as one task: device-parked rows are
-// copied into the buffer's page, then the committer scatters them. Engine
-// goroutine.
+// FlushBuffer writes the parked steps as one task: the committer copies
+// the device-parked rows into the buffer's page (one batch of copies,
+// CopyLate) and then scatters them. The engine goroutine only hands the
+// write over: a flush costs it no device call (after an idle forward a
+// batch of copies and an event record are tens of µs of driver time).
+// Engine goroutine.
 func (p *Path) FlushBuffer() error {
 	w := p.buf.Take()
 	if w == nil {
 		return nil
 	}
-	// Every device-parked row in one batch (one driver call on CUDA).
-	p.flushDst, p.flushSrc = p.flushDst[:0], p.flushSrc[:0]
-	for i, b := range w.Dev[:w.Steps*len(p.lay.Imm)] {
-		if !b.IsZero() {
-			p.flushDst = append(p.flushDst, w.Staged[i])
-			p.flushSrc = append(p.flushSrc, b)
-		}
-	}
-	if len(p.flushDst) > 0 {
-		err := gpu.CopyDtoHAll(p.dev, p.flushDst, p.flushSrc)
-		clear(p.flushDst) // no page references kept past the call
-		if err != nil {
-			p.pushDead(w)
-			return p.Fail(err)
-		}
-	}
-	ev, err := p.dev.Record()
-	if err == nil {
-		err = p.join(ev)
-	}
-	if err != nil {
-		p.pushDead(w)
-		return p.Fail(err)
-	}
-	w.Seq = p.q.Push(Task{W: w, Ev: ev})
+	w.CopyLate = true
+	w.Seq = p.q.Push(Task{W: w})
 	p.st.Tasks.Add(1)
 	p.st.Flushes.Add(1)
 	return nil

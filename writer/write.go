@@ -54,6 +54,10 @@ type Write struct {
 	DevReads   int32
 	DevRelease bool
 	DevCharge  int64
+	// CopyLate: the device→host copies of the parked rows (Dev into
+	// Staged) are the committer's to issue when it reaches the write, not
+	// the engine goroutine's at the flush (a decode-buffer flush).
+	CopyLate bool
 
 	// deferred clone
 	Key   int

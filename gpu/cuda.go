@@ -76,7 +76,9 @@ type CUDA struct {
 	// Batched device→host copies (CopyDtoHBatch): canBatch when the driver
 	// has cuMemcpyBatchAsync; the scratch arrays handed to it, under
 	// batchMu.
-	canBatch          bool
+	canBatch bool
+	// nreg counts live pages registered in chunks (registerHuge).
+	nreg              atomic.Int64
 	batchMu           sync.Mutex
 	bDst, bSrc, bSize []uint64
 	st                struct{ batched atomic.Int64 }
@@ -278,34 +280,76 @@ func (d *CUDA) AllocHost(n int) ([]byte, error) {
 	return p, nil
 }
 
+// regChunk is the size of one cuMemHostRegister call: a registration
+// holds the driver's lock for its whole length (about 5 ms for 96 MiB on
+// an H200 host), so a page registered in background while the engine
+// issues copies is registered a chunk at a time, and the engine's calls
+// wait for one chunk at most. Copies into or out of such a page are split
+// at chunk boundaries (a copy stays inside one registration).
+const regChunk = 8 << 20
+
 // registerHuge pins n bytes the fast way: memory mapped 2 MiB-aligned and
 // advised as transparent huge pages (hostmem.AllocHuge), faulted in by the
 // kernel before the driver sees it (hostmem.PopulateParallel: the page
 // zeroing runs on the machine's cores, outside any driver call, so no
 // driver lock is held that the engine's copies would queue behind), then
-// registered (cuMemHostRegister), which pins 2 MiB pages, not 4 KiB ones. false (nothing held)
-// when the mapping or the registration is refused: AllocHost falls back to
-// cuMemHostAlloc.
+// registered (cuMemHostRegister) regChunk bytes a call, which pins 2 MiB
+// pages, not 4 KiB ones. false (nothing held) when the mapping or a
+// registration is refused: AllocHost falls back to cuMemHostAlloc.
 func (d *CUDA) registerHuge(n int) ([]byte, bool) {
 	p, err := hostmem.AllocHuge(n)
 	if err != nil || !hostmem.IsMapped(p) {
 		return nil, false
 	}
 	hostmem.PopulateParallel(p, runtime.GOMAXPROCS(0))
-	if d.enter() != nil {
-		hostmem.Free(p)
-		return nil, false
+	done := 0
+	for done < n && err == nil {
+		if err = d.enter(); err == nil {
+			m := min(regChunk, n-done)
+			if err = hostRegister(hostPtr(p[done:]), m); err == nil {
+				done += m
+			}
+			d.leave()
+		}
 	}
-	err = hostRegister(hostPtr(p), n)
-	d.leave()
 	if err != nil {
+		if d.enter() == nil {
+			for off := 0; off < done; off += regChunk {
+				hostUnregister(hostPtr(p[off:]))
+			}
+			d.leave()
+		}
 		hostmem.Free(p)
 		return nil, false
 	}
 	d.memMu.Lock()
 	d.host[uintptr(hostPtr(p))] = pinned{n: n, registered: true}
 	d.memMu.Unlock()
+	d.nreg.Add(1)
 	return p, true
+}
+
+// chunked returns the end of the registration chunk that holds the first
+// byte of p when p lies in a page registered in chunks and runs past that
+// chunk, else 0: copies into or out of p are split there.
+func (d *CUDA) chunked(p []byte) uintptr {
+	if d.nreg.Load() == 0 {
+		return 0
+	}
+	lo := uintptr(hostPtr(p))
+	hi := lo + uintptr(len(p))
+	d.memMu.Lock()
+	defer d.memMu.Unlock()
+	for base, h := range d.host {
+		if h.registered && lo >= base && lo < base+uintptr(h.n) {
+			end := base + (lo-base)/regChunk*regChunk + regChunk
+			if hi > end {
+				return end
+			}
+			return 0
+		}
+	}
+	return 0
 }
 
 // FreeHost frees memory from AllocHost (other slices are ignored) once the
@@ -328,9 +372,14 @@ func (d *CUDA) FreeHost(p []byte) {
 		hostFree(base)
 		return
 	}
-	if hostUnregister(base) == nil {
+	ok := true
+	for off := 0; off < h.n; off += regChunk {
+		ok = hostUnregister(unsafe.Add(base, off)) == nil && ok
+	}
+	if ok {
 		hostmem.Free(unsafe.Slice((*byte)(base), h.n))
 	}
+	d.nreg.Add(-1)
 }
 
 // IsPinned reports whether p starts in page-locked host memory the driver

@@ -80,10 +80,23 @@ func (d *CUDA) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
 		return fmt.Errorf("%w: %w", ErrCopy, err)
 	}
 	defer d.leave()
-	if err := cu.MemcpyDtoHAsync(hostPtr(dst), devPtr(src, srcOff), int64(n), d.stream); err != nil {
-		return fmt.Errorf("%w: cuMemcpyDtoHAsync of %d bytes: %w", ErrCopy, n, cuErr(err))
+	for len(dst) > 0 {
+		part := d.split(dst)
+		if err := cu.MemcpyDtoHAsync(hostPtr(part), devPtr(src, srcOff), int64(len(part)), d.stream); err != nil {
+			return fmt.Errorf("%w: cuMemcpyDtoHAsync of %d bytes: %w", ErrCopy, len(part), cuErr(err))
+		}
+		dst, srcOff = dst[len(part):], srcOff+len(part)
 	}
 	return nil
+}
+
+// split is the head of host span p that lies in one registration (all of
+// p unless p crosses a chunk boundary of a page registered in chunks).
+func (d *CUDA) split(p []byte) []byte {
+	if end := d.chunked(p); end != 0 {
+		return p[:end-uintptr(hostPtr(p))]
+	}
+	return p
 }
 
 func (d *CUDA) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
@@ -101,8 +114,12 @@ func (d *CUDA) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
 		return fmt.Errorf("%w: %w", ErrCopy, err)
 	}
 	defer d.leave()
-	if err := cu.MemcpyHtoDAsync(devPtr(dst, dstOff), hostPtr(src), int64(n), d.stream); err != nil {
-		return fmt.Errorf("%w: cuMemcpyHtoDAsync of %d bytes: %w", ErrCopy, n, cuErr(err))
+	for len(src) > 0 {
+		part := d.split(src)
+		if err := cu.MemcpyHtoDAsync(devPtr(dst, dstOff), hostPtr(part), int64(len(part)), d.stream); err != nil {
+			return fmt.Errorf("%w: cuMemcpyHtoDAsync of %d bytes: %w", ErrCopy, len(part), cuErr(err))
+		}
+		src, dstOff = src[len(part):], dstOff+len(part)
 	}
 	return nil
 }
@@ -268,12 +285,14 @@ func (d *CUDA) CopyDtoHBatch(dst [][]byte, src []Buffer) error {
 	defer d.batchMu.Unlock()
 	d.bDst, d.bSrc, d.bSize = d.bDst[:0], d.bSrc[:0], d.bSize[:0]
 	for i := range dst {
-		if len(dst[i]) == 0 {
-			continue
+		p, from := dst[i], src[i].Ptr
+		for len(p) > 0 {
+			part := d.split(p)
+			d.bDst = append(d.bDst, uint64(uintptr(hostPtr(part))))
+			d.bSrc = append(d.bSrc, uint64(from))
+			d.bSize = append(d.bSize, uint64(len(part)))
+			p, from = p[len(part):], from+uintptr(len(part))
 		}
-		d.bDst = append(d.bDst, uint64(uintptr(hostPtr(dst[i]))))
-		d.bSrc = append(d.bSrc, uint64(src[i].Ptr))
-		d.bSize = append(d.bSize, uint64(len(dst[i])))
 	}
 	if len(d.bDst) == 0 {
 		return nil

@@ -310,7 +310,9 @@ func TestCUDAPinned(t *testing.T) {
 	for _, opt := range []gpu.CUDAOptions{{}, {HostAlloc: true}} {
 		t.Run(fmt.Sprintf("hostalloc=%v", opt.HostAlloc), func(t *testing.T) {
 			d := newCUDA(t, opt)
-			for _, n := range []int{4096, 8 << 20, 3<<20 + 4096 + 17} {
+			// 20 MiB + 4099: a page registered in chunks, copies crossing
+			// two chunk boundaries.
+			for _, n := range []int{4096, 8 << 20, 3<<20 + 4096 + 17, 20<<20 + 4099} {
 				p, err := d.AllocHost(n)
 				must(t, err)
 				if len(p) != n {
@@ -446,6 +448,38 @@ func TestCUDACopyBatch(t *testing.T) {
 	sync0(t, d)
 	if !bytes.Equal(goMem, want[3]) || !bytes.Equal(dst[5], want[5]) {
 		t.Fatal("unbatched copies differ")
+	}
+
+	// Copies straddling the chunk boundaries of a page registered in
+	// chunks (8 MiB), batched and single.
+	big, err := d.AllocHost(17 << 20)
+	must(t, err)
+	defer d.FreeHost(big)
+	srcBig, err := d.Alloc(len(big))
+	must(t, err)
+	defer d.Free(srcBig)
+	wantBig := pattern(len(big), 99)
+	must(t, d.CopyHtoD(srcBig, 0, wantBig))
+	sync0(t, d)
+	var bd [][]byte
+	var bs []gpu.Buffer
+	ranges := [][2]int{{8<<20 - 1000, 8<<20 + 3000}, {16<<20 - 5, 16<<20 + 5}, {9 << 20, 15 << 20}, {4096, 8 << 20 >> 1}}
+	for _, r := range ranges {
+		bd = append(bd, big[r[0]:r[1]])
+		bs = append(bs, gpu.Buffer{Ptr: srcBig.Ptr + uintptr(r[0]), Size: r[1] - r[0]})
+	}
+	must(t, d.CopyDtoHBatch(bd, bs))
+	sync0(t, d)
+	for _, r := range ranges {
+		if !bytes.Equal(big[r[0]:r[1]], wantBig[r[0]:r[1]]) {
+			t.Fatalf("batched copy [%d,%d) across chunk boundaries differs", r[0], r[1])
+		}
+	}
+	clear(big)
+	must(t, d.CopyDtoH(big[8<<20-7:16<<20+9], srcBig, 8<<20-7))
+	sync0(t, d)
+	if !bytes.Equal(big[8<<20-7:16<<20+9], wantBig[8<<20-7:16<<20+9]) || big[8<<20-8] != 0 {
+		t.Fatal("a copy across chunk boundaries differs")
 	}
 
 	// A source span past its buffer: ErrRange, nothing copied.

@@ -43,11 +43,20 @@ const HugePages = hugePages
 // faults a huge-page region 2 MiB at a time; elsewhere, or when the kernel
 // refuses, it rewrites one byte of every 4 KiB page. The cost is the kernel zeroing the pages: b must be memory
 // nobody else writes yet.
+//
+// The kernel holds the process's mmap lock (shared) while it populates a
+// range, and a thread that maps memory (the Go runtime growing its heap or
+// a stack, a driver call) waits for it: Populate asks HugePage bytes at a
+// time, so such a wait is one huge page's zeroing, not the whole buffer's.
 func Populate(b []byte) {
-	if len(b) == 0 || populate(b) {
-		return
+	for len(b) > 0 {
+		n := min(len(b), HugePage)
+		if !populate(b[:n]) {
+			touch(b)
+			return
+		}
+		b = b[n:]
 	}
-	touch(b)
 }
 
 // PopulateParallel is Populate split over up to workers goroutines, each

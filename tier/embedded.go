@@ -128,3 +128,16 @@ func (e *Embedded) Usage() (used, max, evicted int64) {
 	defer e.mu.Unlock()
 	return e.used, e.max, e.evicts
 }
+
+// Delete drops keys as an eviction would (what a server under memory
+// pressure does to a value between a Lookup and its fetch).
+func (e *Embedded) Delete(keys ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range keys {
+		if el, ok := e.idx[k]; ok {
+			e.remove(el)
+			e.evicts++
+		}
+	}
+}

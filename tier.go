@@ -1,0 +1,529 @@
+package omnicache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/omnicache/omnicache/tier"
+)
+
+// A shared tier (package tier) makes per-token outputs follow the KV across
+// replicas. The contract grows three things:
+//
+//   - Plan.FullBlocks / FullHashes: the full blocks a step computes and
+//     their chained hashes. Once their rows are committed to the mirror the
+//     cache publishes them to the tier in the background: the committer
+//     gathers the rows in queue order and hands them to a bounded publish
+//     queue; a publisher goroutine stores them (one pipelined batch at a
+//     time). A full queue drops the block and counts it
+//     (Stats.TierPublishDropped): the engine goroutine never waits on the
+//     network.
+//   - Cache.Lookup(hashes): how many leading blocks the tier holds, for the
+//     scheduler to intersect with what its KV connector can load.
+//   - Plan.TierBlocks / TierHashes: an arrival whose trailing hit blocks'
+//     KV was loaded from outside names them (their local block ids are the
+//     last TierBlocks[i] of its hit blocks). Begin hands the fetch to an
+//     importer goroutine and queues the import to the committer ahead of
+//     the step's hit read, so the rows are in the mirror at those slots
+//     before any read needs them; Materialize waits for the import (bounded
+//     by TierConfig.ImportTimeout). A block the tier no longer holds (or
+//     whose value fails its checks, or whose node is down) fails that
+//     request, and only it, with a *TierImportError naming the block (see
+//     RequestError and Result.Err): the engine recomputes it. Its slots read
+//     as reassigned until a write puts rows there: never a wrong row.
+//
+// A tier keeps immediate keys only: New refuses a tier with deferred keys.
+
+// ErrTierMiss: an arrival's tier block could not be imported (evicted,
+// corrupt, unreachable or too slow). The request's error is a
+// *TierImportError (errors.As) that matches ErrTierMiss and the tier's own
+// cause (tier.ErrMiss, tier.ErrCorrupt, tier.ErrUnavailable).
+var ErrTierMiss = errors.New("omnicache: tier block not imported")
+
+// Defaults of TierConfig's zero fields.
+const (
+	DefaultImportTimeout = 2 * time.Second
+	DefaultPublishQueue  = 4096 // blocks
+	DefaultPublishBatch  = 64   // blocks per pipelined store
+	DefaultImporters     = 2
+)
+
+// TierConfig attaches a shared tier to a cache.
+type TierConfig struct {
+	// Tier is the store; its namespace must have the cache's block size and
+	// keys (names and row bytes, in order). Several caches (replicas) may
+	// share one Tier; the cache does not close it.
+	Tier *tier.Tier
+	// ImportTimeout bounds one import's fetch (and Materialize's wait for
+	// it); a fetch that runs out fails its requests with ErrTierMiss. It
+	// must be at most a quarter of Config.WaitTimeout.
+	ImportTimeout time.Duration
+	// PublishQueue bounds the blocks waiting to be published; past it
+	// blocks are dropped and counted. PublishBatch bounds one store.
+	PublishQueue, PublishBatch int
+	// Importers is the number of goroutines fetching imports (a fetch that
+	// finds them all busy and PublishQueue/… full fails at once).
+	Importers int
+	// OnImport, when set, is called once per import that ran (from the
+	// committer goroutine; keep it short) with its blocks, failed blocks,
+	// row bytes imported and latency from Begin to the rows being in the
+	// mirror.
+	OnImport func(ImportEvent)
+}
+
+// ImportEvent describes one step's import (TierConfig.OnImport).
+type ImportEvent struct {
+	Blocks, Failed int
+	Bytes          int64
+	Latency        time.Duration
+}
+
+// TierImportError is a request's error when a block of its tier import was
+// not imported (Result.Err, RequestError.Errs).
+type TierImportError struct {
+	Request int64
+	// Index is the block's position in the request's hit blocks; Block its
+	// local block id; Hash its chained hash.
+	Index int
+	Block int32
+	Hash  uint64
+	Err   error
+}
+
+func (e *TierImportError) Error() string {
+	return fmt.Sprintf("%v: request %d: hit block %d (local block %d, hash %016x): %v", ErrTierMiss, e.Request, e.Index, e.Block, e.Hash, e.Err)
+}
+
+// Unwrap matches ErrTierMiss and the tier's cause.
+func (e *TierImportError) Unwrap() []error { return []error{ErrTierMiss, e.Err} }
+
+// tierLink is a cache's side of the tier: the importers, the publisher and
+// the imports of saved steps not consumed yet.
+type tierLink struct {
+	cfg    TierConfig
+	t      *tier.Tier
+	nkeys  int
+	fetchQ chan *importJob
+	pubQ   chan tier.Block
+	wg     sync.WaitGroup
+
+	byStep map[uint64]*importJob // guarded by Cache.mu
+
+	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
+	imported, importFailed, bytesImp               atomic.Int64
+}
+
+// newTierLink validates cfg's tier against the cache's layout and starts
+// its goroutines (nil, nil without a tier).
+func newTierLink(cfg *Config) (*tierLink, error) {
+	tc := cfg.Tier
+	if tc == nil {
+		return nil, nil
+	}
+	bad := func(format string, a ...any) (*tierLink, error) {
+		return nil, fmt.Errorf("%w: tier: "+format, append([]any{ErrConfig}, a...)...)
+	}
+	if tc.Tier == nil {
+		return bad("no Tier")
+	}
+	ns := tc.Tier.Namespace()
+	if ns.BlockSize != cfg.BlockSize || len(ns.Keys) != len(cfg.Keys) {
+		return bad("namespace of block size %d and %d keys, the cache has %d and %d", ns.BlockSize, len(ns.Keys), cfg.BlockSize, len(cfg.Keys))
+	}
+	for i, k := range cfg.Keys {
+		if k.Deferred {
+			return bad("key %q is deferred: a tier keeps immediate keys only", k.Name)
+		}
+		if ns.Keys[i].Name != k.Name || ns.Keys[i].RowBytes != k.RowBytes {
+			return bad("namespace key %d is %q of %d bytes, the cache's %q of %d", i, ns.Keys[i].Name, ns.Keys[i].RowBytes, k.Name, k.RowBytes)
+		}
+	}
+	c := *tc
+	if c.ImportTimeout == 0 {
+		c.ImportTimeout = DefaultImportTimeout
+	}
+	if c.PublishQueue == 0 {
+		c.PublishQueue = DefaultPublishQueue
+	}
+	if c.PublishBatch == 0 {
+		c.PublishBatch = DefaultPublishBatch
+	}
+	if c.Importers == 0 {
+		c.Importers = DefaultImporters
+	}
+	if c.ImportTimeout < 0 || c.PublishQueue < 0 || c.PublishBatch < 0 || c.Importers < 0 || c.Importers > 256 {
+		return bad("negative ImportTimeout, PublishQueue or PublishBatch, or Importers outside [0,256]")
+	}
+	if cfg.WaitTimeout >= 0 && 4*c.ImportTimeout > cfg.WaitTimeout {
+		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
+	}
+	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
+		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan tier.Block, c.PublishQueue)}
+	for i := 0; i < c.Importers; i++ {
+		tl.wg.Add(1)
+		go func() {
+			defer tl.wg.Done()
+			for j := range tl.fetchQ {
+				tl.fetch(j)
+			}
+		}()
+	}
+	tl.wg.Add(1)
+	go func() {
+		defer tl.wg.Done()
+		tl.publish()
+	}()
+	return tl, nil
+}
+
+// close stops the goroutines once nothing can queue to them any more (no
+// call in flight, the committer stopped).
+func (tl *tierLink) close() {
+	close(tl.fetchQ)
+	close(tl.pubQ)
+	tl.wg.Wait()
+}
+
+// Lookup returns how many leading blocks of hashes the tier holds (every
+// key of each): the scheduler intersects it with what its KV connector can
+// load. It asks the tier over the network, on the caller's goroutine
+// (bounded by the tier's timeout); a tier error is returned with the blocks
+// counted before it. ErrConfig without a tier. Any goroutine.
+func (c *Cache) Lookup(hashes []uint64) (int, error) {
+	if c.tl == nil {
+		return 0, fmt.Errorf("%w: Lookup without a tier (Config.Tier)", ErrConfig)
+	}
+	if c.closed.Load() {
+		return 0, ErrClosed
+	}
+	return c.tl.t.Lookup(context.Background(), hashes)
+}
+
+// ---- validation (Begin, before anything is applied) ----
+
+// checkTierPlan validates the plan's tier fields.
+func (c *Cache) checkTierPlan(p *Plan) error {
+	if len(p.FullBlocks) != len(p.FullHashes) {
+		return fmt.Errorf("%w: %d full blocks, %d full hashes", ErrPlan, len(p.FullBlocks), len(p.FullHashes))
+	}
+	for _, b := range p.FullBlocks {
+		if b < 0 || int(b) >= c.cfg.NumBlocks {
+			return fmt.Errorf("%w: full block %d outside [0,%d)", ErrPlan, b, c.cfg.NumBlocks)
+		}
+	}
+	if len(p.TierBlocks) == 0 {
+		if len(p.TierHashes) > 0 {
+			return fmt.Errorf("%w: %d tier hashes without TierBlocks", ErrPlan, len(p.TierHashes))
+		}
+		return nil
+	}
+	if c.tl == nil {
+		return fmt.Errorf("%w: the plan imports tier blocks but the cache has no tier", ErrConfig)
+	}
+	if len(p.TierBlocks) != len(p.Arrivals) {
+		return fmt.Errorf("%w: %d tier block counts for %d arrivals", ErrPlan, len(p.TierBlocks), len(p.Arrivals))
+	}
+	used := 0
+	for i, n := range p.TierBlocks {
+		if nb := int(p.HitTokens[i]) / c.cfg.BlockSize; n < 0 || int(n) > nb {
+			return fmt.Errorf("%w: request %d imports %d tier blocks of its %d hit blocks", ErrPlan, p.Arrivals[i], n, nb)
+		}
+		used += int(n)
+	}
+	if used != len(p.TierHashes) {
+		return fmt.Errorf("%w: %d tier blocks, %d tier hashes", ErrPlan, used, len(p.TierHashes))
+	}
+	return nil
+}
+
+// ---- imports ----
+
+// importJob is one step's import: every tier block its fresh arrivals
+// named, fetched in one batch.
+type importJob struct {
+	tl     *tierLink
+	hashes []uint64
+	blocks []int32
+	reqs   []importReq
+	start  time.Time
+
+	// written by the importer, read by the committer after done
+	rows  [][]byte
+	fetch []error
+	done  chan struct{}
+
+	// written by the committer before applied is closed
+	why     []error
+	applied chan struct{}
+}
+
+type importReq struct {
+	id     int64
+	lo, n  int32 // its blocks in the job
+	offset int32 // index of its first tier block among its hit blocks
+}
+
+// noteImport records arrival i's tier blocks (the last n of its hit
+// blocks, hit) in the begun step's import. Engine goroutine.
+func (c *Cache) noteImport(p *Plan, i int, hit []int32, tierLo int) {
+	n := int(p.TierBlocks[i])
+	if n == 0 {
+		return
+	}
+	e := &c.te
+	if e.imp == nil {
+		e.imp = &importJob{tl: c.tl, done: make(chan struct{}), applied: make(chan struct{})}
+	}
+	j := e.imp
+	j.reqs = append(j.reqs, importReq{id: p.Arrivals[i], lo: int32(len(j.blocks)), n: int32(n), offset: int32(len(hit) - n)})
+	j.blocks = append(j.blocks, hit[len(hit)-n:]...)
+	j.hashes = append(j.hashes, p.TierHashes[tierLo:tierLo+n]...)
+}
+
+// startImport hands the begun step's import to an importer and queues it
+// to the committer, ahead of the step's hit read. It never blocks: with
+// every importer busy and their queue full, the import fails at once.
+func (c *Cache) startImport() {
+	j := c.te.imp
+	if j == nil {
+		return
+	}
+	j.start = time.Now()
+	select {
+	case c.tl.fetchQ <- j:
+	default:
+		j.fetch = make([]error, len(j.blocks))
+		for b := range j.fetch {
+			j.fetch[b] = fmt.Errorf("%w: the importers are busy", tier.ErrUnavailable)
+		}
+		close(j.done)
+	}
+	c.path.PushImport(j.blocks, j)
+}
+
+// fetch runs on an importer goroutine.
+func (tl *tierLink) fetch(j *importJob) {
+	dst := make([][]byte, len(j.hashes)*tl.nkeys)
+	for i := range dst {
+		dst[i] = make([]byte, tl.t.BlockBytes(i%tl.nkeys))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tl.cfg.ImportTimeout)
+	j.rows, j.fetch = dst, tl.t.Get(ctx, j.hashes, dst)
+	cancel()
+	close(j.done)
+}
+
+// Wait implements writer.Fetch (on the committer): the fetched rows, or a
+// timeout for every block when the fetch did not finish in time.
+func (j *importJob) Wait() ([][]byte, []error) {
+	left := j.tl.cfg.ImportTimeout + j.tl.cfg.ImportTimeout/2 - time.Since(j.start)
+	t := time.NewTimer(max(left, 0))
+	defer t.Stop()
+	select {
+	case <-j.done:
+		return j.rows, append([]error(nil), j.fetch...)
+	case <-t.C:
+		why := make([]error, len(j.blocks))
+		for b := range why {
+			why[b] = fmt.Errorf("%w: the fetch did not finish within %v", tier.ErrUnavailable, j.tl.cfg.ImportTimeout)
+		}
+		return nil, why
+	}
+}
+
+// Applied implements writer.Fetch (on the committer).
+func (j *importJob) Applied(why []error, failed bool) {
+	j.why = why
+	tl := j.tl
+	ev := ImportEvent{Blocks: len(j.blocks), Latency: time.Since(j.start)}
+	for _, err := range why {
+		if err != nil || failed {
+			ev.Failed++
+			continue
+		}
+		for k := 0; k < tl.nkeys; k++ {
+			ev.Bytes += int64(tl.t.BlockBytes(k))
+		}
+	}
+	tl.imported.Add(int64(ev.Blocks - ev.Failed))
+	tl.importFailed.Add(int64(ev.Failed))
+	tl.bytesImp.Add(ev.Bytes)
+	close(j.applied)
+	if tl.cfg.OnImport != nil {
+		tl.cfg.OnImport(ev)
+	}
+}
+
+// failImports waits (bounded) for step id's import, then fails in dst
+// every request whose import lost a block.
+func (c *Cache) failImports(j *importJob, dst *Result) {
+	t := time.NewTimer(c.tl.cfg.ImportTimeout * 2)
+	defer t.Stop()
+	timedOut := false
+	select {
+	case <-j.applied:
+	case <-t.C:
+		timedOut = true // the committer is behind: fail the imports' requests
+	}
+	for qi, id := range dst.ids {
+		for _, r := range j.reqs {
+			if r.id != id {
+				continue
+			}
+			for b := r.lo; b < r.lo+r.n; b++ {
+				var err error
+				switch {
+				case timedOut:
+					err = fmt.Errorf("%w: the import was not applied within %v", tier.ErrUnavailable, 2*c.tl.cfg.ImportTimeout)
+				case j.why[b] != nil:
+					err = j.why[b]
+				}
+				if err != nil {
+					dst.fail(qi, &TierImportError{Request: id, Index: int(r.offset + b - r.lo), Block: j.blocks[b], Hash: j.hashes[b], Err: err})
+					break
+				}
+			}
+		}
+	}
+}
+
+// ---- publishing ----
+
+// tierEng is the engine goroutine's tier state: the begun step's import and
+// the full blocks not yet handed to the committer for publishing (their
+// rows are parked in the decode buffer, or the step is only begun).
+type tierEng struct {
+	imp       *importJob
+	pubBlocks []int32
+	pubHashes []uint64
+	pubMark   int // len(pubBlocks) before the begun step noted its own
+}
+
+// notePublishes records the begun step's full blocks for publishing.
+// Engine goroutine.
+func (c *Cache) notePublishes(p *Plan) {
+	if c.tl == nil {
+		return
+	}
+	e := &c.te
+	e.pubMark = len(e.pubBlocks)
+	e.pubBlocks = append(e.pubBlocks, p.FullBlocks...)
+	e.pubHashes = append(e.pubHashes, p.FullHashes...)
+}
+
+// pushPublishes queues the gather of the full blocks noted so far behind
+// the writes handed over: called once their rows are handed to the
+// committer (not parked in the decode buffer), before any later write can
+// reuse the blocks. Engine goroutine.
+func (c *Cache) pushPublishes() {
+	e := &c.te
+	if c.tl == nil || len(e.pubBlocks) == 0 || c.path.Buffered() > 0 {
+		return
+	}
+	g := &publishGather{tl: c.tl, hashes: e.pubHashes}
+	c.path.PushGather(e.pubBlocks, g)
+	e.pubBlocks, e.pubHashes = nil, nil // the gather keeps them
+}
+
+type publishGather struct {
+	tl     *tierLink
+	hashes []uint64
+}
+
+// Block implements writer.Gather (on the committer): the block goes to
+// the publish queue, or is dropped and counted when it is full.
+func (g *publishGather) Block(j int, rows [][]byte, ok bool) {
+	if !ok {
+		g.tl.skipped.Add(1)
+		return
+	}
+	select {
+	case g.tl.pubQ <- tier.Block{Hash: g.hashes[j], Rows: rows}:
+	default:
+		g.tl.dropped.Add(1)
+	}
+}
+
+func (g *publishGather) Done(bool) {}
+
+// publish runs on the publisher goroutine until the queue is closed.
+func (tl *tierLink) publish() {
+	batch := make([]tier.Block, 0, tl.cfg.PublishBatch)
+	for b := range tl.pubQ {
+		batch = append(batch[:0], b)
+	fill:
+		for len(batch) < cap(batch) {
+			select {
+			case b, ok := <-tl.pubQ:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, b)
+			default:
+				break fill
+			}
+		}
+		n, err := tl.t.Put(context.Background(), batch)
+		tl.bytesPub.Add(n)
+		if err != nil {
+			tl.pubErrs.Add(int64(len(batch))) // the batch failed in part or whole
+		} else {
+			tl.published.Add(int64(len(batch)))
+		}
+		clear(batch)
+	}
+}
+
+// ---- hooks into the calls ----
+
+// tierSaved attaches the saved step's import to its id.
+func (c *Cache) tierSaved(id uint64) {
+	if c.tl == nil {
+		return
+	}
+	e := &c.te
+	if e.imp != nil {
+		c.mu.Lock()
+		c.tl.byStep[id] = e.imp
+		c.mu.Unlock()
+		e.imp = nil
+	}
+	c.pushPublishes()
+}
+
+// tierUnbegin drops the begun step's import and full blocks (its queued
+// import still writes the rows it fetched: they are the blocks' rows).
+func (c *Cache) tierUnbegin() {
+	e := &c.te
+	e.imp = nil
+	if e.pubMark < len(e.pubBlocks) {
+		e.pubBlocks, e.pubHashes = e.pubBlocks[:e.pubMark], e.pubHashes[:e.pubMark]
+	}
+}
+
+// takeImport removes step id's import (nil when none).
+func (c *Cache) takeImport(id StepID) *importJob {
+	if c.tl == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.tl.byStep[uint64(id)]
+	delete(c.tl.byStep, uint64(id))
+	return j
+}
+
+// tierStats adds the tier's counters.
+func (c *Cache) tierStats(s *Stats) {
+	tl := c.tl
+	if tl == nil {
+		return
+	}
+	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = tl.published.Load(), tl.dropped.Load(), tl.skipped.Load()
+	s.TierPublishErrors, s.TierBytesPublished = tl.pubErrs.Load(), tl.bytesPub.Load()
+	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
+}

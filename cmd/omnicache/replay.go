@@ -243,9 +243,6 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	if err != nil {
 		return 2, err
 	}
-	if f.replicas > 0 {
-		return runReplicas(f, specs, stdout, stderr)
-	}
 	modes := map[string][]bool{"off": {false}, "on": {true}, "both": {false, true}}[f.cache]
 
 	if f.cpuprofile != "" {
@@ -258,6 +255,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if f.replicas > 0 {
+		return runReplicas(f, specs, stdout, stderr)
 	}
 	var ms *metricsServer
 	if f.metricsAddr != "" {

@@ -108,7 +108,7 @@ type tierLink struct {
 	t      *tier.Tier
 	nkeys  int
 	fetchQ chan *importJob
-	pubQ   chan tier.Block
+	pubQ   chan pubBlock
 	wg     sync.WaitGroup
 
 	byStep map[uint64]*importJob // guarded by Cache.mu
@@ -162,7 +162,7 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}
 	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
-		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan tier.Block, c.PublishQueue)}
+		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan pubBlock, c.PublishQueue)}
 	for i := 0; i < c.Importers; i++ {
 		tl.wg.Add(1)
 		go func() {
@@ -429,52 +429,80 @@ func (c *Cache) pushPublishes() {
 	e.pubBlocks, e.pubHashes = nil, nil // the gather keeps them
 }
 
+// publishGather reads committed full blocks straight into tier values
+// (tier.NewValue), on the committer.
 type publishGather struct {
 	tl     *tierLink
 	hashes []uint64
+	vals   [][]byte // the block being read, per key
 }
 
-// Block implements writer.Gather (on the committer): the block goes to
-// the publish queue, or is dropped and counted when it is full.
-func (g *publishGather) Block(j int, rows [][]byte, ok bool) {
+// pubBlock is one block's values, ready to store.
+type pubBlock struct {
+	hash uint64
+	vals [][]byte
+}
+
+// Rows implements writer.Gather: where block j's rows of key ki go, or nil
+// (the block is dropped and counted) when the publish queue is full. Only
+// the committer sends to the queue, so a block given room here fits it.
+func (g *publishGather) Rows(j, ki int) []byte {
+	if ki == 0 {
+		if len(g.tl.pubQ) == cap(g.tl.pubQ) {
+			g.tl.dropped.Add(1)
+			return nil
+		}
+		g.vals = make([][]byte, g.tl.nkeys)
+	}
+	val, rows := g.tl.t.NewValue(g.hashes[j], ki)
+	g.vals[ki] = val
+	return rows
+}
+
+// Block implements writer.Gather: block j's values go to the publish
+// queue.
+func (g *publishGather) Block(j int, ok bool) {
 	if !ok {
 		g.tl.skipped.Add(1)
 		return
 	}
 	select {
-	case g.tl.pubQ <- tier.Block{Hash: g.hashes[j], Rows: rows}:
+	case g.tl.pubQ <- pubBlock{hash: g.hashes[j], vals: g.vals}:
 	default:
 		g.tl.dropped.Add(1)
 	}
+	g.vals = nil
 }
 
 func (g *publishGather) Done(bool) {}
 
-// publish runs on the publisher goroutine until the queue is closed.
+// publish runs on the publisher goroutine until the queue is closed: it
+// stores up to PublishBatch queued blocks per pipelined batch.
 func (tl *tierLink) publish() {
-	batch := make([]tier.Block, 0, tl.cfg.PublishBatch)
+	var hashes []uint64
+	var vals [][]byte
 	for b := range tl.pubQ {
-		batch = append(batch[:0], b)
+		hashes, vals = append(hashes[:0], b.hash), append(vals[:0], b.vals...)
 	fill:
-		for len(batch) < cap(batch) {
+		for len(hashes) < tl.cfg.PublishBatch {
 			select {
 			case b, ok := <-tl.pubQ:
 				if !ok {
 					break fill
 				}
-				batch = append(batch, b)
+				hashes, vals = append(hashes, b.hash), append(vals, b.vals...)
 			default:
 				break fill
 			}
 		}
-		n, err := tl.t.Put(context.Background(), batch)
+		n, err := tl.t.PutValues(context.Background(), hashes, vals)
 		tl.bytesPub.Add(n)
 		if err != nil {
-			tl.pubErrs.Add(int64(len(batch))) // the batch failed in part or whole
+			tl.pubErrs.Add(int64(len(hashes))) // the batch failed in part or whole
 		} else {
-			tl.published.Add(int64(len(batch)))
+			tl.published.Add(int64(len(hashes)))
 		}
-		clear(batch)
+		clear(vals) // the backend keeps them (embedded) or is done with them
 	}
 }
 

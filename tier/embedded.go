@@ -61,8 +61,8 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	return vals, errs
 }
 
-// Set implements Backend: it stores a copy of each value, evicting the least
-// recently used values to stay within the bound.
+// Set implements Backend: it keeps each value (the caller hands it over),
+// evicting the least recently used values to stay within the bound.
 func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error {
 	errs := make([]error, len(keys))
 	e.mu.Lock()
@@ -84,7 +84,7 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 			e.remove(e.lru.Back())
 			e.evicts++
 		}
-		e.idx[k] = e.lru.PushFront(&entry{key: k, val: append([]byte(nil), vals[i]...)})
+		e.idx[k] = e.lru.PushFront(&entry{key: k, val: vals[i]})
 		e.used += size
 	}
 	return errs

@@ -96,7 +96,9 @@ type Backend interface {
 	// vals and errs have len(keys) entries. The returned values must not be
 	// modified.
 	Get(ctx context.Context, keys []string) (vals [][]byte, errs []error)
-	// Set stores vals[i] under keys[i]; errs[i] where it failed.
+	// Set stores vals[i] under keys[i]; errs[i] where it failed. The
+	// backend may keep vals[i] (the embedded store does): the caller must
+	// not modify them afterwards.
 	Set(ctx context.Context, keys []string, vals [][]byte) (errs []error)
 	// Exists reports which keys hold a value; errs[i] where it failed.
 	Exists(ctx context.Context, keys []string) (held []bool, errs []error)
@@ -243,15 +245,48 @@ func (t *Tier) Put(ctx context.Context, blocks []Block) (int64, error) {
 			}
 		}
 	}
-	keys := make([]string, 0, len(blocks)*nk)
+	hashes := make([]uint64, 0, len(blocks))
 	vals := make([][]byte, 0, len(blocks)*nk)
 	for _, b := range blocks {
+		hashes = append(hashes, b.Hash)
 		for k, r := range b.Rows {
 			key := t.ns.Keys[k]
-			keys = append(keys, t.Addr(b.Hash, k))
 			vals = append(vals, encode(make([]byte, 0, t.ValueBytes(k)), key.Name, b.Hash, t.ns.BlockSize, key.RowBytes, r))
 		}
 	}
+	return t.put(ctx, hashes, vals)
+}
+
+// NewValue returns a value of block hash's rows of key k, built in place:
+// its header is written and rows (BlockBytes(k) bytes, inside val) is where
+// the caller puts the rows before handing val to PutValues. It spares
+// Put's copy of the rows.
+func (t *Tier) NewValue(hash uint64, k int) (val, rows []byte) {
+	key := t.ns.Keys[k]
+	val = make([]byte, t.ValueBytes(k))
+	h := encodeHeader(val[:0], key.Name, hash, t.ns.BlockSize, key.RowBytes)
+	return val, val[len(h) : len(h)+t.BlockBytes(k)]
+}
+
+// PutValues seals and stores values made by NewValue, vals[j*nk+k] being
+// block hashes[j]'s value of key k, in one pipelined batch (see Put).
+func (t *Tier) PutValues(ctx context.Context, hashes []uint64, vals [][]byte) (int64, error) {
+	nk := len(t.ns.Keys)
+	if len(vals) != len(hashes)*nk {
+		return 0, fmt.Errorf("%w: %d values for %d blocks of %d keys", ErrConfig, len(vals), len(hashes), nk)
+	}
+	for i, v := range vals {
+		if len(v) != t.ValueBytes(i%nk) {
+			return 0, fmt.Errorf("%w: value %d of %d bytes, want %d", ErrConfig, i, len(v), t.ValueBytes(i%nk))
+		}
+		seal(v)
+	}
+	return t.put(ctx, hashes, vals)
+}
+
+// put stores encoded values, block-major.
+func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, error) {
+	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	errs := t.b.Set(ctx, keys, vals)

@@ -45,15 +45,27 @@ func encode(dst []byte, name string, hash uint64, blockSize, rowBytes int, rows 
 		panic(fmt.Sprintf("tier: encode of %d bytes for %d rows of %d bytes", len(rows), blockSize, rowBytes))
 	}
 	start := len(dst)
+	dst = encodeHeader(dst, name, hash, blockSize, rowBytes)
+	dst = append(dst, rows...)
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// encodeHeader appends a value's header (everything before the rows).
+func encodeHeader(dst []byte, name string, hash uint64, blockSize, rowBytes int) []byte {
 	dst = append(dst, magic...)
 	dst = binary.LittleEndian.AppendUint16(dst, FormatVersion)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(name)))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(blockSize))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(rowBytes))
 	dst = binary.LittleEndian.AppendUint64(dst, hash)
-	dst = append(dst, name...)
-	dst = append(dst, rows...)
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+	return append(dst, name...)
+}
+
+// seal writes the checksum of a value built in place (header and rows
+// written, checksum space at the end).
+func seal(v []byte) {
+	n := len(v) - crcBytes
+	binary.LittleEndian.PutUint32(v[n:], crc32.Checksum(v[:n], castagnoli))
 }
 
 // decode checks v against what the reader expects and returns its rows

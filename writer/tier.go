@@ -78,15 +78,17 @@ func (t *importTask) RunInOrder(failed bool) {
 	t.f.Applied(why, false)
 }
 
-// Gather receives committed blocks' rows: Block is called per block with
-// its index in the gather and, per immediate key (Layout.Imm order), its
-// BlockSize rows (a fresh slice the receiver keeps), or ok false when the
-// block's rows are not all committed (a slot never written, or skipped for
-// a newer write; required keys are never absent where a slot is written,
-// optional ones read as zeros there). Done follows
-// the last block (failed: the path failed, nothing was read).
+// Gather receives committed blocks' rows. Per block j whose rows are all
+// committed (every slot written and none skipped for a newer write;
+// required keys are never absent where a slot is written, optional ones
+// read as zeros there), Rows(j, ki) gives where its BlockSize rows of
+// immediate key ki (Layout.Imm order) go, nil to skip the block, and Block
+// (j, true) follows once they are there; a block whose rows are not all
+// committed gets Block(j, false) alone. Done follows the last block
+// (failed: the path failed, nothing was read).
 type Gather interface {
-	Block(j int, rows [][]byte, ok bool)
+	Rows(j, ki int) []byte
+	Block(j int, ok bool)
 	Done(failed bool)
 }
 
@@ -122,25 +124,32 @@ func (t *gatherTask) RunInOrder(failed bool) {
 				break
 			}
 		}
-		var rows [][]byte
-		for ki := 0; ok && ki < len(p.lay.Imm); ki++ {
-			k := p.lay.Imm[ki]
+		if !ok {
+			t.g.Block(j, false)
+			continue
+		}
+		skip := false
+		for ki, k := range p.lay.Imm {
+			buf := t.g.Rows(j, ki)
+			if buf == nil {
+				skip = true
+				break
+			}
 			rb := p.lay.RowBytes[k]
-			buf := make([]byte, bs*rb)
 			if m := p.mirrors.Get(k); m != nil {
-				m.Read(buf, sl)
+				m.Read(buf[:bs*rb], sl)
+			} else {
+				clear(buf[:bs*rb]) // an optional key no write supplied
 			}
 			for i, s := range sl {
 				if p.ten.Absent(ki, s) {
 					clear(buf[i*rb : (i+1)*rb])
 				}
 			}
-			rows = append(rows, buf)
 		}
-		if !ok {
-			rows = nil
+		if !skip {
+			t.g.Block(j, true)
 		}
-		t.g.Block(j, rows, ok)
 	}
 	t.g.Done(false)
 }

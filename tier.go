@@ -307,12 +307,8 @@ func (c *Cache) startImport() {
 
 // fetch runs on an importer goroutine.
 func (tl *tierLink) fetch(j *importJob) {
-	dst := make([][]byte, len(j.hashes)*tl.nkeys)
-	for i := range dst {
-		dst[i] = make([]byte, tl.t.BlockBytes(i%tl.nkeys))
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), tl.cfg.ImportTimeout)
-	j.rows, j.fetch = dst, tl.t.Get(ctx, j.hashes, dst)
+	j.rows, j.fetch = tl.t.Fetch(ctx, j.hashes) // views into the values: the import only reads them
 	cancel()
 	close(j.done)
 }

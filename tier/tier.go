@@ -318,42 +318,62 @@ func (t *Tier) Get(ctx context.Context, hashes []uint64, dst [][]byte) []error {
 	if len(dst) != len(hashes)*nk {
 		panic(fmt.Sprintf("tier: Get of %d blocks into %d buffers (%d keys)", len(hashes), len(dst), nk))
 	}
+	rows, errs := t.Fetch(ctx, hashes)
+	for i, r := range rows {
+		if errs[i/nk] != nil {
+			continue
+		}
+		if len(dst[i]) != len(r) {
+			panic(fmt.Sprintf("tier: Get buffer of %d bytes for block %016x key %q of %d", len(dst[i]), hashes[i/nk], t.ns.Keys[i%nk].Name, len(r)))
+		}
+		copy(dst[i], r)
+	}
+	return errs
+}
+
+// Fetch is Get without the copy: rows[j*nk+k] is block j's rows of key k,
+// a read-only view into the value fetched (valid as long as the caller
+// keeps it; never modify it: an embedded store's values are its own), nil
+// where block j was not served (errs[j] says why).
+func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs []error) {
+	nk := len(t.ns.Keys)
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
-	vals, errs := t.b.Get(ctx, keys)
-	out := make([]error, len(hashes))
+	vals, berrs := t.b.Get(ctx, keys)
+	rows = make([][]byte, len(keys))
+	errs = make([]error, len(hashes))
 	for i := range keys {
 		j, k := i/nk, i%nk
 		var err error
 		key := t.ns.Keys[k]
 		switch {
-		case errs[i] != nil:
+		case berrs[i] != nil:
 			t.errs.Add(1)
-			err = fmt.Errorf("%w: %w", ErrMiss, errs[i])
+			err = fmt.Errorf("%w: %w", ErrMiss, berrs[i])
 		case vals[i] == nil:
 			t.misses.Add(1)
 			err = fmt.Errorf("%w: %s", ErrMiss, keys[i])
 		default:
-			var rows []byte
-			rows, err = decode(vals[i], key.Name, hashes[j], t.ns.BlockSize, key.RowBytes)
+			rows[i], err = decode(vals[i], key.Name, hashes[j], t.ns.BlockSize, key.RowBytes)
 			if err != nil {
 				t.corrupt.Add(1)
 				err = fmt.Errorf("%s: %w", keys[i], err)
 				break
 			}
-			if len(dst[i]) != len(rows) {
-				panic(fmt.Sprintf("tier: Get buffer of %d bytes for block %016x key %q of %d", len(dst[i]), hashes[j], key.Name, len(rows)))
-			}
-			copy(dst[i], rows)
 			t.hits.Add(1)
-			t.bytesGot.Add(int64(len(rows)))
+			t.bytesGot.Add(int64(len(rows[i])))
 		}
-		if err != nil && out[j] == nil {
-			out[j] = err
+		if err != nil && errs[j] == nil {
+			errs[j] = err
 		}
 	}
-	return out
+	for j, err := range errs {
+		if err != nil {
+			clear(rows[j*nk : (j+1)*nk]) // a block is served whole or not at all
+		}
+	}
+	return rows, errs
 }
 
 // Lookup returns how many leading blocks of hashes the tier holds (every

@@ -284,3 +284,27 @@ func TestOpenSpecs(t *testing.T) {
 		t.Fatalf("Get after Close: %v, want ErrClosed", errs[0])
 	}
 }
+
+func TestNewValuePutValues(t *testing.T) {
+	e, _ := NewEmbedded(0)
+	tr := newTier(t, e)
+	hs := hashes(0, 3)
+	var vals [][]byte
+	for _, h := range hs {
+		for k := range testNS.Keys {
+			v, r := tr.NewValue(h, k)
+			copy(r, rows(testNS, h, k))
+			vals = append(vals, v)
+		}
+	}
+	if _, err := tr.PutValues(context.Background(), hs, vals[:5]); !errors.Is(err, ErrConfig) {
+		t.Fatalf("PutValues of 5 values for 3 blocks of 2 keys: %v, want ErrConfig", err)
+	}
+	if n, err := tr.PutValues(context.Background(), hs, vals); err != nil || n != int64(3*(tr.ValueBytes(0)+tr.ValueBytes(1))) {
+		t.Fatalf("PutValues = %d, %v", n, err)
+	}
+	dst := dstFor(tr, 3)
+	if got := checkServed(t, tr, hs, dst, tr.Get(context.Background(), hs, dst)); got != 3 {
+		t.Fatalf("%d of 3 served", got)
+	}
+}

@@ -73,11 +73,22 @@ type ReplicaReport struct {
 	Imports                int   `json:"imports"`
 	ImportP50Ns            int64 `json:"import_latency_p50_ns"`
 	ImportP99Ns            int64 `json:"import_latency_p99_ns"`
-	// EngineNs is the engine goroutine's time in Begin + Save +
-	// Materialize/Discard; LookupNs its time in Cache.Lookup (the
-	// scheduler's tier query, a network round trip on Redis).
+	// EngineNs is the engine goroutine's time in Begin + Save + Discard;
+	// MaterializeNs the time in Materialize (called right after Save here,
+	// so it includes waiting for the step's imports and prefetch; an
+	// engine calls it a step late, on its output goroutine); LookupNs the
+	// time in Cache.Lookup (the scheduler's tier query, a network round
+	// trip on Redis).
 	EngineNs        int64   `json:"engine_ns_total"`
 	EngineNsPerStep float64 `json:"engine_ns_per_step_mean"`
+	MaterializeNs   int64   `json:"materialize_ns_total"`
+	// PaceNs is the time waited, untimed, in the forward of every step that
+	// is not a pure decode (Options.Pace's Sync): the simulator's forward
+	// takes no time, a real one gives the committer (and a step's tier
+	// import, fetched since Begin) that long. StallNs is the cache's
+	// Stats.StallNanos: waits inside Save on back-pressure.
+	PaceNs  int64 `json:"pace_ns_total"`
+	StallNs int64 `json:"stall_ns_total"`
 	LookupNs        int64   `json:"lookup_ns_total"`
 	LookupErrors    int64   `json:"lookup_errors"`
 	RequestErrors   int64   `json:"request_errors"`
@@ -282,6 +293,9 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 	t.TierPublishDropped += pr.TierPublishDropped
 	t.Imports += pr.Imports
 	t.EngineNs += pr.EngineNs
+	t.MaterializeNs += pr.MaterializeNs
+	t.PaceNs += pr.PaceNs
+	t.StallNs += pr.StallNs
 	t.LookupNs += pr.LookupNs
 	t.LookupErrors += pr.LookupErrors
 	t.RequestErrors += pr.RequestErrors
@@ -318,7 +332,7 @@ type replica struct {
 	mu  sync.Mutex
 	lat []int64 // import latencies (OnImport, on the committer)
 
-	engineNs, lookupNs, lookupErrs, reqErrs, failedTok int64
+	engineNs, matNs, paceNs, lookupNs, lookupErrs, reqErrs, failedTok int64
 }
 
 // Load implements sim.External: the leading blocks the shared KV store
@@ -376,6 +390,13 @@ func (r *replica) step() error {
 		out.Tensors = append(out.Tensors, omnicache.Tensor{Host: bufs[k], Rows: st.Tokens, Owned: true})
 	}
 	r.rec.set(st)
+	if !st.PureDecode {
+		t = time.Now()
+		if err := r.c.Sync(); err != nil {
+			return fmt.Errorf("step %d: pacing sync: %w", st.Index, err)
+		}
+		r.paceNs += time.Since(t).Nanoseconds()
+	}
 	t = time.Now()
 	id, err := r.c.Save(&out)
 	if err != nil {
@@ -396,7 +417,7 @@ func (r *replica) step() error {
 	}
 	t = time.Now()
 	err = r.c.Materialize(id, asked, &r.res)
-	r.engineNs += time.Since(t).Nanoseconds()
+	r.matNs += time.Since(t).Nanoseconds()
 	var re *omnicache.RequestError
 	if err != nil && !errors.As(err, &re) {
 		return fmt.Errorf("step %d: materialize: %w", st.Index, err)
@@ -438,7 +459,7 @@ func (r *replica) failed(st *sim.Step, asked []int64) []int64 {
 func (r *replica) finish() (ReplicaReport, error) {
 	pr := ReplicaReport{Replica: r.idx, Requests: r.s.Arrived, Steps: r.s.Steps, QueriedTokens: r.s.Queried,
 		LocalHitTokens: r.s.Hit - r.s.ExtHit, TierHitTokens: r.s.ExtHit - r.failedTok, TierImportFailedTokens: r.failedTok,
-		EngineNs: r.engineNs, LookupNs: r.lookupNs, LookupErrors: r.lookupErrs, RequestErrors: r.reqErrs}
+		EngineNs: r.engineNs, MaterializeNs: r.matNs, PaceNs: r.paceNs, LookupNs: r.lookupNs, LookupErrors: r.lookupErrs, RequestErrors: r.reqErrs}
 	if r.c != nil {
 		if err := r.c.Sync(); err != nil {
 			return pr, fmt.Errorf("sync: %w", err)
@@ -456,6 +477,7 @@ func (r *replica) finish() (ReplicaReport, error) {
 			return pr, fmt.Errorf("close: %w", err)
 		}
 		pr.TierBytesPublished, pr.TierBytesImported, pr.TierPublishDropped = st.TierBytesPublished, st.TierBytesImported, st.TierPublishDropped
+		pr.StallNs = st.StallNanos
 	}
 	r.mu.Lock()
 	lat := slices.Clone(r.lat)
@@ -597,14 +619,15 @@ func (s routed) Next() (sim.Request, bool, error) {
 // WriteReplicaTable writes the per-replica and total lines of reps.
 func WriteReplicaTable(w interface{ Write([]byte) (int, error) }, reps []*ReplicasReport) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10s %10s %9s %9s %9s %10s %10s %8s\n", "workload", "replica", "tier",
-		"hit", "local", "local tok", "tier tok", "publ", "impt", "imp p50", "imp p99", "eng/step", "verify")
+	fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10s %10s %9s %9s %9s %10s %10s %10s %8s\n", "workload", "replica", "tier",
+		"hit", "local", "local tok", "tier tok", "publ", "impt", "imp p50", "imp p99", "eng/step", "mat/step", "verify")
 	for _, r := range reps {
 		line := func(name string, x ReplicaReport) {
-			fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10d %10d %9s %9s %9s %10s %10s %8s\n", shortName(r.Name), name, shortTier(r.Tier),
+			fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10d %10d %9s %9s %9s %10s %10s %10s %8s\n", shortName(r.Name), name, shortTier(r.Tier),
 				pct(x.HitRate, 1), pct(float64(x.LocalHitTokens)/math.Max(1, float64(x.QueriedTokens)), 1),
 				x.LocalHitTokens, x.TierHitTokens, shortBytes(x.TierBytesPublished), shortBytes(x.TierBytesImported),
-				dur(float64(x.ImportP50Ns)), dur(float64(x.ImportP99Ns)), dur(x.EngineNsPerStep), verifyCol(r.Verify, x.VerifyFailures))
+				dur(float64(x.ImportP50Ns)), dur(float64(x.ImportP99Ns)), dur(x.EngineNsPerStep),
+				dur(float64(x.MaterializeNs)/math.Max(1, float64(x.Steps))), verifyCol(r.Verify, x.VerifyFailures))
 		}
 		for _, pr := range r.PerReplica {
 			line(fmt.Sprint(pr.Replica), pr)

@@ -80,6 +80,7 @@ type replayFlags struct {
 	replicas      int    // replicas.go
 	tier          string // replicas.go
 	route         string // replicas.go
+	sharedKV      int    // replicas.go
 
 	// Parsed by checkFlags.
 	dev     deviceSpec

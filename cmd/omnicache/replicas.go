@@ -18,6 +18,7 @@ import (
 func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.IntVar(&f.replicas, "replicas", 0, "run N engine replicas behind a router, sharing a simulated KV store and one tier (0: one engine, cache off vs on)")
 	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
+	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, oldest out first (0: 4 × the KV pool)")
 	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
 }
 
@@ -27,8 +28,11 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	if f.replicas < 0 || f.replicas > maxReplicas {
 		return fmt.Errorf("--replicas %d: want 0..%d", f.replicas, maxReplicas)
 	}
+	if f.sharedKV < 0 || f.sharedKV > maxKVBlocks {
+		return fmt.Errorf("--shared-kv-blocks %d: want 0..%d", f.sharedKV, maxKVBlocks)
+	}
 	if f.replicas == 0 {
-		for _, name := range []string{"tier", "route"} {
+		for _, name := range []string{"tier", "route", "shared-kv-blocks"} {
 			if set[name] {
 				return fmt.Errorf("--%s applies to --replicas only", name)
 			}
@@ -69,7 +73,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		js = json.NewEncoder(jf)
 	}
 	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, Route: f.route, Verify: f.verify,
-		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks}
+		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV}
 	var reps []*bench.ReplicasReport
 	var failed error
 	for _, s := range specs {

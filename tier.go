@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,7 @@ const (
 	DefaultPublishQueue  = 4096 // blocks
 	DefaultPublishBatch  = 64   // blocks per pipelined store
 	DefaultImporters     = 2
+	DefaultPublishers    = 2
 )
 
 // TierConfig attaches a shared tier to a cache.
@@ -65,9 +67,10 @@ type TierConfig struct {
 	// PublishQueue bounds the blocks waiting to be published; past it
 	// blocks are dropped and counted. PublishBatch bounds one store.
 	PublishQueue, PublishBatch int
-	// Importers is the number of goroutines fetching imports (a fetch that
-	// finds them all busy and PublishQueue/… full fails at once).
-	Importers int
+	// Importers is the number of goroutines fetching imports (an import
+	// that finds them all busy and their queue full fails at once);
+	// Publishers the number storing published blocks.
+	Importers, Publishers int
 	// OnImport, when set, is called once per import that ran (from the
 	// committer goroutine; keep it short) with its blocks, failed blocks,
 	// row bytes imported and latency from Begin to the rows being in the
@@ -155,28 +158,35 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 	if c.Importers == 0 {
 		c.Importers = DefaultImporters
 	}
-	if c.ImportTimeout < 0 || c.PublishQueue < 0 || c.PublishBatch < 0 || c.Importers < 0 || c.Importers > 256 {
-		return bad("negative ImportTimeout, PublishQueue or PublishBatch, or Importers outside [0,256]")
+	if c.Publishers == 0 {
+		c.Publishers = DefaultPublishers
+	}
+	if c.ImportTimeout < 0 || c.PublishQueue < 0 || c.PublishBatch < 0 || c.Importers < 0 || c.Importers > 256 || c.Publishers < 0 || c.Publishers > 256 {
+		return bad("negative ImportTimeout, PublishQueue or PublishBatch, or Importers or Publishers outside [0,256]")
 	}
 	if cfg.WaitTimeout >= 0 && 4*c.ImportTimeout > cfg.WaitTimeout {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}
 	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
 		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan pubBlock, c.PublishQueue)}
-	for i := 0; i < c.Importers; i++ {
+	// Goroutines labelled for CPU profiles, as the committer.
+	run := func(label string, f func()) {
 		tl.wg.Add(1)
-		go func() {
+		go pprof.Do(context.Background(), pprof.Labels("omnicache", label), func(context.Context) {
 			defer tl.wg.Done()
+			f()
+		})
+	}
+	for i := 0; i < c.Importers; i++ {
+		run("tier-importer", func() {
 			for j := range tl.fetchQ {
 				tl.fetch(j)
 			}
-		}()
+		})
 	}
-	tl.wg.Add(1)
-	go func() {
-		defer tl.wg.Done()
-		tl.publish()
-	}()
+	for i := 0; i < c.Publishers; i++ {
+		run("tier-publisher", tl.publish)
+	}
 	return tl, nil
 }
 
@@ -472,7 +482,7 @@ func (g *publishGather) Block(j int, ok bool) {
 
 func (g *publishGather) Done(bool) {}
 
-// publish runs on the publisher goroutine until the queue is closed: it
+// publish runs on a publisher goroutine until the queue is closed: it
 // stores up to PublishBatch queued blocks per pipelined batch.
 func (tl *tierLink) publish() {
 	var hashes []uint64

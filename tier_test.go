@@ -405,7 +405,7 @@ func TestTierPublishDropsUnderPressure(t *testing.T) {
 	}
 	defer tr.Close()
 	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
-		Tier: &omnicache.TierConfig{Tier: tr, PublishQueue: 2, PublishBatch: 1}})
+		Tier: &omnicache.TierConfig{Tier: tr, PublishQueue: 2, PublishBatch: 1, Publishers: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,13 +87,13 @@ type ReplicaReport struct {
 	// takes no time, a real one gives the committer (and a step's tier
 	// import, fetched since Begin) that long. StallNs is the cache's
 	// Stats.StallNanos: waits inside Save on back-pressure.
-	PaceNs  int64 `json:"pace_ns_total"`
-	StallNs int64 `json:"stall_ns_total"`
-	LookupNs        int64   `json:"lookup_ns_total"`
-	LookupErrors    int64   `json:"lookup_errors"`
-	RequestErrors   int64   `json:"request_errors"`
-	VerifiedRows    int64   `json:"verified_rows"`
-	VerifyFailures  int64   `json:"verify_failures"`
+	PaceNs         int64 `json:"pace_ns_total"`
+	StallNs        int64 `json:"stall_ns_total"`
+	LookupNs       int64 `json:"lookup_ns_total"`
+	LookupErrors   int64 `json:"lookup_errors"`
+	RequestErrors  int64 `json:"request_errors"`
+	VerifiedRows   int64 `json:"verified_rows"`
+	VerifyFailures int64 `json:"verify_failures"`
 }
 
 // ReplicasReport is a replay with replicas: totals over the replicas, each

@@ -51,6 +51,10 @@ type ReplicaOptions struct {
 	SharedKVBlocks int
 	// ImportTimeout is TierConfig.ImportTimeout (0: its default).
 	ImportTimeout time.Duration
+	// AfterRound, when set, is called after every round of the cache-on
+	// run (one step of each replica still running), with the round's index
+	// (tests kill a tier node mid-run).
+	AfterRound func(round int)
 }
 
 // ReplicaReport is one replica's (or, in ReplicasReport, all replicas')
@@ -250,7 +254,10 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 			r.ver = newVerifier(spec.Keys, per*o.BlockSize, o.BlockSize)
 		}
 	}
-	for active := n; active > 0; {
+	for active, round := n, 0; active > 0; round++ {
+		if round > 0 && withCache && o.AfterRound != nil {
+			o.AfterRound(round - 1)
+		}
 		active = 0
 		for _, r := range reps {
 			if r.done {

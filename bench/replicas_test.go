@@ -129,3 +129,36 @@ func TestReplicasRedisCluster(t *testing.T) {
 		t.Fatalf("the cluster tier served nothing: %+v", rep.ReplicaReport)
 	}
 }
+
+// TestReplicasRedisNodeKilled kills a cluster master mid-run: lookups and
+// imports of its blocks fail (counted: fewer tier hits, failed requests),
+// the replay completes and no replica serves a wrong row.
+func TestReplicasRedisNodeKilled(t *testing.T) {
+	c := redistest.StartCluster(t, redistest.Options{})
+	spec := sessions(t, 10, 6)
+	full, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: c.Spec(), Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := redistest.StartCluster(t, redistest.Options{})
+	killed := false
+	rep, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: c2.Spec(), Verify: true, AfterRound: func(round int) {
+		if round == 8 && !killed {
+			killed = true
+			c2.Nodes[2].Kill()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err) // a wrong row is ErrVerify
+	}
+	checkReplicas(t, rep, 4)
+	t.Logf("node killed: hit %.3f (tier %d tokens, %d failed imports' tokens, %d lookup errors, %d request errors); intact cluster: hit %.3f (tier %d tokens)",
+		rep.HitRate, rep.TierHitTokens, rep.TierImportFailedTokens, rep.LookupErrors, rep.RequestErrors, full.HitRate, full.TierHitTokens)
+	if !killed {
+		t.Fatal("the run ended before the kill")
+	}
+	if rep.TierHitTokens >= full.TierHitTokens || rep.LookupErrors+rep.RequestErrors == 0 {
+		t.Fatalf("the dead node cost nothing: %d tier tokens (intact %d), %d lookup errors, %d request errors",
+			rep.TierHitTokens, full.TierHitTokens, rep.LookupErrors, rep.RequestErrors)
+	}
+}

@@ -2,10 +2,22 @@ package tier
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/omnicache/omnicache/internal/redistest"
 )
@@ -224,5 +236,63 @@ func TestRedisClusterNodeKilled(t *testing.T) {
 	}
 	if st := tr.Stats(); st.Errs == 0 {
 		t.Fatalf("stats %+v: the lost blocks are not counted", st)
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key (PEM) and
+// returns their paths and a pool trusting it.
+func selfSigned(t *testing.T) (cert, key string, pool *x509.CertPool) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cert, key = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(c)
+	return cert, key, pool
+}
+
+func TestRedisTLS(t *testing.T) {
+	cert, key, pool := selfSigned(t)
+	s := redistest.Start(t, redistest.Options{Password: "pw", TLSCert: cert, TLSKey: key})
+	tr := redisTier(t, RedisOptions{Addrs: []string{s.Addr}, Password: "pw", TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	if got := tr.String(); got != "rediss://"+s.Addr {
+		t.Fatalf("backend %q", got)
+	}
+	roundTrip(t, tr, 8)
+	// Plain TCP to a TLS port, and TLS that does not trust the server:
+	// both fail to connect, as unavailable (not as a password problem).
+	for _, opt := range []RedisOptions{
+		{Addrs: []string{s.Addr}, Password: "pw", DialTimeout: time.Second, IOTimeout: time.Second},
+		{Addrs: []string{s.Addr}, Password: "pw", TLS: &tls.Config{MinVersion: tls.VersionTLS12}},
+	} {
+		r, err := NewRedis(opt)
+		if err == nil {
+			r.Close()
+			t.Fatalf("TLS %v: connected", opt.TLS != nil)
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("TLS %v: %v, want ErrUnavailable", opt.TLS != nil, err)
+		}
 	}
 }

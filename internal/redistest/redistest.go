@@ -9,6 +9,7 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -27,6 +28,7 @@ type Server struct {
 	cmd    *exec.Cmd
 	pass   string
 	dead   bool
+	tls    bool
 	exited chan struct{}
 }
 
@@ -61,8 +63,11 @@ type Options struct {
 	Password  string   // requirepass (the default user)
 	ACL       []string // extra ACL SETUSER rules, e.g. "omni on >pw ~* +@all"
 	MaxMemory string   // e.g. "2mb": with maxmemory-policy allkeys-lru
-	Cluster   bool     // cluster-enabled (a node of a cluster Start3 makes)
-	Args      []string
+	Cluster   bool     // cluster-enabled (a node of a cluster StartCluster makes)
+	// TLSCert and TLSKey (PEM files) make the server speak TLS only, on
+	// the port (no client certificates).
+	TLSCert, TLSKey string
+	Args            []string
 }
 
 // Start runs one redis-server and waits until it answers PING (bounded).
@@ -83,7 +88,12 @@ func Start(t testing.TB, o Options) *Server {
 func start(t testing.TB, bin string, o Options) (*Server, error) {
 	dir := t.TempDir()
 	port := freePort(t)
-	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+	portArgs := []string{"--port", strconv.Itoa(port)}
+	if o.TLSCert != "" {
+		portArgs = []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--tls-cert-file", o.TLSCert,
+			"--tls-key-file", o.TLSKey, "--tls-auth-clients", "no"}
+	}
+	args := []string{"--bind", "127.0.0.1", "--dir", dir,
 		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning",
 		"--logfile", filepath.Join(dir, "redis.log")}
 	if o.Password != "" {
@@ -100,12 +110,12 @@ func start(t testing.TB, bin string, o Options) (*Server, error) {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no")
 	}
-	args = append(args, o.Args...)
+	args = append(append(args, portArgs...), o.Args...)
 	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, cmd: cmd, pass: o.Password}
+	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, cmd: cmd, pass: o.Password, tls: o.TLSCert != ""}
 	t.Cleanup(s.Kill)
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -128,7 +138,14 @@ func start(t testing.TB, bin string, o Options) (*Server, error) {
 
 // ping sends an inline PING (AUTH first when the server has a password).
 func (s *Server) ping() bool {
-	c, err := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond)
+	d := &net.Dialer{Timeout: 200 * time.Millisecond}
+	var c net.Conn
+	var err error
+	if s.tls {
+		c, err = tls.DialWithDialer(d, "tcp", s.Addr, &tls.Config{InsecureSkipVerify: true}) // the test's own server, probed for liveness only
+	} else {
+		c, err = d.Dial("tcp", s.Addr)
+	}
 	if err != nil {
 		return false
 	}
@@ -164,6 +181,9 @@ func (s *Server) Cli(t testing.TB, args ...string) string {
 	t.Helper()
 	_, cli := Need(t)
 	base := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(s.Port)}
+	if s.tls {
+		base = append(base, "--tls", "--insecure")
+	}
 	if s.pass != "" {
 		base = append(base, "--no-auth-warning", "-a", s.pass)
 	}

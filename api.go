@@ -24,11 +24,16 @@
 // goroutine of its own, the committer (pprof label omnicache=committer),
 // which moves host-ready rows into the mirror, and Config.CopyWorkers-1
 // copy workers (omnicache=copy-worker) that large scatters and hit gathers
-// are split across.
+// are split across. With a tier (Config.Tier) it also runs
+// TierConfig.Importers importers (omnicache=tier-importer) and
+// TierConfig.Publishers publishers (omnicache=tier-publisher), the only
+// goroutines that talk to the tier's network.
 //
 // Layout: this package is the engine contract (api.go, errors.go,
 // result.go, config.go) with one short orchestration per call (cache.go,
-// begin.go); the write path is writer.Path, the read path package reader.
+// begin.go); the write path is writer.Path, the read path package reader;
+// the shared tier's side (Lookup, imports, publishing) is tier.go,
+// tier_import.go and tier_publish.go.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched

@@ -531,3 +531,54 @@ func TestTierCloseLeavesNothing(t *testing.T) {
 		t.Fatalf("%d goroutines after Close, %d before New", n, before)
 	}
 }
+
+// hungBackend never answers a Get until released, whatever the context
+// says: the worst a network can do.
+type hungBackend struct {
+	tier.Backend
+	release chan struct{}
+}
+
+func (h *hungBackend) Get(ctx context.Context, keys []string) ([][]byte, []error) {
+	<-h.release
+	return h.Backend.Get(ctx, keys)
+}
+
+// TestTierImportNeverBlocksTheEngine: with a tier that hangs, Begin and
+// Save return (the test would hang otherwise), and Materialize gives up on
+// the import after its bound, failing only the importing request.
+func TestTierImportNeverBlocksTheEngine(t *testing.T) {
+	e, _ := tier.NewEmbedded(0)
+	hb := &hungBackend{Backend: e, release: make(chan struct{})}
+	tr, err := tier.New(hb, tns(), tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	a := newTierCache(t, tr, nil)
+	publishPrompt(t, a, 7)
+	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
+		Tier: &omnicache.TierConfig{Tier: tr, ImportTimeout: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := make([]int32, 2*tstride)
+	copy(table, []int32{10, 3, 0, 1})
+	copy(table[tstride:], []int32{12})
+	res, err := tstep(t, c, table, []treq{
+		{id: 9, seq: 7, row: 0, start: 12, count: 1, arrive: true, hitBlocks: []int32{10, 3, 0}, tierBlocks: 3},
+		{id: 20, seq: 20, row: 1, start: 0, count: 2, arrive: true},
+	}, nil)
+	var te *omnicache.TierImportError
+	if !errors.As(err, &te) || te.Request != 9 || te.Index != 0 || !errors.Is(err, tier.ErrUnavailable) {
+		t.Fatalf("Materialize: %v; want request 9's import to give up (ErrUnavailable) at its first block", err)
+	}
+	checkRows(t, res, 1, 20, 0)
+	if st := c.Stats(); st.TierImportFailed != 3 {
+		t.Fatalf("stats %+v: want 3 failed blocks", st)
+	}
+	close(hb.release) // the importer's fetch returns; Close then stops it
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

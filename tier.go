@@ -19,12 +19,14 @@ import (
 //     their chained hashes. Once their rows are committed to the mirror the
 //     cache publishes them to the tier in the background: the committer
 //     gathers the rows in queue order and hands them to a bounded publish
-//     queue; a publisher goroutine stores them (one pipelined batch at a
-//     time). A full queue drops the block and counts it
+//     queue; the publisher goroutines store them (one pipelined batch at a
+//     time each). A full queue drops the block and counts it
 //     (Stats.TierPublishDropped): the engine goroutine never waits on the
 //     network.
 //   - Cache.Lookup(hashes): how many leading blocks the tier holds, for the
-//     scheduler to intersect with what its KV connector can load.
+//     scheduler to intersect with what its KV connector can load. It is the
+//     one call that asks the network on its caller's goroutine (bounded by
+//     the tier's timeout); Begin, Save, Discard never do.
 //   - Plan.TierBlocks / TierHashes: an arrival whose trailing hit blocks'
 //     KV was loaded from outside names them (their local block ids are the
 //     last TierBlocks[i] of its hit blocks). Begin hands the fetch to an

@@ -70,9 +70,6 @@ func NewRedis(opt RedisOptions) (*Redis, error) {
 		// backoff up to the batch's timeout.
 		DisableRetry: true,
 	}
-	if opt.Cluster {
-		co.ClusterOption.ShardsRefreshInterval = 0
-	}
 	c, err := rueidis.NewClient(co)
 	if err != nil {
 		return nil, classify(fmt.Sprintf("connect %v", opt.Addrs), err)

@@ -46,6 +46,7 @@ func (r *replica) Load(hashes []uint64) int {
 	if err != nil {
 		r.lookupErrs++
 	}
+	r.kv.touch(hashes[:m])
 	return m
 }
 

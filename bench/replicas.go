@@ -42,8 +42,8 @@ type ReplicaOptions struct {
 	// automatic pool of one engine serving the spec: AutoKVBlocks). Each
 	// replica runs ceil(Concurrency/Replicas) requests at once.
 	KVBlocks int
-	// SharedKVBlocks bounds the simulated shared KV store (blocks, oldest
-	// out first; 0: 4 × KVBlocks).
+	// SharedKVBlocks bounds the simulated shared KV store (blocks, least
+	// recently stored or loaded out first; 0: 4 × KVBlocks).
 	SharedKVBlocks int
 	// ImportTimeout is TierConfig.ImportTimeout (0: its default).
 	ImportTimeout time.Duration

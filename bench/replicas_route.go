@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"container/list"
 	"fmt"
 	"math"
 	"strings"
@@ -11,41 +12,51 @@ import (
 )
 
 // sharedKV is the simulated shared KV store: the chained hashes of the
-// blocks any replica computed, oldest out first past its capacity.
+// blocks any replica computed, least recently stored or loaded out first
+// past its capacity (as an LRU store: LMCache, Mooncake).
 type sharedKV struct {
-	cap  int
-	set  map[uint64]struct{}
-	ring []uint64
-	next int
+	cap int
+	idx map[uint64]*list.Element
+	lru *list.List // front: most recent; values are uint64 hashes
 }
 
 func newSharedKV(capBlocks int) *sharedKV {
-	return &sharedKV{cap: capBlocks, set: make(map[uint64]struct{}, capBlocks)}
+	return &sharedKV{cap: capBlocks, idx: make(map[uint64]*list.Element, capBlocks), lru: list.New()}
 }
 
+// add stores blocks (a replica computed them).
 func (kv *sharedKV) add(hashes []uint64) {
 	for _, h := range hashes {
-		if _, ok := kv.set[h]; ok {
+		if el, ok := kv.idx[h]; ok {
+			kv.lru.MoveToFront(el)
 			continue
 		}
-		if len(kv.ring) < kv.cap {
-			kv.ring = append(kv.ring, h)
-		} else {
-			delete(kv.set, kv.ring[kv.next])
-			kv.ring[kv.next] = h
-			kv.next = (kv.next + 1) % kv.cap
+		if kv.lru.Len() >= kv.cap {
+			old := kv.lru.Back()
+			delete(kv.idx, old.Value.(uint64))
+			kv.lru.Remove(old)
 		}
-		kv.set[h] = struct{}{}
+		kv.idx[h] = kv.lru.PushFront(h)
 	}
 }
 
+// leading is how many leading blocks of hashes the store holds.
 func (kv *sharedKV) leading(hashes []uint64) int {
 	for i, h := range hashes {
-		if _, ok := kv.set[h]; !ok {
+		if _, ok := kv.idx[h]; !ok {
 			return i
 		}
 	}
 	return len(hashes)
+}
+
+// touch marks blocks loaded (most recently used).
+func (kv *sharedKV) touch(hashes []uint64) {
+	for _, h := range hashes {
+		if el, ok := kv.idx[h]; ok {
+			kv.lru.MoveToFront(el)
+		}
+	}
 }
 
 // router hands a shared source's requests to the replicas' sources: round

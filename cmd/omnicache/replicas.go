@@ -18,7 +18,7 @@ import (
 func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.IntVar(&f.replicas, "replicas", 0, "run N engine replicas behind a router, sharing a simulated KV store and one tier (0: one engine, cache off vs on)")
 	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
-	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, oldest out first (0: 4 × the KV pool)")
+	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
 	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
 }
 

@@ -290,5 +290,8 @@ type Stats struct {
 	// imported.
 	TierPublished, TierPublishDropped, TierPublishSkipped, TierPublishErrors int64
 	TierBytesPublished                                                       int64
-	TierImported, TierImportFailed, TierBytesImported                        int64
+	// TierPublishPending is the blocks in the publish queue or being
+	// stored now (a gauge).
+	TierPublishPending                                int64
+	TierImported, TierImportFailed, TierBytesImported int64
 }

@@ -365,7 +365,7 @@ func (c *Cache) Sync() error {
 		if err := c.path.FlushBuffer(); err != nil {
 			return err
 		}
-		c.pushPublishes() // the flushed blocks' publishes land before Sync returns
+		c.pushPublishes(c.publishable()) // the flushed steps' blocks (not a begun step's) before Sync returns
 	}
 	return c.path.Sync()
 }

@@ -119,6 +119,7 @@ type tierLink struct {
 	byStep map[uint64]*importJob // guarded by Cache.mu
 
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
+	pending                                        atomic.Int64 // queued or being stored
 	imported, importFailed, bytesImp               atomic.Int64
 }
 
@@ -266,7 +267,7 @@ func (c *Cache) tierSaved(id uint64) {
 		c.mu.Unlock()
 		e.imp = nil
 	}
-	c.pushPublishes()
+	c.pushPublishes(len(c.te.pubBlocks)) // the saved step's rows were handed over, unless parked
 }
 
 // tierUnbegin drops the begun step's import and full blocks (its queued
@@ -298,6 +299,6 @@ func (c *Cache) tierStats(s *Stats) {
 		return
 	}
 	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = tl.published.Load(), tl.dropped.Load(), tl.skipped.Load()
-	s.TierPublishErrors, s.TierBytesPublished = tl.pubErrs.Load(), tl.bytesPub.Load()
+	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = tl.pubErrs.Load(), tl.bytesPub.Load(), tl.pending.Load()
 	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
 }

@@ -97,3 +97,66 @@ func BenchmarkTierImport(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkTierStep is the engine goroutine's cost (Begin + Save +
+// Discard) of a prefill step that completes 4 blocks and arrives with a
+// hit, without a tier and with one (embedded; the step's full blocks
+// published, no import). The committer and publishers run beside it.
+func BenchmarkTierStep(b *testing.B) {
+	const bs, rowBytes, nb = 16, 1024, 64
+	for _, withTier := range []bool{false, true} {
+		b.Run(fmt.Sprintf("tier=%v", withTier), func(b *testing.B) {
+			cfg := omnicache.Config{NumBlocks: nb, BlockSize: bs, Keys: []omnicache.Key{{Name: "hidden", RowBytes: rowBytes}}}
+			if withTier {
+				e, _ := tier.NewEmbedded(64 << 20)
+				tr, err := tier.New(e, tier.Namespace{Model: "b", BlockSize: bs, Keys: []tier.Key{{Name: "hidden", RowBytes: rowBytes}}}, tier.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer tr.Close()
+				cfg.Tier = &omnicache.TierConfig{Tier: tr}
+			}
+			c, err := omnicache.New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			const stride = 8
+			table := make([]int32, 2*stride)
+			out := make([]byte, 4*bs*rowBytes)
+			full := make([]int32, 4)
+			hashes := make([]uint64, 4)
+			id := int64(0)
+			for b.Loop() {
+				id++
+				row := int32(id % 2)
+				base := int32(id%8) * 4 // blocks cycle through the pool
+				for j := range full {
+					full[j] = base + int32(j)
+					table[int(row)*stride+j] = full[j]
+					hashes[j] = uint64(id)<<8 | uint64(j)
+				}
+				p := &omnicache.Plan{IDs: []int64{id}, Rows: []int32{row}, Start: []int32{0}, Count: []int32{4 * bs},
+					Table: table, Stride: stride, Arrivals: []int64{id}, HitTokens: []int32{0}, FullBlocks: full, FullHashes: hashes}
+				if id > 1 {
+					p.Finished = []int64{id - 1}
+				}
+				if err := c.Begin(p); err != nil {
+					b.Fatal(err)
+				}
+				sid, err := c.Save(&omnicache.Outputs{Tokens: 4 * bs, Padded: 4 * bs, Tensors: []omnicache.Tensor{{Host: out, Rows: 4 * bs}}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := c.Discard(sid); err != nil {
+					b.Fatal(err)
+				}
+				if id%64 == 0 {
+					b.StopTimer()
+					c.Sync() // the committer keeps up, as a forward would let it
+					b.StartTimer()
+				}
+			}
+		})
+	}
+}

@@ -28,18 +28,35 @@ func (c *Cache) notePublishes(p *Plan) {
 	e.pubHashes = append(e.pubHashes, p.FullHashes...)
 }
 
-// pushPublishes queues the gather of the full blocks noted so far behind
+// pushPublishes queues the gather of the first n full blocks noted behind
 // the writes handed over: called once their rows are handed to the
 // committer (not parked in the decode buffer), before any later write can
-// reuse the blocks. Engine goroutine.
-func (c *Cache) pushPublishes() {
+// reuse the blocks. Between Begin and Save only the blocks noted before
+// the begun step qualify (n = pubMark): the begun step's rows come with its
+// Save. Engine goroutine.
+func (c *Cache) pushPublishes(n int) {
 	e := &c.te
-	if c.tl == nil || len(e.pubBlocks) == 0 || c.path.Buffered() > 0 {
+	if c.tl == nil || n == 0 || c.path.Buffered() > 0 {
 		return
 	}
-	g := &publishGather{tl: c.tl, hashes: e.pubHashes}
-	c.path.PushGather(e.pubBlocks, g)
-	e.pubBlocks, e.pubHashes = nil, nil // the gather keeps them
+	g := &publishGather{tl: c.tl, hashes: e.pubHashes[:n:n]}
+	c.path.PushGather(e.pubBlocks[:n:n], g) // the gather keeps them
+	if n == len(e.pubBlocks) {
+		e.pubBlocks, e.pubHashes = nil, nil
+	} else {
+		e.pubBlocks = append([]int32(nil), e.pubBlocks[n:]...)
+		e.pubHashes = append([]uint64(nil), e.pubHashes[n:]...)
+	}
+	e.pubMark = max(0, e.pubMark-n)
+}
+
+// publishable is how many noted full blocks may be gathered now: all of
+// them, or between Begin and Save those noted before the begun step.
+func (c *Cache) publishable() int {
+	if c.eng.begun {
+		return c.te.pubMark
+	}
+	return len(c.te.pubBlocks)
 }
 
 // publishGather reads committed full blocks straight into tier values
@@ -79,9 +96,11 @@ func (g *publishGather) Block(j int, ok bool) {
 		g.tl.skipped.Add(1)
 		return
 	}
+	g.tl.pending.Add(1)
 	select {
 	case g.tl.pubQ <- pubBlock{hash: g.hashes[j], vals: g.vals}:
 	default:
+		g.tl.pending.Add(-1)
 		g.tl.dropped.Add(1)
 	}
 	g.vals = nil
@@ -115,6 +134,7 @@ func (tl *tierLink) publish() {
 		} else {
 			tl.published.Add(int64(len(hashes)))
 		}
+		tl.pending.Add(-int64(len(hashes)))
 		clear(vals) // the backend keeps them (embedded) or is done with them
 	}
 }

@@ -582,3 +582,61 @@ func TestTierImportNeverBlocksTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTierSyncBetweenBeginAndSave: a Sync between the Begin and the Save of
+// a decode step that completes a block (the replay's pacing does this)
+// must not publish the block before the step's own row is in: the slot
+// still holds an older tenant's row.
+func TestTierSyncBetweenBeginAndSave(t *testing.T) {
+	tr, _ := embeddedTier(t)
+	c := newTierCache(t, tr, nil)
+	table := make([]int32, 2*tstride)
+	table[0] = 6                         // request 50: block 6
+	copy(table[tstride:], []int32{6, 9}) // request 1 gets block 6 once 50 finished
+	if _, err := tstep(t, c, table, []treq{{id: 50, seq: 50, row: 0, start: 0, count: 4, arrive: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{1}, Start: []int32{0}, Count: []int32{2}, Table: table, Stride: tstride,
+		Arrivals: []int64{1}, HitTokens: []int32{0}, Finished: []int64{50}}
+	step := func(p *omnicache.Plan, start, n int, syncFirst bool) {
+		t.Helper()
+		if err := c.Begin(p); err != nil {
+			t.Fatal(err)
+		}
+		if syncFirst {
+			if err := c.Sync(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := &omnicache.Outputs{Tokens: n, Padded: n}
+		for k := range tkeys {
+			o.Tensors = append(o.Tensors, omnicache.Tensor{Host: trows(3, k, start, n), Rows: n})
+		}
+		id, err := c.Save(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Discard(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(p, 0, 2, false)
+	dec := func(pos int) *omnicache.Plan {
+		return &omnicache.Plan{IDs: []int64{1}, Rows: []int32{1}, Start: []int32{int32(pos)}, Count: []int32{1}, Table: table, Stride: tstride}
+	}
+	step(dec(2), 2, 1, false) // parked
+	full := dec(3)
+	full.FullBlocks, full.FullHashes = []int32{6}, []uint64{thash(3, 0)}
+	step(full, 3, 1, true) // completes block 6; Sync between its Begin and Save
+	step(dec(4), 4, 1, false)
+	waitPublished(t, c, 1)
+	dst := [][]byte{make([]byte, tr.BlockBytes(0)), make([]byte, tr.BlockBytes(1))}
+	if errs := tr.Get(context.Background(), []uint64{thash(3, 0)}, dst); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	for k := range tkeys {
+		if string(dst[k]) != string(trows(3, k, 0, tbs)) {
+			t.Fatalf("key %d: the tier holds another tenant's row for the block", k)
+		}
+	}
+}

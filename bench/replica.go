@@ -94,6 +94,12 @@ func (r *replica) step() error {
 		if err := r.c.Sync(); err != nil {
 			return fmt.Errorf("step %d: pacing sync: %w", st.Index, err)
 		}
+		// WaitPublish: the forward also gives the publishers time, the
+		// blocks gathered so far reach the tier (bounded: a stuck tier
+		// only costs hits).
+		for i := 0; r.o.WaitPublish && i < 20000 && r.c.Stats().TierPublishPending > 0; i++ {
+			time.Sleep(50 * time.Microsecond)
+		}
 		r.paceNs += time.Since(t).Nanoseconds()
 	}
 	t = time.Now()

@@ -47,6 +47,12 @@ type ReplicaOptions struct {
 	SharedKVBlocks int
 	// ImportTimeout is TierConfig.ImportTimeout (0: its default).
 	ImportTimeout time.Duration
+	// WaitPublish extends the pacing wait until every block gathered so
+	// far is stored in the tier (Stats.TierPublishPending is 0): a run's
+	// tier hits then do not depend on how fast the publishers got CPU
+	// time (the tests' runs are deterministic in what they hit), at the
+	// cost of wall time.
+	WaitPublish bool
 	// AfterRound, when set, is called after every round of the cache-on
 	// run (one step of each replica still running), with the round's index
 	// (tests kill a tier node mid-run).
@@ -83,9 +89,10 @@ type ReplicaReport struct {
 	EngineNsPerStep float64 `json:"engine_ns_per_step_mean"`
 	MaterializeNs   int64   `json:"materialize_ns_total"`
 	// PaceNs is the time waited, untimed, in the forward of every step that
-	// is not a pure decode (Options.Pace's Sync): the simulator's forward
-	// takes no time, a real one gives the committer (and a step's tier
-	// import, fetched since Begin) that long. StallNs is the cache's
+	// is not a pure decode (Options.Pace's Sync; with WaitPublish, then
+	// until the publish queue is empty): the simulator's forward takes no
+	// time, a real one gives the committer, a step's tier import (fetched
+	// since Begin) and the publishers that long. StallNs is the cache's
 	// Stats.StallNanos: waits inside Save on back-pressure.
 	PaceNs         int64 `json:"pace_ns_total"`
 	StallNs        int64 `json:"stall_ns_total"`

@@ -69,7 +69,7 @@ func checkReplicas(t *testing.T, rep *ReplicasReport, n int) {
 
 func TestReplicasEmbeddedTier(t *testing.T) {
 	spec := sessions(t, 10, 4)
-	rep, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Verify: true})
+	rep, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Verify: true, WaitPublish: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestReplicasEmbeddedTier(t *testing.T) {
 	}
 	// Without a tier the replicas hit only their own KV: the same as the
 	// simulator alone.
-	off, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: "off", Verify: true})
+	off, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: "off", Verify: true, WaitPublish: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestReplicasRoutes(t *testing.T) {
 	if _, err := RunReplicas(sessions(t, 2, 2), ReplicaOptions{Route: "random"}); err == nil {
 		t.Fatal("unknown route accepted")
 	}
-	rep, err := RunReplicas(sessions(t, 6, 4), ReplicaOptions{Replicas: 3, Route: RouteSession, Verify: true})
+	rep, err := RunReplicas(sessions(t, 6, 4), ReplicaOptions{Replicas: 3, Route: RouteSession, Verify: true, WaitPublish: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestReplicasRoutes(t *testing.T) {
 // Redis Cluster, with --verify on every replica.
 func TestReplicasRedisCluster(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.Options{})
-	rep, err := RunReplicas(sessions(t, 10, 4), ReplicaOptions{Replicas: 4, Tier: c.Spec(), Verify: true})
+	rep, err := RunReplicas(sessions(t, 10, 4), ReplicaOptions{Replicas: 4, Tier: c.Spec(), Verify: true, WaitPublish: true})
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			t.Fatalf("wrong rows: %v", err)
@@ -136,13 +136,13 @@ func TestReplicasRedisCluster(t *testing.T) {
 func TestReplicasRedisNodeKilled(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.Options{})
 	spec := sessions(t, 10, 6)
-	full, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: c.Spec(), Verify: true})
+	full, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: c.Spec(), Verify: true, WaitPublish: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c2 := redistest.StartCluster(t, redistest.Options{})
 	killed := false
-	rep, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: c2.Spec(), Verify: true, AfterRound: func(round int) {
+	rep, err := RunReplicas(spec, ReplicaOptions{Replicas: 4, Tier: c2.Spec(), Verify: true, WaitPublish: true, AfterRound: func(round int) {
 		if round == 8 && !killed {
 			killed = true
 			c2.Nodes[2].Kill()

@@ -81,6 +81,7 @@ type replayFlags struct {
 	tier          string // replicas.go
 	route         string // replicas.go
 	sharedKV      int    // replicas.go
+	waitPublish   bool   // replicas.go
 
 	// Parsed by checkFlags.
 	dev     deviceSpec

@@ -19,6 +19,7 @@ func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.IntVar(&f.replicas, "replicas", 0, "run N engine replicas behind a router, sharing a simulated KV store and one tier (0: one engine, cache off vs on)")
 	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
 	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
+	fs.BoolVar(&f.waitPublish, "wait-publish", false, "with --replicas: pace each forward until the blocks gathered so far are stored in the tier (tier hits then do not depend on the publishers' CPU time; costs wall time)")
 	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
 }
 
@@ -32,7 +33,7 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 		return fmt.Errorf("--shared-kv-blocks %d: want 0..%d", f.sharedKV, maxKVBlocks)
 	}
 	if f.replicas == 0 {
-		for _, name := range []string{"tier", "route", "shared-kv-blocks"} {
+		for _, name := range []string{"tier", "route", "shared-kv-blocks", "wait-publish"} {
 			if set[name] {
 				return fmt.Errorf("--%s applies to --replicas only", name)
 			}
@@ -73,7 +74,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		js = json.NewEncoder(jf)
 	}
 	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, Route: f.route, Verify: f.verify,
-		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV}
+		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish}
 	var reps []*bench.ReplicasReport
 	var failed error
 	for _, s := range specs {

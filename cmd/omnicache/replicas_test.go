@@ -33,7 +33,7 @@ func sessionTrace(t *testing.T, convs, turns int) string {
 func TestReplayReplicas(t *testing.T) {
 	tr := sessionTrace(t, 5, 3)
 	js := filepath.Join(t.TempDir(), "r.jsonl")
-	code, out, errs := run(t, "--trace", tr, "--replicas", "2", "--route", "round-robin", "--verify", "--json", js, "--widths", "hidden=32,extra=8:opt")
+	code, out, errs := run(t, "--trace", tr, "--replicas", "2", "--route", "round-robin", "--verify", "--wait-publish", "--concurrency", "2", "--json", js, "--widths", "hidden=32,extra=8:opt")
 	if code != 0 {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
 	}

@@ -466,15 +466,7 @@ func TestTierDecodeBufferPublishes(t *testing.T) {
 		t.Fatalf("no decode step was buffered: %+v", st)
 	}
 	waitPublished(t, c, 1)
-	dst := [][]byte{make([]byte, tr.BlockBytes(0)), make([]byte, tr.BlockBytes(1))}
-	if errs := tr.Get(context.Background(), []uint64{thash(3, 0)}, dst); errs[0] != nil {
-		t.Fatal(errs[0])
-	}
-	for k := range tkeys {
-		if string(dst[k]) != string(trows(3, k, 0, tbs)) {
-			t.Fatalf("key %d: the tier holds wrong rows", k)
-		}
-	}
+	checkTierBlock(t, tr, 3, 0)
 }
 
 // TestTierRedisNodeLost imports through a Redis node with a password, then
@@ -630,13 +622,19 @@ func TestTierSyncBetweenBeginAndSave(t *testing.T) {
 	step(full, 3, 1, true) // completes block 6; Sync between its Begin and Save
 	step(dec(4), 4, 1, false)
 	waitPublished(t, c, 1)
+	checkTierBlock(t, tr, 3, 0) // not another tenant's row
+}
+
+// checkTierBlock fails unless the tier holds prompt seq's block j, exactly.
+func checkTierBlock(t *testing.T, tr *tier.Tier, seq int64, j int) {
+	t.Helper()
 	dst := [][]byte{make([]byte, tr.BlockBytes(0)), make([]byte, tr.BlockBytes(1))}
-	if errs := tr.Get(context.Background(), []uint64{thash(3, 0)}, dst); errs[0] != nil {
+	if errs := tr.Get(context.Background(), []uint64{thash(seq, j)}, dst); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
 	for k := range tkeys {
-		if string(dst[k]) != string(trows(3, k, 0, tbs)) {
-			t.Fatalf("key %d: the tier holds another tenant's row for the block", k)
+		if string(dst[k]) != string(trows(seq, k, j*tbs, tbs)) {
+			t.Fatalf("key %d: the tier holds wrong rows for prompt %d block %d", k, seq, j)
 		}
 	}
 }

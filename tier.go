@@ -120,6 +120,7 @@ type tierLink struct {
 
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	pending                                        atomic.Int64 // queued or being stored
+	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored
 	imported, importFailed, bytesImp               atomic.Int64
 }
 
@@ -194,8 +195,12 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 }
 
 // close stops the goroutines once nothing can queue to them any more (no
-// call in flight, the committer stopped).
+// call in flight, the committer stopped). A fetch in flight ends within
+// ImportTimeout, a store in flight within the tier's timeout; blocks still
+// queued for publishing are dropped (counted), so that a dead tier cannot
+// make Close wait for every queued batch.
 func (tl *tierLink) close() {
+	tl.stopping.Store(true)
 	close(tl.fetchQ)
 	close(tl.pubQ)
 	tl.wg.Wait()

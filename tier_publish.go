@@ -114,6 +114,11 @@ func (tl *tierLink) publish() {
 	var hashes []uint64
 	var vals [][]byte
 	for b := range tl.pubQ {
+		if tl.stopping.Load() {
+			tl.pending.Add(-1)
+			tl.dropped.Add(1)
+			continue
+		}
 		hashes, vals = append(hashes[:0], b.hash), append(vals[:0], b.vals...)
 	fill:
 		for len(hashes) < tl.cfg.PublishBatch {

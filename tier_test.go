@@ -433,11 +433,14 @@ func TestTierPublishDropsUnderPressure(t *testing.T) {
 		t.Fatalf("stats %+v: want 5 blocks dropped (1 storing, 2 queued)", st)
 	}
 	close(sb.release)
+	for i := 0; i < 2000 && c.Stats().TierPublishPending > 0; i++ { // bounded: the publisher is asynchronous
+		time.Sleep(time.Millisecond)
+	}
+	if st := c.Stats(); st.TierPublished != 3 || st.TierPublishPending != 0 {
+		t.Fatalf("stats %+v; want the 3 blocks not dropped published", st)
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
-	}
-	if st := c.Stats(); st.TierPublished != 3 {
-		t.Fatalf("after Close: %+v; want the 3 blocks not dropped published", st)
 	}
 }
 
@@ -636,5 +639,53 @@ func checkTierBlock(t *testing.T, tr *tier.Tier, seq int64, j int) {
 		if string(dst[k]) != string(trows(seq, k, j*tbs, tbs)) {
 			t.Fatalf("key %d: the tier holds wrong rows for prompt %d block %d", k, seq, j)
 		}
+	}
+}
+
+// deadBackend is a tier whose stores never complete before their context
+// ends (a black-holed network).
+type deadBackend struct{ tier.Backend }
+
+func (d deadBackend) Set(ctx context.Context, keys []string, vals [][]byte) []error {
+	<-ctx.Done()
+	errs := make([]error, len(keys))
+	for i := range errs {
+		errs[i] = fmt.Errorf("%w: %w", tier.ErrUnavailable, ctx.Err())
+	}
+	return errs
+}
+
+// TestTierCloseWithDeadTier: Close returns with a tier that never stores:
+// the store in flight ends at the tier's timeout, the queued blocks are
+// dropped and counted, nothing is lost from the counts.
+func TestTierCloseWithDeadTier(t *testing.T) {
+	e, _ := tier.NewEmbedded(0)
+	tr, err := tier.New(deadBackend{e}, tns(), tier.Options{Timeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
+		Tier: &omnicache.TierConfig{Tier: tr, PublishQueue: 4, PublishBatch: 1, Publishers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := make([]int32, 8*tstride)
+	for i := 0; i < 8; i++ {
+		table[i*tstride] = int32(i)
+		if _, err := tstep(t, c, table, []treq{{id: int64(100 + i), seq: int64(100 + i), row: int32(i), start: 0, count: 4, arrive: true}},
+			map[int32]uint64{int32(i): thash(int64(100+i), 0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.TierPublished != 0 || st.TierPublishPending != 0 || st.TierPublishErrors+st.TierPublishDropped != 8 || st.TierPublishErrors == 0 {
+		t.Fatalf("stats %+v: want every one of the 8 blocks failed or dropped, none pending", st)
 	}
 }

@@ -6,13 +6,16 @@ FUZZPKGS ?= ./fuzz/ .
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
+.PHONY: help test redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-test: ## run the tests (the README's test command; what CI runs)
+test: redis ## run the tests (the README's test command; what CI runs)
 	$(GO) test -race -count=1 $(PKGS)
+
+redis: ## install redis-server when missing (the tier tests start real servers)
+	@bash .ci/redis.sh
 
 vet: ## go vet and gofmt
 	$(GO) vet $(PKGS)

@@ -24,11 +24,16 @@
 // goroutine of its own, the committer (pprof label omnicache=committer),
 // which moves host-ready rows into the mirror, and Config.CopyWorkers-1
 // copy workers (omnicache=copy-worker) that large scatters and hit gathers
-// are split across.
+// are split across. With a tier (Config.Tier) it also runs
+// TierConfig.Importers importers (omnicache=tier-importer) and
+// TierConfig.Publishers publishers (omnicache=tier-publisher), the only
+// goroutines that talk to the tier's network.
 //
 // Layout: this package is the engine contract (api.go, errors.go,
 // result.go, config.go) with one short orchestration per call (cache.go,
-// begin.go); the write path is writer.Path, the read path package reader.
+// begin.go); the write path is writer.Path, the read path package reader;
+// the shared tier's side (Lookup, imports, publishing) is tier.go,
+// tier_import.go and tier_publish.go.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched
@@ -138,6 +143,10 @@ type Config struct {
 	CopyWorkers int
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device
+	// Tier, when set, shares full blocks' rows with other caches through a
+	// content-addressed tier (see TierConfig and Plan.FullBlocks,
+	// Plan.TierBlocks, Cache.Lookup). Immediate keys only.
+	Tier *TierConfig
 	// ReleaseHost, when set, is called once for every owned host tensor
 	// (with the Host slice handed to Save) when the cache no longer needs
 	// it: its rows have landed in the mirror and every step that could read
@@ -179,6 +188,22 @@ type Plan struct {
 	Finished  []int64
 	Preempted []int64
 	Resumed   []int64
+
+	// With a tier (Config.Tier; see tier.go):
+	//
+	// FullBlocks are the full blocks this step's rows complete, with their
+	// chained hashes in FullHashes: once their rows are committed the cache
+	// publishes them to the tier in the background. Without a tier they
+	// are ignored.
+	FullBlocks []int32
+	FullHashes []uint64
+	// TierBlocks holds, per arrival (empty: none), how many of its hit
+	// blocks, the last ones, had their KV loaded from outside and have
+	// their rows imported from the tier; TierHashes concatenates those
+	// blocks' chained hashes, in arrival order. They count in HitTokens
+	// and HitBlocks like any hit block.
+	TierBlocks []int32
+	TierHashes []uint64
 }
 
 // Tensor is one key's output rows for a step.
@@ -260,4 +285,16 @@ type Stats struct {
 	ReadAheadBytes int64
 	// LiveRequests is the number of requests the cache tracks.
 	LiveRequests int
+
+	// With a tier (zero without): full blocks published to it, dropped
+	// because the publish queue was full, skipped because their rows were
+	// not all committed, and that failed to store; value bytes published;
+	// blocks imported into the mirror and imports that failed; row bytes
+	// imported.
+	TierPublished, TierPublishDropped, TierPublishSkipped, TierPublishErrors int64
+	TierBytesPublished                                                       int64
+	// TierPublishPending is the blocks in the publish queue or being
+	// stored now (a gauge).
+	TierPublishPending                                int64
+	TierImported, TierImportFailed, TierBytesImported int64
 }

@@ -77,6 +77,9 @@ func (c *Cache) Begin(p *Plan) error {
 	if err != nil {
 		return err
 	}
+	if err := c.checkTierPlan(p); err != nil {
+		return err
+	}
 	// Apply. Validation and the request table are the engine's own memory;
 	// only a Begin that writes out the decode buffer, finishes requests or
 	// plans hits reaches the write path, and only it registers as a call
@@ -98,6 +101,7 @@ func (c *Cache) Begin(p *Plan) error {
 			return err
 		}
 	}
+	c.pushPublishes(len(c.te.pubBlocks)) // the full blocks of flushed steps, before any block is reused
 	for _, id := range p.Finished {
 		if h, ok := e.reqs.Lookup(id); ok {
 			c.path.Finish(h)
@@ -107,7 +111,7 @@ func (c *Cache) Begin(p *Plan) error {
 	}
 	c.path.FlushFinished()
 	e.fresh = e.fresh[:0]
-	used := 0
+	used, tierUsed := 0, 0
 	for i, id := range p.Arrivals {
 		ht := p.HitTokens[i]
 		nb := int(ht) / c.cfg.BlockSize
@@ -119,8 +123,15 @@ func (c *Cache) Begin(p *Plan) error {
 			if ht > 0 {
 				e.reqs.Flags[e.reqs.Pos(h)] |= flagHitPending
 			}
+			if len(p.TierBlocks) > 0 {
+				c.noteImport(p, i, blocks, tierUsed)
+			}
+		}
+		if len(p.TierBlocks) > 0 {
+			tierUsed += int(p.TierBlocks[i])
 		}
 	}
+	c.startImport() // ahead of the hit read planned below
 	e.ids = append(e.ids[:0], p.IDs...)
 	e.count = append(e.count[:0], p.Count...)
 	e.hitReq = e.hitReq[:0]
@@ -149,6 +160,7 @@ func (c *Cache) Begin(p *Plan) error {
 	e.pure = pure
 	e.begun = true
 	e.hits = e.hits[:0]
+	c.notePublishes(p)
 	if len(e.hitReq) > 0 {
 		// Plan the hits now, behind the rows handed over so far (the buffer
 		// was flushed above): with prefetch their rows move while the
@@ -393,6 +405,7 @@ func (c *Cache) unbegin() {
 	e.fresh = e.fresh[:0]
 	e.prevIDs = e.prevIDs[:0]
 	e.begun = false
+	c.tierUnbegin()
 	if e.rec != nil {
 		c.rd.Cancel(e.rec) // a prefetch not started is skipped
 		e.rec, e.planned = nil, false

@@ -30,6 +30,9 @@ type Cache struct {
 	live   atomic.Int64 // requests tracked, for Stats
 	closed atomic.Bool
 
+	tl *tierLink // nil without Config.Tier
+	te tierEng   // engine goroutine only
+
 	// gate is 2×(calls in flight) | 1 once Close began (see enter); Close
 	// waits until the last call left (idle is closed by it) before
 	// anything is freed.
@@ -46,7 +49,11 @@ func New(cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{})}
+	tl, err := newTierLink(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{}), tl: tl}
 	c.rd = reader.New(c.path, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes, Free: c.freeRec})
 	c.lay = c.path.Layout()
 	c.eng.reqs = soa.NewRequests(64)
@@ -133,6 +140,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		return 0, err
 	}
 	e.begun = false
+	c.tierSaved(rec.ID)
 	if len(e.hits) > 0 {
 		if !e.planned {
 			c.rd.Plan(rec, e.hits) // not prefetched: planned behind the step's own rows
@@ -276,6 +284,7 @@ func (c *Cache) Discard(id StepID) error {
 	if err != nil {
 		return err
 	}
+	c.takeImport(id)
 	return c.path.Err()
 }
 
@@ -294,6 +303,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if err != nil {
 		return err
 	}
+	imp := c.takeImport(id)
 	if err := c.path.Err(); err != nil {
 		c.drop(rec)
 		return err
@@ -323,6 +333,9 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		dst.reset(c.lay.RowBytes) // nothing served
 		return err
 	}
+	if imp != nil {
+		c.failImports(imp, dst)
+	}
 	if dst.nfail > 0 {
 		re := &RequestError{Step: id}
 		for i, e := range dst.errs {
@@ -347,6 +360,12 @@ func (c *Cache) Sync() error {
 	defer c.leave()
 	if err := c.check(); err != nil {
 		return err
+	}
+	if c.tl != nil && c.path.Buffered() > 0 {
+		if err := c.path.FlushBuffer(); err != nil {
+			return err
+		}
+		c.pushPublishes(c.publishable()) // the flushed steps' blocks (not a begun step's) before Sync returns
 	}
 	return c.path.Sync()
 }
@@ -449,7 +468,11 @@ func (c *Cache) Close() error {
 	if r := c.eng.rec; r != nil {
 		refs = append(refs, &r.Refs, r.PlanPins())
 	}
-	return c.path.Close(refs, deadline)
+	err := c.path.Close(refs, deadline)
+	if err == nil && c.tl != nil {
+		c.tl.close() // the committer stopped and no call is in flight: nothing queues to it
+	}
+	return err
 }
 
 // Stats returns the cache's counters. Any goroutine; it never waits on the
@@ -457,7 +480,7 @@ func (c *Cache) Close() error {
 func (c *Cache) Stats() Stats {
 	st := c.path.Counters()
 	ch, peak, limit := c.path.Budget()
-	return Stats{
+	s := Stats{
 		Steps:               st.Steps.Load(),
 		WriteTasks:          st.Tasks.Load(),
 		RowsWritten:         st.Rows.Load(),
@@ -482,4 +505,6 @@ func (c *Cache) Stats() Stats {
 		ReadAheadBytes:      c.rd.ReadAheadBytes(),
 		LiveRequests:        int(c.live.Load()),
 	}
+	c.tierStats(&s)
+	return s
 }

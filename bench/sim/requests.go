@@ -42,6 +42,27 @@ func (s *Sim) lookup(r *Req) []int32 {
 	return hit
 }
 
+// external returns how many of r's full blocks after its local hit of
+// nhit blocks the shared KV store can load (a fresh arrival only: a
+// resumed request is no arrival, the cache would not import its rows), with
+// their hashes in s.extBuf; capped like lookup, so that a token is computed.
+func (s *Sim) external(r *Req, nhit int) int {
+	s.extBuf = s.extBuf[:0]
+	if s.cfg.External == nil || s.cfg.NoPrefixCaching || r.seen {
+		return 0
+	}
+	bs := s.cfg.BlockSize
+	for i := nhit; i < (len(r.Tokens)-1)/bs; i++ {
+		s.extBuf = append(s.extBuf, r.H[(i+1)*bs-1])
+	}
+	if len(s.extBuf) == 0 {
+		return 0
+	}
+	n := max(0, min(s.cfg.External.Load(s.extBuf), len(s.extBuf)))
+	s.extBuf = s.extBuf[:n]
+	return n
+}
+
 // grow gives r blocks for its first upto tokens; false when the pool is
 // short (nothing is allocated then).
 func (s *Sim) grow(r *Req, upto int) bool {
@@ -75,7 +96,12 @@ func (s *Sim) cache(r *Req, upto int) {
 	bs := s.cfg.BlockSize
 	full := min(upto, len(r.Tokens)) / bs
 	for i := r.hashed; i < full; i++ {
-		s.blocks.Register(r.blocks[i], r.H[(i+1)*bs-1])
+		h := r.H[(i+1)*bs-1]
+		s.blocks.Register(r.blocks[i], h)
+		if s.cfg.FullBlocks && i >= r.loaded {
+			s.step.Plan.FullBlocks = append(s.step.Plan.FullBlocks, r.blocks[i])
+			s.step.Plan.FullHashes = append(s.step.Plan.FullHashes, h)
+		}
 	}
 	if full > r.hashed {
 		r.hashed = full
@@ -89,6 +115,7 @@ func (s *Sim) preempt(r *Req) {
 	s.putRow(r)
 	r.computed = 0
 	r.hashed = 0
+	r.loaded = 0
 	r.state = stWaiting
 	r.preempted = true
 	s.waiting = append(s.waiting, nil)

@@ -46,6 +46,22 @@ type Config struct {
 	// enable_prefix_caching: false): no lookup hits, every prompt token is
 	// computed, and freed blocks keep no hash.
 	NoPrefixCaching bool
+	// External, when set, is a KV store shared with other engines (a KV
+	// connector): a fresh arrival's full blocks past its local hit that it
+	// can load are loaded into newly allocated blocks and count as hit
+	// tokens; the plan names them in TierBlocks/TierHashes so the cache
+	// imports their rows.
+	External External
+	// FullBlocks fills Plan.FullBlocks/FullHashes with the full blocks each
+	// step computes (for a cache that publishes them to a tier).
+	FullBlocks bool
+}
+
+// External is a shared KV store seen from one engine.
+type External interface {
+	// Load returns how many leading blocks of hashes (chained block hashes,
+	// the blocks following the local hit) the engine can load.
+	Load(hashes []uint64) int
 }
 
 // Request is one prompt the client sends.
@@ -82,6 +98,7 @@ type Req struct {
 	generated int
 	blocks    []int32
 	hashed    int
+	loaded    int // leading blocks whose KV was hit or loaded, not computed
 	row       int32
 	state     uint8
 	seen      bool
@@ -122,8 +139,9 @@ type Step struct {
 	// finishes, is preempted or resumed.
 	PureDecode bool
 	// Queried and Hit are the prompt tokens looked up at arrival this step
-	// and the tokens that hit.
-	Queried, Hit int
+	// and the tokens that hit; ExtHit are the hit tokens loaded through
+	// Config.External (counted in Hit too).
+	Queried, Hit, ExtHit int
 	// Cost is what the step computes, the step-cost model's inputs.
 	Cost Work
 }
@@ -174,6 +192,7 @@ type Sim struct {
 	advanced  bool
 	released  bool
 	hitBuf    []int32
+	extBuf    []uint64
 
 	// Counters over the whole run.
 	Work        Work // summed over the steps
@@ -181,6 +200,7 @@ type Sim struct {
 	TokensTotal int64
 	Queried     int64
 	Hit         int64
+	ExtHit      int64 // of Hit, loaded through Config.External
 	Preemptions int64
 	Finished    int64
 	Arrived     int64
@@ -378,10 +398,11 @@ func (s *Sim) schedule() error {
 	p.IDs, p.Rows, p.Start, p.Count = p.IDs[:0], p.Rows[:0], p.Start[:0], p.Count[:0]
 	p.Arrivals, p.HitTokens, p.HitBlocks = p.Arrivals[:0], p.HitTokens[:0], p.HitBlocks[:0]
 	p.Finished, p.Preempted, p.Resumed = p.Finished[:0], p.Preempted[:0], p.Resumed[:0]
+	p.FullBlocks, p.FullHashes, p.TierBlocks, p.TierHashes = p.FullBlocks[:0], p.FullHashes[:0], p.TierBlocks[:0], p.TierHashes[:0]
 	p.Table, p.Stride = s.table, s.stride
 	clear(st.Reqs)
 	st.Reqs, st.Prefix = st.Reqs[:0], st.Prefix[:0]
-	st.Tokens, st.Queried, st.Hit = 0, 0, 0
+	st.Tokens, st.Queried, st.Hit, st.ExtHit = 0, 0, 0, 0
 	st.Cost = Work{Steps: 1}
 	s.dropAll(&s.reported) // not released by the caller: release now
 	s.reported, s.finishing = s.finishing, s.reported
@@ -424,7 +445,8 @@ func (s *Sim) schedule() error {
 	for !preempted && budget > 0 && len(s.waiting) > 0 && len(s.running) < s.cfg.Concurrency {
 		r := s.waiting[0]
 		hit := s.lookup(r)
-		hitTokens := len(hit) * s.cfg.BlockSize
+		ext := s.external(r, len(hit))
+		hitTokens := (len(hit) + ext) * s.cfg.BlockSize
 		n := min(len(r.Tokens)-hitTokens, budget)
 		need := s.blocksFor(hitTokens+n) - len(hit)
 		evictable := 0
@@ -448,6 +470,7 @@ func (s *Sim) schedule() error {
 		r.blocks = append(r.blocks[:0], hit...)
 		copy(s.table[int(r.row)*s.stride:], hit)
 		r.hashed = len(hit)
+		r.loaded = len(hit) + ext // grow allocates the loaded blocks, cache registers them
 		r.computed = hitTokens
 		if !s.grow(r, hitTokens+n) {
 			panic("sim: allocation failed after the free check")
@@ -463,9 +486,14 @@ func (s *Sim) schedule() error {
 			prefix = hitTokens
 			p.Arrivals = append(p.Arrivals, r.ID)
 			p.HitTokens = append(p.HitTokens, int32(hitTokens))
-			p.HitBlocks = append(p.HitBlocks, hit...)
+			p.HitBlocks = append(p.HitBlocks, r.blocks[:len(hit)+ext]...)
+			if s.cfg.External != nil {
+				p.TierBlocks = append(p.TierBlocks, int32(ext))
+				p.TierHashes = append(p.TierHashes, s.extBuf...)
+			}
 			st.Queried += r.PromptLen
 			st.Hit += hitTokens
+			st.ExtHit += ext * s.cfg.BlockSize
 			s.Arrived++
 		case r.preempted:
 			r.preempted = false
@@ -486,5 +514,9 @@ func (s *Sim) schedule() error {
 	s.TokensTotal += int64(st.Tokens)
 	s.Queried += int64(st.Queried)
 	s.Hit += int64(st.Hit)
+	s.ExtHit += int64(st.ExtHit)
+	if len(p.TierHashes) == 0 {
+		p.TierBlocks = p.TierBlocks[:0] // no import this step
+	}
 	return nil
 }

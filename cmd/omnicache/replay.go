@@ -78,6 +78,11 @@ type replayFlags struct {
 	maxModelLen   int
 	device        string
 	hold          string
+	replicas      int    // replicas.go
+	tier          string // replicas.go
+	route         string // replicas.go
+	sharedKV      int    // replicas.go
+	waitPublish   bool   // replicas.go
 
 	// Parsed by checkFlags.
 	dev     deviceSpec
@@ -131,6 +136,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.materializeOn, "materialize-on", "output", "where Materialize runs: output (a goroutine overlapping the next forward) or engine (timed as engine time)")
 	fs.StringVar(&f.device, "device", "host", "device the cache stages through: host, or cuda[:ordinal] (the forward's outputs then live in device memory; needs a cuda build: make gpu-replay)")
 	fs.StringVar(&f.hold, "hold", "auto", "hold the engine goroutine in each forward for the model step time while the device's copies run: off, model, or a cap such as 5ms (auto: "+defaultCUDAHoldMax.String()+" with cuda, off on the host)")
+	replicaFlags(fs, &f)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -223,6 +229,9 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 	if f.holdFor, err = parseHold(f.hold, f.dev); err != nil {
 		return err
 	}
+	if err := checkReplicaFlags(f, set); err != nil {
+		return err
+	}
 	if f.trace == "" {
 		for _, name := range []string{"limit", "max-model-len", "json-parser"} {
 			if set[name] {
@@ -250,6 +259,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if f.replicas > 0 {
+		return runReplicas(f, specs, stdout, stderr)
 	}
 	var ms *metricsServer
 	if f.metricsAddr != "" {

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/omnicache/omnicache/bench"
+)
+
+// The replay with replicas (--replicas N): N simulated engines behind a
+// router, a simulated shared KV store, one cache each, one shared tier.
+
+func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
+	fs.IntVar(&f.replicas, "replicas", 0, "run N engine replicas behind a router, sharing a simulated KV store and one tier (0: one engine, cache off vs on)")
+	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
+	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
+	fs.BoolVar(&f.waitPublish, "wait-publish", false, "with --replicas: pace each forward until the blocks gathered so far are stored in the tier (tier hits then do not depend on the publishers' CPU time; costs wall time)")
+	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
+}
+
+const maxReplicas = 256
+
+func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
+	if f.replicas < 0 || f.replicas > maxReplicas {
+		return fmt.Errorf("--replicas %d: want 0..%d", f.replicas, maxReplicas)
+	}
+	if f.sharedKV < 0 || f.sharedKV > maxKVBlocks {
+		return fmt.Errorf("--shared-kv-blocks %d: want 0..%d", f.sharedKV, maxKVBlocks)
+	}
+	if f.replicas == 0 {
+		for _, name := range []string{"tier", "route", "shared-kv-blocks", "wait-publish"} {
+			if set[name] {
+				return fmt.Errorf("--%s applies to --replicas only", name)
+			}
+		}
+		return nil
+	}
+	switch f.route {
+	case "auto":
+		f.route = bench.RouteRoundRobin
+		if f.trace != "" {
+			f.route = bench.RouteSession
+		}
+	case bench.RouteRoundRobin, bench.RouteSession:
+	default:
+		return fmt.Errorf("--route %q: want auto, %s or %s", f.route, bench.RouteRoundRobin, bench.RouteSession)
+	}
+	if f.tier != "embedded" && f.tier != "off" && !strings.Contains(f.tier, "://") {
+		return fmt.Errorf("--tier %q: want embedded, off, redis://HOST:PORT or redis-cluster://H1:P1,...", f.tier)
+	}
+	for _, name := range []string{"cache", "device", "plot", "metrics-addr", "repeat", "check", "wide", "materialize-on", "hold", "owned", "staging-depth", "decode-buffer", "pace", "step-time"} {
+		if set[name] {
+			return fmt.Errorf("--%s does not apply to --replicas", name)
+		}
+	}
+	return nil
+}
+
+// runReplicas replays every spec on f.replicas engines and prints the
+// per-replica and total table (JSON Lines to --json).
+func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (int, error) {
+	var js *json.Encoder
+	if f.jsonOut != "" {
+		jf, err := os.Create(f.jsonOut)
+		if err != nil {
+			return 1, err
+		}
+		defer jf.Close()
+		js = json.NewEncoder(jf)
+	}
+	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, Route: f.route, Verify: f.verify,
+		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish}
+	var reps []*bench.ReplicasReport
+	var failed error
+	for _, s := range specs {
+		fmt.Fprintf(stderr, "%s: %d replicas, tier %s, route %s...\n", s.Name, f.replicas, f.tier, f.route)
+		rep, err := bench.RunReplicas(s, o)
+		if rep != nil && (err == nil || errors.Is(err, bench.ErrVerify)) {
+			reps = append(reps, rep)
+			if js != nil {
+				if err := js.Encode(rep); err != nil {
+					return 1, err
+				}
+			}
+		}
+		if err != nil {
+			failed = errors.Join(failed, err)
+			if !errors.Is(err, bench.ErrVerify) {
+				break
+			}
+		}
+	}
+	if err := bench.WriteReplicaTable(stdout, reps); err != nil {
+		return 1, err
+	}
+	if failed != nil {
+		return 1, failed
+	}
+	return 0, nil
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// sessionTrace writes a multi-turn trace: each conversation's turn repeats
+// its previous prompt and adds a 512-token block, turns interleaved.
+func sessionTrace(t *testing.T, convs, turns int) string {
+	t.Helper()
+	var b strings.Builder
+	for k := 0; k < turns; k++ {
+		for c := 0; c < convs; c++ {
+			var ids []string
+			for j := 0; j <= k+1; j++ {
+				ids = append(ids, fmt.Sprint(c*100+j))
+			}
+			fmt.Fprintf(&b, `{"timestamp": 0, "input_length": %d, "output_length": 3, "hash_ids": [%s]}`+"\n", len(ids)*512-50, strings.Join(ids, ", "))
+		}
+	}
+	p := filepath.Join(t.TempDir(), "sessions.jsonl")
+	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestReplayReplicas(t *testing.T) {
+	tr := sessionTrace(t, 5, 3)
+	js := filepath.Join(t.TempDir(), "r.jsonl")
+	code, out, errs := run(t, "--trace", tr, "--replicas", "2", "--route", "round-robin", "--verify", "--wait-publish", "--concurrency", "2", "--json", js, "--widths", "hidden=32,extra=8:opt")
+	if code != 0 {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if !strings.Contains(out, "all 2") || !strings.Contains(out, "without a tier") {
+		t.Fatalf("table:\n%s", out)
+	}
+	recs := readJSONL(t, js)
+	if len(recs) != 1 {
+		t.Fatalf("%d JSON records", len(recs))
+	}
+	r := recs[0]
+	checkSnake(t, map[string]any(r), "")
+	if r["replicas"] != 2.0 || r["tier"] != "embedded" || r["verify_failures"] != 0.0 || r["tier_hit_tokens"].(float64) <= 0 {
+		b, _ := json.Marshal(r)
+		t.Fatalf("record %s", b)
+	}
+	if per := r["per_replica"].([]any); len(per) != 2 {
+		t.Fatalf("%d per-replica records", len(per))
+	}
+}
+
+func TestReplayReplicasBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--tier", "off"},                      // without --replicas
+		{"--route", "session"},                 // without --replicas
+		{"--replicas", "2", "--route", "rand"}, // unknown route
+		{"--replicas", "2", "--tier", "memcached"},
+		{"--replicas", "-1"},
+		{"--replicas", "2", "--cache", "off"}, // a flag of the one-engine replay
+	} {
+		if code, _, errs := run(t, args...); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)
+		}
+	}
+}

@@ -1,0 +1,309 @@
+package omnicache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/omnicache/omnicache/tier"
+)
+
+// A shared tier (package tier) makes per-token outputs follow the KV across
+// replicas. The contract grows three things:
+//
+//   - Plan.FullBlocks / FullHashes: the full blocks a step computes and
+//     their chained hashes. Once their rows are committed to the mirror the
+//     cache publishes them to the tier in the background: the committer
+//     gathers the rows in queue order and hands them to a bounded publish
+//     queue; the publisher goroutines store them (one pipelined batch at a
+//     time each). A full queue drops the block and counts it
+//     (Stats.TierPublishDropped): the engine goroutine never waits on the
+//     network.
+//   - Cache.Lookup(hashes): how many leading blocks the tier holds, for the
+//     scheduler to intersect with what its KV connector can load. It is the
+//     one call that asks the network on its caller's goroutine (bounded by
+//     the tier's timeout); Begin, Save, Discard never do.
+//   - Plan.TierBlocks / TierHashes: an arrival whose trailing hit blocks'
+//     KV was loaded from outside names them (their local block ids are the
+//     last TierBlocks[i] of its hit blocks). Begin hands the fetch to an
+//     importer goroutine and queues the import to the committer ahead of
+//     the step's hit read, so the rows are in the mirror at those slots
+//     before any read needs them; Materialize waits for the import (bounded
+//     by TierConfig.ImportTimeout). A block the tier no longer holds (or
+//     whose value fails its checks, or whose node is down) fails that
+//     request, and only it, with a *TierImportError naming the block (see
+//     RequestError and Result.Err): the engine recomputes it. Its slots read
+//     as reassigned until a write puts rows there: never a wrong row.
+//
+// A tier keeps immediate keys only: New refuses a tier with deferred keys.
+
+// ErrTierMiss: an arrival's tier block could not be imported (evicted,
+// corrupt, unreachable or too slow). The request's error is a
+// *TierImportError (errors.As) that matches ErrTierMiss and the tier's own
+// cause (tier.ErrMiss, tier.ErrCorrupt, tier.ErrUnavailable).
+var ErrTierMiss = errors.New("omnicache: tier block not imported")
+
+// Defaults of TierConfig's zero fields.
+const (
+	DefaultImportTimeout = 2 * time.Second
+	DefaultPublishQueue  = 4096 // blocks
+	DefaultPublishBatch  = 64   // blocks per pipelined store
+	DefaultImporters     = 2
+	DefaultPublishers    = 2
+)
+
+// TierConfig attaches a shared tier to a cache.
+type TierConfig struct {
+	// Tier is the store; its namespace must have the cache's block size and
+	// keys (names and row bytes, in order). Several caches (replicas) may
+	// share one Tier; the cache does not close it.
+	Tier *tier.Tier
+	// ImportTimeout bounds one import's fetch (and Materialize's wait for
+	// it); a fetch that runs out fails its requests with ErrTierMiss. It
+	// must be at most a quarter of Config.WaitTimeout.
+	ImportTimeout time.Duration
+	// PublishQueue bounds the blocks waiting to be published; past it
+	// blocks are dropped and counted. PublishBatch bounds one store.
+	PublishQueue, PublishBatch int
+	// Importers is the number of goroutines fetching imports (an import
+	// that finds them all busy and their queue full fails at once);
+	// Publishers the number storing published blocks.
+	Importers, Publishers int
+	// OnImport, when set, is called once per import that ran (from the
+	// committer goroutine; keep it short) with its blocks, failed blocks,
+	// row bytes imported and latency from Begin to the rows being in the
+	// mirror.
+	OnImport func(ImportEvent)
+}
+
+// ImportEvent describes one step's import (TierConfig.OnImport).
+type ImportEvent struct {
+	Blocks, Failed int
+	Bytes          int64
+	Latency        time.Duration
+}
+
+// TierImportError is a request's error when a block of its tier import was
+// not imported (Result.Err, RequestError.Errs).
+type TierImportError struct {
+	Request int64
+	// Index is the block's position in the request's hit blocks; Block its
+	// local block id; Hash its chained hash.
+	Index int
+	Block int32
+	Hash  uint64
+	Err   error
+}
+
+func (e *TierImportError) Error() string {
+	return fmt.Sprintf("%v: request %d: hit block %d (local block %d, hash %016x): %v", ErrTierMiss, e.Request, e.Index, e.Block, e.Hash, e.Err)
+}
+
+// Unwrap matches ErrTierMiss and the tier's cause.
+func (e *TierImportError) Unwrap() []error { return []error{ErrTierMiss, e.Err} }
+
+// tierLink is a cache's side of the tier: the importers, the publisher and
+// the imports of saved steps not consumed yet.
+type tierLink struct {
+	cfg    TierConfig
+	t      *tier.Tier
+	nkeys  int
+	fetchQ chan *importJob
+	pubQ   chan pubBlock
+	wg     sync.WaitGroup
+
+	byStep map[uint64]*importJob // guarded by Cache.mu
+
+	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
+	pending                                        atomic.Int64 // queued or being stored
+	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored
+	imported, importFailed, bytesImp               atomic.Int64
+}
+
+// newTierLink validates cfg's tier against the cache's layout and starts
+// its goroutines (nil, nil without a tier).
+func newTierLink(cfg *Config) (*tierLink, error) {
+	tc := cfg.Tier
+	if tc == nil {
+		return nil, nil
+	}
+	bad := func(format string, a ...any) (*tierLink, error) {
+		return nil, fmt.Errorf("%w: tier: "+format, append([]any{ErrConfig}, a...)...)
+	}
+	if tc.Tier == nil {
+		return bad("no Tier")
+	}
+	ns := tc.Tier.Namespace()
+	if ns.BlockSize != cfg.BlockSize || len(ns.Keys) != len(cfg.Keys) {
+		return bad("namespace of block size %d and %d keys, the cache has %d and %d", ns.BlockSize, len(ns.Keys), cfg.BlockSize, len(cfg.Keys))
+	}
+	for i, k := range cfg.Keys {
+		if k.Deferred {
+			return bad("key %q is deferred: a tier keeps immediate keys only", k.Name)
+		}
+		if ns.Keys[i].Name != k.Name || ns.Keys[i].RowBytes != k.RowBytes {
+			return bad("namespace key %d is %q of %d bytes, the cache's %q of %d", i, ns.Keys[i].Name, ns.Keys[i].RowBytes, k.Name, k.RowBytes)
+		}
+	}
+	c := *tc
+	if c.ImportTimeout == 0 {
+		c.ImportTimeout = DefaultImportTimeout
+	}
+	if c.PublishQueue == 0 {
+		c.PublishQueue = DefaultPublishQueue
+	}
+	if c.PublishBatch == 0 {
+		c.PublishBatch = DefaultPublishBatch
+	}
+	if c.Importers == 0 {
+		c.Importers = DefaultImporters
+	}
+	if c.Publishers == 0 {
+		c.Publishers = DefaultPublishers
+	}
+	if c.ImportTimeout < 0 || c.PublishQueue < 0 || c.PublishBatch < 0 || c.Importers < 0 || c.Importers > 256 || c.Publishers < 0 || c.Publishers > 256 {
+		return bad("negative ImportTimeout, PublishQueue or PublishBatch, or Importers or Publishers outside [0,256]")
+	}
+	if cfg.WaitTimeout >= 0 && 4*c.ImportTimeout > cfg.WaitTimeout {
+		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
+	}
+	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
+		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan pubBlock, c.PublishQueue)}
+	// Goroutines labelled for CPU profiles, as the committer.
+	run := func(label string, f func()) {
+		tl.wg.Add(1)
+		go pprof.Do(context.Background(), pprof.Labels("omnicache", label), func(context.Context) {
+			defer tl.wg.Done()
+			f()
+		})
+	}
+	for i := 0; i < c.Importers; i++ {
+		run("tier-importer", func() {
+			for j := range tl.fetchQ {
+				tl.fetch(j)
+			}
+		})
+	}
+	for i := 0; i < c.Publishers; i++ {
+		run("tier-publisher", tl.publish)
+	}
+	return tl, nil
+}
+
+// close stops the goroutines once nothing can queue to them any more (no
+// call in flight, the committer stopped). A fetch in flight ends within
+// ImportTimeout, a store in flight within the tier's timeout; blocks still
+// queued for publishing are dropped (counted), so that a dead tier cannot
+// make Close wait for every queued batch.
+func (tl *tierLink) close() {
+	tl.stopping.Store(true)
+	close(tl.fetchQ)
+	close(tl.pubQ)
+	tl.wg.Wait()
+}
+
+// Lookup returns how many leading blocks of hashes the tier holds (every
+// key of each): the scheduler intersects it with what its KV connector can
+// load. It asks the tier over the network, on the caller's goroutine
+// (bounded by the tier's timeout); a tier error is returned with the blocks
+// counted before it. ErrConfig without a tier. Any goroutine.
+func (c *Cache) Lookup(hashes []uint64) (int, error) {
+	if c.tl == nil {
+		return 0, fmt.Errorf("%w: Lookup without a tier (Config.Tier)", ErrConfig)
+	}
+	if c.closed.Load() {
+		return 0, ErrClosed
+	}
+	return c.tl.t.Lookup(context.Background(), hashes)
+}
+
+// ---- validation (Begin, before anything is applied) ----
+
+// checkTierPlan validates the plan's tier fields.
+func (c *Cache) checkTierPlan(p *Plan) error {
+	if len(p.FullBlocks) != len(p.FullHashes) {
+		return fmt.Errorf("%w: %d full blocks, %d full hashes", ErrPlan, len(p.FullBlocks), len(p.FullHashes))
+	}
+	for _, b := range p.FullBlocks {
+		if b < 0 || int(b) >= c.cfg.NumBlocks {
+			return fmt.Errorf("%w: full block %d outside [0,%d)", ErrPlan, b, c.cfg.NumBlocks)
+		}
+	}
+	if len(p.TierBlocks) == 0 {
+		if len(p.TierHashes) > 0 {
+			return fmt.Errorf("%w: %d tier hashes without TierBlocks", ErrPlan, len(p.TierHashes))
+		}
+		return nil
+	}
+	if c.tl == nil {
+		return fmt.Errorf("%w: the plan imports tier blocks but the cache has no tier", ErrConfig)
+	}
+	if len(p.TierBlocks) != len(p.Arrivals) {
+		return fmt.Errorf("%w: %d tier block counts for %d arrivals", ErrPlan, len(p.TierBlocks), len(p.Arrivals))
+	}
+	used := 0
+	for i, n := range p.TierBlocks {
+		if nb := int(p.HitTokens[i]) / c.cfg.BlockSize; n < 0 || int(n) > nb {
+			return fmt.Errorf("%w: request %d imports %d tier blocks of its %d hit blocks", ErrPlan, p.Arrivals[i], n, nb)
+		}
+		used += int(n)
+	}
+	if used != len(p.TierHashes) {
+		return fmt.Errorf("%w: %d tier blocks, %d tier hashes", ErrPlan, used, len(p.TierHashes))
+	}
+	return nil
+}
+
+// ---- hooks into the calls ----
+
+// tierSaved attaches the saved step's import to its id.
+func (c *Cache) tierSaved(id uint64) {
+	if c.tl == nil {
+		return
+	}
+	e := &c.te
+	if e.imp != nil {
+		c.mu.Lock()
+		c.tl.byStep[id] = e.imp
+		c.mu.Unlock()
+		e.imp = nil
+	}
+	c.pushPublishes(len(c.te.pubBlocks)) // the saved step's rows were handed over, unless parked
+}
+
+// tierUnbegin drops the begun step's import and full blocks (its queued
+// import still writes the rows it fetched: they are the blocks' rows).
+func (c *Cache) tierUnbegin() {
+	e := &c.te
+	e.imp = nil
+	if e.pubMark < len(e.pubBlocks) {
+		e.pubBlocks, e.pubHashes = e.pubBlocks[:e.pubMark], e.pubHashes[:e.pubMark]
+	}
+}
+
+// takeImport removes step id's import (nil when none).
+func (c *Cache) takeImport(id StepID) *importJob {
+	if c.tl == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.tl.byStep[uint64(id)]
+	delete(c.tl.byStep, uint64(id))
+	return j
+}
+
+// tierStats adds the tier's counters.
+func (c *Cache) tierStats(s *Stats) {
+	tl := c.tl
+	if tl == nil {
+		return
+	}
+	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = tl.published.Load(), tl.dropped.Load(), tl.skipped.Load()
+	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = tl.pubErrs.Load(), tl.bytesPub.Load(), tl.pending.Load()
+	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
+}

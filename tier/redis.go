@@ -1,0 +1,197 @@
+package tier
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// RedisOptions configures the Redis backend.
+type RedisOptions struct {
+	// Addrs are host:port addresses: one node, or seed nodes of a cluster.
+	Addrs []string
+	// Cluster selects Redis Cluster (slots learned from the seeds); false
+	// talks to Addrs[0] as a single node.
+	Cluster bool
+	// Username and Password authenticate (AUTH / an ACL user); an empty
+	// Username with a Password is the default user (requirepass).
+	Username, Password string
+	// TLS, when set, connects with TLS.
+	TLS *tls.Config
+	// DialTimeout bounds a connection attempt (0: 2 s); IOTimeout bounds a
+	// connection's wait for answers (0: 5 s), so a node that stops
+	// answering fails the commands sent to it instead of hanging them.
+	DialTimeout, IOTimeout time.Duration
+}
+
+// Redis is the Redis backend (one node or a cluster) over rueidis: each
+// Get, Set or Exists of many keys is one DoMulti, pipelined on the
+// connection of every node it touches (rueidis splits a cluster batch by
+// slot). Values are stored with plain SET, no expiry: the server's
+// maxmemory policy (allkeys-lru) evicts them, and an evicted value is a
+// miss.
+type Redis struct {
+	c      rueidis.Client
+	name   string
+	closed atomic.Bool
+}
+
+// NewRedis connects to the server or cluster. A refused password is
+// ErrAuth; an unreachable server ErrUnavailable.
+func NewRedis(opt RedisOptions) (*Redis, error) {
+	if len(opt.Addrs) == 0 {
+		return nil, fmt.Errorf("%w: no redis address", ErrConfig)
+	}
+	if opt.DialTimeout == 0 {
+		opt.DialTimeout = 2 * time.Second
+	}
+	if opt.IOTimeout == 0 {
+		opt.IOTimeout = 5 * time.Second
+	}
+	co := rueidis.ClientOption{
+		InitAddress:       opt.Addrs,
+		Username:          opt.Username,
+		Password:          opt.Password,
+		TLSConfig:         opt.TLS,
+		DisableCache:      true, // values are read once per import: no client-side cache
+		ForceSingleClient: !opt.Cluster,
+		Dialer:            net.Dialer{Timeout: opt.DialTimeout, KeepAlive: time.Second},
+		ConnWriteTimeout:  opt.IOTimeout,
+		ClientName:        "omnicache-tier",
+		// A tier read that fails is a miss (the engine recomputes): no
+		// retries, so a dead node costs one failed round trip, not a
+		// backoff up to the batch's timeout.
+		DisableRetry: true,
+	}
+	c, err := rueidis.NewClient(co)
+	if err != nil {
+		return nil, classify(fmt.Sprintf("connect %v", opt.Addrs), err)
+	}
+	r := &Redis{c: c, name: spec(opt)}
+	ctx, cancel := context.WithTimeout(context.Background(), opt.DialTimeout+opt.IOTimeout)
+	defer cancel()
+	if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
+		c.Close()
+		return nil, classify(fmt.Sprintf("ping %v", opt.Addrs), err)
+	}
+	return r, nil
+}
+
+func spec(opt RedisOptions) string {
+	scheme := "redis"
+	if opt.Cluster {
+		scheme = "redis-cluster"
+	}
+	if opt.TLS != nil {
+		scheme += "s"
+	}
+	return scheme + "://" + strings.Join(opt.Addrs, ",")
+}
+
+// classify maps a rueidis error to this package's sentinels.
+func classify(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, rueidis.ErrClosing) {
+		return fmt.Errorf("%w: %s: %w", ErrClosed, what, err)
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "NOPERM") ||
+		strings.Contains(msg, "invalid username-password") {
+		return fmt.Errorf("%w: %s: %w", ErrAuth, what, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+}
+
+func (r *Redis) String() string { return r.name }
+
+// Client is the rueidis client, for diagnostics and tests.
+func (r *Redis) Client() rueidis.Client { return r.c }
+
+func (r *Redis) closedErrs(n int) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = ErrClosed
+	}
+	return errs
+}
+
+// Get implements Backend: one pipelined GET per key.
+func (r *Redis) Get(ctx context.Context, keys []string) ([][]byte, []error) {
+	vals := make([][]byte, len(keys))
+	if r.closed.Load() {
+		return vals, r.closedErrs(len(keys))
+	}
+	errs := make([]error, len(keys))
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Get().Key(k).Build()
+	}
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		v, err := res.AsBytes()
+		switch {
+		case err == nil:
+			vals[i] = v
+		case rueidis.IsRedisNil(err):
+		default:
+			errs[i] = classify("get "+keys[i], err)
+		}
+	}
+	return vals, errs
+}
+
+// Set implements Backend: one pipelined SET per key.
+func (r *Redis) Set(ctx context.Context, keys []string, vals [][]byte) []error {
+	if r.closed.Load() {
+		return r.closedErrs(len(keys))
+	}
+	errs := make([]error, len(keys))
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Set().Key(k).Value(rueidis.BinaryString(vals[i])).Build()
+	}
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			errs[i] = classify("set "+keys[i], err)
+		}
+	}
+	return errs
+}
+
+// Exists implements Backend: one pipelined EXISTS per key.
+func (r *Redis) Exists(ctx context.Context, keys []string) ([]bool, []error) {
+	held := make([]bool, len(keys))
+	if r.closed.Load() {
+		return held, r.closedErrs(len(keys))
+	}
+	errs := make([]error, len(keys))
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Exists().Key(k).Build()
+	}
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		n, err := res.AsInt64()
+		if err != nil {
+			errs[i] = classify("exists "+keys[i], err)
+			continue
+		}
+		held[i] = n > 0
+	}
+	return held, errs
+}
+
+// Close closes every connection. A second Close returns nil.
+func (r *Redis) Close() error {
+	if !r.closed.Swap(true) {
+		r.c.Close()
+	}
+	return nil
+}

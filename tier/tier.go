@@ -1,0 +1,414 @@
+// Package tier is a content-addressed store of per-token outputs, one full
+// KV block's rows of one key per value, shared by engine replicas: the rows
+// follow the KV when a KV store or connector hands a replica a prefix that
+// another replica computed.
+//
+// # Addresses
+//
+// A value's address is
+//
+//	oc:{<model>/<layout>/b<block size>/<hash>}:<key name>
+//
+// where model is the namespace's model id, layout a fingerprint of the key
+// layout (every key's name and row bytes, in order), hash the engine's
+// chained block hash (16 hex digits; it already covers the whole prefix and
+// its multimodal inputs) and key name the key. The braces are a Redis
+// Cluster hash tag: every key of one block lives on one node, so losing a
+// node loses whole blocks.
+//
+// # Values
+//
+// A value carries a header (format version, key name, row bytes, block size,
+// the block hash), the block's rows and a crc32c checksum (value.go). A
+// value that fails any check is a miss (ErrCorrupt, which matches ErrMiss)
+// and is never served; so is a value the backend evicted or lost with a
+// node (ErrUnavailable, which matches ErrMiss too).
+//
+// # Backends
+//
+// Embedded (NewEmbedded): an in-process store bounded in bytes, least
+// recently used first out; the default. Redis (NewRedis): a single node or
+// a Redis Cluster through github.com/redis/rueidis, every batch one
+// pipelined DoMulti, with ACL user/password and TLS options. Open builds
+// either from a spec string ("embedded", "redis://...", "rediss://...",
+// "redis-cluster://...").
+//
+// A Tier is safe for concurrent use by any number of goroutines.
+package tier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Errors, wrapped with the details of the case; test with errors.Is.
+var (
+	// ErrMiss: the tier does not hold a valid value for the block: it was
+	// never stored, the backend evicted it, it failed its checks
+	// (ErrCorrupt) or its node cannot be reached (ErrUnavailable).
+	ErrMiss = errors.New("tier: block not held")
+	// ErrCorrupt: a stored value failed its header or checksum check (it
+	// is treated as a miss: errors.Is(err, ErrMiss) holds too).
+	ErrCorrupt = errors.New("tier: value failed its checks")
+	// ErrUnavailable: the backend could not be reached or answered with an
+	// error (a node down, a timeout). For a read it is a miss as well.
+	ErrUnavailable = errors.New("tier: backend unavailable")
+	// ErrAuth: the backend refused the credentials (wrong password or ACL
+	// user, or a password is required).
+	ErrAuth = errors.New("tier: authentication failed")
+	// ErrConfig: a bad namespace, option or spec string.
+	ErrConfig = errors.New("tier: bad configuration")
+	// ErrClosed: the tier or its backend was closed.
+	ErrClosed = errors.New("tier: closed")
+	// ErrTooLarge: a value larger than the embedded store's whole capacity
+	// is not stored.
+	ErrTooLarge = errors.New("tier: value larger than the store")
+)
+
+// Key is one per-token output the tier stores: its name and row size.
+type Key struct {
+	Name     string
+	RowBytes int
+}
+
+// Namespace is what, besides the block hash and key name, addresses a value:
+// two caches share values only when their namespaces are equal.
+type Namespace struct {
+	// Model identifies the model (and anything else that changes the rows
+	// for the same tokens, e.g. its revision or dtype).
+	Model string
+	// BlockSize is the engine's KV block size in tokens.
+	BlockSize int
+	// Keys is the key layout, in the cache's key order.
+	Keys []Key
+}
+
+// Backend stores raw values by address. Implementations: *Embedded, *Redis.
+// A Backend is safe for concurrent use.
+type Backend interface {
+	// Get returns the value of each key, nil where it holds none; errs[i]
+	// (wrapping ErrUnavailable) where the backend failed for key i.
+	// vals and errs have len(keys) entries. The returned values must not be
+	// modified.
+	Get(ctx context.Context, keys []string) (vals [][]byte, errs []error)
+	// Set stores vals[i] under keys[i]; errs[i] where it failed. The
+	// backend may keep vals[i] (the embedded store does): the caller must
+	// not modify them afterwards.
+	Set(ctx context.Context, keys []string, vals [][]byte) (errs []error)
+	// Exists reports which keys hold a value; errs[i] where it failed.
+	Exists(ctx context.Context, keys []string) (held []bool, errs []error)
+	// Close releases the backend's connections. Later calls fail with
+	// ErrClosed.
+	Close() error
+	// String names the backend for reports ("embedded", "redis://h:p").
+	String() string
+}
+
+// Options configures a Tier.
+type Options struct {
+	// Timeout bounds one batch (Put, Get, Lookup) on the backend; 0:
+	// DefaultTimeout.
+	Timeout time.Duration
+}
+
+// DefaultTimeout bounds a batch when Options.Timeout is zero.
+const DefaultTimeout = 2 * time.Second
+
+// Stats are a tier's cumulative counters.
+type Stats struct {
+	Puts, PutErrors             int64 // values stored / that failed to store
+	BytesPut                    int64 // value bytes stored
+	Hits, Misses, Corrupt, Errs int64 // values read: served / absent / failed checks / backend errors
+	BytesGot                    int64 // row bytes served
+	Lookups, LookupBlocks       int64 // Lookup calls / leading blocks they found
+}
+
+// Tier is the content-addressed store over a backend.
+type Tier struct {
+	b       Backend
+	ns      Namespace
+	prefix  string // "oc:{model/layout/bN/"
+	timeout time.Duration
+
+	puts, putErrs, bytesPut               atomic.Int64
+	hits, misses, corrupt, errs, bytesGot atomic.Int64
+	lookups, lookupBlocks                 atomic.Int64
+}
+
+// New returns a tier over b for namespace ns. The tier owns b: Close closes
+// it.
+func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
+	if b == nil {
+		return nil, fmt.Errorf("%w: no backend", ErrConfig)
+	}
+	if ns.BlockSize <= 0 || len(ns.Keys) == 0 {
+		return nil, fmt.Errorf("%w: namespace of block size %d and %d keys", ErrConfig, ns.BlockSize, len(ns.Keys))
+	}
+	h := fnv.New64a()
+	seen := map[string]bool{}
+	for _, k := range ns.Keys {
+		if k.Name == "" || k.RowBytes <= 0 || len(k.Name) > 1<<15 || seen[k.Name] {
+			return nil, fmt.Errorf("%w: key %q of %d row bytes (empty, duplicate, or no rows)", ErrConfig, k.Name, k.RowBytes)
+		}
+		seen[k.Name] = true
+		fmt.Fprintf(h, "%s\x00%d\x00", k.Name, k.RowBytes)
+	}
+	if opt.Timeout == 0 {
+		opt.Timeout = DefaultTimeout
+	}
+	if opt.Timeout < 0 {
+		return nil, fmt.Errorf("%w: negative timeout %v", ErrConfig, opt.Timeout)
+	}
+	ns.Keys = append([]Key(nil), ns.Keys...)
+	return &Tier{
+		b: b, ns: ns, timeout: opt.Timeout,
+		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, h.Sum64(), ns.BlockSize),
+	}, nil
+}
+
+// Namespace is the tier's namespace.
+func (t *Tier) Namespace() Namespace { return t.ns }
+
+// Backend is the tier's backend.
+func (t *Tier) Backend() Backend { return t.b }
+
+// String names the backend.
+func (t *Tier) String() string { return t.b.String() }
+
+// Close closes the backend.
+func (t *Tier) Close() error { return t.b.Close() }
+
+// Addr is the address of block hash's value of key k (Namespace.Keys
+// order).
+func (t *Tier) Addr(hash uint64, k int) string {
+	b := make([]byte, 0, len(t.prefix)+18+len(t.ns.Keys[k].Name))
+	b = append(b, t.prefix...)
+	b = appendHex(b, hash)
+	b = append(b, "}:"...)
+	b = append(b, t.ns.Keys[k].Name...)
+	return string(b)
+}
+
+// addrs are the addresses of every key of every block, block-major.
+func (t *Tier) addrs(hashes []uint64) []string {
+	keys := make([]string, 0, len(hashes)*len(t.ns.Keys))
+	for _, h := range hashes {
+		for k := range t.ns.Keys {
+			keys = append(keys, t.Addr(h, k))
+		}
+	}
+	return keys
+}
+
+func appendHex(b []byte, h uint64) []byte {
+	var buf [16]byte
+	s := strconv.AppendUint(buf[:0], h, 16)
+	for i := len(s); i < 16; i++ {
+		b = append(b, '0')
+	}
+	return append(b, s...)
+}
+
+// BlockBytes is the size of one block's rows of key k.
+func (t *Tier) BlockBytes(k int) int { return t.ns.BlockSize * t.ns.Keys[k].RowBytes }
+
+// ValueBytes is the encoded size of one block's value of key k.
+func (t *Tier) ValueBytes(k int) int {
+	return valueSize(t.ns.Keys[k].Name, t.ns.BlockSize, t.ns.Keys[k].RowBytes)
+}
+
+// Block is one full block to store: its chained hash and, per key
+// (Namespace.Keys order), BlockSize rows.
+type Block struct {
+	Hash uint64
+	Rows [][]byte
+}
+
+// Put stores blocks (every key of each) in one pipelined batch and returns
+// the value bytes stored; the error joins the failures (ErrUnavailable,
+// ErrTooLarge). A block with rows of the wrong size is ErrConfig and
+// nothing is stored.
+func (t *Tier) Put(ctx context.Context, blocks []Block) (int64, error) {
+	nk := len(t.ns.Keys)
+	for _, b := range blocks {
+		if len(b.Rows) != nk {
+			return 0, fmt.Errorf("%w: block %016x has %d keys' rows, the namespace %d", ErrConfig, b.Hash, len(b.Rows), nk)
+		}
+		for k, r := range b.Rows {
+			if len(r) != t.BlockBytes(k) {
+				return 0, fmt.Errorf("%w: block %016x key %q: %d bytes, a block is %d", ErrConfig, b.Hash, t.ns.Keys[k].Name, len(r), t.BlockBytes(k))
+			}
+		}
+	}
+	hashes := make([]uint64, 0, len(blocks))
+	vals := make([][]byte, 0, len(blocks)*nk)
+	for _, b := range blocks {
+		hashes = append(hashes, b.Hash)
+		for k, r := range b.Rows {
+			key := t.ns.Keys[k]
+			vals = append(vals, encode(make([]byte, 0, t.ValueBytes(k)), key.Name, b.Hash, t.ns.BlockSize, key.RowBytes, r))
+		}
+	}
+	return t.put(ctx, hashes, vals)
+}
+
+// NewValue returns a value of block hash's rows of key k, built in place:
+// its header is written and rows (BlockBytes(k) bytes, inside val) is where
+// the caller puts the rows before handing val to PutValues. It spares
+// Put's copy of the rows.
+func (t *Tier) NewValue(hash uint64, k int) (val, rows []byte) {
+	key := t.ns.Keys[k]
+	val = make([]byte, t.ValueBytes(k))
+	h := encodeHeader(val[:0], key.Name, hash, t.ns.BlockSize, key.RowBytes)
+	return val, val[len(h) : len(h)+t.BlockBytes(k)]
+}
+
+// PutValues seals and stores values made by NewValue, vals[j*nk+k] being
+// block hashes[j]'s value of key k, in one pipelined batch (see Put).
+func (t *Tier) PutValues(ctx context.Context, hashes []uint64, vals [][]byte) (int64, error) {
+	nk := len(t.ns.Keys)
+	if len(vals) != len(hashes)*nk {
+		return 0, fmt.Errorf("%w: %d values for %d blocks of %d keys", ErrConfig, len(vals), len(hashes), nk)
+	}
+	for i, v := range vals {
+		if len(v) != t.ValueBytes(i%nk) {
+			return 0, fmt.Errorf("%w: value %d of %d bytes, want %d", ErrConfig, i, len(v), t.ValueBytes(i%nk))
+		}
+		seal(v)
+	}
+	return t.put(ctx, hashes, vals)
+}
+
+// put stores encoded values, block-major.
+func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, error) {
+	keys := t.addrs(hashes)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	errs := t.b.Set(ctx, keys, vals)
+	var stored int64
+	var failed []error
+	for i, err := range errs {
+		if err != nil {
+			t.putErrs.Add(1)
+			if len(failed) < 4 {
+				failed = append(failed, fmt.Errorf("tier: put %s: %w", keys[i], err))
+			}
+			continue
+		}
+		stored += int64(len(vals[i]))
+		t.puts.Add(1)
+	}
+	t.bytesPut.Add(stored)
+	return stored, errors.Join(failed...)
+}
+
+// Get fetches blocks hashes into dst, in one pipelined batch: dst[j*nk+k]
+// (nk = len(Namespace.Keys)) receives block j's rows of key k
+// (BlockBytes(k) bytes). It returns per block nil (every key served) or why
+// not (ErrMiss, possibly with ErrCorrupt or ErrUnavailable); a block not
+// served leaves its dst contents undefined. Never a wrong row: every value
+// is checked against its header and checksum before it is copied.
+func (t *Tier) Get(ctx context.Context, hashes []uint64, dst [][]byte) []error {
+	nk := len(t.ns.Keys)
+	if len(dst) != len(hashes)*nk {
+		panic(fmt.Sprintf("tier: Get of %d blocks into %d buffers (%d keys)", len(hashes), len(dst), nk))
+	}
+	rows, errs := t.Fetch(ctx, hashes)
+	for i, r := range rows {
+		if errs[i/nk] != nil {
+			continue
+		}
+		if len(dst[i]) != len(r) {
+			panic(fmt.Sprintf("tier: Get buffer of %d bytes for block %016x key %q of %d", len(dst[i]), hashes[i/nk], t.ns.Keys[i%nk].Name, len(r)))
+		}
+		copy(dst[i], r)
+	}
+	return errs
+}
+
+// Fetch is Get without the copy: rows[j*nk+k] is block j's rows of key k,
+// a read-only view into the value fetched (valid as long as the caller
+// keeps it; never modify it: an embedded store's values are its own), nil
+// where block j was not served (errs[j] says why).
+func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs []error) {
+	nk := len(t.ns.Keys)
+	keys := t.addrs(hashes)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	vals, berrs := t.b.Get(ctx, keys)
+	rows = make([][]byte, len(keys))
+	errs = make([]error, len(hashes))
+	for i := range keys {
+		j, k := i/nk, i%nk
+		var err error
+		key := t.ns.Keys[k]
+		switch {
+		case berrs[i] != nil:
+			t.errs.Add(1)
+			err = fmt.Errorf("%w: %w", ErrMiss, berrs[i])
+		case vals[i] == nil:
+			t.misses.Add(1)
+			err = fmt.Errorf("%w: %s", ErrMiss, keys[i])
+		default:
+			rows[i], err = decode(vals[i], key.Name, hashes[j], t.ns.BlockSize, key.RowBytes)
+			if err != nil {
+				t.corrupt.Add(1)
+				err = fmt.Errorf("%s: %w", keys[i], err)
+				break
+			}
+			t.hits.Add(1)
+			t.bytesGot.Add(int64(len(rows[i])))
+		}
+		if err != nil && errs[j] == nil {
+			errs[j] = err
+		}
+	}
+	for j, err := range errs {
+		if err != nil {
+			clear(rows[j*nk : (j+1)*nk]) // a block is served whole or not at all
+		}
+	}
+	return rows, errs
+}
+
+// Lookup returns how many leading blocks of hashes the tier holds (every
+// key of each), in one pipelined batch. It checks presence only: a value
+// that is corrupt, or evicted before it is fetched, is found missing by Get.
+// A backend failure is returned with the blocks counted before it.
+func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
+	t.lookups.Add(1)
+	if len(hashes) == 0 {
+		return 0, nil
+	}
+	nk := len(t.ns.Keys)
+	keys := t.addrs(hashes)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	held, errs := t.b.Exists(ctx, keys)
+	for i := range keys {
+		if errs[i] != nil || !held[i] {
+			n := i / nk
+			t.lookupBlocks.Add(int64(n))
+			if errs[i] != nil {
+				return n, fmt.Errorf("tier: lookup %s: %w", keys[i], errs[i])
+			}
+			return n, nil
+		}
+	}
+	t.lookupBlocks.Add(int64(len(hashes)))
+	return len(hashes), nil
+}
+
+// Stats returns the tier's counters.
+func (t *Tier) Stats() Stats {
+	return Stats{
+		Puts: t.puts.Load(), PutErrors: t.putErrs.Load(), BytesPut: t.bytesPut.Load(),
+		Hits: t.hits.Load(), Misses: t.misses.Load(), Corrupt: t.corrupt.Load(), Errs: t.errs.Load(),
+		BytesGot: t.bytesGot.Load(), Lookups: t.lookups.Load(), LookupBlocks: t.lookupBlocks.Load(),
+	}
+}

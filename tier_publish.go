@@ -1,0 +1,145 @@
+// Tier publishing: full blocks the engine computed go to the tier once
+// their rows are committed, gathered by the committer, stored by the
+// publishers; a full queue drops and counts.
+
+package omnicache
+
+import "context"
+
+// tierEng is the engine goroutine's tier state: the begun step's import and
+// the full blocks not yet handed to the committer for publishing (their
+// rows are parked in the decode buffer, or the step is only begun).
+type tierEng struct {
+	imp       *importJob
+	pubBlocks []int32
+	pubHashes []uint64
+	pubMark   int // len(pubBlocks) before the begun step noted its own
+}
+
+// notePublishes records the begun step's full blocks for publishing.
+// Engine goroutine.
+func (c *Cache) notePublishes(p *Plan) {
+	if c.tl == nil {
+		return
+	}
+	e := &c.te
+	e.pubMark = len(e.pubBlocks)
+	e.pubBlocks = append(e.pubBlocks, p.FullBlocks...)
+	e.pubHashes = append(e.pubHashes, p.FullHashes...)
+}
+
+// pushPublishes queues the gather of the first n full blocks noted behind
+// the writes handed over: called once their rows are handed to the
+// committer (not parked in the decode buffer), before any later write can
+// reuse the blocks. Between Begin and Save only the blocks noted before
+// the begun step qualify (n = pubMark): the begun step's rows come with its
+// Save. Engine goroutine.
+func (c *Cache) pushPublishes(n int) {
+	e := &c.te
+	if c.tl == nil || n == 0 || c.path.Buffered() > 0 {
+		return
+	}
+	g := &publishGather{tl: c.tl, hashes: e.pubHashes[:n:n]}
+	c.path.PushGather(e.pubBlocks[:n:n], g) // the gather keeps them
+	if n == len(e.pubBlocks) {
+		e.pubBlocks, e.pubHashes = nil, nil
+	} else {
+		e.pubBlocks = append([]int32(nil), e.pubBlocks[n:]...)
+		e.pubHashes = append([]uint64(nil), e.pubHashes[n:]...)
+	}
+	e.pubMark = max(0, e.pubMark-n)
+}
+
+// publishable is how many noted full blocks may be gathered now: all of
+// them, or between Begin and Save those noted before the begun step.
+func (c *Cache) publishable() int {
+	if c.eng.begun {
+		return c.te.pubMark
+	}
+	return len(c.te.pubBlocks)
+}
+
+// publishGather reads committed full blocks straight into tier values
+// (tier.NewValue), on the committer.
+type publishGather struct {
+	tl     *tierLink
+	hashes []uint64
+	vals   [][]byte // the block being read, per key
+}
+
+// pubBlock is one block's values, ready to store.
+type pubBlock struct {
+	hash uint64
+	vals [][]byte
+}
+
+// Rows implements writer.Gather: where block j's rows of key ki go, or nil
+// (the block is dropped and counted) when the publish queue is full. Only
+// the committer sends to the queue, so a block given room here fits it.
+func (g *publishGather) Rows(j, ki int) []byte {
+	if ki == 0 {
+		if len(g.tl.pubQ) == cap(g.tl.pubQ) {
+			g.tl.dropped.Add(1)
+			return nil
+		}
+		g.vals = make([][]byte, g.tl.nkeys)
+	}
+	val, rows := g.tl.t.NewValue(g.hashes[j], ki)
+	g.vals[ki] = val
+	return rows
+}
+
+// Block implements writer.Gather: block j's values go to the publish
+// queue.
+func (g *publishGather) Block(j int, ok bool) {
+	if !ok {
+		g.tl.skipped.Add(1)
+		return
+	}
+	g.tl.pending.Add(1)
+	select {
+	case g.tl.pubQ <- pubBlock{hash: g.hashes[j], vals: g.vals}:
+	default:
+		g.tl.pending.Add(-1)
+		g.tl.dropped.Add(1)
+	}
+	g.vals = nil
+}
+
+func (g *publishGather) Done(bool) {}
+
+// publish runs on a publisher goroutine until the queue is closed: it
+// stores up to PublishBatch queued blocks per pipelined batch.
+func (tl *tierLink) publish() {
+	var hashes []uint64
+	var vals [][]byte
+	for b := range tl.pubQ {
+		if tl.stopping.Load() {
+			tl.pending.Add(-1)
+			tl.dropped.Add(1)
+			continue
+		}
+		hashes, vals = append(hashes[:0], b.hash), append(vals[:0], b.vals...)
+	fill:
+		for len(hashes) < tl.cfg.PublishBatch {
+			select {
+			case b, ok := <-tl.pubQ:
+				if !ok {
+					break fill
+				}
+				hashes, vals = append(hashes, b.hash), append(vals, b.vals...)
+			default:
+				break fill
+			}
+		}
+		n, err := tl.t.PutValues(context.Background(), hashes, vals)
+		tl.bytesPub.Add(n)
+		if err != nil {
+			tl.pubErrs.Add(int64(len(hashes))) // the batch failed in part or whole
+		} else {
+			tl.published.Add(int64(len(hashes)))
+		}
+		tl.pending.Add(-int64(len(hashes)))
+		clear(vals) // the backend keeps them (embedded) or is done with them
+	}
+}

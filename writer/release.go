@@ -96,6 +96,12 @@ func (p *Path) unrefLocked(w *Write, pins, owners int32) (release bool) {
 // Unpin drops a consumed (or failed) step's pins and releases the writes
 // nothing references any more. Any goroutine.
 func (p *Path) Unpin(r *Refs) {
+	if len(r.Pins) == 0 {
+		// Nothing pinned (a step without hits has no plan pins): no lock,
+		// and nothing released to hand back.
+		clear(r.Src)
+		return
+	}
 	p.mu.Lock()
 	for _, w := range r.Pins {
 		if p.unrefLocked(w, 1, 0) {

@@ -81,7 +81,7 @@ type CUDA struct {
 	nreg              atomic.Int64
 	batchMu           sync.Mutex
 	bDst, bSrc, bSize []uint64
-	st                struct{ batched atomic.Int64 }
+	batched           atomic.Int64 // copies issued in batches (BatchedCopies)
 
 	memMu sync.Mutex
 	mem   map[uintptr]devAlloc // live device allocations (Alloc's)
@@ -336,18 +336,15 @@ func (d *CUDA) chunked(p []byte) uintptr {
 	if d.nreg.Load() == 0 {
 		return 0
 	}
-	lo := uintptr(hostPtr(p))
-	hi := lo + uintptr(len(p))
 	d.memMu.Lock()
-	defer d.memMu.Unlock()
-	for base, h := range d.host {
-		if h.registered && lo >= base && lo < base+uintptr(h.n) {
-			end := base + (lo-base)/regChunk*regChunk + regChunk
-			if hi > end {
-				return end
-			}
-			return 0
-		}
+	base, h, ok := d.pinnedLocked(p)
+	d.memMu.Unlock()
+	if !ok || !h.registered {
+		return 0
+	}
+	lo := uintptr(hostPtr(p))
+	if end := base + (lo-base)/regChunk*regChunk + regChunk; lo+uintptr(len(p)) > end {
+		return end
 	}
 	return 0
 }

@@ -300,7 +300,7 @@ func (d *CUDA) CopyDtoHBatch(dst [][]byte, src []Buffer) error {
 	if err := batchCopy(d.bDst, d.bSrc, d.bSize, streamPtr(d.stream)); err != nil {
 		return fmt.Errorf("%w: cuMemcpyBatchAsync of %d copies: %w", ErrCopy, len(d.bDst), err)
 	}
-	d.st.batched.Add(int64(len(d.bDst)))
+	d.batched.Add(int64(len(d.bDst)))
 	return nil
 }
 
@@ -310,25 +310,26 @@ func (d *CUDA) allPinned(dst [][]byte) bool {
 	d.memMu.Lock()
 	defer d.memMu.Unlock()
 	for _, p := range dst {
-		if len(p) == 0 {
-			continue
-		}
-		lo := uintptr(hostPtr(p))
-		hi := lo + uintptr(len(p))
-		in := false
-		for base, h := range d.host {
-			if lo >= base && hi <= base+uintptr(h.n) {
-				in = true
-				break
-			}
-		}
-		if !in {
+		if _, _, ok := d.pinnedLocked(p); len(p) > 0 && !ok {
 			return false
 		}
 	}
 	return true
 }
 
+// pinnedLocked finds the AllocHost allocation that holds all of p (a
+// handful are live: the staging pages). Caller holds memMu.
+func (d *CUDA) pinnedLocked(p []byte) (base uintptr, h pinned, ok bool) {
+	lo := uintptr(hostPtr(p))
+	hi := lo + uintptr(len(p))
+	for base, h := range d.host {
+		if lo >= base && hi <= base+uintptr(h.n) {
+			return base, h, true
+		}
+	}
+	return 0, pinned{}, false
+}
+
 // BatchedCopies is the number of copies issued through cuMemcpyBatchAsync
 // so far (0: the driver lacks it, or no batch qualified).
-func (d *CUDA) BatchedCopies() int64 { return d.st.batched.Load() }
+func (d *CUDA) BatchedCopies() int64 { return d.batched.Load() }

@@ -426,10 +426,6 @@ func (p *Path) FlushBuffer() error {
 	return nil
 }
 
-// pushDead hands a write that failed to the committer so that its owner
-// reference is dropped in order (the committer skips work once failed).
-func (p *Path) pushDead(w *Write) { p.q.Push(Task{W: w}) }
-
 // reserve charges n device bytes, forcing the oldest pending writes out
 // while the charge would exceed the budget. A reservation that cannot be met
 // even with every pending write forced out (what stays charged then is the

@@ -93,6 +93,17 @@ type Config struct {
 	// StagingClaimTimeout bounds a Save's wait for a free page (NoWait: fail
 	// at once).
 	StagingClaimTimeout time.Duration
+	// AllocStagingAtNew makes New allocate every staging page before it
+	// returns (one allocation of StagingDepth pages), failing with an error
+	// wrapping gpu.ErrAlloc when the device refuses it. New then takes the
+	// pinning time (tens of ms for hundreds of MiB of pinned memory on an
+	// H200 host) and no step ever waits for, or runs beside, an allocation
+	// of pinned memory. Off (the default), the first page is
+	// allocated by the first Save that needs one, and each later page in
+	// the background after the Save that took the one before it: nothing
+	// is allocated for a cache that is never used, and the first step pays
+	// for one page.
+	AllocStagingAtNew bool
 	// DeviceBudgetBytes bounds every device-side copy the cache holds (step
 	// clones, deferred clones, parked decode rows).
 	DeviceBudgetBytes int64

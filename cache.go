@@ -54,6 +54,15 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{}), tl: tl}
+	if cfg.AllocStagingAtNew {
+		if err := c.path.AllocPages(); err != nil {
+			c.path.Close(nil, time.Time{}) // nothing was saved: the committer stops at once
+			if tl != nil {
+				tl.close()
+			}
+			return nil, err
+		}
+	}
 	c.rd = reader.New(c.path, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes, Free: c.freeRec})
 	c.lay = c.path.Layout()
 	c.eng.reqs = soa.NewRequests(64)

@@ -339,17 +339,17 @@ func (d *batchDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
 	return nil
 }
 
-// A decode-buffer flush of device-parked rows costs the engine goroutine no
-// device call: the committer issues the parked rows' copies, as one batch
-// on a device that has one (one driver call on CUDA instead of one per
-// parked step and key). The flush's Save returns while that batch is held
-// back; every row lands exactly: the flush at block_size steps and the one
-// an arrival forces, owned tensors or not.
+// A step's device rows and a decode-buffer flush of device-parked rows
+// cost the engine goroutine no device copy: the committer issues them, as
+// one batch per write on a device that has one (one driver call on CUDA
+// instead of one per parked step and key). The Saves return while those
+// batches are held back; every row lands exactly: a mixed step, the flush
+// at block_size steps and the one an arrival forces, owned tensors or not.
 func TestDecodeFlushIsOneBatch(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	for _, owned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
-			dev := &batchDevice{Host: gpu.NewHost(), hold: make(chan struct{})}
+			dev := &batchDevice{Host: gpu.NewHost()}
 			cfg := testConfig()
 			cfg.Device = dev
 			h := newHarness(t, cfg)
@@ -359,26 +359,34 @@ func TestDecodeFlushIsOneBatch(t *testing.T) {
 			h.assign(b, 4, 5, 6)
 			h.mat(h.step(step{Sched: []S{d.s(a, 2), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}}))
 			h.sync()
-			singles := dev.singles.Load()
+			require.EqualValues(t, 1, dev.batches.Load(), "the first step's rows: one batch")
+			require.EqualValues(t, 2, dev.batched.Load(), "of its two keys")
+			singles := dev.singles.Load() // its Materialize may have read its rows from the device
+			dev.hold = make(chan struct{})
 			for range testBlockSize { // block_size pure steps: the last one flushes
 				id := guard(t, "a pure decode step whose flush's copies are held back", func() omnicache.StepID { return h.step(d.decode(a, b)) })
 				h.discard(id) // (a read of parked rows would copy them)
 			}
 			require.EqualValues(t, 1, h.c.Stats().BufferFlushes, "BufferFlushes after block_size parked steps")
-			require.Equal(t, singles, dev.singles.Load(), "single copies during the parked steps and their flush")
 			close(dev.hold)
 			h.sync()
-			require.EqualValues(t, 1, dev.batches.Load(), "batches after block_size parked steps")
-			require.EqualValues(t, testBlockSize*2, dev.batched.Load(), "copies in the batch: steps × keys")
+			require.EqualValues(t, 2, dev.batches.Load(), "batches after block_size parked steps")
+			require.EqualValues(t, 2+testBlockSize*2, dev.batched.Load(), "copies in the flush's batch: steps × keys")
 			for range 2 {
 				h.discard(h.step(d.decode(a, b)))
 			}
 			h.assign(c, 7)
-			h.discard(h.step(step{Sched: []S{d.s(a, 1), d.s(b, 1), d.s(c, 3)}, Arrive: []A{{ID: c}}})) // flushes 2 parked steps
+			hold := make(chan struct{})
+			dev.hold = hold
+			id := guard(t, "a mixed step whose copies are held back", func() omnicache.StepID {
+				return h.step(step{Sched: []S{d.s(a, 1), d.s(b, 1), d.s(c, 3)}, Arrive: []A{{ID: c}}}) // flushes 2 parked steps
+			})
+			close(hold)
+			h.discard(id)
 			h.sync()
-			require.EqualValues(t, 2, dev.batches.Load(), "batches after the arrival's flush")
-			require.EqualValues(t, testBlockSize*2+2*2, dev.batched.Load(), "copies in both batches")
-			require.Equal(t, singles+2, dev.singles.Load(), "single copies: the arrival step's own two keys (written, not parked)")
+			require.EqualValues(t, 4, dev.batches.Load(), "batches after the arrival: its flush, then its own rows")
+			require.EqualValues(t, 2+testBlockSize*2+2*2+2, dev.batched.Load(), "copies in every batch")
+			require.Equal(t, singles, dev.singles.Load(), "no single copy since: nothing read device rows")
 			h.checkMirror()
 		})
 	}

@@ -1,6 +1,7 @@
 package omnicache_test
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"unsafe"
@@ -94,4 +95,64 @@ func TestStagingPagesAllocatedOneAhead(t *testing.T) {
 		live, _ := d.counts()
 		require.Zero(t, live, "%d steps: staging memory not freed by Close", steps)
 	}
+}
+
+// AllocStagingAtNew: New allocates every page, Saves allocate nothing and
+// read back exact rows, and Close frees every page.
+func TestAllocStagingAtNew(t *testing.T) {
+	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d,
+		AllocStagingAtNew: true})
+	require.NoError(t, err)
+	live, total := d.counts()
+	require.Equal(t, 1, total, "New allocates every page, as one allocation")
+	require.Equal(t, 1, live)
+	plan := omnicache.Plan{Table: []int32{0, 1, 2, 3, 4, 5, 6, 7}, Stride: 8,
+		IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1},
+		Arrivals: []int64{1}, HitTokens: []int32{0}}
+	var prev omnicache.StepID
+	for s := 0; s < 6; s++ {
+		require.NoError(t, c.Begin(&plan))
+		row := make([]byte, 16)
+		for i := range row {
+			row[i] = byte(s*16 + i)
+		}
+		id, err := c.Save(&omnicache.Outputs{Tokens: 1, Tensors: []omnicache.Tensor{{Host: row, Rows: 1}}})
+		require.NoError(t, err)
+		require.Zero(t, c.Stats().PagesAllocating, "no page is allocated in the background")
+		if prev != 0 {
+			require.NoError(t, c.Discard(prev))
+		}
+		prev = id
+		plan.Arrivals, plan.HitTokens = nil, nil
+		plan.Start[0]++
+	}
+	var res omnicache.Result
+	require.NoError(t, c.Materialize(prev, nil, &res))
+	require.Equal(t, byte(5*16), res.Rows(0, 0)[0])
+	_, total = d.counts()
+	require.Equal(t, 1, total, "no Save allocated a page")
+	require.NoError(t, c.Close())
+	live, _ = d.counts()
+	require.Zero(t, live, "Close frees the pages")
+}
+
+// A device that refuses the staging pages fails New with an error wrapping
+// gpu.ErrAlloc; nothing stays allocated and no goroutine of the cache is
+// left running.
+func TestAllocStagingAtNewFails(t *testing.T) {
+	base := runtime.NumGoroutine()
+	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	f := gpu.NewFaulty(d)
+	f.FailOpAfter(gpu.OpAllocHost, 0)
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, Device: f, CopyWorkers: 4,
+		AllocStagingAtNew: true})
+	require.Nil(t, c)
+	require.ErrorIs(t, err, gpu.ErrAlloc)
+	require.ErrorContains(t, err, "staging pages")
+	live, _ := d.counts()
+	require.Zero(t, live)
+	waitGoroutines(t, base)
 }

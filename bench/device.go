@@ -298,12 +298,12 @@ func (o *deviceOutputs) close() {
 // device's copies issued so far run meanwhile. It sleeps, then spins the
 // last stretch so that short holds are not rounded up to the timer's
 // granularity, and returns the time held.
-func holdFor(d time.Duration) int64 {
+func holdFor(d time.Duration, spin bool) int64 {
 	if d <= 0 {
 		return 0
 	}
 	t := time.Now()
-	if d > 200*time.Microsecond {
+	if !spin && d > 200*time.Microsecond {
 		time.Sleep(d - 100*time.Microsecond)
 	}
 	for time.Since(t) < d {

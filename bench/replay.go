@@ -72,6 +72,9 @@ type Options struct {
 	StagingDepth int
 	// DisableDecodeBuffer turns the cache's decode buffer off.
 	DisableDecodeBuffer bool
+	// AllocStagingAtNew makes the cache allocate every staging page in New
+	// (Config.AllocStagingAtNew; first_request_ns includes it).
+	AllocStagingAtNew bool
 	// Pace emulates the forward's duration for the committer, outside the
 	// timed calls: in the forward of every step that is not a pure decode
 	// step (the decode buffer is empty then) it waits with Sync until every
@@ -126,6 +129,13 @@ type Options struct {
 	// count as backlog beyond the part of the model time not held.
 	Hold    bool
 	HoldMax time.Duration
+	// HoldSpin holds by spinning for the whole hold; otherwise the hold
+	// sleeps and spins only its last 100 µs. CUDA's default scheduling
+	// (cudaDeviceScheduleAuto) spins a thread waiting for the device while
+	// the process has fewer contexts than logical CPUs, as an engine with
+	// one GPU per process does: its thread stays on its core. Sleeping lets
+	// the thread leave the core and come back to cold caches.
+	HoldSpin bool
 }
 
 func (o *Options) defaults() {

@@ -20,6 +20,7 @@ func (r *runner) runOn() error {
 		StagingDepth:          o.StagingDepth,
 		StagingCapacityTokens: o.MaxBatchedTokens,
 		DisableDecodeBuffer:   o.DisableDecodeBuffer,
+		AllocStagingAtNew:     o.AllocStagingAtNew,
 	}
 	depth := o.StagingDepth
 	if depth <= 0 {
@@ -164,7 +165,7 @@ func (r *runner) runOn() error {
 		}
 		var holdNs int64
 		if o.Hold {
-			holdNs = holdFor(r.holdTime(st))
+			holdNs = holdFor(r.holdTime(st), o.HoldSpin)
 		}
 		out.Tokens, out.Padded = st.Tokens, st.Tokens
 		cur := &ring[st.Index%len(ring)]

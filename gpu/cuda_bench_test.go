@@ -26,8 +26,9 @@ package gpu_test
 //	op=device-pinned    the baseline through the Device interface:
 //	                    CopyDtoH into AllocHost memory + Record + Wait
 //	op=cache-staging    the staging path alone: Begin + Save + wait for the
-//	                    step's device event (its rows are host-ready in the
-//	                    staging page) + Discard; before each op, with the
+//	                    event the committer records after issuing the step's
+//	                    device→host copies, and for the copies (its rows are
+//	                    host-ready in the staging page) + Discard; before each op, with the
 //	                    timer stopped, Sync lets the committer finish the
 //	                    previous step's scatter, so the op measures clone +
 //	                    device→host copy with an idle committer
@@ -68,12 +69,25 @@ const (
 // nothing else records in these runs).
 type tapDevice struct {
 	gpu.Device
-	last atomic.Uint64
+	copied atomic.Bool   // a device→host copy was issued since the last Record
+	staged atomic.Uint64 // the last event recorded after device→host copies
+}
+
+func (d *tapDevice) CopyDtoH(dst []byte, src gpu.Buffer, off int) error {
+	d.copied.Store(true)
+	return d.Device.CopyDtoH(dst, src, off)
+}
+
+func (d *tapDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
+	d.copied.Store(true)
+	return gpu.CopyDtoHAll(d.Device, dst, src)
 }
 
 func (d *tapDevice) Record() (gpu.Event, error) {
 	ev, err := d.Device.Record()
-	d.last.Store(uint64(ev))
+	if err == nil && d.copied.Swap(false) {
+		d.staged.Store(uint64(ev))
+	}
 	return ev, err
 }
 
@@ -214,13 +228,20 @@ func BenchmarkStaging(b *testing.B) {
 				if err := c.Begin(&p); err != nil {
 					b.Fatal(err)
 				}
+				staged0 := d.staged.Load()
 				id, err := c.Save(&omnicache.Outputs{Tokens: stTokens, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: stTokens, Owned: v.owned}}})
 				if err != nil {
 					b.Fatal(err)
 				}
 				if v.staging {
+					// The committer issues the step's device→host copies
+					// and records the event after them: wait for that
+					// event, then for the copies.
 					t1 := time.Now()
-					if err := d.Wait(gpu.Event(d.last.Load())); err != nil {
+					for d.staged.Load() == staged0 {
+						runtime.Gosched()
+					}
+					if err := d.Wait(gpu.Event(d.staged.Load())); err != nil {
 						b.Fatal(err)
 					}
 					saveNs += t1.Sub(t0)

@@ -127,6 +127,7 @@ func (r *Reader) Charge(s *Step, hits []Hit) bool {
 		return false
 	}
 	s.pfBytes = bytes
+	s.pfCharge.Store(bytes)
 	return true
 }
 
@@ -153,7 +154,7 @@ func (s *Step) RunInOrder(failed bool) {
 	switch {
 	case failed:
 		s.pfFailed = true
-	case !s.cancel.Load():
+	case s.pfState.CompareAndSwap(pfQueued, pfStarted):
 		rows := 0
 		if n := len(s.IDs); n > 0 {
 			rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
@@ -202,19 +203,27 @@ func (r *Reader) Release(s *Step) {
 		r.pool.put(b)
 		s.pf[k] = nil
 	}
-	if s.pfBytes > 0 {
-		r.charged.Add(-s.pfBytes)
-		s.pfBytes = 0
-	}
+	r.uncharge(s)
 	r.p.Unpin(&s.planPins)
 	r.opt.Free(s)
 }
 
-// Cancel abandons a planned step that will never be saved (Abort, a failed
-// Save): a read not started yet is skipped; the consumer's reference is
-// dropped. Engine goroutine.
+// uncharge gives s's read-ahead charge back (once).
+func (r *Reader) uncharge(s *Step) {
+	if b := s.pfCharge.Swap(0); b > 0 {
+		r.charged.Add(-b)
+	}
+}
+
+// Cancel gives up a step that will not be read (Discard, Abort, a failed
+// Save): a read not started yet is skipped and its charge is given back at
+// once (the step is consumed: its buffers will never be taken, and the next
+// step's Charge must not find them still counted); the consumer's
+// reference is dropped. Engine goroutine.
 func (r *Reader) Cancel(s *Step) {
-	s.cancel.Store(true)
+	if s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
+		r.uncharge(s)
+	}
 	r.Release(s)
 }
 

@@ -222,10 +222,7 @@ func (r *Reader) readWrite(w *writer.Write, k, r0, cnt int, out []byte) error {
 		j, i := r0/w.N, r0%w.N
 		m := min(cnt, w.N-i)
 		slot := j*nimm + ki
-		if h := w.Host[slot]; h != nil {
-			if err := r.p.WaitDev(w.Ev); err != nil {
-				return err
-			}
+		if h := w.Host[slot]; h != nil { // host rows: staged by Save, or an owned host tensor
 			copy(out[:m*rb], h[i*rb:(i+m)*rb])
 		} else if err := r.readParked(w, slot, i, m, rb, out); err != nil {
 			return err

@@ -77,16 +77,29 @@ type Step struct {
 	// prefetch (see prefetch.go): the hit read the committer runs in queue
 	// order into result-layout buffers, while the engine runs its forward.
 	rd       *Reader
-	pf       [][]byte    // per key: [prefix | step rows] per request, batch order
-	pfOff    []int32     // per request: first row in pf
-	pfSeq    uint64      // queue sequence of the read (0: not prefetched)
-	pfBytes  int64       // read-ahead bytes charged for pf
-	pfErr    []error     // per request: its prefix could not be served
-	pfFailed bool        // the committer skipped the read: the path had failed
-	noBudget bool        // planned without read-ahead: the budget was exhausted
-	cancel   atomic.Bool // abandoned (Abort, failed Save): the read is skipped
+	pf       [][]byte // per key: [prefix | step rows] per request, batch order
+	pfOff    []int32  // per request: first row in pf
+	pfSeq    uint64   // queue sequence of the read (0: not prefetched)
+	pfBytes  int64    // read-ahead bytes charged for pf
+	pfErr    []error  // per request: its prefix could not be served
+	pfFailed bool     // the committer skipped the read: the path had failed
+	noBudget bool     // planned without read-ahead: the budget was exhausted
+	// pfState: pfQueued until the committer starts the read (pfStarted)
+	// or the consumer gives it up first (pfCancelled: Discard, Abort, a
+	// failed Save; the read is skipped).
+	pfState atomic.Int32
+	// pfCharge is the read-ahead charge still held (pfBytes until given
+	// back, once, by whichever of Cancel and the last Release is first).
+	pfCharge atomic.Int64
 	hold     atomic.Int32
 }
+
+// Step.pfState values.
+const (
+	pfQueued = iota
+	pfStarted
+	pfCancelled
+)
 
 // plan entry kinds for deferred hit rows.
 const (
@@ -123,7 +136,8 @@ func (s *Step) Reset(nkeys int) {
 	clear(s.pfErr)
 	s.pfErr = s.pfErr[:0]
 	s.pfFailed, s.noBudget = false, false
-	s.cancel.Store(false)
+	s.pfState.Store(pfQueued)
+	s.pfCharge.Store(0)
 	s.hold.Store(1) // the consumer's (Materialize or Discard, or the cancel)
 }
 

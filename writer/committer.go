@@ -75,8 +75,13 @@ type Committer struct {
 	// copyLate's batch (committer goroutine)
 	lateDst [][]byte
 	lateSrc []gpu.Buffer
+	ahead   []*Write // issueAhead's scratch
 	curID   uint64
 }
+
+// lateAhead is how many queued writes past the one being committed may have
+// their late copies issued before their turn.
+const lateAhead = 2
 
 // NewCommitter returns a committer; Start runs it.
 func NewCommitter(cfg CommitterConfig) *Committer {
@@ -194,9 +199,9 @@ func (c *Committer) run() {
 	}
 }
 
-// copyLate issues a flushed decode buffer's device→host copies (every
-// device-parked row into its place in the page) as one batch, and records
-// the event the scatter waits for. Until that event completed the rows stay
+// copyLate issues a write's device→host copies (every device row, of a
+// step or parked by the decode buffer, into its place in the page) as one
+// batch, and records the event the scatter waits for. Until that event completed the rows stay
 // readable on the device (Write.DevLive).
 func (c *Committer) copyLate(w *Write) (gpu.Event, error) {
 	c.lateDst, c.lateSrc = c.lateDst[:0], c.lateSrc[:0]
@@ -283,13 +288,39 @@ func (c *Committer) count(w *Write, j, kept, skipped int) {
 	st.Bytes.Add(int64(kept * rowB))
 }
 
+// issueAhead issues the late copies of the next queued writes (up to
+// lateAhead) that have not been issued yet, so that they run on the device
+// while this write is scattered. A failure leaves the write to issue its
+// copies at its turn (and report the failure then).
+func (c *Committer) issueAhead() {
+	c.ahead = c.ahead[:0]
+	c.cfg.Queue.Since(c.popped, func(t Task) bool {
+		if w := t.W; w != nil && w.CopyLate && !w.lateIssued {
+			c.ahead = append(c.ahead, w)
+		}
+		return len(c.ahead) < lateAhead
+	})
+	for i, w := range c.ahead {
+		if ev, err := c.copyLate(w); err == nil {
+			w.lateEv, w.lateIssued = ev, true
+		}
+		c.ahead[i] = nil
+	}
+}
+
 func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	if w.CopyLate {
-		var err error
-		if ev, err = c.copyLate(w); err != nil {
-			return err
+		if w.lateIssued {
+			ev = w.lateEv
+		} else {
+			var err error
+			if ev, err = c.copyLate(w); err != nil {
+				return err
+			}
 		}
+		w.lateEv, w.lateIssued = 0, false
 	}
+	c.issueAhead()
 	if err := c.cfg.Dev.Wait(ev); err != nil {
 		return err
 	}

@@ -35,6 +35,9 @@ type Config struct {
 	ReleaseHost  func([]byte)
 	CopyWorkers  int // see CommitterConfig
 	SplitBytes   int // see CommitterConfig (tests)
+	// AllocPages: the caller allocates every page's memory up front
+	// (AllocPages) instead of on first use.
+	AllocPages bool
 }
 
 // Layout is the key layout both paths share, read-only after NewPath.
@@ -61,6 +64,7 @@ type Path struct {
 
 	pages   *Pages
 	spare   *Spare // page memory allocated one page ahead
+	block   []byte // every page's memory, when AllocPages made it
 	budget  *Budget
 	q       *Queue[Task]
 	com     *Committer
@@ -87,7 +91,7 @@ type Path struct {
 	defOpen []uint64 // per handle: sequence of its open deferred write (0: none)
 	defFIFO []openRef
 	defSeq  uint64
-	lastEv  [2]gpu.Event // the last two writes' copies (see join)
+	lastEv  [2]gpu.Event // the last two host-row writes' events (see join)
 	pre     []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
 	_       [64]byte
 	landed  []*Write // committer-only scratch (Landed)
@@ -151,6 +155,33 @@ func NewPath(cfg Config) *Path {
 	})
 	p.com.Start()
 	return p
+}
+
+// AllocPages allocates every staging page's memory now, as one allocation
+// (pinned memory is mostly page zeroing and pinning: one allocation spreads
+// the zeroing over the machine's cores and pins in one sequence of driver
+// calls, where concurrent allocations contend), so that no Save allocates
+// a page or runs beside a background allocation. On failure nothing is
+// allocated and the error wraps the device's. Called once, before the
+// first Save.
+func (p *Path) AllocPages() error {
+	if p.pageB == 0 {
+		return nil
+	}
+	n := p.cfg.StagingDepth
+	mem, err := p.dev.AllocHost(n * p.pageB)
+	if err != nil {
+		return fmt.Errorf("staging pages: %w", err)
+	}
+	i := 0
+	p.pages.Each(func(pg *Page) {
+		o := i * p.pageB
+		pg.Mem = mem[o : o+p.pageB : o+p.pageB]
+		i++
+	})
+	p.block = mem
+	p.spare = NewSpare(p.dev.AllocHost, p.pageB, 0) // nothing left to allocate
+	return nil
 }
 
 // ---- accessors (any goroutine) ----
@@ -330,11 +361,15 @@ func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
 		p.dev.FreeHost(m)
 	}
 	p.pages.Each(func(pg *Page) {
-		if pg.Mem != nil {
+		if pg.Mem != nil && p.block == nil {
 			p.dev.FreeHost(pg.Mem)
-			pg.Mem = nil
 		}
+		pg.Mem = nil
 	})
+	if p.block != nil {
+		p.dev.FreeHost(p.block)
+		p.block = nil
+	}
 	for _, o := range p.occ {
 		if o != nil {
 			o.Free()

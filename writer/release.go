@@ -15,9 +15,9 @@ func (p *Path) newWrite(pg *Page, n int) *Write {
 	if w == nil {
 		w = &Write{}
 	}
-	host, dev, staged, absent, rows, early, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Rows, w.Early[:0], w.Owned[:0]
+	host, dev, staged, absent, rows, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Rows, w.Owned[:0]
 	rows.Reset()
-	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Rows: rows, Early: early, Owned: owned}
+	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Rows: rows, Owned: owned}
 	return w
 }
 
@@ -29,12 +29,6 @@ func (p *Path) release(w *Write, locked bool) {
 		p.pages.Release(w.Page)
 		w.Page = nil
 	}
-	for _, b := range w.Early {
-		p.dev.Free(b)
-	}
-	w.Early = nil
-	p.budget.Release(w.EarlyB)
-	w.EarlyB = 0
 	p.freeDev(w)
 	// A deferred clone's buffer is the cache's, or an owned device tensor
 	// (freed too: it was handed over); an owned host tensor goes back
@@ -179,12 +173,6 @@ func (o committerOwner) Staged(w *Write) {
 		}
 	}
 	p.mu.Unlock()
-	for _, b := range w.Early {
-		p.dev.Free(b)
-	}
-	w.Early = w.Early[:0]
-	p.budget.Release(w.EarlyB)
-	w.EarlyB = 0
 }
 
 // Landed drops the references a finished task held and releases the

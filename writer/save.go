@@ -265,14 +265,15 @@ func (e *TimeoutError) Unwrap() error { return errs.StagingTimeout }
 // NoWait as a claim timeout fails at once.
 const NoWait time.Duration = -1
 
-// stage puts rows of tensor t (key k, ki-th immediate key) for parked step
-// j of write w: host rows are copied into the page (or kept when owned);
-// device rows are cloned (kept when owned) and, when copyNow, copied
-// device→host into the page right away.
+// stage puts rows of tensor t (key k, ki-th immediate key) for step j of
+// write w: host rows are copied into the page (or kept when owned); device
+// rows are parked in w.Dev (the clone preClone made, or the owned tensor
+// itself) with their place in the page in w.Staged, for the committer to
+// copy (CopyLate).
 //
 // An omitted key stages nothing: its entry is marked Absent, and the
 // committer records the slots absent instead of scattering rows.
-func (p *Path) stage(w *Write, t *Src, k, ki, j int, copyNow bool) error {
+func (p *Path) stage(w *Write, t *Src, k, ki, j int) {
 	rb := p.lay.RowBytes[k]
 	nb := w.N * rb
 	slot := j*len(p.lay.Imm) + ki
@@ -280,7 +281,7 @@ func (p *Path) stage(w *Write, t *Src, k, ki, j int, copyNow bool) error {
 		w.Host[slot], w.Dev[slot], w.Staged[slot] = nil, gpu.Buffer{}, nil
 		w.Absent[slot] = true
 		w.NAbsent++
-		return nil
+		return
 	}
 	w.Absent[slot] = false
 	o := p.pageO[k] + j*nb
@@ -294,62 +295,57 @@ func (p *Path) stage(w *Write, t *Src, k, ki, j int, copyNow bool) error {
 			w.Host[slot] = region
 			p.st.Cloned.Add(int64(nb))
 		}
-		return nil
+		return
 	}
-	src := t.Dev
-	if !t.Owned {
-		// The clone preClone made (Save reserved its bytes: cloneNeed).
-		clone := p.takePre(k)
-		if copyNow {
-			w.Early = append(w.Early, clone)
-		} else {
-			w.Dev[slot] = clone
-		}
-		src = clone
-	} else if copyNow {
-		w.Early = append(w.Early, src) // owned: freed once copied
+	if t.Owned {
+		w.Dev[slot] = t.Dev
 	} else {
-		w.Dev[slot] = src
+		// The clone preClone made (Save reserved its bytes: cloneNeed).
+		w.Dev[slot] = p.takePre(k)
 	}
-	if !copyNow {
-		p.mu.Lock()
-		w.DevLive = true
-		p.mu.Unlock()
-		w.Staged[slot] = region
-		return nil
-	}
-	if err := p.dev.CopyDtoH(region, src, 0); err != nil {
-		return p.Fail(err)
-	}
-	w.Host[slot] = region
-	return nil
+	p.mu.Lock()
+	w.DevLive = true
+	p.mu.Unlock()
+	w.Host[slot], w.Staged[slot] = nil, region
 }
 
 // writeStep writes a whole step's immediate rows as one task into page pg;
 // need is the clone bytes reserved for it.
+//
+// Device rows are not copied here: like a decode-buffer flush, the write
+// keeps them on the device (Dev, readable there until staged) and the
+// committer issues their device→host copies as one batch when it reaches
+// the write, or while it scatters the write before it (issueAhead). The
+// engine goroutine makes no device call for the step's rows: after an
+// idle forward a driver call is tens of µs (cold caches, the driver's own
+// locks), about a mixed decode step's whole budget. Owned device tensors
+// are handed over as they are; a non-owned one is the clone preClone made,
+// charged as parked rows (DevCharge) until the copy landed.
 func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w := p.newWrite(pg, len(s.Slots))
-	w.EarlyB = need
+	w.DevCharge = need
 	nimm := len(p.lay.Imm)
 	w.Host = grow(w.Host, nimm)
 	w.Dev = grow(w.Dev, nimm)
 	w.Staged = grow(w.Staged, nimm)
 	w.Absent = grow(w.Absent, nimm)
 	for ki, k := range p.lay.Imm {
-		if err := p.stage(w, &s.Out[k], k, ki, 0, true); err != nil {
+		p.stage(w, &s.Out[k], k, ki, 0)
+	}
+	var ev gpu.Event
+	if w.CopyLate = w.DevLive; !w.CopyLate {
+		// Host rows only (staged above, or owned): an event orders the
+		// write on the device's stream as before, so that the committer's
+		// wait for it is where a device that stalls holds the write back.
+		var err error
+		if ev, err = p.dev.Record(); err != nil {
+			p.release(w, false)
+			return p.Fail(err)
+		}
+		if err := p.join(ev); err != nil {
 			p.release(w, false)
 			return err
 		}
-	}
-	ev, err := p.dev.Record()
-	if err != nil {
-		p.release(w, false)
-		return p.Fail(err)
-	}
-	w.Ev = ev
-	if err := p.join(ev); err != nil {
-		p.release(w, false)
-		return err
 	}
 	w.Steps = 1
 	w.Rows.AppendSlots(s.Slots, 0, 0)
@@ -387,9 +383,7 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 		p.mu.Unlock()
 	}
 	for ki, k := range p.lay.Imm {
-		if err := p.stage(w, &s.Out[k], k, ki, j, false); err != nil {
-			return err
-		}
+		p.stage(w, &s.Out[k], k, ki, j)
 	}
 	w.Rows.AppendSlots(s.Slots, int32(j), int32(j*n))
 	p.mu.Lock()
@@ -491,11 +485,10 @@ func (p *Path) reserve(n int64) error {
 	}
 }
 
-// join is the save-side join point: before a write is handed over, the
-// engine goroutine waits for the device→host copies of the write before the
-// previous one. At most two writes' copies are in flight, and a step's rows
-// are host-ready once two more writes were saved, without serializing each
-// save behind the copy it just issued.
+// join is the save-side join point of writes of host rows: before such a
+// write is handed over, the engine goroutine waits for the event of the
+// host-row write before the previous one, so that at most two are ahead
+// of the device's stream.
 func (p *Path) join(ev gpu.Event) error {
 	prev := p.lastEv[0]
 	p.lastEv[0], p.lastEv[1] = p.lastEv[1], ev

@@ -32,7 +32,6 @@ type Write struct {
 	N      int // rows per parked step
 	Steps  int // steps parked (1 for a plain step)
 	Page   *Page
-	Ev     gpu.Event
 	Host   [][]byte
 	Dev    []gpu.Buffer
 	Staged [][]byte
@@ -41,23 +40,26 @@ type Write struct {
 	// them: 0 lets the committer skip the column.
 	Absent  []bool
 	NAbsent int
-	Rows    soa.Pending  // slot, parked step and row offset of every row
-	Early   []gpu.Buffer // device clones freed once the copy landed
-	Owned   [][]byte     // owned host tensors, handed back when the write is released
-	EarlyB  int64        // their charge
-	Charge  int64        // bytes released with the write
+	Rows    soa.Pending // slot, parked step and row offset of every row
+	Owned   [][]byte    // owned host tensors, handed back when the write is released
+	Charge  int64       // bytes released with the write
 
-	// Device rows parked by the decode buffer are read by Materialize until
-	// the flush copied them to Staged; the committer then releases them.
-	// Guarded by the state lock.
+	// Device rows (of a step, or parked by the decode buffer) are read by
+	// Materialize from the device until the committer copied them to
+	// Staged; it then releases them (and DevCharge, the bytes of the
+	// cache's clones among them). Guarded by the state lock.
 	DevLive    bool
 	DevReads   int32
 	DevRelease bool
 	DevCharge  int64
-	// CopyLate: the device→host copies of the parked rows (Dev into
-	// Staged) are the committer's to issue when it reaches the write, not
-	// the engine goroutine's at the flush (a decode-buffer flush).
+	// CopyLate: the write has device rows; their device→host copies (Dev
+	// into Staged) are the committer's to issue, not the engine
+	// goroutine's (see Path.writeStep and Path.FlushBuffer).
 	CopyLate bool
+	// lateEv is the event after the late copies once the committer issued
+	// them ahead of the write's turn (lateIssued); committer only.
+	lateEv     gpu.Event
+	lateIssued bool
 
 	// deferred clone
 	Key   int
@@ -66,11 +68,12 @@ type Write struct {
 	Slots []int32 // slot of every clone row
 }
 
-// Task is one unit of committer work: an immediate write (W, host-ready once
-// Ev completes), deferred runs (Segs), or in-order work (R).
+// Task is one unit of committer work: an immediate write (W; its device
+// rows, if any, copied by the committer), deferred runs (Segs), or in-order
+// work (R).
 type Task struct {
 	W    *Write
-	Ev   gpu.Event
+	Ev   gpu.Event // a write of host rows only: the event its Save recorded
 	Segs []Seg
 	R    InOrder
 }

@@ -51,18 +51,23 @@ func parseDevice(s string) (deviceSpec, error) {
 // holdSpec is a parsed --hold: whether the forward is held, and its cap
 // (0: the whole model step time).
 type holdSpec struct {
-	on  bool
-	max time.Duration
+	on   bool
+	max  time.Duration
+	spin bool // --hold-wait spin
 }
 
 func (h holdSpec) String() string {
+	wait := " (sleeping)"
+	if h.spin {
+		wait = " (spinning)"
+	}
 	switch {
 	case !h.on:
 		return "off"
 	case h.max == 0:
-		return "the model step time"
+		return "the model step time" + wait
 	}
-	return "the model step time, at most " + h.max.String()
+	return "the model step time, at most " + h.max.String() + wait
 }
 
 // parseHold parses --hold: auto (off on the host device, capped at
@@ -98,7 +103,7 @@ var errDevice = errors.New("device")
 // with it: the cache's device, outputs in its memory unless it is the host
 // device, and the hold. The caller closes the device (nil for host).
 func openDevice(dev deviceSpec, hold holdSpec, opt *bench.Options) (gpu.Device, error) {
-	opt.Hold, opt.HoldMax = hold.on, hold.max
+	opt.Hold, opt.HoldMax, opt.HoldSpin = hold.on, hold.max, hold.spin
 	if !dev.cuda {
 		return nil, nil
 	}

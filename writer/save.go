@@ -303,9 +303,14 @@ func (p *Path) stage(w *Write, t *Src, k, ki, j int) {
 		// The clone preClone made (Save reserved its bytes: cloneNeed).
 		w.Dev[slot] = p.takePre(k)
 	}
-	p.mu.Lock()
-	w.DevLive = true
-	p.mu.Unlock()
+	if !w.DevLive {
+		// Set once per write, under the state lock (readers test it there);
+		// only the engine goroutine sets it, and only the committer clears
+		// it, once the write was handed over: reading it here is safe.
+		p.mu.Lock()
+		w.DevLive = true
+		p.mu.Unlock()
+	}
 	w.Host[slot], w.Staged[slot] = nil, region
 }
 

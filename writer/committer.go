@@ -77,7 +77,15 @@ type Committer struct {
 	lateSrc []gpu.Buffer
 	ahead   []*Write // issueAhead's scratch
 	curID   uint64
+	// unissued counts the CopyLate writes handed over whose copies were
+	// not issued yet (NoteLate adds one): issueAhead looks at the queue
+	// only when some are.
+	unissued atomic.Int64
 }
+
+// NoteLate tells the committer that a CopyLate write is about to be
+// queued. Engine goroutine, before the Push.
+func (c *Committer) NoteLate() { c.unissued.Add(1) }
 
 // lateAhead is how many queued writes past the one being committed may have
 // their late copies issued before their turn.
@@ -293,6 +301,9 @@ func (c *Committer) count(w *Write, j, kept, skipped int) {
 // while this write is scattered. A failure leaves the write to issue its
 // copies at its turn (and report the failure then).
 func (c *Committer) issueAhead() {
+	if c.unissued.Load() == 0 {
+		return
+	}
 	c.ahead = c.ahead[:0]
 	c.cfg.Queue.Since(c.popped, func(t Task) bool {
 		if w := t.W; w != nil && w.CopyLate && !w.lateIssued {
@@ -303,6 +314,7 @@ func (c *Committer) issueAhead() {
 	for i, w := range c.ahead {
 		if ev, err := c.copyLate(w); err == nil {
 			w.lateEv, w.lateIssued = ev, true
+			c.unissued.Add(-1)
 		}
 		c.ahead[i] = nil
 	}
@@ -313,6 +325,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 		if w.lateIssued {
 			ev = w.lateEv
 		} else {
+			c.unissued.Add(-1)
 			var err error
 			if ev, err = c.copyLate(w); err != nil {
 				return err

@@ -361,6 +361,9 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
+	if w.CopyLate {
+		p.com.NoteLate()
+	}
 	w.Seq = p.q.Push(Task{W: w, Ev: ev})
 	p.st.Tasks.Add(1)
 	return nil
@@ -419,6 +422,7 @@ func (p *Path) FlushBuffer() error {
 		return nil
 	}
 	w.CopyLate = true
+	p.com.NoteLate()
 	w.Seq = p.q.Push(Task{W: w})
 	p.st.Tasks.Add(1)
 	p.st.Flushes.Add(1)

@@ -117,33 +117,50 @@ func (t *Tenancy) Publish(slots, mask []int32, id uint64) {
 		}
 		return
 	}
+	// The slow path: some slots skipped, or stale bits to clear. A write's
+	// slots run in blocks, so the written and stale bits of consecutive
+	// slots share a word: they are gathered per word and each word is
+	// stored once (an atomic store per slot was most of a prefill scatter's
+	// bookkeeping). A slot's last occurrence in the call decides its stale
+	// bit, as if the slots were applied one by one (a word seen again
+	// after another is read back and updated again).
+	cw := int32(-1)             // the word being gathered
+	var wset, sset, sclr uint32 // its written bits to set, stale bits to set, stale bits to clear
+	flush := func() {
+		if cw < 0 {
+			return
+		}
+		// The writer is the only goroutine that stores into these columns,
+		// so it may read them without atomics.
+		if old := written[cw]; old|wset != old {
+			atomic.StoreUint32(&written[cw], old|wset)
+		}
+		if old := stale[cw]; (old|sset)&^sclr != old {
+			nw := (old | sset) &^ sclr
+			atomic.StoreUint32(&stale[cw], nw)
+			t.nstale += bits.OnesCount32(nw&^old) - bits.OnesCount32(old&^nw)
+		}
+	}
 	for i, s := range slots {
 		if s < 0 {
 			continue
 		}
-		// The writer is the only goroutine that stores into these columns,
-		// so it may read them without atomics.
 		w, bit := s>>5, uint32(1)<<(s&31)
+		if w != cw {
+			flush()
+			cw, wset, sset, sclr = w, 0, 0, 0
+		}
 		if mask[i] < 0 {
-			if old := stale[w]; old&bit == 0 {
-				atomic.StoreUint32(&stale[w], old|bit)
-				t.nstale++
-			}
+			sset, sclr = sset|bit, sclr&^bit
 			continue
 		}
 		if b := t.block(s); owner[b] != id {
 			atomic.StoreUint64(&owner[b], id)
 		}
-		if old := written[w]; old&bit == 0 {
-			atomic.StoreUint32(&written[w], old|bit)
-		}
-		if t.nstale > 0 {
-			if old := stale[w]; old&bit != 0 {
-				atomic.StoreUint32(&stale[w], old&^bit)
-				t.nstale--
-			}
-		}
+		wset |= bit
+		sset, sclr = sset&^bit, sclr|bit
 	}
+	flush()
 }
 
 // SetAbsent records that the write being scattered omitted optional key ki

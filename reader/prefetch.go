@@ -210,6 +210,9 @@ func (r *Reader) Release(s *Step) {
 
 // uncharge gives s's read-ahead charge back (once).
 func (r *Reader) uncharge(s *Step) {
+	if s.pfCharge.Load() == 0 {
+		return // nothing charged (no prefetch), or given back already
+	}
 	if b := s.pfCharge.Swap(0); b > 0 {
 		r.charged.Add(-b)
 	}
@@ -221,7 +224,7 @@ func (r *Reader) uncharge(s *Step) {
 // step's Charge must not find them still counted); the consumer's
 // reference is dropped. Engine goroutine.
 func (r *Reader) Cancel(s *Step) {
-	if s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
+	if s.pfSeq != 0 && s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
 		r.uncharge(s)
 	}
 	r.Release(s)

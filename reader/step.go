@@ -136,8 +136,14 @@ func (s *Step) Reset(nkeys int) {
 	clear(s.pfErr)
 	s.pfErr = s.pfErr[:0]
 	s.pfFailed, s.noBudget = false, false
-	s.pfState.Store(pfQueued)
-	s.pfCharge.Store(0)
+	// The record is not shared while it is reset: store only what changed
+	// (an atomic store is an exchange on amd64).
+	if s.pfState.Load() != pfQueued {
+		s.pfState.Store(pfQueued)
+	}
+	if s.pfCharge.Load() != 0 {
+		s.pfCharge.Store(0)
+	}
 	s.hold.Store(1) // the consumer's (Materialize or Discard, or the cancel)
 }
 

@@ -10,8 +10,9 @@
 // Available tells which build this is.
 //
 // Goroutines: a Device is used by the cache's engine goroutine (allocation,
-// clones, copies, Record) and by its committer (Wait); implementations must
-// allow that. Buffers are plain values and carry no finalizers: whoever
+// clones, Record), by its committer (the device→host copies of a step's
+// rows, Record, Wait) and by readers (copies of rows still on the device);
+// implementations must allow that. Buffers are plain values and carry no finalizers: whoever
 // allocates one frees it.
 package gpu
 

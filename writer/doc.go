@@ -7,6 +7,11 @@
 //	                                                            ▼
 //	      Queue[Task] ─▶ Committer goroutine ─▶ Mirrors (scatter) + Tenancy/Occupancy (publish)
 //
+// A step's (and a decode-buffer flush's) device rows stay on the device in
+// the write until the committer copies them into the write's page (one
+// batch, issued for the next queued writes while it scatters the one
+// before): Save makes no device call for them.
+//
 // and the resources those stages hold: the device byte budget (every device
 // copy is charged once and released once), the staging pages (one per
 // unconsumed step), the sticky write failure, and the state lock that

@@ -108,6 +108,6 @@ func validate(cfg *Config) (writer.Config, error) {
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
 		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, ReleaseHost: cfg.ReleaseHost,
-		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes, AllocPages: cfg.AllocStagingAtNew,
+		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes,
 	}, nil
 }

@@ -59,7 +59,7 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 	s.joinSeq = r.p.Queue().Pushed()
 	s.maxOwner = r.p.LastID()
 	bs := int32(r.lay.BlockSize)
-	if s.pfBytes > 0 {
+	if s.pfCharge.Load() > 0 { // charged by Charge just before: prefetch
 		defer r.queue(s) // charged (Charge): prefetch
 	}
 	for _, h := range hits {

@@ -126,7 +126,6 @@ func (r *Reader) Charge(s *Step, hits []Hit) bool {
 		s.noBudget = r.opt.Prefetch
 		return false
 	}
-	s.pfBytes = bytes
 	s.pfCharge.Store(bytes)
 	return true
 }

@@ -80,7 +80,6 @@ type Step struct {
 	pf       [][]byte // per key: [prefix | step rows] per request, batch order
 	pfOff    []int32  // per request: first row in pf
 	pfSeq    uint64   // queue sequence of the read (0: not prefetched)
-	pfBytes  int64    // read-ahead bytes charged for pf
 	pfErr    []error  // per request: its prefix could not be served
 	pfFailed bool     // the committer skipped the read: the path had failed
 	noBudget bool     // planned without read-ahead: the budget was exhausted
@@ -88,8 +87,9 @@ type Step struct {
 	// or the consumer gives it up first (pfCancelled: Discard, Abort, a
 	// failed Save; the read is skipped).
 	pfState atomic.Int32
-	// pfCharge is the read-ahead charge still held (pfBytes until given
-	// back, once, by whichever of Cancel and the last Release is first).
+	// pfCharge is the read-ahead charge still held: the bytes Charge
+	// charged for pf (0: not prefetched) until given back, once, by
+	// whichever of Cancel and the last Release is first.
 	pfCharge atomic.Int64
 	hold     atomic.Int32
 }
@@ -132,7 +132,7 @@ func (s *Step) Reset(nkeys int) {
 	s.Qidx = s.Qidx[:0]
 	s.pf = s.pf[:0]
 	s.pfOff = s.pfOff[:0]
-	s.pfSeq, s.pfBytes = 0, 0
+	s.pfSeq = 0
 	clear(s.pfErr)
 	s.pfErr = s.pfErr[:0]
 	s.pfFailed, s.noBudget = false, false

@@ -35,9 +35,6 @@ type Config struct {
 	ReleaseHost  func([]byte)
 	CopyWorkers  int // see CommitterConfig
 	SplitBytes   int // see CommitterConfig (tests)
-	// AllocPages: the caller allocates every page's memory up front
-	// (AllocPages) instead of on first use.
-	AllocPages bool
 }
 
 // Layout is the key layout both paths share, read-only after NewPath.

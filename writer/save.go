@@ -338,7 +338,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 		p.stage(w, &s.Out[k], k, ki, 0)
 	}
 	var ev gpu.Event
-	if w.CopyLate = w.DevLive; !w.CopyLate {
+	if !w.DevLive {
 		// Host rows only (staged above, or owned): an event orders the
 		// write on the device's stream as before, so that the committer's
 		// wait for it is where a device that stalls holds the write back.
@@ -361,12 +361,19 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
-	if w.CopyLate {
+	p.handOver(w, ev)
+	return nil
+}
+
+// handOver queues immediate write w for the committer: with its device
+// rows to copy (CopyLate) when it has any, else with ev, the event its
+// Save recorded after its host rows (0 for a flush). Engine goroutine.
+func (p *Path) handOver(w *Write, ev gpu.Event) {
+	if w.CopyLate = w.DevLive; w.CopyLate {
 		p.com.NoteLate()
 	}
 	w.Seq = p.q.Push(Task{W: w, Ev: ev})
 	p.st.Tasks.Add(1)
-	return nil
 }
 
 // park parks a pure-decode step's immediate rows in the decode buffer (a
@@ -421,10 +428,7 @@ func (p *Path) FlushBuffer() error {
 	if w == nil {
 		return nil
 	}
-	w.CopyLate = true
-	p.com.NoteLate()
-	w.Seq = p.q.Push(Task{W: w})
-	p.st.Tasks.Add(1)
+	p.handOver(w, 0)
 	p.st.Flushes.Add(1)
 	return nil
 }

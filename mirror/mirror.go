@@ -168,11 +168,22 @@ func (m *Mirror) Write(slots []int32, rows []byte) {
 	if len(rows) != len(slots)*rb {
 		panicLen("Write", len(rows), len(slots), rb)
 	}
+	// Slots close together share a chunk: look it up once per run of them
+	// (a decode flush's rows are per-request runs, a step's rows one run).
+	var cb []byte
+	cc := ^uint32(0)
 	for i, s := range slots {
 		if s < 0 {
 			continue
 		}
-		copy(m.writable(s), rows[i*rb:i*rb+rb])
+		if int(s) >= m.numSlots {
+			panicSlot(s, m.numSlots)
+		}
+		if c := uint32(s) >> m.rowShift; c != cc {
+			cb, cc = m.chunkW(c), c
+		}
+		off := int(uint32(s)&m.rowMask) * rb
+		copy(cb[off:off+rb], rows[i*rb:i*rb+rb])
 	}
 }
 
@@ -197,17 +208,28 @@ func (m *Mirror) Read(dst []byte, slots []int32) {
 	if len(dst) != len(slots)*rb {
 		panicLen("Read", len(dst), len(slots), rb)
 	}
+	// A chunk found missing stays missing for the call: none of its slots
+	// was committed when the read began.
+	var cb []byte
+	cc := ^uint32(0)
 	for i, s := range slots {
 		d := dst[i*rb : i*rb+rb]
 		if s < 0 {
 			clear(d)
 			continue
 		}
-		if src := m.readable(s); src != nil {
-			copy(d, src)
-		} else {
-			clear(d)
+		if int(s) >= m.numSlots {
+			panicSlot(s, m.numSlots)
 		}
+		if c := uint32(s) >> m.rowShift; c != cc {
+			cb, cc = m.chunkR(c), c
+		}
+		if cb == nil {
+			clear(d)
+			continue
+		}
+		off := int(uint32(s)&m.rowMask) * rb
+		copy(d, cb[off:off+rb])
 	}
 }
 
@@ -233,7 +255,16 @@ func (m *Mirror) readable(s int32) []byte {
 	if int(s) >= m.numSlots {
 		panicSlot(s, m.numSlots)
 	}
-	c := uint32(s) >> m.rowShift
+	b := m.chunkR(uint32(s) >> m.rowShift)
+	if b == nil {
+		return nil
+	}
+	off := int(uint32(s)&m.rowMask) * m.rowBytes
+	return b[off : off+m.rowBytes]
+}
+
+// chunkR returns chunk c's rows, or nil if it was never allocated.
+func (m *Mirror) chunkR(c uint32) []byte {
 	lf := m.top[c>>m.leafShift].Load()
 	if lf == nil {
 		return nil
@@ -242,8 +273,7 @@ func (m *Mirror) readable(s int32) []byte {
 	if ch == nil {
 		return nil
 	}
-	off := int(uint32(s)&m.rowMask) * m.rowBytes
-	return ch.b[off : off+m.rowBytes]
+	return ch.b
 }
 
 // writable returns the row of slot s (0 <= s), allocating its leaf and
@@ -252,7 +282,14 @@ func (m *Mirror) writable(s int32) []byte {
 	if int(s) >= m.numSlots {
 		panicSlot(s, m.numSlots)
 	}
-	c := uint32(s) >> m.rowShift
+	b := m.chunkW(uint32(s) >> m.rowShift)
+	off := int(uint32(s)&m.rowMask) * m.rowBytes
+	return b[off : off+m.rowBytes]
+}
+
+// chunkW returns chunk c's rows, allocating its leaf and chunk if needed.
+// Writer goroutine only.
+func (m *Mirror) chunkW(c uint32) []byte {
 	lf := m.top[c>>m.leafShift].Load()
 	if lf == nil {
 		lf = m.newLeaf(c >> m.leafShift)
@@ -261,8 +298,7 @@ func (m *Mirror) writable(s int32) []byte {
 	if ch == nil {
 		ch = m.newChunk(lf, c)
 	}
-	off := int(uint32(s)&m.rowMask) * m.rowBytes
-	return ch.b[off : off+m.rowBytes]
+	return ch.b
 }
 
 // newLeaf makes and publishes leaf l. The last leaf holds only the chunks

@@ -260,6 +260,8 @@ func (m *Mirror) writePart(slots []int32, rows []byte, p, parts int, gsh uint) {
 	rb := m.rowBytes
 	// g mod parts without a division (Lemire's fastmod): slots < 2^31.
 	mul := ^uint64(0)/uint64(parts) + 1
+	var cb []byte
+	cc := ^uint32(0)
 	for i, s := range slots {
 		if s < 0 {
 			continue
@@ -267,7 +269,11 @@ func (m *Mirror) writePart(slots []int32, rows []byte, p, parts int, gsh uint) {
 		if hi, _ := bits.Mul64(mul*uint64(s>>gsh), uint64(parts)); int(hi) != p {
 			continue
 		}
-		copy(m.readable(s), rows[i*rb:i*rb+rb])
+		if c := uint32(s) >> m.rowShift; c != cc {
+			cb, cc = m.chunkR(c), c
+		}
+		off := int(uint32(s)&m.rowMask) * rb
+		copy(cb[off:off+rb], rows[i*rb:i*rb+rb])
 	}
 }
 

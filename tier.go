@@ -118,6 +118,8 @@ type tierLink struct {
 
 	byStep map[uint64]*importJob // guarded by Cache.mu
 
+	gathers sync.Pool // *publishGather, back from the committer once done
+
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	pending                                        atomic.Int64 // queued or being stored
 	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored

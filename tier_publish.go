@@ -39,14 +39,18 @@ func (c *Cache) pushPublishes(n int) {
 	if c.tl == nil || n == 0 || c.path.Buffered() > 0 {
 		return
 	}
-	g := &publishGather{tl: c.tl, hashes: e.pubHashes[:n:n]}
-	c.path.PushGather(e.pubBlocks[:n:n], g) // the gather keeps them
-	if n == len(e.pubBlocks) {
-		e.pubBlocks, e.pubHashes = nil, nil
-	} else {
-		e.pubBlocks = append([]int32(nil), e.pubBlocks[n:]...)
-		e.pubHashes = append([]uint64(nil), e.pubHashes[n:]...)
+	// The gather takes copies (its own, recycled once the committer is done
+	// with it): the engine's lists keep their memory, and a steady run
+	// allocates nothing here.
+	g, _ := c.tl.gathers.Get().(*publishGather)
+	if g == nil {
+		g = &publishGather{tl: c.tl}
 	}
+	g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
+	g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
+	c.path.PushGather(g.blocks, g)
+	e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
+	e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	e.pubMark = max(0, e.pubMark-n)
 }
 
@@ -63,6 +67,7 @@ func (c *Cache) publishable() int {
 // (tier.NewValue), on the committer.
 type publishGather struct {
 	tl     *tierLink
+	blocks []int32
 	hashes []uint64
 	vals   [][]byte // the block being read, per key
 }
@@ -106,7 +111,12 @@ func (g *publishGather) Block(j int, ok bool) {
 	g.vals = nil
 }
 
-func (g *publishGather) Done(bool) {}
+// Done implements writer.Gather: the committer is done with g, which goes
+// back to the pool.
+func (g *publishGather) Done(bool) {
+	g.vals = nil
+	g.tl.gathers.Put(g)
+}
 
 // publish runs on a publisher goroutine until the queue is closed: it
 // stores up to PublishBatch queued blocks per pipelined batch.

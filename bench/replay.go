@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"runtime/debug"
 	"time"
@@ -211,10 +212,15 @@ type Report struct {
 	EngineNsP50     int64   `json:"engine_ns_per_step_p50"`
 	EngineNsP99     int64   `json:"engine_ns_per_step_p99"`
 	EngineNsMax     int64   `json:"engine_ns_per_step_max"`
-	BeginNsTotal    int64   `json:"begin_ns_total"`
-	SaveNsTotal     int64   `json:"save_ns_total"`
-	ConsumeNsTotal  int64   `json:"consume_ns_total"` // Discard, and Materialize on the engine goroutine
-	Materialized    int     `json:"materialized_steps"`
+	// BySize is the cache-on run's Begin + Save time of the steps that are
+	// not pure decodes, per power-of-two bucket of their tokens: what a hit
+	// costs the engine goroutine against steps of the same size without
+	// one (HitVsMiss).
+	BySize         SizeBuckets `json:"begin_save_by_size"`
+	BeginNsTotal   int64       `json:"begin_ns_total"`
+	SaveNsTotal    int64       `json:"save_ns_total"`
+	ConsumeNsTotal int64       `json:"consume_ns_total"` // Discard, and Materialize on the engine goroutine
+	Materialized   int         `json:"materialized_steps"`
 	// MaterializeOn is where Materialize runs: "output" (a goroutine
 	// overlapping the next forward) or "engine" (Options.MaterializeOnEngine).
 	MaterializeOn      string `json:"materialize_on"`
@@ -312,6 +318,61 @@ type Report struct {
 	Stats *omnicache.Stats `json:"-"`
 
 	Samples []StepSample `json:"-"`
+}
+
+// SizeBuckets sums steps' Begin + Save time per power-of-two bucket of
+// their tokens (bucket b: tokens in [2^(b-1), 2^b)); [1] counts the steps
+// whose arrivals hit, [0] the others. JSON: two arrays of 33 {n, ns}.
+type SizeBuckets [2][33]SizeBucket
+
+// SizeBucket is one bucket's steps and their summed Begin + Save time.
+type SizeBucket struct {
+	N  int64 `json:"n"`
+	Ns int64 `json:"ns"`
+}
+
+// add counts one step.
+func (s *SizeBuckets) add(hit bool, tokens int, ns int64) {
+	k := 0
+	if hit {
+		k = 1
+	}
+	b := &s[k][bits.Len32(uint32(tokens))]
+	b.N++
+	b.Ns += ns
+}
+
+// HitVsMiss compares the Begin + Save of hit's steps whose arrivals hit
+// with that of steps of the same size without a hit in any of runs (the
+// same model's cache-on runs: the same keys): per bucket that has both,
+// weighted as the hit steps are. n is the hit steps compared (0: none),
+// misses the steps without a hit they were compared with.
+func HitVsMiss(hit *Report, runs []*Report) (hitNs, missNs float64, n, misses int64) {
+	var miss [33]SizeBucket
+	for _, r := range runs {
+		if r.Cache != "on" || r.Keys != hit.Keys || r.Model != hit.Model {
+			continue
+		}
+		for b, m := range r.BySize[0] {
+			miss[b].N += m.N
+			miss[b].Ns += m.Ns
+		}
+	}
+	var hitSum int64
+	for b, h := range hit.BySize[1] {
+		m := miss[b]
+		if h.N == 0 || m.N == 0 {
+			continue
+		}
+		n += h.N
+		misses += m.N
+		hitSum += h.Ns
+		missNs += float64(h.N) * float64(m.Ns) / float64(m.N)
+	}
+	if n == 0 {
+		return 0, 0, 0, 0
+	}
+	return float64(hitSum) / float64(n), missNs / float64(n), n, misses
 }
 
 // WarmEngineNs is the engine goroutine's cache time after the first step:

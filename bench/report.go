@@ -211,6 +211,15 @@ func WriteSummary(w io.Writer, reps []*Report) error {
 			shortName(h.Name), pct(h.HitRate, 1), signedPct(h.Projected, 1), signedPct(h.RefAfter, 1),
 			100*(h.Projected-h.RefAfter), 100*TargetGainPoints, verdict)
 	}
+	for _, r := range reps {
+		if r.Cache != "on" {
+			continue
+		}
+		if hit, miss, n, m := HitVsMiss(r, reps); n > 0 {
+			fmt.Fprintf(w, "hit steps %s: Begin+Save %s (%d) vs %s, %d %s steps of that size without a hit\n",
+				shortName(r.Name), dur(hit), n, dur(miss), m, r.Model)
+		}
+	}
 	worst, name := 0.0, ""
 	for _, r := range reps {
 		if r.RefReqPerSecOff > 0 && math.Abs(r.FitError) >= worst {

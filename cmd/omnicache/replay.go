@@ -82,6 +82,7 @@ type replayFlags struct {
 	hold          string
 	replicas      int    // replicas.go
 	tier          string // replicas.go
+	tierMiB       int    // replicas.go
 	route         string // replicas.go
 	sharedKV      int    // replicas.go
 	waitPublish   bool   // replicas.go

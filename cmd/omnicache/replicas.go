@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/tier"
 )
 
 // The replay with replicas (--replicas N): N simulated engines behind a
@@ -20,6 +21,7 @@ func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
 	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
 	fs.BoolVar(&f.waitPublish, "wait-publish", false, "with --replicas: pace each forward until the blocks gathered so far are stored in the tier (tier hits then do not depend on the publishers' CPU time; costs wall time)")
+	fs.IntVar(&f.tierMiB, "tier-mib", 0, "with --replicas --tier embedded: the embedded tier's bound in MiB, least recently used out first (0: "+fmt.Sprint(tier.DefaultEmbeddedBytes>>20)+")")
 	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
 }
 
@@ -32,8 +34,11 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	if f.sharedKV < 0 || f.sharedKV > maxKVBlocks {
 		return fmt.Errorf("--shared-kv-blocks %d: want 0..%d", f.sharedKV, maxKVBlocks)
 	}
+	if f.tierMiB < 0 || f.tierMiB > maxMirrorMiB {
+		return fmt.Errorf("--tier-mib %d: want 0..%d", f.tierMiB, maxMirrorMiB)
+	}
 	if f.replicas == 0 {
-		for _, name := range []string{"tier", "route", "shared-kv-blocks", "wait-publish"} {
+		for _, name := range []string{"tier", "tier-mib", "route", "shared-kv-blocks", "wait-publish"} {
 			if set[name] {
 				return fmt.Errorf("--%s applies to --replicas only", name)
 			}
@@ -52,6 +57,9 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	}
 	if f.tier != "embedded" && f.tier != "off" && !strings.Contains(f.tier, "://") {
 		return fmt.Errorf("--tier %q: want embedded, off, redis://HOST:PORT or redis-cluster://H1:P1,...", f.tier)
+	}
+	if set["tier-mib"] && f.tier != "embedded" {
+		return fmt.Errorf("--tier-mib applies to --tier embedded only")
 	}
 	for _, name := range []string{"cache", "device", "plot", "metrics-addr", "repeat", "check", "wide", "materialize-on", "hold", "owned", "staging-depth", "decode-buffer", "pace", "step-time"} {
 		if set[name] {
@@ -73,7 +81,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		defer jf.Close()
 		js = json.NewEncoder(jf)
 	}
-	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, Route: f.route, Verify: f.verify,
+	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, Route: f.route, Verify: f.verify,
 		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish}
 	var reps []*bench.ReplicasReport
 	var failed error

@@ -63,6 +63,9 @@ func TestReplayReplicasBadFlags(t *testing.T) {
 		{"--replicas", "2", "--tier", "memcached"},
 		{"--replicas", "-1"},
 		{"--replicas", "2", "--cache", "off"}, // a flag of the one-engine replay
+		{"--tier-mib", "64"},                  // without --replicas
+		{"--replicas", "2", "--tier", "off", "--tier-mib", "64"},
+		{"--replicas", "2", "--tier-mib", "-1"},
 	} {
 		if code, _, errs := run(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)

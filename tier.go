@@ -118,7 +118,8 @@ type tierLink struct {
 
 	byStep map[uint64]*importJob // guarded by Cache.mu
 
-	gathers sync.Pool // *publishGather, back from the committer once done
+	gathers sync.Pool    // *publishGather, back from the committer once done
+	imports atomic.Int64 // entries in byStep
 
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	pending                                        atomic.Int64 // queued or being stored
@@ -262,8 +263,10 @@ func (c *Cache) checkTierPlan(p *Plan) error {
 
 // ---- hooks into the calls ----
 
-// tierSaved attaches the saved step's import to its id.
-func (c *Cache) tierSaved(id uint64) {
+// tierSaved attaches the saved step's import to its id; the full blocks
+// noted went with the step's write (queued: g, of every noted block), or
+// are queued now unless the step was parked.
+func (c *Cache) tierSaved(id uint64, g *publishGather, queued bool) {
 	if c.tl == nil {
 		return
 	}
@@ -271,8 +274,13 @@ func (c *Cache) tierSaved(id uint64) {
 	if e.imp != nil {
 		c.mu.Lock()
 		c.tl.byStep[id] = e.imp
+		c.tl.imports.Add(1)
 		c.mu.Unlock()
 		e.imp = nil
+	}
+	if queued {
+		c.published(len(g.blocks))
+		return
 	}
 	c.pushPublishes(len(c.te.pubBlocks)) // the saved step's rows were handed over, unless parked
 }
@@ -289,13 +297,16 @@ func (c *Cache) tierUnbegin() {
 
 // takeImport removes step id's import (nil when none).
 func (c *Cache) takeImport(id StepID) *importJob {
-	if c.tl == nil {
-		return nil
+	if c.tl == nil || c.tl.imports.Load() == 0 {
+		return nil // no saved step has an import waiting: c.mu not taken
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	j := c.tl.byStep[uint64(id)]
-	delete(c.tl.byStep, uint64(id))
+	j, ok := c.tl.byStep[uint64(id)]
+	if ok {
+		delete(c.tl.byStep, uint64(id))
+		c.tl.imports.Add(-1)
+	}
 	return j
 }
 

@@ -135,20 +135,8 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		t := &o.Tensors[k]
 		ws.Out[k] = writer.Src{Host: t.Host, Dev: t.Dev, Owned: t.Owned}
 	}
-	// The full blocks to publish ride with the step's write (one hand-over:
-	// a second push would meet the committer it just woke at the queue's
-	// lock).
-	g := c.saveGather()
-	if g != nil {
-		ws.Then = c.path.GatherTask(g.blocks, g)
-	}
 	err := c.path.Save(ws, &rec.Refs)
 	clear(ws.Out) // borrowed for the call
-	queued := ws.ThenQueued
-	ws.Then, ws.ThenQueued = nil, false
-	if g != nil && !queued {
-		c.tl.gathers.Put(g) // parked, or failed: the blocks stay noted
-	}
 	if err != nil {
 		if e.rec == nil {
 			c.rd.Release(rec)
@@ -161,7 +149,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		return 0, err
 	}
 	e.begun = false
-	c.tierSaved(rec.ID, g, queued)
+	c.tierSaved(rec.ID)
 	if len(e.hits) > 0 {
 		if !e.planned {
 			c.rd.Plan(rec, e.hits) // not prefetched: planned behind the step's own rows

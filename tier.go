@@ -263,10 +263,8 @@ func (c *Cache) checkTierPlan(p *Plan) error {
 
 // ---- hooks into the calls ----
 
-// tierSaved attaches the saved step's import to its id; the full blocks
-// noted went with the step's write (queued: g, of every noted block), or
-// are queued now unless the step was parked.
-func (c *Cache) tierSaved(id uint64, g *publishGather, queued bool) {
+// tierSaved attaches the saved step's import to its id.
+func (c *Cache) tierSaved(id uint64) {
 	if c.tl == nil {
 		return
 	}
@@ -277,10 +275,6 @@ func (c *Cache) tierSaved(id uint64, g *publishGather, queued bool) {
 		c.tl.imports.Add(1)
 		c.mu.Unlock()
 		e.imp = nil
-	}
-	if queued {
-		c.published(len(g.blocks))
-		return
 	}
 	c.pushPublishes(len(c.te.pubBlocks)) // the saved step's rows were handed over, unless parked
 }

@@ -35,44 +35,23 @@ func (c *Cache) notePublishes(p *Plan) {
 // the begun step qualify (n = pubMark): the begun step's rows come with its
 // Save. Engine goroutine.
 func (c *Cache) pushPublishes(n int) {
+	e := &c.te
 	if c.tl == nil || n == 0 || c.path.Buffered() > 0 {
 		return
 	}
-	g := c.gatherOf(n)
-	c.path.PushGather(g.blocks, g)
-	c.published(n)
-}
-
-// gatherOf returns a gather of the first n noted full blocks. It takes
-// copies (its own, recycled once the committer is done with it): the
-// engine's lists keep their memory, and a steady run allocates nothing.
-func (c *Cache) gatherOf(n int) *publishGather {
-	e := &c.te
+	// The gather takes copies (its own, recycled once the committer is done
+	// with it): the engine's lists keep their memory, and a steady run
+	// allocates nothing here.
 	g, _ := c.tl.gathers.Get().(*publishGather)
 	if g == nil {
 		g = &publishGather{tl: c.tl}
 	}
 	g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
 	g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
-	return g
-}
-
-// published drops the first n noted full blocks: their gather is queued.
-func (c *Cache) published(n int) {
-	e := &c.te
+	c.path.PushGather(g.blocks, g)
 	e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
 	e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	e.pubMark = max(0, e.pubMark-n)
-}
-
-// saveGather is the gather Save hands the write path to queue right behind
-// the step's write (writer.Step.Then): every full block noted, the begun
-// step's included. nil without a tier or blocks.
-func (c *Cache) saveGather() *publishGather {
-	if c.tl == nil || len(c.te.pubBlocks) == 0 {
-		return nil
-	}
-	return c.gatherOf(len(c.te.pubBlocks))
 }
 
 // publishable is how many noted full blocks may be gathered now: all of

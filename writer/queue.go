@@ -50,28 +50,6 @@ func (q *Queue[T]) Push(v T) uint64 {
 	return seq
 }
 
-// Push2 appends a and then b under one lock and one wake-up (a consumer
-// woken by a separate Push of a would contend for the lock with the push of
-// b); it returns their sequence numbers.
-func (q *Queue[T]) Push2(a, b T) (uint64, uint64) {
-	q.mu.Lock()
-	for q.n+2 > len(q.buf) {
-		nb := make([]T, 2*len(q.buf))
-		for i := 0; i < q.n; i++ {
-			nb[i] = q.buf[(q.head+i)%len(q.buf)]
-		}
-		q.buf, q.head = nb, 0
-	}
-	q.buf[(q.head+q.n)%len(q.buf)] = a
-	q.buf[(q.head+q.n+1)%len(q.buf)] = b
-	q.n += 2
-	q.pushed += 2
-	seq := q.pushed
-	q.cond.Signal()
-	q.mu.Unlock()
-	return seq - 1, seq
-}
-
 // Pop returns the oldest item, blocking while the queue is empty; ok is
 // false once the queue is closed and empty.
 func (q *Queue[T]) Pop() (v T, ok bool) {

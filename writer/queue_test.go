@@ -60,34 +60,6 @@ func TestQueueFIFOAcrossGrowth(t *testing.T) {
 	}
 }
 
-// Push2 keeps FIFO order and sequence numbers across wrap-around and
-// growth, mixed with Push.
-func TestQueuePush2(t *testing.T) {
-	for _, capHint := range []int{1, 2, 3, 5} {
-		q := NewQueue[int](capHint)
-		next, want := 0, 0
-		for round := 1; round <= 8; round++ {
-			for i := 0; i < round; i++ {
-				a, b := q.Push2(next+1, next+2)
-				require.EqualValues(t, next+1, a)
-				require.EqualValues(t, next+2, b)
-				next += 2
-				next++
-				require.EqualValues(t, next, q.Push(next))
-			}
-			for i := 0; i < 2*round; i++ {
-				want++
-				require.Equal(t, want, mustPop(t, q), "capHint %d", capHint)
-			}
-		}
-		for want < next {
-			want++
-			require.Equal(t, want, mustPop(t, q))
-		}
-		assert.EqualValues(t, next, q.Pushed())
-	}
-}
-
 func TestQueuePopBlocksUntilPush(t *testing.T) {
 	q := NewQueue[int](1)
 	ch := popAsync(q)

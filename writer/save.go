@@ -34,12 +34,6 @@ type Step struct {
 	TokOff  []int32      // per request: first row in the step (needed with deferred keys)
 	Pure    bool         // a pure-decode step the decode buffer may park
 	Out     []Src        // per key
-	// Then, when set, is in-order work queued right behind the step's
-	// write, in the same hand-over, when Save hands the write to the
-	// committer (not when the step is parked in the decode buffer or the
-	// Save fails); ThenQueued reports that it was.
-	Then       InOrder
-	ThenQueued bool
 }
 
 // Refs are a saved step's references into the write path: per key the
@@ -367,24 +361,18 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
-	p.handOver(w, ev, s.Then)
-	s.ThenQueued = s.Then != nil
+	p.handOver(w, ev)
 	return nil
 }
 
 // handOver queues immediate write w for the committer: with its device
 // rows to copy (CopyLate) when it has any, else with ev, the event its
-// Save recorded after its host rows (0 for a flush), and then, when not
-// nil, right behind it. Engine goroutine.
-func (p *Path) handOver(w *Write, ev gpu.Event, then InOrder) {
+// Save recorded after its host rows (0 for a flush). Engine goroutine.
+func (p *Path) handOver(w *Write, ev gpu.Event) {
 	if w.CopyLate = w.DevLive; w.CopyLate {
 		p.com.NoteLate()
 	}
-	if then != nil {
-		w.Seq, _ = p.q.Push2(Task{W: w, Ev: ev}, Task{R: then})
-	} else {
-		w.Seq = p.q.Push(Task{W: w, Ev: ev})
-	}
+	w.Seq = p.q.Push(Task{W: w, Ev: ev})
 	p.st.Tasks.Add(1)
 }
 
@@ -440,7 +428,7 @@ func (p *Path) FlushBuffer() error {
 	if w == nil {
 		return nil
 	}
-	p.handOver(w, 0, nil)
+	p.handOver(w, 0)
 	p.st.Flushes.Add(1)
 	return nil
 }

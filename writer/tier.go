@@ -102,13 +102,7 @@ type gatherTask struct {
 // write handed over so far. Rows of optional keys a write omitted read as
 // zeros. Engine goroutine.
 func (p *Path) PushGather(blocks []int32, g Gather) {
-	p.q.Push(Task{R: p.GatherTask(blocks, g)})
-}
-
-// GatherTask is PushGather's read as in-order work, for Step.Then: queued
-// right behind the step's write, it reads the step's own rows too.
-func (p *Path) GatherTask(blocks []int32, g Gather) InOrder {
-	return &gatherTask{p: p, blocks: blocks, g: g}
+	p.q.Push(Task{R: &gatherTask{p: p, blocks: blocks, g: g}})
 }
 
 func (t *gatherTask) RunInOrder(failed bool) {

@@ -38,7 +38,8 @@ package omnicache_test
 //	            twice, 0x20 Sync and compare the mirror with the model,
 //	            0x40 failing-call byte follows, 0x80 device byte follows
 //	        [failing] bits 0-1 the step's plan made wrong first (badPlan*),
-//	            bits 2-3 its outputs made wrong first (badSave*)
+//	            bits 2-3 its outputs made wrong first (badSave*), 0x10 its
+//	            forward fails after Begin (Abort, then Begin it again)
 //	        [device] 0x80: Close while every unconsumed step is being read
 //	            (the run ends); else the device fails method (b&7)%7
 //	            (gpu.Op) after (b>>3)&7 more calls, from this step on
@@ -348,6 +349,7 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 	if misuse&0x40 != 0 {
 		b := in.byte()
 		act.badPlan, act.badSave = int(b&3), int(b>>2&3)
+		act.abortRetry = b&0x10 != 0
 	}
 	if omit&0x80 != 0 && act.badSave == badSaveNone {
 		act.badSave = badSaveOmitRequired
@@ -368,6 +370,9 @@ func FuzzCache(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0x04, 3, 0, 11, 7, 0x15, 0x03, 0x01, 12, 5, 9, 3, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 18, 4, 0})
 	f.Add([]byte{0x07, 0, 1, 6, 1, 0x3f, 0x01, 0x01, 30, 30, 0x01, 0x03, 40, 40, 0, 0x02, 0x02, 40, 0, 0, 0})
+	// Forwards failing after Begin: three steps (a prefill, a decode, a
+	// hit) are aborted and begun again (failing byte 0x10).
+	f.Add([]byte{0x07, 0, 1, 6, 1, 0x3f, 0x81, 0x40, 0x10, 0x01, 30, 30, 0x81, 0x40, 0x10, 0x03, 40, 40, 0, 0x82, 0x40, 0x10, 0x02, 40, 0, 0, 0})
 	// Sparse steps with an optional deferred key: omissions of aux and
 	// codes on prefill, decode and hit steps, and a required key omitted.
 	f.Add([]byte{0x04, 0x1b, 0, 11, 7, 0x15, 0x01, 0x01, 0x02, 12, 5, 0x00, 0x00, 0x04, 0x00, 0x00, 0x06, 0x00, 0x00, 0x82,
@@ -396,9 +401,9 @@ func FuzzCache(f *testing.F) {
 		run.finish()
 
 		st := h.stats()
-		t.Logf("config: %d blocks of %d, depth %d, keys %d, buffer off %v, budget %d; schedule: %d steps, %d requests, %d hits (%d bogus), %d pure decode steps, %d preemptions, %d resumes, %d aborts, %d continuations, %d reuses; cache: %d buffered steps, %d flushes, %d budget flushes, %d deferred writes, %d rows skipped",
+		t.Logf("config: %d blocks of %d, depth %d, keys %d, buffer off %v, budget %d; schedule: %d steps, %d requests, %d hits (%d bogus), %d pure decode steps, %d preemptions, %d resumes, %d aborts, %d continuations, %d reuses, %d step aborts; cache: %d buffered steps, %d flushes, %d budget flushes, %d deferred writes, %d rows skipped",
 			s.cfg.NumBlocks, s.cfg.BlockSize, s.cfg.StagingDepth, len(s.cfg.Keys), s.cfg.DisableDecodeBuffer, st.BudgetLimit,
-			e.steps, e.nextID-1, e.hits, e.bogus, e.pureSteps, e.preempts, e.resumes, e.aborts, e.continued, e.reuses,
+			e.steps, e.nextID-1, e.hits, e.bogus, e.pureSteps, e.preempts, e.resumes, e.aborts, e.continued, e.reuses, run.stepAborts,
 			st.BufferedSteps, st.BufferFlushes, st.BudgetFlushes, st.DeferredWrites, st.RowsSkipped)
 		assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged once every request finished")
 		assert.Zero(t, st.PagesInUse, "Stats.PagesInUse once every step is consumed")

@@ -481,6 +481,22 @@ func (h *harness) tryBegin(st step) error {
 	return nil
 }
 
+// abortBegun aborts the begun step (its forward failed): the cache returns
+// to the state before its Begin, except that finished and preempted
+// requests stay dropped; the harness forgets the requests the Begin made
+// live, as for a failed Save.
+func (h *harness) abortBegun() {
+	h.t.Helper()
+	ps := h.pending
+	h.pending = nil
+	require.NoError(h.t, guard(h.t, h.prefix()+"Abort", h.c.Abort), h.prefix()+"Abort")
+	if ps != nil {
+		for _, id := range ps.fresh {
+			delete(h.live, id)
+		}
+	}
+}
+
 func (h *harness) begin(st step) {
 	h.t.Helper()
 	require.NoError(h.t, h.tryBegin(st), h.prefix()+"Begin")

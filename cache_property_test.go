@@ -68,11 +68,14 @@ type propAction struct {
 	// Failing calls (FuzzCache, cache_fuzz_failure_test.go): each must fail
 	// with its documented error and change nothing, and the step then runs
 	// as generated.
-	badPlan  int // the step's own plan made wrong, see badPlan* constants
-	badSave  int // the step's outputs made wrong, see badSave* constants
-	fault    int // 1 + gpu.Op: the device fails that method from this step on
-	faultN   int // ... after faultN more successful calls
-	closeNow bool
+	badPlan int // the step's own plan made wrong, see badPlan* constants
+	badSave int // the step's outputs made wrong, see badSave* constants
+	// abortRetry: the step's forward fails after its Begin: Abort, then
+	// Begin the same step again.
+	abortRetry bool
+	fault      int // 1 + gpu.Op: the device fails that method from this step on
+	faultN     int // ... after faultN more successful calls
+	closeNow   bool
 }
 
 // Misuse around Begin.
@@ -133,19 +136,22 @@ type propEngine struct {
 	preempted []int64
 	complete  []int64
 
-	nextID     int64
-	hits       int64 // arrivals with a hit
-	hitTokens  int64
-	steps      int
-	continued  int
-	preempts   int
-	resumes    int
-	aborts     int
-	implicit   int
-	pureSteps  int
-	zeroTokens int
-	bogus      int // arrivals hitting never-written blocks (FuzzCache)
-	reuses     int // cached blocks handed to a new tenant on purpose (FuzzCache)
+	nextID    int64
+	hits      int64 // arrivals with a hit
+	hitTokens int64
+	steps     int
+	continued int
+	preempts  int
+	resumes   int
+	aborts    int
+	// begun steps whose forward failed (Abort, Begin again), and of them
+	// steps with hit arrivals
+	abortRetries, abortedHits int
+	implicit                  int
+	pureSteps                 int
+	zeroTokens                int
+	bogus                     int // arrivals hitting never-written blocks (FuzzCache)
+	reuses                    int // cached blocks handed to a new tenant on purpose (FuzzCache)
 
 	// sparse steps (next): each optional key is omitted with probability
 	// 0.3, drawn from omitRng (a stream of its own, so the schedule is the
@@ -510,6 +516,18 @@ func (e *propEngine) next(i int) propAction {
 		act.reqs = ids[:1+rng.IntN(len(ids))]
 	}
 	act.check = i%50 == 49
+	// Every 23rd step's forward fails after Begin: Abort, then the same
+	// step again (a deterministic choice: the schedule's draws stay as
+	// they were).
+	if act.abortRetry = i%23 == 11; act.abortRetry {
+		e.abortRetries++
+		for _, a := range act.st.Arrive {
+			if a.Hit > 0 {
+				e.abortedHits++
+				break
+			}
+		}
+	}
 	return act
 }
 
@@ -669,6 +687,7 @@ type propRun struct {
 	pinnedBudget bool
 	broken       error
 	dead         bool // the cache failed or closed on purpose: the run ended
+	stepAborts   int  // begun steps aborted (misuseAbortRetry) and retried
 }
 
 // outsideID is a request id no schedule uses.
@@ -706,6 +725,14 @@ func (r *propRun) apply(act propAction) {
 	if r.badSaveFirst(act) {
 		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after its failed Save", h.prefix(), i)
 	}
+	if act.abortRetry {
+		// The forward failed: the cache returns to before this Begin
+		// (finished requests stay dropped), and the engine retries the
+		// step; its rows and hits must come out as if it never failed.
+		h.abortBegun()
+		r.stepAborts++
+		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after Abort", h.prefix(), i)
+	}
 	if act.misuse == misuseBeginTwice {
 		err := h.beginPlan(&omnicache.Plan{Stride: h.stride})
 		require.ErrorIs(h.t, err, omnicache.ErrSequence, "%sBegin twice (step %d)", h.prefix(), i)
@@ -713,7 +740,7 @@ func (r *propRun) apply(act propAction) {
 	ps := h.pending
 	sid, err := h.trySave(h.outs())
 	if err != nil && r.pinnedBudget && errors.Is(err, omnicache.ErrBudget) {
-		pinned, need := r.pinnedBound(), r.needBound(ps)
+		pinned, need := r.pinnedBound(ps), r.needBound(ps)
 		require.Greater(h.t, pinned+need, h.cfg.DeviceBudgetBytes,
 			"%sSave of step %d failed (%v) although unconsumed steps pin at most %d device bytes and the step needs at most %d",
 			h.prefix(), i, err, pinned, need)
@@ -786,7 +813,7 @@ func rowBytes(cfg omnicache.Config) (deferred, immediate int64) {
 // deferred clones and the deferred clones its hits read while in transit
 // (at most the clones of the steps that last wrote the hit slots), and an
 // asynchronous read in flight may hold parked decode rows.
-func (r *propRun) pinnedBound() int64 {
+func (r *propRun) pinnedBound(ps *pendingStep) int64 {
 	h := r.h
 	def, imm := rowBytes(h.cfg)
 	seen := map[int]bool{}
@@ -795,6 +822,18 @@ func (r *propRun) pinnedBound() int64 {
 		if ord > 0 && !seen[ord] {
 			seen[ord] = true
 			b += int64(h.tokensAt[ord]) * def
+		}
+	}
+	// The step being saved is not consumed either: its hit plan (made at
+	// Begin) pins the deferred clones its hit rows come from while they
+	// are in transit.
+	if ps != nil {
+		for _, hs := range ps.hits {
+			for _, sl := range hs {
+				if sl >= 0 && int(sl) < len(h.writtenAt) {
+					add(h.writtenAt[sl])
+				}
+			}
 		}
 	}
 	for _, l := range r.late {
@@ -975,6 +1014,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 				e.steps, e.nextID-1, e.hits, e.hitTokens, e.pureSteps, e.preempts, e.resumes, e.aborts, e.continued, e.implicit, e.zeroTokens)
 			require.Positive(t, e.hits, "the schedule must contain hits")
 			require.Positive(t, e.pureSteps, "the schedule must contain pure decode steps")
+			require.Positive(t, e.abortedHits, "the schedule must abort hit steps (%d aborts)", e.abortRetries)
 			if e.omitRng != nil {
 				require.Positive(t, e.omitted, "the schedule must omit keys")
 			}

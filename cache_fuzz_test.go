@@ -370,9 +370,9 @@ func FuzzCache(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0x04, 3, 0, 11, 7, 0x15, 0x03, 0x01, 12, 5, 9, 3, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 18, 4, 0})
 	f.Add([]byte{0x07, 0, 1, 6, 1, 0x3f, 0x01, 0x01, 30, 30, 0x01, 0x03, 40, 40, 0, 0x02, 0x02, 40, 0, 0, 0})
-	// Forwards failing after Begin: three steps (a prefill, a decode, a
-	// hit) are aborted and begun again (failing byte 0x10).
-	f.Add([]byte{0x07, 0, 1, 6, 1, 0x3f, 0x81, 0x40, 0x10, 0x01, 30, 30, 0x81, 0x40, 0x10, 0x03, 40, 40, 0, 0x82, 0x40, 0x10, 0x02, 40, 0, 0, 0})
+	// Forwards failing after Begin (failing byte 0x10): a step with a hit
+	// arrival and a decode step are aborted and begun again.
+	f.Add([]byte{0x07, 0, 1, 6, 1, 0x3f, 0x83, 0x40, 0x01, 0x00, 0x03, 0x10, 0x1e, 0x10, 0x00, 0x01, 0x80, 0x40, 0x03, 0x10, 0x28, 0x02, 0x00, 0x10, 0x40, 0x83})
 	// Sparse steps with an optional deferred key: omissions of aux and
 	// codes on prefill, decode and hit steps, and a required key omitted.
 	f.Add([]byte{0x04, 0x1b, 0, 11, 7, 0x15, 0x01, 0x01, 0x02, 12, 5, 0x00, 0x00, 0x04, 0x00, 0x00, 0x06, 0x00, 0x00, 0x82,
@@ -387,7 +387,7 @@ func FuzzCache(f *testing.F) {
 		for i := 0; i < fuzzMaxSteps && !in.empty() && run.broken == nil; i++ {
 			act := e.fuzzNext(in, &s.modes)
 			if os.Getenv("FUZZ_TRACE") != "" {
-				t.Logf("step %d: %+v mode %d delay %d reqs %v omit %v misuse %d outside %v twice %v check %v badSave %d", i, act.st, act.mode, act.delay, act.reqs, act.omitKeys, act.misuse, act.outside, act.twice, act.check, act.badSave)
+				t.Logf("step %d: %+v mode %d delay %d reqs %v omit %v misuse %d outside %v twice %v check %v badSave %d abort %v", i, act.st, act.mode, act.delay, act.reqs, act.omitKeys, act.misuse, act.outside, act.twice, act.check, act.badSave, act.abortRetry)
 			}
 			run.apply(act)
 		}

@@ -687,7 +687,7 @@ type propRun struct {
 	pinnedBudget bool
 	broken       error
 	dead         bool // the cache failed or closed on purpose: the run ended
-	stepAborts   int  // begun steps aborted (misuseAbortRetry) and retried
+	stepAborts   int  // begun steps aborted (propAction.abortRetry) and begun again
 }
 
 // outsideID is a request id no schedule uses.

@@ -21,7 +21,6 @@ type runner struct {
 	rep    *Report
 	cost   StepCost
 	engine []int64
-	bySize SizeBuckets // Report.BySize
 	// materialize are the Materialize calls' times.
 	materialize []int64
 	clock       int64 // cost of one timed empty interval, subtracted from each call
@@ -55,7 +54,7 @@ func (r *runner) account(st *sim.Step, smp StepSample) {
 	if st.PureDecode {
 		r.rep.PureDecode++
 	} else if r.rep.Cache == "on" {
-		r.bySize.add(st.Hit > 0, st.Tokens, smp.BeginNs+smp.SaveNs)
+		r.rep.BySize.add(st.Hit > 0, st.Tokens, smp.BeginNs+smp.SaveNs)
 	}
 	if r.o.KeepSamples {
 		smp.Tokens, smp.Queried, smp.Hit, smp.Pure = int32(st.Tokens), int32(st.Queried), int32(st.Hit), st.PureDecode
@@ -235,8 +234,6 @@ func (r *runner) finish(off *Schedule) {
 		rep.EngineNsP99 = percentile(sorted, 0.99)
 		rep.EngineNsMax = sorted[len(sorted)-1]
 	}
-
-	r.rep.BySize = r.bySize
 
 	if len(r.materialize) > 0 {
 		sorted := slices.Clone(r.materialize)

@@ -77,8 +77,12 @@ func (o *Occupancy) Row(s int32) uint32 { return o.row[s] }
 // slot in transit for another owner, and returns how many slots it stole
 // from a different in-transit owner (a slot repeated in slots counts once).
 // Negative slots are skipped (their row numbers are still consumed). Each
-// word is swapped atomically, so a concurrent Commit either lands before
-// the steal (the slot is Committed and not counted) or fails.
+// word is loaded and then stored (no locked swap): a concurrent Commit of
+// the old owner either fails, or flips the word between the load and the
+// store and is overwritten; either way the slot ends InTransit(owner). In
+// the second case that slot counts as stolen although its Commit also
+// counted it as flipped: the count is exact only without a concurrent
+// Commit (the cache uses it for nothing but tests).
 func (o *Occupancy) Claim(slots []int32, owner uint64, firstRow uint32) (stolen int) {
 	checkOwner(owner)
 	claimed := Pack(InTransit, owner)

@@ -105,8 +105,10 @@ func TestOccupancyOwnerRange(t *testing.T) {
 
 // TestOccupancyConcurrent runs Claim (engine) and Commit (committer) on two
 // goroutines and readers on others, under -race. Every claim of a slot ends
-// exactly one way: its owner commits it, or a later owner steals it while in
-// transit; so the slots claimed equal the flips plus the steals.
+// at least one way: its owner commits it, or a later owner steals it while
+// in transit (a Commit landing between a steal's load and store counts
+// both: see Claim), so the flips plus the steals are at least the slots
+// claimed; the flips alone never exceed them; no slot stays in transit.
 func TestOccupancyConcurrent(t *testing.T) {
 	const numSlots, owners, batch = 256, 2000, 48
 	o := NewOccupancy(numSlots)
@@ -165,7 +167,8 @@ func TestOccupancyConcurrent(t *testing.T) {
 	close(toCommit)
 	close(done)
 	wg.Wait()
-	require.Equal(t, claimed, flipped+stolen)
+	require.GreaterOrEqual(t, flipped+stolen, claimed, "a claim that neither landed nor was stolen")
+	require.LessOrEqual(t, flipped, claimed, "more commits than claims")
 	for s := range int32(numSlots) {
 		st, _ := o.Load(s)
 		require.NotEqual(t, InTransit, st, "slot %d left in transit", s)

@@ -3,7 +3,9 @@
 package bench
 
 import (
+	"context"
 	"fmt"
+	"runtime/trace"
 	"time"
 
 	"github.com/omnicache/omnicache"
@@ -97,9 +99,11 @@ func (r *runner) runOn() error {
 	// forward; with MaterializeOnEngine it runs here, timed.
 	consume := func(rec *stepRecord, id omnicache.StepID) (int64, error) {
 		if !o.Verify && len(rec.hits) == 0 {
+			rg := region("discard")
 			t := time.Now()
 			err := c.Discard(id)
 			ns := r.since(t)
+			endRegion(rg)
 			rep.Discarded++
 			rep.ConsumeNsTotal += ns
 			if err != nil {
@@ -132,9 +136,11 @@ func (r *runner) runOn() error {
 		if o.OnStep != nil {
 			o.OnStep(st)
 		}
+		rg := region("begin")
 		tb := time.Now()
 		err = c.Begin(&st.Plan)
 		beginNs := r.since(tb)
+		endRegion(rg)
 		if err != nil {
 			return fmt.Errorf("step %d: begin: %w", st.Index, err)
 		}
@@ -188,9 +194,11 @@ func (r *runner) runOn() error {
 			}
 			stallNs += r.pace(c, depth)
 		}
+		rg = region("save")
 		ts := time.Now()
 		id, err := c.Save(&out)
 		saveNs := r.since(ts)
+		endRegion(rg)
 		if err != nil {
 			return fmt.Errorf("step %d: save: %w", st.Index, err)
 		}
@@ -279,4 +287,19 @@ func (r *runner) runOn() error {
 		}
 	}
 	return nil
+}
+
+// region starts a trace region of the engine goroutine's calls when an
+// execution trace is being taken (replay --exec-trace); nil otherwise.
+func region(name string) *trace.Region {
+	if !trace.IsEnabled() {
+		return nil
+	}
+	return trace.StartRegion(context.Background(), name)
+}
+
+func endRegion(r *trace.Region) {
+	if r != nil {
+		r.End()
+	}
 }

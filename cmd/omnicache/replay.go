@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	rtrace "runtime/trace"
 	"slices"
 	"strings"
 	"time"
@@ -70,6 +71,7 @@ type replayFlags struct {
 	plot          string
 	samples       string
 	cpuprofile    string
+	execTrace     string
 	memprofile    string
 	metricsAddr   string
 	progress      string
@@ -132,6 +134,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, and per-step cache time and hit rate to FILE-steps.png")
 	fs.StringVar(&f.samples, "samples", "", "write every run's per-step engine times (Begin, Save, consume, waits, hold; ns) as CSV to FILE")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
+	fs.StringVar(&f.execTrace, "exec-trace", "", "write a Go execution trace to FILE (go tool trace; the engine's Begin, Save and consume calls are regions)")
 	fs.StringVar(&f.memprofile, "memprofile", "", "write a heap profile to FILE at the end")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
@@ -267,6 +270,17 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if f.execTrace != "" {
+		tf, err := os.Create(f.execTrace)
+		if err != nil {
+			return 1, err
+		}
+		defer tf.Close()
+		if err := rtrace.Start(tf); err != nil {
+			return 1, err
+		}
+		defer rtrace.Stop()
 	}
 	if f.replicas > 0 {
 		return runReplicas(f, specs, stdout, stderr)

@@ -136,7 +136,9 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		ws.Out[k] = writer.Src{Host: t.Host, Dev: t.Dev, Owned: t.Owned}
 	}
 	err := c.path.Save(ws, &rec.Refs)
-	clear(ws.Out) // borrowed for the call
+	for k := range ws.Out {
+		ws.Out[k] = writer.Src{} // borrowed for the call (a loop: clear's bulk barrier costs more for a few keys)
+	}
 	if err != nil {
 		if e.rec == nil {
 			c.rd.Release(rec)

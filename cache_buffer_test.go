@@ -5,9 +5,12 @@ package omnicache_test
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -390,4 +393,80 @@ func TestDecodeFlushIsOneBatch(t *testing.T) {
 			h.checkMirror()
 		})
 	}
+}
+
+// waitDevice is batchDevice whose first Wait after armed is closed blocks
+// until release is closed, and which notes, at each batch, how many rows
+// the mirror had taken so far.
+type waitDevice struct {
+	batchDevice
+	c       *omnicache.Cache
+	armed   chan struct{} // closed: the next Wait blocks (once)
+	waiting chan struct{} // closed by that Wait
+	release chan struct{}
+	once    sync.Once
+	rowsAt  []int64 // Stats().RowsWritten at each batch
+	mu      sync.Mutex
+}
+
+func (d *waitDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
+	d.mu.Lock()
+	d.rowsAt = append(d.rowsAt, d.c.Stats().RowsWritten)
+	d.mu.Unlock()
+	return d.batchDevice.CopyDtoHBatch(dst, src)
+}
+
+func (d *waitDevice) Wait(ev gpu.Event) error {
+	select {
+	case <-d.armed:
+		d.once.Do(func() {
+			close(d.waiting)
+			<-d.release
+		})
+	default:
+	}
+	return d.batchDevice.Wait(ev)
+}
+
+// A step handed over while the committer still waits for the copies of the
+// step before it has its own device→host copies issued before that step is
+// scattered into the mirror (and, for one handed over during the scatter,
+// between the scatter's parts): back-to-back large steps overlap one's copy
+// with the other's scatter instead of running them one after the other.
+func TestNextWriteCopiedBeforeScatter(t *testing.T) {
+	const a, b = 1, 2
+	dev := &waitDevice{batchDevice: batchDevice{Host: gpu.NewHost()},
+		armed: make(chan struct{}), waiting: make(chan struct{}), release: make(chan struct{})}
+	cfg := testConfig()
+	cfg.Device = dev
+	cfg.DisableDecodeBuffer = true
+	h := newHarness(t, cfg)
+	dev.c = h.c
+	h.device = true
+	d := &decoder{h: h, next: map[int64]int{}}
+	h.assign(a, 1, 2, 3)
+	h.assign(b, 4, 5, 6)
+	h.mat(h.step(step{Sched: []S{d.s(a, 2), d.s(b, 2)}, Arrive: []A{{ID: a}, {ID: b}}}))
+	h.sync()
+	before := h.c.Stats().RowsWritten
+	require.Positive(t, before)
+
+	close(dev.armed)
+	id1 := h.step(d.decode(a, b))
+	select {
+	case <-dev.waiting:
+	case <-time.After(deadlockTimeout):
+		t.Fatal("the committer never waited for the first step's copies")
+	}
+	id2 := h.step(d.decode(a, b)) // handed over while those copies run
+	close(dev.release)
+	h.discard(id1)
+	h.discard(id2)
+	h.sync()
+	dev.mu.Lock()
+	rowsAt := slices.Clone(dev.rowsAt)
+	dev.mu.Unlock()
+	require.Len(t, rowsAt, 3, "one batch per step")
+	require.Equal(t, before, rowsAt[2], "the second step's copies were issued before the first step's rows were scattered")
+	h.checkMirror()
 }

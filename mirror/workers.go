@@ -111,7 +111,7 @@ func (w *Workers) Stop() {
 func (w *Workers) loop() {
 	defer w.running.Done()
 	for j := range w.jobs {
-		j.work()
+		j.work(nil)
 		j.helpers.Done()
 	}
 }
@@ -129,15 +129,19 @@ type job struct {
 	per   int  // read: rows per part
 	gsh   uint // write: log2(rows per slot group)
 	next  atomic.Int64
+	poll  func() // the caller's, after each of its parts (WriteSplitPoll)
 
 	helpers sync.WaitGroup
 }
 
-func (j *job) work() {
+func (j *job) work(poll func()) {
 	for {
 		p := int(j.next.Add(1) - 1)
 		if p >= j.parts {
 			return
+		}
+		if poll != nil && p > 0 {
+			poll()
 		}
 		if j.src != nil {
 			lo := p * j.per
@@ -175,9 +179,9 @@ func (w *Workers) run(j *job) {
 		}
 	}
 	w.mu.RUnlock()
-	j.work()
+	j.work(j.poll)
 	j.helpers.Wait()
-	j.m, j.slots, j.buf, j.src = nil, nil, nil, nil
+	j.m, j.slots, j.buf, j.src, j.poll = nil, nil, nil, nil, nil
 	w.freeMu.Lock()
 	w.free = append(w.free, j)
 	w.freeMu.Unlock()
@@ -222,6 +226,14 @@ func (w *Workers) getJob() *job {
 // by one part, in call order, so the last of its rows still wins. Writer
 // goroutine only; w may be nil.
 func (m *Mirror) WriteSplit(w *Workers, slots []int32, rows []byte) {
+	m.WriteSplitPoll(w, slots, rows, nil)
+}
+
+// WriteSplitPoll is WriteSplit that calls poll, on the calling goroutine,
+// after each part of a split write the caller worked on itself (poll may be
+// nil): the committer issues the next queued write's device copies from it,
+// so that they run while this write is scattered rather than after it.
+func (m *Mirror) WriteSplitPoll(w *Workers, slots []int32, rows []byte, poll func()) {
 	rb := m.rowBytes
 	if w.N() <= 1 || len(rows) < w.splitB || rb < minSplitRow {
 		m.Write(slots, rows)
@@ -237,7 +249,7 @@ func (m *Mirror) WriteSplit(w *Workers, slots []int32, rows []byte) {
 		}
 	}
 	j := w.getJob()
-	j.m, j.slots, j.buf, j.write = m, slots, rows, true
+	j.m, j.slots, j.buf, j.write, j.poll = m, slots, rows, true, poll
 	// One part per goroutine: each part scans every slot.
 	j.parts = min(w.n, max(1, len(rows)/w.partB))
 	j.gsh = 0

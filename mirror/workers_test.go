@@ -208,3 +208,37 @@ func TestWorkersCopy(t *testing.T) {
 	run(w)
 	run(nil)
 }
+
+// WriteSplitPoll calls poll on the calling goroutine between the parts it
+// copies itself (the committer issues the next write's device copies from
+// there), never from a worker, and writes the rows exactly as Write.
+func TestWriteSplitPoll(t *testing.T) {
+	const rb = 4096
+	w := NewWorkers(4, 1)
+	w.Stop() // every part on the caller: the count of polls is exact
+	m, err := New(1024, rb)
+	require.NoError(t, err)
+	defer m.Free()
+	slots := make([]int32, 4*partBytes/rb) // four parts
+	for i := range slots {
+		slots[i] = int32(1023 - i)
+	}
+	buf := make([]byte, len(slots)*rb)
+	for i := range buf {
+		buf[i] = byte(i/rb + 1)
+	}
+	polls := 0 // not atomic: a poll from another goroutine is a race
+	m.WriteSplitPoll(w, slots, buf, func() { polls++ })
+	require.Equal(t, 3, polls, "between the caller's four parts")
+	dst := make([]byte, len(buf))
+	m.Read(dst, slots)
+	require.Equal(t, buf, dst)
+
+	live := NewWorkers(4, 1) // with workers: polls only on this goroutine (-race checks)
+	defer live.Stop()
+	for range 20 {
+		m.WriteSplitPoll(live, slots, buf, func() { polls++ })
+	}
+	m.Read(dst, slots)
+	require.Equal(t, buf, dst)
+}

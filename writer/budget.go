@@ -13,10 +13,12 @@ var ErrOverBudget = errors.New("writer: reservation larger than the byte budget"
 // overcommit: TryReserve fails when the charge would exceed the limit, and the
 // caller forces the oldest pending write out before trying again.
 type Budget struct {
+	_       linePad // taken by the engine goroutine and the committer: padded like Queue
 	mu      sync.Mutex
 	limit   int64
 	charged int64
 	peak    int64
+	_       linePad
 }
 
 // NewBudget returns a budget of limit bytes.

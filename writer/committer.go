@@ -65,7 +65,8 @@ type Committer struct {
 	done    chan struct{}
 	workers *mirror.Workers
 
-	// committer-only scratch
+	// committer-only scratch, on lines of its own
+	_         linePad
 	mask      []int32
 	chunk     []byte
 	newest    []uint64 // per slot: id of the newest immediate write queued
@@ -76,11 +77,15 @@ type Committer struct {
 	lateDst [][]byte
 	lateSrc []gpu.Buffer
 	ahead   []*Write // issueAhead's scratch
-	curID   uint64
+	// pollAhead is issueAhead, made once: the scatter calls it between
+	// its parts (a method value made per call would allocate).
+	pollAhead func()
+	curID     uint64
 	// unissued counts the CopyLate writes handed over whose copies were
 	// not issued yet (NoteLate adds one): issueAhead looks at the queue
 	// only when some are.
 	unissued atomic.Int64
+	_        linePad
 }
 
 // NoteLate tells the committer that a CopyLate write is about to be
@@ -95,6 +100,7 @@ const lateAhead = 2
 func NewCommitter(cfg CommitterConfig) *Committer {
 	c := &Committer{cfg: cfg, done: make(chan struct{})}
 	c.even = sync.NewCond(&c.emu)
+	c.pollAhead = c.issueAhead
 	for _, k := range cfg.Imm {
 		c.immRowB += cfg.RowBytes[k]
 	}
@@ -337,6 +343,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	if err := c.cfg.Dev.Wait(ev); err != nil {
 		return err
 	}
+	c.issueAhead() // a write handed over while this one's copies ran
 	c.scanQueued()
 	c.curID = w.ID
 	c.cfg.Owner.Staged(w)
@@ -364,7 +371,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 			if rows == nil {
 				rows = w.Staged[j*nimm+ki]
 			}
-			c.cfg.Mirrors.Make(k).WriteSplit(c.workers, mk, rows[:w.N*c.cfg.RowBytes[k]])
+			c.cfg.Mirrors.Make(k).WriteSplitPoll(c.workers, mk, rows[:w.N*c.cfg.RowBytes[k]], c.pollAhead)
 			ten.ClearAbsent(ki, mk)
 		}
 		ten.Publish(sl, mk, w.ID)

@@ -8,6 +8,10 @@ import "sync/atomic"
 // the engine's per-step counts do not bounce a line the committer is
 // writing (an atomic add on a shared line costs several times one on a
 // line this core holds).
+// linePad keeps what follows it off the cache lines of what precedes it:
+// two lines, since the adjacent-line prefetcher moves lines in pairs.
+type linePad [128]byte
+
 type Counters struct {
 	// written by the engine goroutine (Begin, Save and their flushes)
 	Steps, Tasks, Buffered, Flushes, DeferredWrites, BudgetFlushes, Cloned, StallNanos atomic.Int64

@@ -114,7 +114,7 @@ func (p *Path) FlushFinished() uint64 {
 	p.segs.Out = p.segs.Out[:0]
 	p.st.DeferredWrites.Add(1)
 	p.st.Tasks.Add(1)
-	return p.q.Push(Task{Segs: segs})
+	return p.q.PushLazy(Task{Segs: segs}) // a wait for them wakes the committer
 }
 
 // forceOldestDeferred writes the oldest open deferred write and waits

@@ -26,7 +26,11 @@ type Page struct {
 }
 
 // Pages is a fixed pool of staging pages.
+//
+// Its lock is taken by the engine goroutine (Claim) and the committer
+// (Release): padded like Queue.
 type Pages struct {
+	_      linePad
 	mu     sync.Mutex
 	cond   *sync.Cond
 	pages  []Page
@@ -41,6 +45,7 @@ type Pages struct {
 	wake   *time.Timer
 	armed  bool
 	fireAt time.Time
+	_      linePad
 }
 
 // NewPages returns a pool of depth pages (memory allocated lazily by the

@@ -8,9 +8,23 @@ import (
 // Queue is the committer's FIFO of pending work: an unbounded ring that
 // allocates only when it grows. Push never blocks; Pop blocks until an item
 // is queued or the queue is closed and drained.
+//
+// Waking a sleeping consumer is a system call (and, in a VM, an
+// inter-processor interrupt) paid by the goroutine that pushes: several µs
+// of the engine goroutine's time per step. So a consumer that ran out of
+// work polls for a while before it sleeps for good (Pop: every pollMin,
+// backing off to pollMax, for pollIdle), and PushLazy leaves a polling
+// consumer alone: work that nobody waits for yet (a decode-buffer flush, a
+// small step's rows) is picked up within pollMax at the consumer's own
+// cost. Push wakes the consumer at once, and so does every wait for
+// progress (Wait, WaitFor, Drain, Kick): nothing waits on a poll.
+//
+// The queue's lock is taken by the engine goroutine (Push) and the
+// committer (Pop, Done, Since): padding keeps its line apart from the
+// objects allocated beside it.
 type Queue[T any] struct {
+	_      linePad
 	mu     sync.Mutex
-	cond   *sync.Cond
 	buf    []T
 	head   int
 	n      int
@@ -18,22 +32,83 @@ type Queue[T any] struct {
 	// done counts items whose processing finished (Done); Drain waits on it.
 	pushed, done uint64
 	idle         *sync.Cond
+	// consumers sleeping in Pop, and those of them polling (with timer,
+	// which one at a time uses); a token on wake (closed by Close) ends a
+	// sleep.
+	sleepers, pollers int
+	wake              chan struct{}
+	timer             *time.Timer
+	_                 linePad
 }
+
+// The consumer's polling (see Queue): first poll pollMin after the queue
+// ran empty, each next one twice as late up to pollMax, and no polling
+// (sleep until woken) once it has been empty for pollIdle.
+// (Variables for the tests.)
+var (
+	pollMin  = 50 * time.Microsecond
+	pollMax  = time.Millisecond
+	pollIdle = time.Second
+)
 
 // NewQueue returns an empty queue.
 func NewQueue[T any](capHint int) *Queue[T] {
 	if capHint < 1 {
 		capHint = 1
 	}
-	q := &Queue[T]{buf: make([]T, capHint)}
-	q.cond = sync.NewCond(&q.mu)
+	q := &Queue[T]{buf: make([]T, capHint), wake: make(chan struct{}, 1)}
 	q.idle = sync.NewCond(&q.mu)
 	return q
 }
 
-// Push appends v and returns its sequence number (1, 2, ...).
+// Push appends v, wakes the consumer and returns v's sequence number (1,
+// 2, ...).
 func (q *Queue[T]) Push(v T) uint64 {
 	q.mu.Lock()
+	seq := q.appendLocked(v)
+	q.wakeLocked()
+	q.mu.Unlock()
+	return seq
+}
+
+// PushLazy appends v and returns its sequence number, waking the consumer
+// only if it sleeps for good: a polling consumer picks v up within pollMax
+// (see Queue), and any wait for v wakes it.
+func (q *Queue[T]) PushLazy(v T) uint64 {
+	q.mu.Lock()
+	seq := q.appendLocked(v)
+	if q.pollers == 0 {
+		q.wakeLocked()
+	}
+	q.mu.Unlock()
+	return seq
+}
+
+// Kick wakes the consumer if it sleeps with items queued: a goroutine about
+// to wait for the consumer's progress by other means (a staging page, a
+// budget) calls it.
+func (q *Queue[T]) Kick() {
+	q.mu.Lock()
+	q.kickLocked()
+	q.mu.Unlock()
+}
+
+func (q *Queue[T]) kickLocked() {
+	if q.n > 0 {
+		q.wakeLocked()
+	}
+}
+
+func (q *Queue[T]) wakeLocked() {
+	if q.sleepers > 0 && !q.closed {
+		select {
+		case q.wake <- struct{}{}:
+		default: // a token is already waiting
+		}
+	}
+}
+
+func (q *Queue[T]) appendLocked(v T) uint64 {
 	if q.n == len(q.buf) {
 		nb := make([]T, 2*len(q.buf))
 		for i := 0; i < q.n; i++ {
@@ -44,22 +119,19 @@ func (q *Queue[T]) Push(v T) uint64 {
 	q.buf[(q.head+q.n)%len(q.buf)] = v
 	q.n++
 	q.pushed++
-	seq := q.pushed
-	q.cond.Signal()
-	q.mu.Unlock()
-	return seq
+	return q.pushed
 }
 
 // Pop returns the oldest item, blocking while the queue is empty; ok is
-// false once the queue is closed and empty.
+// false once the queue is closed and empty. One consumer.
 func (q *Queue[T]) Pop() (v T, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for q.n == 0 {
-		if q.closed {
-			return v, false
-		}
-		q.cond.Wait()
+	if q.n == 0 && !q.closed {
+		q.sleepLocked()
+	}
+	if q.n == 0 {
+		return v, false // closed
 	}
 	v = q.buf[q.head]
 	var zero T
@@ -67,6 +139,41 @@ func (q *Queue[T]) Pop() (v T, ok bool) {
 	q.head = (q.head + 1) % len(q.buf)
 	q.n--
 	return v, true
+}
+
+// sleepLocked waits, polling then sleeping (see Queue), until an item is
+// queued or the queue is closed. Called and returns with q.mu held.
+func (q *Queue[T]) sleepLocked() {
+	poll, slept := pollMin, time.Duration(0)
+	for q.n == 0 && !q.closed {
+		polling := slept < pollIdle && q.pollers == 0 // one timer: one poller
+		q.sleepers++
+		if polling {
+			q.pollers++
+		}
+		q.mu.Unlock()
+		if polling {
+			if q.timer == nil {
+				q.timer = time.NewTimer(poll)
+			} else {
+				q.timer.Reset(poll)
+			}
+			select {
+			case <-q.wake:
+				q.timer.Stop()
+			case <-q.timer.C:
+			}
+			slept += poll
+			poll = min(2*poll, pollMax)
+		} else {
+			<-q.wake
+		}
+		q.mu.Lock()
+		q.sleepers--
+		if polling {
+			q.pollers--
+		}
+	}
 }
 
 // Done marks one popped item as processed.
@@ -81,6 +188,9 @@ func (q *Queue[T]) Done() {
 // item before it has been processed, or the queue closed.
 func (q *Queue[T]) Wait(seq uint64) {
 	q.mu.Lock()
+	if !q.reached(seq) {
+		q.kickLocked()
+	}
 	for !q.reached(seq) {
 		q.idle.Wait()
 	}
@@ -99,6 +209,7 @@ func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
 	if q.reached(seq) {
 		return true
 	}
+	q.kickLocked()
 	deadline := time.Now().Add(timeout)
 	t := time.AfterFunc(timeout, func() {
 		q.mu.Lock()
@@ -127,23 +238,36 @@ func (q *Queue[T]) Drain() {
 	q.Wait(seq)
 }
 
-// Since calls fn, under the queue's lock, for every queued item with a
-// sequence number above seq, oldest first, until fn returns false, and
-// returns the sequence number of the last item fn accepted (seq when none;
-// items already popped count as accepted). fn must not call back into the
-// queue.
+// Since calls fn for every queued item with a sequence number above seq,
+// oldest first, until fn returns false, and returns the sequence number of
+// the last item fn accepted (seq when none; items already popped count as
+// accepted). Items are copied out under the queue's lock a few at a time
+// and fn runs outside it, so a long walk never holds up Push (the engine
+// goroutine's hand-over). fn may call back into the queue.
 func (q *Queue[T]) Since(seq uint64, fn func(v T) bool) uint64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	first := q.pushed - uint64(q.n) + 1 // sequence number of the head
-	last := max(seq, first-1)
-	for s := last + 1; s <= q.pushed; s++ {
-		if !fn(q.buf[(q.head+int(s-first))%len(q.buf)]) {
-			break
+	const chunk = 16
+	var batch [chunk]T // on the stack, gone with the call: not cleared
+	last := seq
+	for {
+		q.mu.Lock()
+		first := q.pushed - uint64(q.n) + 1 // sequence number of the head
+		last = max(last, first-1)
+		from, n := last+1, 0
+		for s := from; s <= q.pushed && n < chunk; s++ {
+			batch[n] = q.buf[(q.head+int(s-first))%len(q.buf)]
+			n++
 		}
-		last = s
+		q.mu.Unlock()
+		for i := 0; i < n; i++ {
+			if !fn(batch[i]) {
+				return last
+			}
+			last = from + uint64(i)
+		}
+		if n < chunk {
+			return last
+		}
 	}
-	return last
 }
 
 // Pushed is the sequence number of the last item pushed.
@@ -163,8 +287,10 @@ func (q *Queue[T]) Pending() int {
 // Close makes Pop return false once the queue is empty.
 func (q *Queue[T]) Close() {
 	q.mu.Lock()
-	q.closed = true
-	q.cond.Broadcast()
+	if !q.closed {
+		q.closed = true
+		close(q.wake) // every sleeping consumer wakes, and none sleeps again
+	}
 	q.idle.Broadcast()
 	q.mu.Unlock()
 }

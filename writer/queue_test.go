@@ -309,3 +309,66 @@ func TestQueueWaitFor(t *testing.T) {
 	q.Done()
 	require.True(t, <-done, "WaitFor woken by Done")
 }
+
+// setPolling sets the consumer's polling for one test.
+func setPolling(t *testing.T, min, max, idle time.Duration) {
+	m0, x0, i0 := pollMin, pollMax, pollIdle
+	pollMin, pollMax, pollIdle = min, max, idle
+	t.Cleanup(func() { pollMin, pollMax, pollIdle = m0, x0, i0 })
+}
+
+// PushLazy leaves a polling consumer alone (it takes the item at its next
+// poll); Push, Kick and every wait for progress wake it at once; a consumer
+// that stopped polling (idle past pollIdle) is woken by PushLazy too.
+func TestQueuePushLazy(t *testing.T) {
+	t.Run("polling consumer", func(t *testing.T) {
+		setPolling(t, time.Hour, time.Hour, 2*time.Hour) // its next poll: never, in this test
+		q := NewQueue[int](1)
+		pop := popAsync(q)
+		require.True(t, blocked(pop))
+		q.PushLazy(1)
+		require.True(t, blocked(pop), "PushLazy woke a polling consumer")
+		q.Kick()
+		require.Equal(t, popResult{1, true}, recv(t, pop, "Pop after Kick"))
+		q.Done()
+
+		pop = popAsync(q)
+		require.True(t, blocked(pop))
+		seq := q.PushLazy(2)
+		require.True(t, blocked(pop))
+		waited := signal(func() { q.Wait(seq) })
+		require.Equal(t, popResult{2, true}, recv(t, pop, "Pop once a Wait for the item began"))
+		q.Done()
+		recv(t, waited, "Wait once the item is done")
+
+		pop = popAsync(q)
+		require.True(t, blocked(pop))
+		q.PushLazy(3)
+		require.True(t, blocked(pop))
+		q.Push(4) // wakes: the consumer takes both
+		require.Equal(t, popResult{3, true}, recv(t, pop, "Pop after Push"))
+		q.Done()
+		require.Equal(t, 4, mustPop(t, q))
+		q.Done()
+	})
+	t.Run("poll picks the item up", func(t *testing.T) {
+		setPolling(t, time.Millisecond, 2*time.Millisecond, time.Hour)
+		q := NewQueue[int](1)
+		pop := popAsync(q)
+		require.True(t, blocked(pop))
+		q.PushLazy(5)
+		require.Equal(t, popResult{5, true}, recv(t, pop, "Pop of a lazily pushed item, by polling"))
+	})
+	t.Run("consumer asleep for good", func(t *testing.T) {
+		setPolling(t, time.Hour, time.Hour, 0) // no polling at all
+		q := NewQueue[int](1)
+		pop := popAsync(q)
+		require.True(t, blocked(pop))
+		q.PushLazy(6)
+		require.Equal(t, popResult{6, true}, recv(t, pop, "Pop of a lazily pushed item, woken"))
+		pop = popAsync(q)
+		require.True(t, blocked(pop))
+		q.Close()
+		require.False(t, recv(t, pop, "Pop after Close").ok)
+	})
+}

@@ -225,8 +225,10 @@ func (p *Path) claimPage() (*Page, error) {
 	pg, err := p.pages.Claim(NoWait)
 	if err != nil && errors.Is(err, ErrTimeout) && p.cfg.ClaimTimeout >= 0 {
 		// Back-pressure: every page is held by unconsumed steps or by
-		// writes the committer has not landed yet.
+		// writes the committer has not landed yet (wake it: it may be
+		// polling with lazily handed-over writes queued).
 		t0 := time.Now()
+		p.q.Kick()
 		pg, err = p.pages.Claim(p.cfg.ClaimTimeout)
 		p.st.StallNanos.Add(int64(time.Since(t0)))
 	}
@@ -361,18 +363,30 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
-	p.handOver(w, ev)
+	p.handOver(w, ev, len(s.Slots)*(p.pageB/p.cap) <= lazyBytes)
 	return nil
 }
 
+// lazyBytes is the largest step write handed over without waking a
+// polling committer (Queue.PushLazy): a wake costs the engine goroutine a
+// system call, several µs, which a decode step's rows are not worth; a
+// larger write's copies start at once (a prefill's copy is long enough that
+// its start matters, and a wake is small beside it).
+const lazyBytes = 4 << 20
+
 // handOver queues immediate write w for the committer: with its device
 // rows to copy (CopyLate) when it has any, else with ev, the event its
-// Save recorded after its host rows (0 for a flush). Engine goroutine.
-func (p *Path) handOver(w *Write, ev gpu.Event) {
+// Save recorded after its host rows (0 for a flush). lazy leaves a polling
+// committer to pick it up (Queue.PushLazy). Engine goroutine.
+func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool) {
 	if w.CopyLate = w.DevLive; w.CopyLate {
 		p.com.NoteLate()
 	}
-	w.Seq = p.q.Push(Task{W: w, Ev: ev})
+	if lazy {
+		w.Seq = p.q.PushLazy(Task{W: w, Ev: ev})
+	} else {
+		w.Seq = p.q.Push(Task{W: w, Ev: ev})
+	}
 	p.st.Tasks.Add(1)
 }
 
@@ -428,7 +442,7 @@ func (p *Path) FlushBuffer() error {
 	if w == nil {
 		return nil
 	}
-	p.handOver(w, 0)
+	p.handOver(w, 0, true) // nothing waits for a flush until a read or a page does: they wake the committer
 	p.st.Flushes.Add(1)
 	return nil
 }

@@ -102,7 +102,7 @@ type gatherTask struct {
 // write handed over so far. Rows of optional keys a write omitted read as
 // zeros. Engine goroutine.
 func (p *Path) PushGather(blocks []int32, g Gather) {
-	p.q.Push(Task{R: &gatherTask{p: p, blocks: blocks, g: g}})
+	p.q.PushLazy(Task{R: &gatherTask{p: p, blocks: blocks, g: g}}) // publishing waits for nobody
 }
 
 func (t *gatherTask) RunInOrder(failed bool) {

@@ -104,6 +104,15 @@ type Config struct {
 	// is allocated for a cache that is never used, and the first step pays
 	// for one page.
 	AllocStagingAtNew bool
+	// AllocStagingAhead makes New allocate the first staging page (failing
+	// with an error wrapping gpu.ErrAlloc when the device refuses it) and
+	// start allocating the other pages at once on a background goroutine,
+	// one after another: New takes one page's pinning time, and an engine
+	// that warms up before its first real step finds every page ready. A
+	// Save that needs a page before its memory is ready waits for it (as
+	// stall); a background allocation that fails is retried by that Save.
+	// Not together with AllocStagingAtNew.
+	AllocStagingAhead bool
 	// DeviceBudgetBytes bounds every device-side copy the cache holds (step
 	// clones, deferred clones, parked decode rows).
 	DeviceBudgetBytes int64

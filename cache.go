@@ -41,9 +41,10 @@ type Cache struct {
 	idleOnce sync.Once
 }
 
-// New creates a cache. It allocates no mirror memory and no staging memory:
-// a key's mirror is created when the key first writes, a staging page's
-// memory when the page is first used.
+// New creates a cache. It allocates no mirror memory (a key's mirror is
+// created when the key first writes) and, by default, no staging memory (a
+// staging page's memory is allocated when the page is first used; see
+// Config.AllocStagingAtNew and Config.AllocStagingAhead).
 func New(cfg Config) (*Cache, error) {
 	wc, err := validate(&cfg)
 	if err != nil {
@@ -54,8 +55,12 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{}), tl: tl}
-	if cfg.AllocStagingAtNew {
-		if err := c.path.AllocPages(); err != nil {
+	if cfg.AllocStagingAtNew || cfg.AllocStagingAhead {
+		alloc := c.path.AllocPages
+		if cfg.AllocStagingAhead {
+			alloc = c.path.AllocPagesAhead
+		}
+		if err := alloc(); err != nil {
 			c.path.Close(nil, time.Time{}) // nothing was saved: the committer stops at once
 			if tl != nil {
 				tl.close()

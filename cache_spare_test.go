@@ -156,3 +156,76 @@ func TestAllocStagingAtNewFails(t *testing.T) {
 	require.Zero(t, live)
 	waitGoroutines(t, base)
 }
+
+// AllocStagingAhead: New allocates one page and starts the others in the
+// background at once; once they are in (Sync waits for them), Saves
+// allocate nothing more, rows read back exact and Close frees every page.
+// A device that refuses the first page fails New (gpu.ErrAlloc, nothing
+// left allocated, no goroutine left); asking for both modes is ErrConfig.
+func TestAllocStagingAhead(t *testing.T) {
+	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	cfg := omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d,
+		AllocStagingAhead: true}
+	c, err := omnicache.New(cfg)
+	require.NoError(t, err)
+	_, total := d.counts()
+	require.GreaterOrEqual(t, total, 1, "New allocated the first page")
+	require.NoError(t, c.Sync())
+	live, total := d.counts()
+	require.Equal(t, 3, total, "every page allocated, the others in the background")
+	require.Equal(t, 3, live)
+	require.Zero(t, c.Stats().PagesAllocating)
+	plan := omnicache.Plan{Table: []int32{0, 1, 2, 3, 4, 5, 6, 7}, Stride: 8,
+		IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1},
+		Arrivals: []int64{1}, HitTokens: []int32{0}}
+	var prev omnicache.StepID
+	for s := 0; s < 6; s++ {
+		require.NoError(t, c.Begin(&plan))
+		row := make([]byte, 16)
+		for i := range row {
+			row[i] = byte(s*16 + i)
+		}
+		id, err := c.Save(&omnicache.Outputs{Tokens: 1, Tensors: []omnicache.Tensor{{Host: row, Rows: 1}}})
+		require.NoError(t, err)
+		if prev != 0 {
+			require.NoError(t, c.Discard(prev))
+		}
+		prev = id
+		plan.Arrivals, plan.HitTokens = nil, nil
+		plan.Start[0]++
+	}
+	var res omnicache.Result
+	require.NoError(t, c.Materialize(prev, nil, &res))
+	require.Equal(t, byte(5*16), res.Rows(0, 0)[0])
+	_, total = d.counts()
+	require.Equal(t, 3, total, "no Save allocated a page")
+	require.NoError(t, c.Close())
+	live, _ = d.counts()
+	require.Zero(t, live, "Close frees the pages")
+
+	// Closed right after New: the background allocations end and are freed.
+	c, err = omnicache.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	live, _ = d.counts()
+	require.Zero(t, live, "Close right after New frees every page, the background ones too")
+
+	base := runtime.NumGoroutine()
+	f := gpu.NewFaulty(d)
+	f.FailOpAfter(gpu.OpAllocHost, 0)
+	bad := cfg
+	bad.Device, bad.CopyWorkers = f, 4
+	c, err = omnicache.New(bad)
+	require.Nil(t, c)
+	require.ErrorIs(t, err, gpu.ErrAlloc)
+	require.ErrorContains(t, err, "staging pages")
+	live, _ = d.counts()
+	require.Zero(t, live)
+	waitGoroutines(t, base)
+
+	both := cfg
+	both.AllocStagingAtNew = true
+	_, err = omnicache.New(both)
+	require.ErrorIs(t, err, omnicache.ErrConfig)
+}

@@ -39,6 +39,9 @@ func validate(cfg *Config) (writer.Config, error) {
 	if len(cfg.Keys) == 0 {
 		return bad("no keys")
 	}
+	if cfg.AllocStagingAtNew && cfg.AllocStagingAhead {
+		return bad("AllocStagingAtNew and AllocStagingAhead: pick one")
+	}
 	if cfg.StagingDepth == 0 {
 		cfg.StagingDepth = DefaultStagingDepth
 	}

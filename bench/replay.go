@@ -76,6 +76,10 @@ type Options struct {
 	// AllocStagingAtNew makes the cache allocate every staging page in New
 	// (Config.AllocStagingAtNew; first_request_ns includes it).
 	AllocStagingAtNew bool
+	// AllocStagingAhead makes the cache allocate its first staging page in
+	// New and the others in the background from New on
+	// (Config.AllocStagingAhead; first_request_ns includes the first).
+	AllocStagingAhead bool
 	// Pace emulates the forward's duration for the committer, outside the
 	// timed calls: in the forward of every step that is not a pure decode
 	// step (the decode buffer is empty then) it waits with Sync until every

@@ -70,11 +70,13 @@ func (r *replica) step() error {
 		r.kv.add(st.Plan.FullHashes)
 		return nil
 	}
+	rg := region("begin")
 	t := time.Now()
 	if err := r.c.Begin(&st.Plan); err != nil {
 		return fmt.Errorf("step %d: begin: %w", st.Index, err)
 	}
 	r.engineNs += time.Since(t).Nanoseconds()
+	endRegion(rg)
 	r.s.Release()
 	out := omnicache.Outputs{Tokens: st.Tokens, Padded: st.Tokens}
 	bufs := make([][]byte, len(r.keys))
@@ -102,18 +104,22 @@ func (r *replica) step() error {
 		}
 		r.paceNs += time.Since(t).Nanoseconds()
 	}
+	rg = region("save")
 	t = time.Now()
 	id, err := r.c.Save(&out)
 	if err != nil {
 		return fmt.Errorf("step %d: save: %w", st.Index, err)
 	}
 	r.engineNs += time.Since(t).Nanoseconds()
+	endRegion(rg)
 	r.s.Advance()
 	r.kv.add(st.Plan.FullHashes) // the step's KV exists now: the shared store has it
 	if r.ver == nil && len(r.rec.hits) == 0 {
+		rg = region("discard")
 		t = time.Now()
 		err := r.c.Discard(id)
 		r.engineNs += time.Since(t).Nanoseconds()
+		endRegion(rg)
 		return err
 	}
 	asked := r.rec.hits

@@ -23,6 +23,7 @@ func (r *runner) runOn() error {
 		StagingCapacityTokens: o.MaxBatchedTokens,
 		DisableDecodeBuffer:   o.DisableDecodeBuffer,
 		AllocStagingAtNew:     o.AllocStagingAtNew,
+		AllocStagingAhead:     o.AllocStagingAhead,
 	}
 	depth := o.StagingDepth
 	if depth <= 0 {

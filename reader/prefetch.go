@@ -138,7 +138,10 @@ func (r *Reader) queue(s *Step) {
 	clear(s.pfErr)
 	s.rd = r
 	s.hold.Add(1) // the committer's, until the read ran
-	s.pfSeq = r.p.Queue().Push(writer.Task{R: s})
+	// Lazily: a polling committer starts the read within a poll (at most
+	// 1 ms, small beside a forward) at no wake-up cost to the engine, and
+	// Materialize's wait for it wakes the committer.
+	s.pfSeq = r.p.Queue().PushLazy(writer.Task{R: s})
 }
 
 // Prefetched reports whether s's hits were read (or are being read) by the

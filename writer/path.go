@@ -181,6 +181,19 @@ func (p *Path) AllocPages() error {
 	return nil
 }
 
+// AllocPagesAhead allocates the first staging page's memory now and the
+// other pages' on a background goroutine, one after another (Spare.Fill).
+// An error wraps the device's: nothing is allocated then.
+func (p *Path) AllocPagesAhead() error {
+	if p.pageB == 0 {
+		return nil
+	}
+	if err := p.spare.Fill(); err != nil {
+		return fmt.Errorf("staging pages: %w", err)
+	}
+	return nil
+}
+
 // ---- accessors (any goroutine) ----
 
 // Layout is the key layout.
@@ -354,7 +367,7 @@ func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
 		p.release(w, false)
 	}
 	p.buf = DecodeBuf{}
-	if m := p.spare.Close(); m != nil {
+	for _, m := range p.spare.Close() {
 		p.dev.FreeHost(m)
 	}
 	p.pages.Each(func(pg *Page) {

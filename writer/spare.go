@@ -5,19 +5,20 @@ import (
 	"sync/atomic"
 )
 
-// Spare allocates staging-page memory one page ahead, off the engine
-// goroutine. Pinned host memory is slow to allocate (cuMemHostAlloc of a
-// 96 MiB page takes 25–50 ms on an H200 host): the first page is allocated
-// by the Save that first needs it (the first request pays for it), and
-// once a page was handed out, Ahead (at the end of that Save) starts
-// allocating the next one on a background goroutine, while pages without
-// memory remain, so a later Save finds its page's memory ready instead of
-// pinning it in the engine's step. Ahead runs after the Save's own device
-// calls were issued: the driver serializes them behind a pinned
-// allocation in flight.
+// Spare allocates staging-page memory off the engine goroutine. Pinned
+// host memory is slow to allocate (cuMemHostAlloc of a 96 MiB page takes
+// 25–50 ms on an H200 host). By default the first page is allocated by the
+// Save that first needs it (the first request pays for it), and once a
+// page was handed out, Ahead (at the end of that Save) starts allocating
+// the next one on a background goroutine, while pages without memory
+// remain, so a later Save finds its page's memory ready instead of pinning
+// it in the engine's step. Ahead runs after the Save's own device calls
+// were issued: the driver serializes them behind a pinned allocation in
+// flight. Fill instead allocates one page at once and every other one in
+// the background right away, one after another (Config.AllocStagingAhead).
 //
-// Get and Ahead are called by the engine goroutine; Pending by any
-// goroutine; Close once, from any goroutine, after the last Get.
+// Get and Ahead are called by the engine goroutine; Fill by New; Pending
+// by any goroutine; Close once, from any goroutine, after the last Get.
 type Spare struct {
 	alloc func(int) ([]byte, error)
 	size  int
@@ -26,8 +27,9 @@ type Spare struct {
 	left   int // pages whose memory is neither allocated nor being allocated
 	busy   bool
 	done   chan struct{} // closed when the allocation in flight ends
-	ready  []byte        // memory allocated ahead, not handed out yet
+	ready  [][]byte      // memory allocated ahead, not handed out yet
 	failed bool          // the last background allocation failed
+	fill   bool          // allocate every page left, one after another (Fill)
 	closed bool
 	want   atomic.Bool // a page was handed out: Ahead allocates the next
 }
@@ -38,10 +40,36 @@ func NewSpare(alloc func(int) ([]byte, error), size, pages int) *Spare {
 	return &Spare{alloc: alloc, size: size, left: pages}
 }
 
-// Get returns memory for a page that has none: the page allocated ahead
-// (waiting for it if its allocation is in flight), else a new allocation
-// made now. A failed background allocation is retried here, in the
-// caller's goroutine.
+// Fill allocates one page's memory now (the first Get takes it) and starts
+// allocating every other page's on a background goroutine, one after
+// another. It returns the first allocation's error, having allocated
+// nothing; a background allocation that fails ends the filling (the Get
+// that needs its page allocates it again, as without Fill).
+func (s *Spare) Fill() error {
+	s.mu.Lock()
+	if s.left == 0 || s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.left--
+	s.mu.Unlock()
+	mem, err := s.alloc(s.size)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.left++
+		return err
+	}
+	s.ready = append(s.ready, mem)
+	s.fill = true
+	s.startLocked()
+	return nil
+}
+
+// Get returns memory for a page that has none: memory allocated ahead
+// (waiting for the allocation in flight when none is ready yet), else a
+// new allocation made now. A failed background allocation is retried here,
+// in the caller's goroutine.
 func (s *Spare) Get() ([]byte, error) {
 	s.mu.Lock()
 	mem := s.takeLocked()
@@ -61,7 +89,7 @@ func (s *Spare) Get() ([]byte, error) {
 		}
 		s.mu.Lock()
 	}
-	if s.left > 0 {
+	if s.left > 0 && !s.fill {
 		s.want.Store(true)
 	}
 	s.mu.Unlock()
@@ -78,6 +106,12 @@ func (s *Spare) Ahead() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.want.Store(false)
+	s.startLocked()
+}
+
+// startLocked starts the next background allocation, if a page is left and
+// none is in flight. Caller holds mu.
+func (s *Spare) startLocked() {
 	if s.left > 0 && !s.busy && !s.closed {
 		s.left--
 		s.busy = true
@@ -89,14 +123,18 @@ func (s *Spare) Ahead() {
 func (s *Spare) run(done chan struct{}) {
 	mem, err := s.alloc(s.size)
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err == nil {
-		s.ready = mem
+		s.ready = append(s.ready, mem)
 	} else {
 		s.failed = true
+		s.fill = false
 	}
 	s.busy = false
 	close(done)
-	s.mu.Unlock()
+	if s.fill {
+		s.startLocked()
+	}
 }
 
 // Pending reports whether a background allocation is in flight.
@@ -106,35 +144,26 @@ func (s *Spare) Pending() bool {
 	return s.busy
 }
 
-// Wait waits for the background allocation in flight, if any (Sync: the
-// cache is quiescent after it).
+// Wait waits until no background allocation is in flight (Sync: the cache
+// is quiescent after it; with Fill, every page's memory is allocated).
 func (s *Spare) Wait() {
 	s.mu.Lock()
-	if !s.busy {
+	for s.busy {
+		ch := s.done
 		s.mu.Unlock()
-		return
+		<-ch
+		s.mu.Lock()
 	}
-	ch := s.done
 	s.mu.Unlock()
-	<-ch
 }
 
 // Close stops allocating ahead: it waits for an allocation in flight and
-// returns the memory allocated ahead and never handed out (nil if none),
-// for the caller to free.
-func (s *Spare) Close() []byte {
+// returns the memory allocated ahead and never handed out (none: nil), for
+// the caller to free.
+func (s *Spare) Close() [][]byte {
 	s.mu.Lock()
 	s.closed = true
-	mem := s.takeLocked()
-	s.mu.Unlock()
-	return mem
-}
-
-// takeLocked waits for the allocation in flight, if any, and takes the
-// memory allocated ahead (nil if none). Caller holds mu (released while
-// waiting).
-func (s *Spare) takeLocked() []byte {
-	if s.busy {
+	for s.busy {
 		ch := s.done
 		s.mu.Unlock()
 		<-ch
@@ -142,5 +171,26 @@ func (s *Spare) takeLocked() []byte {
 	}
 	mem := s.ready
 	s.ready = nil
+	s.mu.Unlock()
+	return mem
+}
+
+// takeLocked takes memory allocated ahead, waiting for the allocation in
+// flight when none is ready (nil if none). Caller holds mu (released while
+// waiting).
+func (s *Spare) takeLocked() []byte {
+	if len(s.ready) == 0 && s.busy {
+		ch := s.done
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+	}
+	n := len(s.ready)
+	if n == 0 {
+		return nil
+	}
+	mem := s.ready[n-1]
+	s.ready[n-1] = nil
+	s.ready = s.ready[:n-1]
 	return mem
 }

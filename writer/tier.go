@@ -36,7 +36,7 @@ type importTask struct {
 // Engine goroutine.
 func (p *Path) PushImport(blocks []int32, f Fetch) uint64 {
 	t := &importTask{p: p, id: p.newID(), blocks: blocks, f: f}
-	p.q.Push(Task{R: t})
+	p.q.PushLazy(Task{R: t}) // its fetch runs meanwhile; Materialize's wait for it wakes the committer
 	return t.id
 }
 

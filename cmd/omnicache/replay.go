@@ -118,8 +118,8 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV pool size in blocks (0: auto for the table, 65536 for a trace)")
 	fs.Int64Var(&f.mirrorMiB, "mirror-budget-mib", 0, "cap of the automatic KV pool, as mirror MiB (0: 1024)")
 	fs.IntVar(&f.stagingDepth, "staging-depth", 0, "cache staging pages (0: the cache's default)")
-	fs.StringVar(&f.holdWait, "hold-wait", "sleep", "how the engine goroutine waits out a held forward: sleep (then spin the last 100µs) or spin (as a CUDA thread waiting for its device spins under cudaDeviceScheduleAuto with fewer contexts than CPUs)")
-	fs.StringVar(&f.allocStaging, "alloc-staging", "auto", "when the cache allocates its staging pages: new (all in New, Config.AllocStagingAtNew), first-use, or auto (new with cuda, first-use on the host)")
+	fs.StringVar(&f.holdWait, "hold-wait", "spin", "how the engine goroutine waits out a held forward: spin (as an engine thread synchronizing with its device does under CUDA's default scheduling, cudaDeviceScheduleAuto, with fewer contexts than CPUs: it keeps its core and its caches) or sleep (then spin the last 100µs; as under cudaDeviceScheduleBlockingSync)")
+	fs.StringVar(&f.allocStaging, "alloc-staging", "auto", "when the cache allocates its staging pages: ahead (the first in New, the others in the background from New on, Config.AllocStagingAhead), new (all in New, Config.AllocStagingAtNew), first-use, or auto (ahead with cuda, first-use on the host)")
 	fs.BoolVar(&f.decodeBuffer, "decode-buffer", true, "let the cache park pure-decode steps")
 	fs.BoolVar(&f.pace, "pace", true, "wait outside the timed calls for a free staging page (reported as stall)")
 	fs.DurationVar(&f.stepTime, "step-time", 0, "price every step at this constant model step time instead of the fitted step cost (default for a trace: 20ms)")
@@ -224,7 +224,7 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 		{"cache", f.cache, []string{"off", "on", "both"}},
 		{"progress", f.progress, []string{"auto", "on", "off"}},
 		{"materialize-on", f.materializeOn, []string{"output", "engine"}},
-		{"alloc-staging", f.allocStaging, []string{"auto", "new", "first-use"}},
+		{"alloc-staging", f.allocStaging, []string{"auto", "ahead", "new", "first-use"}},
 		{"hold-wait", f.holdWait, []string{"sleep", "spin"}},
 		{"json-parser", f.jsonParser, []string{bench.ParserAuto, bench.ParserSIMD, bench.ParserStd}},
 	} {
@@ -321,7 +321,8 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	opt.AllocStagingAtNew = f.allocStaging == "new" || f.allocStaging == "auto" && f.dev.cuda
+	opt.AllocStagingAtNew = f.allocStaging == "new"
+	opt.AllocStagingAhead = f.allocStaging == "ahead" || f.allocStaging == "auto" && f.dev.cuda
 	if dev != nil {
 		defer dev.Close()
 	}

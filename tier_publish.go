@@ -4,7 +4,11 @@
 
 package omnicache
 
-import "context"
+import (
+	"context"
+
+	"github.com/omnicache/omnicache/writer"
+)
 
 // tierEng is the engine goroutine's tier state: the begun step's import and
 // the full blocks not yet handed to the committer for publishing (their
@@ -48,7 +52,7 @@ func (c *Cache) pushPublishes(n int) {
 	}
 	g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
 	g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
-	c.path.PushGather(g.blocks, g)
+	c.path.PushGather(&g.task, g.blocks, g)
 	e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
 	e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	e.pubMark = max(0, e.pubMark-n)
@@ -66,6 +70,7 @@ func (c *Cache) publishable() int {
 // publishGather reads committed full blocks straight into tier values
 // (tier.NewValue), on the committer.
 type publishGather struct {
+	task   writer.GatherTask // its queue entry: a push allocates nothing
 	tl     *tierLink
 	blocks []int32
 	hashes []uint64

@@ -178,6 +178,7 @@ func BenchmarkStaging(b *testing.B) {
 		{op: "cache-owned", owned: true},
 		{op: "cache-staging", staging: true},
 		{op: "cache-staging-owned", owned: true, staging: true},
+		{op: "cache-staging-owned-w4", owned: true, staging: true, workers: 4},
 		{op: "cache-staging-memalloc", staging: true, opt: gpu.CUDAOptions{SyncAlloc: true}},
 		{op: "cache-pipelined", pipeline: true},
 		{op: "cache-pipelined-hostalloc", pipeline: true, opt: gpu.CUDAOptions{HostAlloc: true}},

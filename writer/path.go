@@ -82,19 +82,20 @@ type Path struct {
 	_            [64]byte
 
 	// engine goroutine only
-	nextID  uint64
-	buf     DecodeBuf
-	segs    Runs
-	defOpen []uint64 // per handle: sequence of its open deferred write (0: none)
-	defFIFO []openRef
-	defSeq  uint64
-	lastEv  [2]gpu.Event // the last two host-row writes' events (see join)
-	pre     []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
-	_       [64]byte
-	landed  []*Write // committer-only scratch (Landed)
-	_       [64]byte
-	st      Counters
-	_       [64]byte
+	nextID   uint64
+	buf      DecodeBuf
+	segs     Runs
+	defOpen  []uint64 // per handle: sequence of its open deferred write (0: none)
+	defFIFO  []openRef
+	defSeq   uint64
+	lastEv   [2]gpu.Event // the last two host-row writes' events (see join)
+	pre      []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
+	_        [64]byte
+	landed   []*Write // committer-only scratch (Landed)
+	gatherSl []int32  // committer-only scratch (GatherTask)
+	_        [64]byte
+	st       Counters
+	_        [64]byte
 }
 
 type openRef struct {

@@ -92,27 +92,34 @@ type Gather interface {
 	Done(failed bool)
 }
 
-type gatherTask struct {
+// GatherTask is a gather's queue entry (PushGather). A caller that
+// recycles its Gather keeps one in it, so that a push allocates nothing;
+// the task is the committer's until Gather.Done.
+type GatherTask struct {
 	p      *Path
 	blocks []int32
 	g      Gather
 }
 
-// PushGather queues a read of whole blocks' committed rows behind every
-// write handed over so far. Rows of optional keys a write omitted read as
-// zeros. Engine goroutine.
-func (p *Path) PushGather(blocks []int32, g Gather) {
-	p.q.PushLazy(Task{R: &gatherTask{p: p, blocks: blocks, g: g}}) // publishing waits for nobody
+// PushGather queues a read of whole blocks' committed rows into g behind
+// every write handed over so far, with t as its queue entry (t's fields
+// are set here). Rows of optional keys a write omitted read as zeros.
+// Engine goroutine.
+func (p *Path) PushGather(t *GatherTask, blocks []int32, g Gather) {
+	t.p, t.blocks, t.g = p, blocks, g
+	p.q.PushLazy(Task{R: t}) // publishing waits for nobody
 }
 
-func (t *gatherTask) RunInOrder(failed bool) {
+// RunInOrder implements InOrder (the committer).
+func (t *GatherTask) RunInOrder(failed bool) {
 	if failed {
 		t.g.Done(true)
 		return
 	}
 	p := t.p
 	bs := p.lay.BlockSize
-	sl := make([]int32, bs)
+	p.gatherSl = grow(p.gatherSl, bs)
+	sl := p.gatherSl
 	for j, b := range t.blocks {
 		for i := range sl {
 			sl[i] = b*int32(bs) + int32(i)

@@ -9,8 +9,12 @@
 //
 // A step's (and a decode-buffer flush's) device rows stay on the device in
 // the write until the committer copies them into the write's page (one
-// batch, issued for the next queued writes while it scatters the one
-// before): Save makes no device call for them.
+// batch, issued for the next queued writes before and while it scatters
+// the one before): Save makes no device call for them. What nobody waits
+// for yet (decode-buffer flushes, small step writes, deferred runs, hit
+// prefetch reads, tier imports and gathers) is handed over without waking
+// a polling committer (Queue.PushLazy): a wake is a system call on the
+// engine goroutine. Every wait for the committer's progress wakes it.
 //
 // and the resources those stages hold: the device byte budget (every device
 // copy is charged once and released once), the staging pages (one per
@@ -24,6 +28,7 @@
 // path uses may be called from any goroutine. The Committer runs on its own
 // goroutine (pprof label omnicache=committer). No lock is held across a
 // copy, a wait or a budget flush: the state lock covers reference counts and
-// the clone table only; Budget, Pages and Queue wait on condition variables
-// whose mutexes cover only their counters.
+// the clone table only; Budget and Pages wait on condition variables whose
+// mutexes cover only their counters, and the committer on Queue's wake
+// channel (or its poll timer).
 package writer

@@ -97,17 +97,18 @@ func TestStagingPagesAllocatedOneAhead(t *testing.T) {
 	}
 }
 
-// AllocStagingAtNew: New allocates every page, Saves allocate nothing and
-// read back exact rows, and Close frees every page.
-func TestAllocStagingAtNew(t *testing.T) {
-	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
-	c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
-		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d,
-		AllocStagingAtNew: true})
-	require.NoError(t, err)
-	live, total := d.counts()
-	require.Equal(t, 1, total, "New allocates every page, as one allocation")
-	require.Equal(t, 1, live)
+// stagingConfig is a small cache on device d for the staging-allocation
+// tests.
+func stagingConfig(d gpu.Device) omnicache.Config {
+	return omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d}
+}
+
+// sixSteps saves six steps of one request (each discarding the one before),
+// checking each with check, and materializes the last: its row must be
+// exact.
+func sixSteps(t *testing.T, c *omnicache.Cache, check func()) {
+	t.Helper()
 	plan := omnicache.Plan{Table: []int32{0, 1, 2, 3, 4, 5, 6, 7}, Stride: 8,
 		IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1},
 		Arrivals: []int64{1}, HitTokens: []int32{0}}
@@ -120,7 +121,7 @@ func TestAllocStagingAtNew(t *testing.T) {
 		}
 		id, err := c.Save(&omnicache.Outputs{Tokens: 1, Tensors: []omnicache.Tensor{{Host: row, Rows: 1}}})
 		require.NoError(t, err)
-		require.Zero(t, c.Stats().PagesAllocating, "no page is allocated in the background")
+		check()
 		if prev != 0 {
 			require.NoError(t, c.Discard(prev))
 		}
@@ -131,24 +132,21 @@ func TestAllocStagingAtNew(t *testing.T) {
 	var res omnicache.Result
 	require.NoError(t, c.Materialize(prev, nil, &res))
 	require.Equal(t, byte(5*16), res.Rows(0, 0)[0])
-	_, total = d.counts()
-	require.Equal(t, 1, total, "no Save allocated a page")
-	require.NoError(t, c.Close())
-	live, _ = d.counts()
-	require.Zero(t, live, "Close frees the pages")
 }
 
-// A device that refuses the staging pages fails New with an error wrapping
-// gpu.ErrAlloc; nothing stays allocated and no goroutine of the cache is
-// left running.
-func TestAllocStagingAtNewFails(t *testing.T) {
+// newFailsOnPages: a device that refuses the staging pages fails New (with
+// mode set by set) with an error wrapping gpu.ErrAlloc; nothing stays
+// allocated and no goroutine of the cache is left running.
+func newFailsOnPages(t *testing.T, set func(*omnicache.Config)) {
+	t.Helper()
 	base := runtime.NumGoroutine()
 	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
 	f := gpu.NewFaulty(d)
 	f.FailOpAfter(gpu.OpAllocHost, 0)
-	c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
-		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, Device: f, CopyWorkers: 4,
-		AllocStagingAtNew: true})
+	cfg := stagingConfig(f)
+	cfg.CopyWorkers = 4
+	set(&cfg)
+	c, err := omnicache.New(cfg)
 	require.Nil(t, c)
 	require.ErrorIs(t, err, gpu.ErrAlloc)
 	require.ErrorContains(t, err, "staging pages")
@@ -157,16 +155,41 @@ func TestAllocStagingAtNewFails(t *testing.T) {
 	waitGoroutines(t, base)
 }
 
+// AllocStagingAtNew: New allocates every page, Saves allocate nothing and
+// read back exact rows, and Close frees every page.
+func TestAllocStagingAtNew(t *testing.T) {
+	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	cfg := stagingConfig(d)
+	cfg.AllocStagingAtNew = true
+	c, err := omnicache.New(cfg)
+	require.NoError(t, err)
+	live, total := d.counts()
+	require.Equal(t, 1, total, "New allocates every page, as one allocation")
+	require.Equal(t, 1, live)
+	sixSteps(t, c, func() {
+		require.Zero(t, c.Stats().PagesAllocating, "no page is allocated in the background")
+	})
+	_, total = d.counts()
+	require.Equal(t, 1, total, "no Save allocated a page")
+	require.NoError(t, c.Close())
+	live, _ = d.counts()
+	require.Zero(t, live, "Close frees the pages")
+}
+
+// A device that refuses the staging pages fails New (AllocStagingAtNew).
+func TestAllocStagingAtNewFails(t *testing.T) {
+	newFailsOnPages(t, func(c *omnicache.Config) { c.AllocStagingAtNew = true })
+}
+
 // AllocStagingAhead: New allocates one page and starts the others in the
 // background at once; once they are in (Sync waits for them), Saves
-// allocate nothing more, rows read back exact and Close frees every page.
-// A device that refuses the first page fails New (gpu.ErrAlloc, nothing
-// left allocated, no goroutine left); asking for both modes is ErrConfig.
+// allocate nothing more, rows read back exact and Close frees every page,
+// also right after New. A device that refuses the first page fails New;
+// asking for both modes is ErrConfig.
 func TestAllocStagingAhead(t *testing.T) {
 	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
-	cfg := omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 3,
-		Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d,
-		AllocStagingAhead: true}
+	cfg := stagingConfig(d)
+	cfg.AllocStagingAhead = true
 	c, err := omnicache.New(cfg)
 	require.NoError(t, err)
 	_, total := d.counts()
@@ -176,53 +199,20 @@ func TestAllocStagingAhead(t *testing.T) {
 	require.Equal(t, 3, total, "every page allocated, the others in the background")
 	require.Equal(t, 3, live)
 	require.Zero(t, c.Stats().PagesAllocating)
-	plan := omnicache.Plan{Table: []int32{0, 1, 2, 3, 4, 5, 6, 7}, Stride: 8,
-		IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1},
-		Arrivals: []int64{1}, HitTokens: []int32{0}}
-	var prev omnicache.StepID
-	for s := 0; s < 6; s++ {
-		require.NoError(t, c.Begin(&plan))
-		row := make([]byte, 16)
-		for i := range row {
-			row[i] = byte(s*16 + i)
-		}
-		id, err := c.Save(&omnicache.Outputs{Tokens: 1, Tensors: []omnicache.Tensor{{Host: row, Rows: 1}}})
-		require.NoError(t, err)
-		if prev != 0 {
-			require.NoError(t, c.Discard(prev))
-		}
-		prev = id
-		plan.Arrivals, plan.HitTokens = nil, nil
-		plan.Start[0]++
-	}
-	var res omnicache.Result
-	require.NoError(t, c.Materialize(prev, nil, &res))
-	require.Equal(t, byte(5*16), res.Rows(0, 0)[0])
+	sixSteps(t, c, func() {})
 	_, total = d.counts()
 	require.Equal(t, 3, total, "no Save allocated a page")
 	require.NoError(t, c.Close())
 	live, _ = d.counts()
 	require.Zero(t, live, "Close frees the pages")
 
-	// Closed right after New: the background allocations end and are freed.
 	c, err = omnicache.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	live, _ = d.counts()
 	require.Zero(t, live, "Close right after New frees every page, the background ones too")
 
-	base := runtime.NumGoroutine()
-	f := gpu.NewFaulty(d)
-	f.FailOpAfter(gpu.OpAllocHost, 0)
-	bad := cfg
-	bad.Device, bad.CopyWorkers = f, 4
-	c, err = omnicache.New(bad)
-	require.Nil(t, c)
-	require.ErrorIs(t, err, gpu.ErrAlloc)
-	require.ErrorContains(t, err, "staging pages")
-	live, _ = d.counts()
-	require.Zero(t, live)
-	waitGoroutines(t, base)
+	newFailsOnPages(t, func(c *omnicache.Config) { c.AllocStagingAhead = true })
 
 	both := cfg
 	both.AllocStagingAtNew = true

@@ -260,27 +260,26 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	}
 	modes := map[string][]bool{"off": {false}, "on": {true}, "both": {false, true}}[f.cache]
 
-	if f.cpuprofile != "" {
-		pf, err := os.Create(f.cpuprofile)
+	for _, o := range []struct {
+		path  string
+		start func(io.Writer) error
+		stop  func()
+	}{
+		{f.cpuprofile, pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{f.execTrace, rtrace.Start, rtrace.Stop},
+	} {
+		if o.path == "" {
+			continue
+		}
+		out, err := os.Create(o.path)
 		if err != nil {
 			return 1, err
 		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
+		defer out.Close()
+		if err := o.start(out); err != nil {
 			return 1, err
 		}
-		defer pprof.StopCPUProfile()
-	}
-	if f.execTrace != "" {
-		tf, err := os.Create(f.execTrace)
-		if err != nil {
-			return 1, err
-		}
-		defer tf.Close()
-		if err := rtrace.Start(tf); err != nil {
-			return 1, err
-		}
-		defer rtrace.Stop()
+		defer o.stop() // before the file's Close (deferred first)
 	}
 	if f.replicas > 0 {
 		return runReplicas(f, specs, stdout, stderr)

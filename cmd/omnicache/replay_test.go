@@ -379,3 +379,26 @@ func TestReplaySamples(t *testing.T) {
 		t.Fatal("no pure decode step in a decode workload")
 	}
 }
+
+// --exec-trace writes a Go execution trace in which the engine's calls are
+// regions (their names are in the trace's string table).
+func TestReplayExecTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.trace")
+	code, out, errs := run(t, "--workloads", "MiniCPM-o/DEC100_c32$", "--scale", "0.01", "--repeat", "1",
+		"--cache", "on", "--exec-trace", path)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte("go 1.")) {
+		t.Fatalf("not a Go execution trace: %q", b[:min(len(b), 16)])
+	}
+	for _, r := range []string{"begin", "save", "discard"} {
+		if !bytes.Contains(b, []byte(r)) {
+			t.Errorf("no %q region in the trace", r)
+		}
+	}
+}

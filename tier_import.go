@@ -130,6 +130,7 @@ func (c *Cache) failImports(j *importJob, dst *Result) {
 	t := time.NewTimer(c.tl.cfg.ImportTimeout * 2)
 	defer t.Stop()
 	timedOut := false
+	c.path.Kick() // the import may have been handed over lazily
 	select {
 	case <-j.applied:
 	case <-t.C:

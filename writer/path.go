@@ -300,6 +300,11 @@ func (p *Path) WaitDev(ev gpu.Event) error {
 	}
 }
 
+// Kick wakes the committer if it sleeps with work queued, for a goroutine
+// about to wait for its progress other than through WaitSeq. Any
+// goroutine.
+func (p *Path) Kick() { p.q.Kick() }
+
 // drain waits (bounded, see WaitSeq) for everything handed over so far.
 func (p *Path) drain() error { return p.WaitSeq(p.q.Pushed()) }
 

@@ -129,7 +129,7 @@ type job struct {
 	per   int  // read: rows per part
 	gsh   uint // write: log2(rows per slot group)
 	next  atomic.Int64
-	poll  func() // the caller's, after each of its parts (WriteSplitPoll)
+	poll  func() // the caller's, between its parts (WriteSplitPoll)
 
 	helpers sync.WaitGroup
 }
@@ -230,7 +230,7 @@ func (m *Mirror) WriteSplit(w *Workers, slots []int32, rows []byte) {
 }
 
 // WriteSplitPoll is WriteSplit that calls poll, on the calling goroutine,
-// after each part of a split write the caller worked on itself (poll may be
+// between the parts of a split write that it copies itself (poll may be
 // nil): the committer issues the next queued write's device copies from it,
 // so that they run while this write is scattered rather than after it.
 func (m *Mirror) WriteSplitPoll(w *Workers, slots []int32, rows []byte, poll func()) {

@@ -123,7 +123,7 @@ func (q *Queue[T]) appendLocked(v T) uint64 {
 }
 
 // Pop returns the oldest item, blocking while the queue is empty; ok is
-// false once the queue is closed and empty. One consumer.
+// false once the queue is closed and empty.
 func (q *Queue[T]) Pop() (v T, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -56,8 +56,11 @@ type Path struct {
 	dev gpu.Device
 	cap int
 
-	pageB int   // bytes of one page
-	pageO []int // per key: offset of its region in a page (immediate keys)
+	pageB int // bytes of one page
+	// lazyTokens is the most tokens a step write handed over lazily holds
+	// (lazyBytes of immediate rows; see writeStep).
+	lazyTokens int
+	pageO      []int // per key: offset of its region in a page (immediate keys)
 
 	pages   *Pages
 	spare   *Spare // page memory allocated one page ahead
@@ -107,6 +110,7 @@ type openRef struct {
 // mirror and no staging memory (both are made on first use).
 func NewPath(cfg Config) *Path {
 	nslots := cfg.NumBlocks * cfg.BlockSize
+	immRowB := 0
 	p := &Path{
 		cfg:    cfg,
 		dev:    cfg.Dev,
@@ -131,6 +135,10 @@ func NewPath(cfg Config) *Path {
 		l.Imm = append(l.Imm, i)
 		p.pageO[i] = p.pageB
 		p.pageB += p.cap * k.RowBytes
+		immRowB += k.RowBytes
+	}
+	if immRowB > 0 {
+		p.lazyTokens = lazyBytes / immRowB
 	}
 	if len(l.Imm) > 0 {
 		// Optional immediate keys get an absent column (a step may omit

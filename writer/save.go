@@ -363,7 +363,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
-	p.handOver(w, ev, len(s.Slots)*(p.pageB/p.cap) <= lazyBytes)
+	p.handOver(w, ev, len(s.Slots) <= p.lazyTokens)
 	return nil
 }
 

@@ -381,7 +381,8 @@ func TestReplaySamples(t *testing.T) {
 }
 
 // --exec-trace writes a Go execution trace in which the engine's calls are
-// regions (their names are in the trace's string table).
+// regions: their names are whole strings of the trace's string table (a
+// uvarint length, then the bytes), not parts of a path such as save.go.
 func TestReplayExecTrace(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.trace")
 	code, out, errs := run(t, "--workloads", "MiniCPM-o/DEC100_c32$", "--scale", "0.01", "--repeat", "1",
@@ -397,7 +398,7 @@ func TestReplayExecTrace(t *testing.T) {
 		t.Fatalf("not a Go execution trace: %q", b[:min(len(b), 16)])
 	}
 	for _, r := range []string{"begin", "save", "discard"} {
-		if !bytes.Contains(b, []byte(r)) {
+		if !bytes.Contains(b, append([]byte{byte(len(r))}, r...)) {
 			t.Errorf("no %q region in the trace", r)
 		}
 	}

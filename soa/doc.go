@@ -1,5 +1,5 @@
 // Package soa holds the cache's struct-of-arrays tables: per-slot
-// occupancy, the live request table and the pending (parked decode) rows.
+// occupancy, the live request table and the per-block tenancy.
 // Every table is a set of flat integer columns: no per-row pointers, so the
 // GC never scans them and they pass straight to assembly kernels. Tables are
 // allocation-free after warm-up (columns keep their capacity across Remove
@@ -50,18 +50,9 @@
 //	free      [   3  ]                stack of free handles (reused LIFO)
 //	index     map[id]handle
 //
-// # Pending
-//
-// One entry per parked decode row, appended in order:
-//
-//	entry     0     1     2     3
-//	Slot   [ 130 |  77 | 131 |  78 ]  int32  KV slot the row is for
-//	Step   [   0 |   0 |   1 |   1 ]  int32  index of the buffered step
-//	Offset [   0 |   1 |   2 |   3 ]  int32  row offset in the parked storage
-//
 // # Goroutines
 //
-// Requests and Pending are single-goroutine tables (the caller's lock).
+// Requests is a single-goroutine table (the caller's lock).
 // Occupancy's word column is read and written with sync/atomic: Load, Word
 // and Owns are safe from any goroutine, concurrently with Claim, Commit and
 // Reset. Claim and Commit may run on different goroutines (engine and

@@ -117,38 +117,3 @@ func BenchmarkRequests(b *testing.B) {
 		sink = uint64(sum)
 	})
 }
-
-// BenchmarkPending: one op parks one row (steady state: Reset every 4096).
-func BenchmarkPending(b *testing.B) {
-	b.Run("op=append", func(b *testing.B) {
-		b.ReportAllocs()
-		var p Pending
-		i := int32(0)
-		for b.Loop() {
-			if i&4095 == 0 {
-				p.Reset()
-			}
-			p.Append(i, i>>4, i)
-			i++
-		}
-	})
-	// op=slots64: one op parks a decode step of 64 rows (a decode buffer
-	// of 16 steps, reset when full), as the write path does per step.
-	b.Run("op=slots64", func(b *testing.B) {
-		b.ReportAllocs()
-		var p Pending
-		slots := make([]int32, 64)
-		for i := range slots {
-			slots[i] = int32(i * 16)
-		}
-		j := int32(0)
-		for b.Loop() {
-			if j == 16 {
-				p.Reset()
-				j = 0
-			}
-			p.AppendSlots(slots, j, j*64)
-			j++
-		}
-	})
-}

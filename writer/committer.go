@@ -253,7 +253,7 @@ func (c *Committer) scanQueued() {
 		if w == nil {
 			return true
 		}
-		for _, s := range w.Rows.Slot {
+		for _, s := range w.Slots {
 			c.newest[s] = w.ID
 		}
 		c.newestMax = w.ID
@@ -359,7 +359,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	ten := c.cfg.Tenancy
 	c.epoch.Add(1)
 	for j := 0; j < w.Steps; j++ {
-		sl := w.Rows.Slot[j*w.N : (j+1)*w.N]
+		sl := w.Slots[j*w.N : (j+1)*w.N]
 		mk, kept, skipped := c.newerMask(sl)
 		c.count(w, j, kept, skipped)
 		for ki, k := range c.cfg.Imm {

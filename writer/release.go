@@ -15,9 +15,8 @@ func (p *Path) newWrite(pg *Page, n int) *Write {
 	if w == nil {
 		w = &Write{}
 	}
-	host, dev, staged, absent, rows, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Rows, w.Owned[:0]
-	rows.Reset()
-	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Rows: rows, Owned: owned}
+	host, dev, staged, absent, slots, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Slots[:0], w.Owned[:0]
+	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Slots: slots, Owned: owned}
 	return w
 }
 

@@ -355,7 +355,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 		}
 	}
 	w.Steps = 1
-	w.Rows.AppendSlots(s.Slots, 0, 0)
+	w.Slots = append(w.Slots, s.Slots...)
 	p.mu.Lock()
 	for ki, k := range p.lay.Imm {
 		refs.Src[k], refs.SrcOff[k], refs.Omit[k] = w, 0, w.Absent[ki]
@@ -414,7 +414,7 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	for ki, k := range p.lay.Imm {
 		p.stage(w, &s.Out[k], k, ki, j)
 	}
-	w.Rows.AppendSlots(s.Slots, int32(j), int32(j*n))
+	w.Slots = append(w.Slots, s.Slots...)
 	p.mu.Lock()
 	nimm := len(p.lay.Imm)
 	for ki, k := range p.lay.Imm {

@@ -2,7 +2,6 @@ package writer
 
 import (
 	"github.com/omnicache/omnicache/gpu"
-	"github.com/omnicache/omnicache/soa"
 )
 
 // Write is a pending write of rows into the mirror; write ids are never
@@ -40,9 +39,12 @@ type Write struct {
 	// them: 0 lets the committer skip the column.
 	Absent  []bool
 	NAbsent int
-	Rows    soa.Pending // slot, parked step and row offset of every row
-	Owned   [][]byte    // owned host tensors, handed back when the write is released
-	Charge  int64       // bytes released with the write
+	// Slots is the slot of every row: of an immediate write, parked step
+	// j's rows are Slots[j*N : (j+1)*N] (at the same offsets in its staged
+	// rows); of a deferred clone, its rows in clone order.
+	Slots  []int32
+	Owned  [][]byte // owned host tensors, handed back when the write is released
+	Charge int64    // bytes released with the write
 
 	// Device rows (of a step, or parked by the decode buffer) are read by
 	// Materialize from the device until the committer copied them to
@@ -62,10 +64,9 @@ type Write struct {
 	lateIssued bool
 
 	// deferred clone
-	Key   int
-	Buf   gpu.Buffer
-	Own   bool    // Buf is the engine's owned tensor
-	Slots []int32 // slot of every clone row
+	Key int
+	Buf gpu.Buffer
+	Own bool // Buf is the engine's owned tensor
 }
 
 // Task is one unit of committer work: an immediate write (W; its device

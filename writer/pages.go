@@ -27,6 +27,13 @@ type Page struct {
 
 // Pages is a fixed pool of staging pages.
 //
+// Free pages are kept in the order they were released: Claim takes the
+// one released last (its memory is the likeliest to be in the CPU's
+// caches, which a CPU filling it wants), ClaimCold the one released first
+// (which a device's DMA filling it wants: the scatter that read a page
+// left its lines in the copy workers' caches, and a DMA write into cached
+// lines has every one of them invalidated first).
+//
 // Its lock is taken by the engine goroutine (Claim) and the committer
 // (Release): padded like Queue.
 type Pages struct {
@@ -34,7 +41,9 @@ type Pages struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	pages  []Page
-	free   []int32
+	free   []int32 // ring of free page indices, oldest release at head
+	head   int
+	nfree  int
 	closed bool
 	failed bool
 	// wake bounds the waits: one timer for the pool, armed (armed true,
@@ -51,18 +60,27 @@ type Pages struct {
 // NewPages returns a pool of depth pages (memory allocated lazily by the
 // caller through Page.Mem).
 func NewPages(depth int) *Pages {
-	p := &Pages{pages: make([]Page, depth), free: make([]int32, 0, depth)}
+	p := &Pages{pages: make([]Page, depth), free: make([]int32, depth)}
 	for i := depth - 1; i >= 0; i-- {
 		p.pages[i].Index = i
-		p.free = append(p.free, int32(i))
+		p.push(i)
 	}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
 
 // Claim takes a free page with one reference, waiting up to timeout
-// (timeout < 0: do not wait).
+// (timeout < 0: do not wait): the page released last.
 func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
+	return p.claim(timeout, false)
+}
+
+// ClaimCold is Claim taking the page released first (see Pages).
+func (p *Pages) ClaimCold(timeout time.Duration) (*Page, error) {
+	return p.claim(timeout, true)
+}
+
+func (p *Pages) claim(timeout time.Duration, cold bool) (*Page, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// Closed and failed win over a free page: a page Close just freed is
@@ -70,7 +88,7 @@ func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
 	if err := p.stopped(); err != nil {
 		return nil, err
 	}
-	if pg := p.pop(); pg != nil {
+	if pg := p.pop(cold); pg != nil {
 		return pg, nil
 	}
 	if timeout < 0 {
@@ -83,7 +101,7 @@ func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
 		if err := p.stopped(); err != nil {
 			return nil, err
 		}
-		if pg := p.pop(); pg != nil {
+		if pg := p.pop(cold); pg != nil {
 			return pg, nil
 		}
 		if !time.Now().Before(deadline) {
@@ -122,15 +140,40 @@ func (p *Pages) stopped() error {
 	return nil
 }
 
-func (p *Pages) pop() *Page {
-	n := len(p.free)
-	if n == 0 {
+// pop takes the free page released last (first when cold), nil if none.
+func (p *Pages) pop(cold bool) *Page {
+	if p.nfree == 0 {
 		return nil
 	}
-	pg := &p.pages[p.free[n-1]]
-	p.free = p.free[:n-1]
+	var i int32
+	if cold {
+		i = p.free[p.head]
+		p.head++
+		if p.head == len(p.free) {
+			p.head = 0
+		}
+	} else {
+		i = p.free[p.slot(p.nfree-1)]
+	}
+	p.nfree--
+	pg := &p.pages[i]
 	pg.refs = 1
 	return pg
+}
+
+// push returns page i to the free pages, as the one released last.
+func (p *Pages) push(i int) {
+	p.free[p.slot(p.nfree)] = int32(i)
+	p.nfree++
+}
+
+// slot is the ring index of the k-th free page from the oldest.
+func (p *Pages) slot(k int) int {
+	k += p.head
+	if k >= len(p.free) {
+		k -= len(p.free)
+	}
+	return k
 }
 
 // Ref adds a reference to a held page.
@@ -150,7 +193,7 @@ func (p *Pages) Release(pg *Page) {
 	pg.refs--
 	switch {
 	case pg.refs == 0:
-		p.free = append(p.free, int32(pg.Index))
+		p.push(pg.Index)
 		p.cond.Broadcast()
 	case pg.refs < 0:
 		p.mu.Unlock()
@@ -163,7 +206,7 @@ func (p *Pages) Release(pg *Page) {
 func (p *Pages) InUse() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.pages) - len(p.free)
+	return len(p.pages) - p.nfree
 }
 
 // Close wakes every waiter; later claims that find no free page fail.

@@ -280,3 +280,71 @@ func TestPagesConcurrent(t *testing.T) {
 	}
 	assert.Zero(t, p.InUse())
 }
+
+// TestPagesClaimOrder: Claim takes the page released last, ClaimCold the
+// one released first, and the ring wraps through many rounds of both.
+func TestPagesClaimOrder(t *testing.T) {
+	p := NewPages(4)
+	var held []*Page
+	for range 4 {
+		pg, err := p.Claim(-1)
+		require.NoError(t, err)
+		held = append(held, pg)
+	}
+	order := []int{2, 0, 3, 1}
+	for _, i := range order {
+		p.Release(held[i])
+	}
+	pg, err := p.ClaimCold(-1)
+	require.NoError(t, err)
+	assert.Same(t, held[2], pg, "ClaimCold: the page released first")
+	pg, err = p.Claim(-1)
+	require.NoError(t, err)
+	assert.Same(t, held[1], pg, "Claim: the page released last")
+	pg, err = p.ClaimCold(-1)
+	require.NoError(t, err)
+	assert.Same(t, held[0], pg)
+	pg, err = p.Claim(-1)
+	require.NoError(t, err)
+	assert.Same(t, held[3], pg)
+	_, err = p.ClaimCold(-1)
+	require.ErrorIs(t, err, ErrTimeout, "every page held")
+	assert.Equal(t, 4, p.InUse())
+
+	// A model of the free list through wrapping rounds.
+	for _, pg := range held {
+		p.Release(pg)
+	}
+	model := []int{held[0].Index, held[1].Index, held[2].Index, held[3].Index}
+	for round := range 50 {
+		cold := round%3 != 0
+		var pg *Page
+		if cold {
+			pg, err = p.ClaimCold(-1)
+		} else {
+			pg, err = p.Claim(-1)
+		}
+		require.NoError(t, err)
+		want := model[len(model)-1]
+		if cold {
+			want = model[0]
+			model = model[1:]
+		} else {
+			model = model[:len(model)-1]
+		}
+		require.Equal(t, want, pg.Index, "round %d (cold %v)", round, cold)
+		if round%2 == 0 {
+			p.Release(pg)
+			model = append(model, pg.Index)
+		} else {
+			pg2, err := p.Claim(-1)
+			require.NoError(t, err)
+			require.Equal(t, model[len(model)-1], pg2.Index)
+			model = model[:len(model)-1]
+			p.Release(pg2)
+			p.Release(pg)
+			model = append(model, pg2.Index, pg.Index)
+		}
+		require.Equal(t, 4-len(model), p.InUse())
+	}
+}

@@ -114,7 +114,7 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 	var pg *Page
 	if imm && (!park || p.buf.K == 0) {
 		var err error
-		if pg, err = p.claimPage(); err != nil {
+		if pg, err = p.claimPage(p.devRows(s)); err != nil {
 			p.budget.Release(immNeed + defNeed)
 			return err
 		}
@@ -221,15 +221,15 @@ func (p *Path) cloneNeed(s *Step) int64 {
 }
 
 // claimPage takes a staging page, waiting up to the claim timeout.
-func (p *Path) claimPage() (*Page, error) {
-	pg, err := p.pages.Claim(NoWait)
+func (p *Path) claimPage(cold bool) (*Page, error) {
+	pg, err := p.pages.claim(NoWait, cold)
 	if err != nil && errors.Is(err, ErrTimeout) && p.cfg.ClaimTimeout >= 0 {
 		// Back-pressure: every page is held by unconsumed steps or by
 		// writes the committer has not landed yet (wake it: it may be
 		// polling with lazily handed-over writes queued).
 		t0 := time.Now()
 		p.q.Kick()
-		pg, err = p.pages.Claim(p.cfg.ClaimTimeout)
+		pg, err = p.pages.claim(p.cfg.ClaimTimeout, cold)
 		p.st.StallNanos.Add(int64(time.Since(t0)))
 	}
 	switch {
@@ -250,6 +250,18 @@ func (p *Path) claimPage() (*Page, error) {
 	default:
 		return nil, &TimeoutError{Waited: max(p.cfg.ClaimTimeout, 0)}
 	}
+}
+
+// devRows reports whether an immediate key of the step has device rows:
+// the device's DMA fills its page, which then is the coldest free one (see
+// Pages).
+func (p *Path) devRows(s *Step) bool {
+	for _, k := range p.lay.Imm {
+		if t := &s.Out[k]; t.Host == nil && !t.Dev.IsZero() {
+			return true
+		}
+	}
+	return false
 }
 
 // TimeoutError is a Save's failure to claim a staging page within the

@@ -41,6 +41,7 @@
 package omnicache
 
 import (
+	"runtime"
 	"time"
 
 	"github.com/omnicache/omnicache/gpu"
@@ -74,6 +75,10 @@ const (
 	DefaultWaitTimeout           = 60 * time.Second
 	DefaultReadAheadBytes        = 1 << 30
 )
+
+// DefaultCopyWorkers is Config.CopyWorkers when left zero: GOMAXPROCS-1,
+// at least 1 and at most 16.
+func DefaultCopyWorkers() int { return max(1, min(16, runtime.GOMAXPROCS(0)-1)) }
 
 // Config configures a Cache. Zero fields take the defaults above.
 type Config struct {
@@ -154,12 +159,13 @@ type Config struct {
 	// CopyWorkers-1 long-lived goroutines (pprof label
 	// omnicache=copy-worker) shared by both; a copy under 256 KiB (a decode
 	// step), or a scatter of rows under 512 bytes, never leaves its
-	// goroutine. 0 means GOMAXPROCS, at most 16: the workers run only
-	// while a large copy is in progress, which is while the engine's
-	// forward runs on the device (on an H200 host of 16 cores, rows reach
-	// the mirror at 28-31 GB/s with 16 and 25-26 GB/s with 12, against
-	// 54 GB/s for the device→host copy alone); 1 copies on one goroutine.
-	// At most MaxCopyWorkers.
+	// goroutine. 0 means DefaultCopyWorkers(): one less than GOMAXPROCS,
+	// at most 16, so that a scatter never holds every P and the engine
+	// goroutine, woken while it runs, gets one at once (with every P
+	// copying, it waited for a part to finish: 60-80 µs on an H200 host).
+	// The workers run only while a large copy is in progress, which is
+	// while the engine's forward runs on the device; 1 copies on one
+	// goroutine. At most MaxCopyWorkers.
 	CopyWorkers int
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -189,4 +190,14 @@ func TestCopyWorkersConfig(t *testing.T) {
 	c, err := omnicache.New(omnicache.Config{NumBlocks: 4, BlockSize: 16, Keys: []omnicache.Key{{Name: "h", RowBytes: 64}}, CopyWorkers: 1})
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
+}
+
+// TestDefaultCopyWorkers: the default leaves one P to the engine goroutine
+// (at least one copier, at most 16).
+func TestDefaultCopyWorkers(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for procs, want := range map[int]int{1: 1, 2: 1, 3: 2, 16: 15, 17: 16, 64: 16} {
+		runtime.GOMAXPROCS(procs)
+		require.Equal(t, want, omnicache.DefaultCopyWorkers(), "GOMAXPROCS %d", procs)
+	}
 }

@@ -2,7 +2,6 @@ package omnicache
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/writer"
@@ -64,7 +63,7 @@ func validate(cfg *Config) (writer.Config, error) {
 		cfg.ReadAheadBytes = DefaultReadAheadBytes
 	}
 	if cfg.CopyWorkers == 0 {
-		cfg.CopyWorkers = min(16, runtime.GOMAXPROCS(0))
+		cfg.CopyWorkers = DefaultCopyWorkers()
 	}
 	if cfg.CopyWorkers < 0 || cfg.CopyWorkers > MaxCopyWorkers {
 		return bad("CopyWorkers %d not in [0, %d]", cfg.CopyWorkers, MaxCopyWorkers)

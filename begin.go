@@ -268,13 +268,29 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 		pure = notOne == 0
 	}
 	e.slots = e.slots[:ntok]
-	// Block ids beyond NumBlocks: one branch-free pass (a slot outside
-	// [0, nslots) makes s or last-s negative), then find it for the error.
+	// Block ids beyond NumBlocks: one branch-free pass (a value outside
+	// [0, n) makes v or n-1-v negative), then find it for the error. A
+	// step of a few tokens a request checks its slots; a longer one the
+	// table entries its requests use (Map checked rows and columns), one
+	// per block instead of one per token.
 	nslots := c.cfg.NumBlocks * bs
 	var bad int32
 	last := int32(nslots - 1)
-	for _, s := range e.slots {
-		bad |= s | (last - s)
+	if ntok <= 4*n {
+		for _, s := range e.slots {
+			bad |= s | (last - s)
+		}
+	} else {
+		lastB, bs32 := int32(c.cfg.NumBlocks-1), int32(bs)
+		for i, cnt := range p.Count {
+			if cnt == 0 {
+				continue
+			}
+			row := p.Table[int(p.Rows[i])*p.Stride:]
+			for _, b := range row[p.Start[i]/bs32 : (p.Start[i]+cnt-1)/bs32+1] {
+				bad |= b | (lastB - b)
+			}
+		}
 	}
 	if bad < 0 {
 		for _, s := range e.slots {

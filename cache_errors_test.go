@@ -473,3 +473,36 @@ func isAny(err error, targets ...error) bool {
 	}
 	return false
 }
+
+// TestBlockIDsLongStep: a step of many tokens a request checks the block
+// ids its requests use in the table (not each token's slot): a used entry
+// outside [0, NumBlocks), first, inside or last of a request's span, fails
+// Begin with ErrPlan and changes nothing; an entry the step does not use
+// is not looked at.
+func TestBlockIDsLongStep(t *testing.T) {
+	const a = 1
+	h := newHarness(t, testConfig())
+	h.assign(a, 4, 5, 6, 7)
+	long := step{Sched: []S{{a, 0, 11}}, Arrive: []A{{ID: a}}} // positions 0..10: table columns 0..2
+	for _, tc := range []struct {
+		name string
+		col  int
+		id   int32
+	}{
+		{"first column beyond NumBlocks", 0, testNumBlocks},
+		{"middle column negative", 1, -1},
+		{"last column far beyond", 2, testNumBlocks + 100},
+	} {
+		p := h.plan(long)
+		p.Table[int(p.Rows[0])*p.Stride+tc.col] = tc.id
+		err := h.beginPlan(p)
+		require.ErrorIs(t, err, omnicache.ErrPlan, tc.name)
+		require.ErrorContains(t, err, "beyond NumBlocks", tc.name)
+	}
+	p := h.plan(long)
+	p.Table[int(p.Rows[0])*p.Stride+3] = testNumBlocks // column 3: not used by this step
+	require.NoError(t, h.beginPlan(p), "an unused table entry is not checked")
+	require.NoError(t, h.c.Abort())
+	h.mat(h.step(long)) // the failed Begins registered nothing
+	usable(h)
+}

@@ -86,6 +86,16 @@ type CUDA struct {
 	memMu sync.Mutex
 	mem   map[uintptr]devAlloc // live device allocations (Alloc's)
 	host  map[uintptr]pinned   // live pinned host allocations
+	// spare keeps pooled buffers Free gave back, by size, for Alloc to
+	// hand out again without a driver call (a step's clone costs the
+	// engine goroutine two: cuCtxSetCurrent and the pool allocation, about
+	// 10 µs on an H200 host). Every use of the device's memory is issued
+	// on its stream, so a reused buffer's next use runs after its last
+	// one, as with the pool's own stream-ordered reuse. At most spareMax
+	// buffers a size and spareBytes in all; Close frees them.
+	spare      map[int][]uintptr
+	spareBytes int64
+	spareOff   bool // Close freed the spares: keep no more
 
 	evMu sync.Mutex
 	seq  uint64    // last event handle issued
@@ -213,6 +223,11 @@ func (d *CUDA) Alloc(n int) (Buffer, error) {
 	if n == 0 {
 		return Buffer{}, nil
 	}
+	if d.usePool && !d.closed.Load() {
+		if p := d.takeSpare(n); p != 0 {
+			return Buffer{Ptr: p, Size: n}, nil // no driver call
+		}
+	}
 	if err := d.enter(); err != nil {
 		return Buffer{}, fmt.Errorf("%w: %d device bytes: %w", ErrAlloc, n, err)
 	}
@@ -235,6 +250,46 @@ func (d *CUDA) Alloc(n int) (Buffer, error) {
 	return Buffer{Ptr: p, Size: n}, nil
 }
 
+// Bounds of the spare buffers (see CUDA.spare).
+const (
+	spareMax      = 4
+	spareMaxBytes = 1 << 30
+)
+
+// takeSpare returns a spare buffer of n bytes, registered live, or 0.
+func (d *CUDA) takeSpare(n int) uintptr {
+	d.memMu.Lock()
+	defer d.memMu.Unlock()
+	l := d.spare[n]
+	if len(l) == 0 {
+		return 0
+	}
+	p := l[len(l)-1]
+	d.spare[n] = l[:len(l)-1]
+	d.spareBytes -= int64(n)
+	d.mem[p] = devAlloc{n: n, pooled: true}
+	return p
+}
+
+// keepSpare keeps pooled buffer p of n bytes for reuse, if the bounds
+// allow; false: free it.
+func (d *CUDA) keepSpare(p uintptr, n int) bool {
+	d.memMu.Lock()
+	defer d.memMu.Unlock()
+	if d.spareOff {
+		return false
+	}
+	if d.spare == nil {
+		d.spare = make(map[int][]uintptr)
+	}
+	if len(d.spare[n]) >= spareMax || d.spareBytes+int64(n) > spareMaxBytes {
+		return false
+	}
+	d.spare[n] = append(d.spare[n], p)
+	d.spareBytes += int64(n)
+	return true
+}
+
 func (d *CUDA) Free(b Buffer) {
 	if b.Ptr == 0 {
 		return
@@ -243,6 +298,9 @@ func (d *CUDA) Free(b Buffer) {
 	a, ours := d.mem[b.Ptr]
 	delete(d.mem, b.Ptr)
 	d.memMu.Unlock()
+	if ours && a.pooled && !d.closed.Load() && d.keepSpare(b.Ptr, a.n) {
+		return // no driver call
+	}
 	if d.enter() != nil {
 		return // closed: the context's memory went with it
 	}
@@ -461,6 +519,14 @@ func (d *CUDA) Close() error {
 	}
 	d.free = nil
 	d.evMu.Unlock()
+	d.memMu.Lock()
+	for _, l := range d.spare {
+		for _, p := range l {
+			freeAsync(p, d.stream)
+		}
+	}
+	d.spare, d.spareBytes, d.spareOff = nil, 0, true
+	d.memMu.Unlock()
 	if d.usePool {
 		if err := d.pool.destroy(); err != nil {
 			errs = append(errs, fmt.Errorf("cuMemPoolDestroy: %w", err))

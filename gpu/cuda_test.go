@@ -494,3 +494,62 @@ func TestCUDACopyBatch(t *testing.T) {
 		t.Fatal("a failed batch copied rows")
 	}
 }
+
+// TestCUDASpareReuse: a pooled buffer Free gave back is handed out again by
+// an Alloc of its size (spares: at most 4 a size), and the stream orders a
+// reused buffer's next use after its last one: copies out of the buffers,
+// issued just before Free, read the old bytes although the reused buffers
+// are overwritten at once; Close frees the spares.
+func TestCUDASpareReuse(t *testing.T) {
+	d := newCUDA(t, gpu.CUDAOptions{})
+	if d.AllocMode() != "pool" {
+		t.Fatalf("alloc mode %s: this device has no memory pools", d.AllocMode())
+	}
+	const n, count = 3<<20 + 5, 6
+	var bufs, again []gpu.Buffer
+	old := map[uintptr]bool{}
+	var pins [][]byte
+	for i := 0; i < count; i++ {
+		b, err := d.Alloc(n)
+		must(t, err)
+		must(t, d.CopyHtoD(b, 0, pattern(n, byte(i))))
+		bufs = append(bufs, b)
+		old[b.Ptr] = true
+	}
+	for _, b := range bufs {
+		pin, err := d.AllocHost(n)
+		must(t, err)
+		must(t, d.CopyDtoH(pin, b, 0))
+		pins = append(pins, pin)
+		d.Free(b) // its copy out may still be queued
+	}
+	reused := 0
+	for i := 0; i < count; i++ {
+		b, err := d.Alloc(n)
+		must(t, err)
+		if old[b.Ptr] {
+			reused++
+		}
+		must(t, d.CopyHtoD(b, 0, pattern(n, byte(100+i))))
+		again = append(again, b)
+	}
+	sync0(t, d)
+	if reused < 4 {
+		t.Fatalf("%d of %d buffers reused, want the 4 spares at least", reused, count)
+	}
+	for i, pin := range pins {
+		if !bytes.Equal(pin, pattern(n, byte(i))) {
+			t.Fatalf("buffer %d: the copy out issued before Free read overwritten bytes", i)
+		}
+		d.FreeHost(pin)
+	}
+	page := make([]byte, n)
+	for i, b := range again {
+		must(t, d.CopyDtoH(page, b, 0))
+		sync0(t, d)
+		if !bytes.Equal(page, pattern(n, byte(100+i))) {
+			t.Fatalf("reused buffer %d reads back wrong", i)
+		}
+		d.Free(b)
+	}
+}

@@ -5,6 +5,7 @@ package omnicache_test
 // failed call left part of itself behind).
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"runtime"
@@ -654,4 +655,94 @@ func TestNonOwnedDeviceTensorOverwrittenAfterSave(t *testing.T) {
 			h.checkMirror(allKeys(h)...)
 		})
 	}
+}
+
+// A large step's non-owned device tensor: Save waits for its clone, and
+// issues the copy out of the clone itself (behind it on the stream) before
+// it hands the write over; the committer waits for that copy instead of
+// issuing one. On a device whose copies run at the next wait, the step's
+// own rows, the mirror and a later hit read the clone's rows, not the
+// tensor scribbled after Save. A device→host copy failing there is the
+// sticky write failure: Save fails, the pages and the budget come back.
+func TestLargeClonedStepCopiedBySave(t *testing.T) {
+	const rb, tok, bs = 128 << 10, 48, 16 // 6 MiB: above the lazy hand-over's 4 MiB
+	newCfg := func(d gpu.Device) omnicache.Config {
+		return omnicache.Config{NumBlocks: 8, BlockSize: bs, StagingCapacityTokens: 64,
+			Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d}
+	}
+	table := []int32{0, 1, 2, 3, 4, 5, 6, 7}
+	plan := func(id int64, start, count int32, hit int32, finished ...int64) *omnicache.Plan {
+		p := &omnicache.Plan{IDs: []int64{id}, Rows: []int32{0}, Start: []int32{start}, Count: []int32{count},
+			Table: table, Stride: len(table), Arrivals: []int64{id}, HitTokens: []int32{hit}, Finished: finished}
+		if hit > 0 {
+			p.HitBlocks = []int32{0, 1, 2}[:hit/bs]
+		}
+		return p
+	}
+	src := make([]byte, tok*rb)
+	for i := range src {
+		src[i] = byte(i*7 + i/rb)
+	}
+
+	t.Run("rows", func(t *testing.T) {
+		d := newAsyncDevice()
+		c, err := omnicache.New(newCfg(d))
+		require.NoError(t, err)
+		defer c.Close()
+		tensor, err := d.Alloc(tok * rb)
+		require.NoError(t, err)
+		copy(tensor.Host, src)
+		require.NoError(t, c.Begin(plan(1, 0, tok, 0)))
+		id, err := c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+		require.NoError(t, err)
+		for i := range tensor.Host {
+			tensor.Host[i] = 0xEE // the engine reuses its tensor at once
+		}
+		var res omnicache.Result
+		require.NoError(t, c.Materialize(id, nil, &res))
+		if r := res.Rows(0, 0); !bytes.Equal(r, src) {
+			for i := range r {
+				if r[i] != src[i] {
+					t.Fatalf("the step's own rows: len %d/%d, first difference at byte %d (row %d): %x, want %x", len(r), len(src), i, i/rb, r[i], src[i])
+				}
+			}
+			t.Fatalf("the step's own rows: len %d, want %d", len(r), len(src))
+		}
+		require.NoError(t, c.Sync())
+		got := make([]byte, tok*rb)
+		sl := make([]int32, tok)
+		for i := range sl {
+			sl[i] = int32(i)
+		}
+		require.NoError(t, c.Peek(0, sl, got))
+		require.True(t, bytes.Equal(got, src), "the mirror's rows")
+
+		// A new request hits the first 32 rows and computes 16 more.
+		copy(tensor.Host, src[:16*rb])
+		require.NoError(t, c.Begin(plan(2, 32, 16, 32, 1)))
+		id, err = c.Save(&omnicache.Outputs{Tokens: 16, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: 16}}})
+		require.NoError(t, err)
+		require.NoError(t, c.Materialize(id, nil, &res))
+		require.True(t, bytes.Equal(res.Rows(0, 0)[:32*rb], src[:32*rb]), "hit rows")
+		st := c.Stats()
+		require.Zero(t, st.RowsSkipped)
+	})
+
+	t.Run("copy fails", func(t *testing.T) {
+		f := gpu.NewFaulty(gpu.NewHost())
+		c, err := omnicache.New(newCfg(f))
+		require.NoError(t, err)
+		defer c.Close()
+		tensor, err := f.Alloc(tok * rb)
+		require.NoError(t, err)
+		copy(tensor.Host, src)
+		f.FailOpAfter(gpu.OpCopyDtoH, 0) // the clone succeeds, its copy out fails
+		require.NoError(t, c.Begin(plan(1, 0, tok, 0)))
+		_, err = c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+		require.ErrorIs(t, err, omnicache.ErrWriteFailed)
+		st := c.Stats()
+		require.Zero(t, st.PagesInUse, "the page came back")
+		require.Zero(t, st.BudgetCharged, "the clone's budget came back")
+		require.ErrorIs(t, c.Begin(plan(2, 0, 1, 0)), omnicache.ErrWriteFailed, "the failure is sticky")
+	})
 }

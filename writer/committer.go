@@ -74,9 +74,8 @@ type Committer struct {
 	scanned   uint64 // queue sequence scanned into newest
 	popped    uint64 // queue sequence of the task being run
 	// copyLate's batch (committer goroutine)
-	lateDst [][]byte
-	lateSrc []gpu.Buffer
-	ahead   []*Write // issueAhead's scratch
+	late  lateCopier
+	ahead []*Write // issueAhead's scratch
 	// pollAhead is issueAhead, made once: the scatter calls it between
 	// its parts (a method value made per call would allocate).
 	pollAhead func()
@@ -213,28 +212,40 @@ func (c *Committer) run() {
 	}
 }
 
-// copyLate issues a write's device→host copies (every device row, of a
-// step or parked by the decode buffer, into its place in the page) as one
-// batch, and records the event the scatter waits for. Until that event completed the rows stay
-// readable on the device (Write.DevLive).
+// copyLate issues w's device→host copies (see lateCopier).
 func (c *Committer) copyLate(w *Write) (gpu.Event, error) {
-	c.lateDst, c.lateSrc = c.lateDst[:0], c.lateSrc[:0]
-	for i, b := range w.Dev[:w.Steps*len(c.cfg.Imm)] {
+	return c.late.issue(c.cfg.Dev, len(c.cfg.Imm), w)
+}
+
+// lateCopier issues a write's device→host copies (every device row, of a
+// step or parked by the decode buffer, into its place in the page) as one
+// batch, and records the event the scatter waits for. Until that event
+// completed the rows stay readable on the device (Write.DevLive). Each
+// goroutine that issues them has its own: the committer, and the engine
+// goroutine for a step whose clones Save waits for (Path.writeStep).
+type lateCopier struct {
+	dst [][]byte
+	src []gpu.Buffer
+}
+
+func (lc *lateCopier) issue(dev gpu.Device, nimm int, w *Write) (gpu.Event, error) {
+	lc.dst, lc.src = lc.dst[:0], lc.src[:0]
+	for i, b := range w.Dev[:w.Steps*nimm] {
 		if !b.IsZero() {
-			c.lateDst = append(c.lateDst, w.Staged[i])
-			c.lateSrc = append(c.lateSrc, b)
+			lc.dst = append(lc.dst, w.Staged[i])
+			lc.src = append(lc.src, b)
 		}
 	}
-	if len(c.lateDst) == 0 {
+	if len(lc.dst) == 0 {
 		return 0, nil
 	}
-	err := gpu.CopyDtoHAll(c.cfg.Dev, c.lateDst, c.lateSrc)
-	clear(c.lateDst) // no page or device references kept past the call
-	clear(c.lateSrc)
+	err := gpu.CopyDtoHAll(dev, lc.dst, lc.src)
+	clear(lc.dst) // no page or device references kept past the call
+	clear(lc.src)
 	if err != nil {
 		return 0, err
 	}
-	return c.cfg.Dev.Record()
+	return dev.Record()
 }
 
 // scanQueued records, per immediate slot, the newest write queued so far,

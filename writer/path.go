@@ -93,6 +93,7 @@ type Path struct {
 	defSeq   uint64
 	lastEv   [2]gpu.Event // the last two host-row writes' events (see join)
 	pre      []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
+	late     lateCopier   // copies a step's clones out while Save waits for them (writeStep)
 	_        [64]byte
 	landed   []*Write // committer-only scratch (Landed)
 	gatherSl []int32  // committer-only scratch (GatherTask)

@@ -134,7 +134,7 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 	case park:
 		err = p.park(s, refs, pg, immNeed)
 	case imm:
-		err = p.writeStep(s, refs, pg, immNeed)
+		err = p.writeStep(s, refs, pg, immNeed, cloneEv != 0)
 	}
 	if err != nil {
 		p.dropPreClones()
@@ -337,10 +337,13 @@ func (p *Path) stage(w *Write, t *Src, k, ki, j int) {
 // the write, or while it scatters the write before it (issueAhead). The
 // engine goroutine makes no device call for the step's rows: after an
 // idle forward a driver call is tens of µs (cold caches, the driver's own
-// locks), about a mixed decode step's whole budget. Owned device tensors
+// locks), about a mixed decode step's whole budget. The exception is a
+// step above the lazy hand-over's size whose clones Save waits for
+// (cloned): Save issues their copies itself, while the clones run, so
+// that they start when the clones end. Owned device tensors
 // are handed over as they are; a non-owned one is the clone preClone made,
 // charged as parked rows (DevCharge) until the copy landed.
-func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
+func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool) error {
 	w := p.newWrite(pg, len(s.Slots))
 	w.DevCharge = need
 	nimm := len(p.lay.Imm)
@@ -350,6 +353,20 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Absent = grow(w.Absent, nimm)
 	for ki, k := range p.lay.Imm {
 		p.stage(w, &s.Out[k], k, ki, 0)
+	}
+	w.Steps = 1
+	lazy := len(s.Slots) <= p.lazyTokens
+	if cloned && w.DevLive && !lazy {
+		// Save waits for this step's clones before it returns: a large
+		// step's copies out of them are issued now, behind the clones on
+		// the stream, while the clones run. The copies then start when the
+		// clones end, not when the committer, woken, got to issue them.
+		ev, err := p.late.issue(p.dev, nimm, w)
+		if err != nil {
+			p.release(w, false)
+			return p.Fail(err)
+		}
+		w.lateEv, w.lateIssued = ev, true
 	}
 	var ev gpu.Event
 	if !w.DevLive {
@@ -366,7 +383,6 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 			return err
 		}
 	}
-	w.Steps = 1
 	w.Slots = append(w.Slots, s.Slots...)
 	p.mu.Lock()
 	for ki, k := range p.lay.Imm {
@@ -375,7 +391,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64) error {
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
-	p.handOver(w, ev, len(s.Slots) <= p.lazyTokens)
+	p.handOver(w, ev, lazy)
 	return nil
 }
 
@@ -391,7 +407,7 @@ const lazyBytes = 4 << 20
 // Save recorded after its host rows (0 for a flush). lazy leaves a polling
 // committer to pick it up (Queue.PushLazy). Engine goroutine.
 func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool) {
-	if w.CopyLate = w.DevLive; w.CopyLate {
+	if w.CopyLate = w.DevLive; w.CopyLate && !w.lateIssued {
 		p.com.NoteLate()
 	}
 	if lazy {

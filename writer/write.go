@@ -58,8 +58,10 @@ type Write struct {
 	// into Staged) are the committer's to issue, not the engine
 	// goroutine's (see Path.writeStep and Path.FlushBuffer).
 	CopyLate bool
-	// lateEv is the event after the late copies once the committer issued
-	// them ahead of the write's turn (lateIssued); committer only.
+	// lateEv is the event after the late copies once they were issued
+	// ahead of the write's turn (lateIssued): by the committer
+	// (issueAhead), or by Save before the hand-over for a large step whose
+	// clones it waits for (writeStep); then the committer's only.
 	lateEv     gpu.Event
 	lateIssued bool
 

@@ -253,6 +253,20 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 	return nil
 }
 
+// writeMemProfile writes a heap profile, after a GC, to path.
+func writeMemProfile(path string) error {
+	mf, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(mf); err != nil {
+		mf.Close()
+		return err
+	}
+	return mf.Close()
+}
+
 func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	specs, err := buildSpecs(f)
 	if err != nil {
@@ -282,7 +296,13 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		defer o.stop() // before the file's Close (deferred first)
 	}
 	if f.replicas > 0 {
-		return runReplicas(f, specs, stdout, stderr)
+		code, err := runReplicas(f, specs, stdout, stderr)
+		if f.memprofile != "" {
+			if merr := writeMemProfile(f.memprofile); merr != nil && err == nil {
+				return 1, merr
+			}
+		}
+		return code, err
 	}
 	var ms *metricsServer
 	if f.metricsAddr != "" {
@@ -423,16 +443,9 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 	}
 	if f.memprofile != "" {
-		mf, err := os.Create(f.memprofile)
-		if err != nil {
+		if err := writeMemProfile(f.memprofile); err != nil {
 			return 1, err
 		}
-		runtime.GC()
-		if err := pprof.WriteHeapProfile(mf); err != nil {
-			mf.Close()
-			return 1, err
-		}
-		mf.Close()
 	}
 	switch {
 	case verifyFailed:

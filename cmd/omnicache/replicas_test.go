@@ -33,9 +33,13 @@ func sessionTrace(t *testing.T, convs, turns int) string {
 func TestReplayReplicas(t *testing.T) {
 	tr := sessionTrace(t, 5, 3)
 	js := filepath.Join(t.TempDir(), "r.jsonl")
-	code, out, errs := run(t, "--trace", tr, "--replicas", "2", "--route", "round-robin", "--verify", "--wait-publish", "--concurrency", "2", "--json", js, "--widths", "hidden=32,extra=8:opt")
+	mem := filepath.Join(t.TempDir(), "mem.pprof")
+	code, out, errs := run(t, "--trace", tr, "--replicas", "2", "--route", "round-robin", "--verify", "--wait-publish", "--concurrency", "2", "--json", js, "--widths", "hidden=32,extra=8:opt", "--memprofile", mem)
 	if code != 0 {
 		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	if st, err := os.Stat(mem); err != nil || st.Size() == 0 {
+		t.Fatalf("--memprofile with --replicas wrote no profile: %v", err)
 	}
 	if !strings.Contains(out, "all 2") || !strings.Contains(out, "without a tier") {
 		t.Fatalf("table:\n%s", out)

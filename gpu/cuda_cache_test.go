@@ -284,3 +284,55 @@ func TestCUDACacheEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestCUDALargeClonedStep: a step above the lazy hand-over's size (6 MiB)
+// from a non-owned device tensor, whose device→host copy Save issues
+// itself behind the clone. The tensor is overwritten on the stream right
+// after Save returns; the step's own rows, the mirror's and a later hit
+// read the rows it held at Save.
+func TestCUDALargeClonedStep(t *testing.T) {
+	const rb, tok, bs = 128 << 10, 48, 16
+	d := newCUDA(t, gpu.CUDAOptions{})
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: bs, StagingCapacityTokens: 64,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d})
+	must(t, err)
+	defer c.Close()
+	src := pattern(tok*rb, 5)
+	tensor, err := d.Alloc(tok * rb)
+	must(t, err)
+	defer d.Free(tensor)
+	must(t, d.CopyHtoD(tensor, 0, src))
+	table := []int32{0, 1, 2, 3, 4, 5, 6, 7}
+	p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{tok},
+		Table: table, Stride: len(table), Arrivals: []int64{1}, HitTokens: []int32{0}}
+	must(t, c.Begin(p))
+	id, err := c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+	must(t, err)
+	must(t, d.CopyHtoD(tensor, 0, make([]byte, tok*rb))) // the engine reuses its tensor
+	var res omnicache.Result
+	must(t, c.Materialize(id, nil, &res))
+	if !bytes.Equal(res.Rows(0, 0), src) {
+		t.Fatal("the step's own rows differ")
+	}
+	must(t, c.Sync())
+	sl := make([]int32, tok)
+	for i := range sl {
+		sl[i] = int32(i)
+	}
+	got := make([]byte, tok*rb)
+	must(t, c.Peek(0, sl, got))
+	if !bytes.Equal(got, src) {
+		t.Fatal("the mirror's rows differ")
+	}
+	// A new request hits the first 32 rows and computes 16 more.
+	p = &omnicache.Plan{IDs: []int64{2}, Rows: []int32{0}, Start: []int32{32}, Count: []int32{16},
+		Table: table, Stride: len(table), Arrivals: []int64{2}, HitTokens: []int32{32}, HitBlocks: []int32{0, 1},
+		Finished: []int64{1}}
+	must(t, c.Begin(p))
+	id, err = c.Save(&omnicache.Outputs{Tokens: 16, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: 16}}})
+	must(t, err)
+	must(t, c.Materialize(id, nil, &res))
+	if !bytes.Equal(res.Rows(0, 0)[:32*rb], src[:32*rb]) {
+		t.Fatal("hit rows differ")
+	}
+}

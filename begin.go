@@ -261,11 +261,7 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 		return 0, false, false, c.mapError(p, err)
 	}
 	if pure {
-		var notOne int32
-		for _, cnt := range p.Count {
-			notOne |= cnt ^ 1
-		}
-		pure = notOne == 0
+		pure = allOne(p.Count)
 	}
 	e.slots = e.slots[:ntok]
 	// Block ids beyond NumBlocks: one branch-free pass (a value outside
@@ -274,12 +270,10 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 	// table entries its requests use (Map checked rows and columns), one
 	// per block instead of one per token.
 	nslots := c.cfg.NumBlocks * bs
-	var bad int32
+	var bad bool
 	last := int32(nslots - 1)
 	if ntok <= 4*n {
-		for _, s := range e.slots {
-			bad |= s | (last - s)
-		}
+		bad = outside(e.slots, last)
 	} else {
 		lastB, bs32 := int32(c.cfg.NumBlocks-1), int32(bs)
 		for i, cnt := range p.Count {
@@ -287,12 +281,13 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 				continue
 			}
 			row := p.Table[int(p.Rows[i])*p.Stride:]
-			for _, b := range row[p.Start[i]/bs32 : (p.Start[i]+cnt-1)/bs32+1] {
-				bad |= b | (lastB - b)
+			if outside(row[p.Start[i]/bs32:(p.Start[i]+cnt-1)/bs32+1], lastB) {
+				bad = true
+				break
 			}
 		}
 	}
-	if bad < 0 {
+	if bad {
 		for _, s := range e.slots {
 			if s < 0 || s > last {
 				return 0, false, false, fmt.Errorf("%w: slot %d outside [0,%d): block table names a block beyond NumBlocks", ErrPlan, s, nslots)
@@ -309,6 +304,42 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 		return ntok, pure, true, nil // the previous step's ids, already checked
 	}
 	return ntok, pure, same, c.checkIDs(p)
+}
+
+// outside reports whether a value of xs lies outside [0, last]: x or
+// last-x is negative. Branch-free, four accumulators (a single one chains
+// every OR through one register).
+func outside(xs []int32, last int32) bool {
+	var b0, b1, b2, b3 int32
+	for len(xs) >= 4 {
+		x := xs[:4:4]
+		b0 |= x[0] | (last - x[0])
+		b1 |= x[1] | (last - x[1])
+		b2 |= x[2] | (last - x[2])
+		b3 |= x[3] | (last - x[3])
+		xs = xs[4:]
+	}
+	for _, x := range xs {
+		b0 |= x | (last - x)
+	}
+	return b0|b1|b2|b3 < 0
+}
+
+// allOne reports whether every count is 1 (a pure decode step).
+func allOne(xs []int32) bool {
+	var b0, b1, b2, b3 int32
+	for len(xs) >= 4 {
+		x := xs[:4:4]
+		b0 |= x[0] ^ 1
+		b1 |= x[1] ^ 1
+		b2 |= x[2] ^ 1
+		b3 |= x[3] ^ 1
+		xs = xs[4:]
+	}
+	for _, x := range xs {
+		b0 |= x ^ 1
+	}
+	return b0|b1|b2|b3 == 0
 }
 
 // mapError names the cause of a plan slots.Map rejected: a negative start

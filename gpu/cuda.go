@@ -35,7 +35,9 @@ const Available = true
 //     device's stream: work on another stream must synchronize with an
 //     event first. With CUDAOptions.SyncAlloc, or on a device without
 //     memory pools, Alloc and Free are cuMemAlloc and cuMemFree (a free
-//     then waits for the device to be idle).
+//     then waits for the device to be idle). A pooled buffer Free gives
+//     back is kept (up to 4 of a size, 1 GiB in all) and handed out again
+//     by an Alloc of its size without a driver call; Close frees them.
 //   - Free also accepts device memory allocated elsewhere with cuMemAlloc
 //     (owned tensors an engine hands over); it frees it with cuMemFree.
 //   - AllocHost returns page-locked (pinned, portable) host memory: mapped

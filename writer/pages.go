@@ -29,8 +29,8 @@ type Page struct {
 //
 // Free pages are kept in the order they were released: Claim takes the
 // one released last (its memory is the likeliest to be in the CPU's
-// caches, which a CPU filling it wants), ClaimCold the one released first
-// (which a device's DMA filling it wants: the scatter that read a page
+// caches, which a CPU filling it wants), or with cold the one released
+// first (which a device's DMA filling it wants: the scatter that read a page
 // left its lines in the copy workers' caches, and a DMA write into cached
 // lines has every one of them invalidated first).
 //
@@ -70,17 +70,9 @@ func NewPages(depth int) *Pages {
 }
 
 // Claim takes a free page with one reference, waiting up to timeout
-// (timeout < 0: do not wait): the page released last.
-func (p *Pages) Claim(timeout time.Duration) (*Page, error) {
-	return p.claim(timeout, false)
-}
-
-// ClaimCold is Claim taking the page released first (see Pages).
-func (p *Pages) ClaimCold(timeout time.Duration) (*Page, error) {
-	return p.claim(timeout, true)
-}
-
-func (p *Pages) claim(timeout time.Duration, cold bool) (*Page, error) {
+// (timeout < 0: do not wait): the page released last, or with cold the
+// page released first (see Pages).
+func (p *Pages) Claim(timeout time.Duration, cold bool) (*Page, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// Closed and failed win over a free page: a page Close just freed is

@@ -16,7 +16,7 @@ type claimResult struct {
 
 func claimAsync(p *Pages, timeout time.Duration) <-chan claimResult {
 	return async(func() claimResult {
-		pg, err := p.Claim(timeout)
+		pg, err := p.Claim(timeout, false)
 		return claimResult{pg, err}
 	})
 }
@@ -45,7 +45,7 @@ func TestPagesClaimRelease(t *testing.T) {
 		held = append(held, pg)
 		assert.Equal(t, i+1, p.InUse())
 	}
-	_, err := p.Claim(-1)
+	_, err := p.Claim(-1, false)
 	require.ErrorIs(t, err, ErrTimeout, "every page held")
 
 	p.Release(held[1])
@@ -71,7 +71,7 @@ func TestPagesRefCounts(t *testing.T) {
 	p.Release(pg)
 	p.Release(pg)
 	assert.Equal(t, 1, p.InUse(), "the page stays held while a reference remains")
-	_, err := p.Claim(-1)
+	_, err := p.Claim(-1, false)
 	require.ErrorIs(t, err, ErrTimeout)
 
 	p.Release(pg)
@@ -120,7 +120,7 @@ func TestPagesManyWaiters(t *testing.T) {
 	release := make(chan int, waiters)
 	for w := 0; w < waiters; w++ {
 		go func() {
-			pg, err := p.Claim(deadlockTimeout)
+			pg, err := p.Claim(deadlockTimeout, false)
 			if err != nil {
 				results <- err
 				return
@@ -257,7 +257,7 @@ func TestPagesConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < rounds; i++ {
-				pg, err := p.Claim(deadlockTimeout)
+				pg, err := p.Claim(deadlockTimeout, false)
 				if err != nil {
 					errs <- err
 					return
@@ -281,13 +281,13 @@ func TestPagesConcurrent(t *testing.T) {
 	assert.Zero(t, p.InUse())
 }
 
-// TestPagesClaimOrder: Claim takes the page released last, ClaimCold the
+// TestPagesClaimOrder: Claim takes the page released last, cold the
 // one released first, and the ring wraps through many rounds of both.
 func TestPagesClaimOrder(t *testing.T) {
 	p := NewPages(4)
 	var held []*Page
 	for range 4 {
-		pg, err := p.Claim(-1)
+		pg, err := p.Claim(-1, false)
 		require.NoError(t, err)
 		held = append(held, pg)
 	}
@@ -295,19 +295,19 @@ func TestPagesClaimOrder(t *testing.T) {
 	for _, i := range order {
 		p.Release(held[i])
 	}
-	pg, err := p.ClaimCold(-1)
+	pg, err := p.Claim(-1, true)
 	require.NoError(t, err)
-	assert.Same(t, held[2], pg, "ClaimCold: the page released first")
-	pg, err = p.Claim(-1)
+	assert.Same(t, held[2], pg, "cold: the page released first")
+	pg, err = p.Claim(-1, false)
 	require.NoError(t, err)
-	assert.Same(t, held[1], pg, "Claim: the page released last")
-	pg, err = p.ClaimCold(-1)
+	assert.Same(t, held[1], pg, "warm: the page released last")
+	pg, err = p.Claim(-1, true)
 	require.NoError(t, err)
 	assert.Same(t, held[0], pg)
-	pg, err = p.Claim(-1)
+	pg, err = p.Claim(-1, false)
 	require.NoError(t, err)
 	assert.Same(t, held[3], pg)
-	_, err = p.ClaimCold(-1)
+	_, err = p.Claim(-1, true)
 	require.ErrorIs(t, err, ErrTimeout, "every page held")
 	assert.Equal(t, 4, p.InUse())
 
@@ -320,9 +320,9 @@ func TestPagesClaimOrder(t *testing.T) {
 		cold := round%3 != 0
 		var pg *Page
 		if cold {
-			pg, err = p.ClaimCold(-1)
+			pg, err = p.Claim(-1, true)
 		} else {
-			pg, err = p.Claim(-1)
+			pg, err = p.Claim(-1, false)
 		}
 		require.NoError(t, err)
 		want := model[len(model)-1]
@@ -337,7 +337,7 @@ func TestPagesClaimOrder(t *testing.T) {
 			p.Release(pg)
 			model = append(model, pg.Index)
 		} else {
-			pg2, err := p.Claim(-1)
+			pg2, err := p.Claim(-1, false)
 			require.NoError(t, err)
 			require.Equal(t, model[len(model)-1], pg2.Index)
 			model = model[:len(model)-1]

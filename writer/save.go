@@ -222,14 +222,14 @@ func (p *Path) cloneNeed(s *Step) int64 {
 
 // claimPage takes a staging page, waiting up to the claim timeout.
 func (p *Path) claimPage(cold bool) (*Page, error) {
-	pg, err := p.pages.claim(NoWait, cold)
+	pg, err := p.pages.Claim(NoWait, cold)
 	if err != nil && errors.Is(err, ErrTimeout) && p.cfg.ClaimTimeout >= 0 {
 		// Back-pressure: every page is held by unconsumed steps or by
 		// writes the committer has not landed yet (wake it: it may be
 		// polling with lazily handed-over writes queued).
 		t0 := time.Now()
 		p.q.Kick()
-		pg, err = p.pages.claim(p.cfg.ClaimTimeout, cold)
+		pg, err = p.pages.Claim(p.cfg.ClaimTimeout, cold)
 		p.st.StallNanos.Add(int64(time.Since(t0)))
 	}
 	switch {

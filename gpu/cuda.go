@@ -94,7 +94,8 @@ type CUDA struct {
 	// 10 µs on an H200 host). Every use of the device's memory is issued
 	// on its stream, so a reused buffer's next use runs after its last
 	// one, as with the pool's own stream-ordered reuse. At most spareMax
-	// buffers a size and spareBytes in all; Close frees them.
+	// buffers a size and spareMaxBytes in all (spareBytes is what is held);
+	// Close frees them.
 	spare      map[int][]uintptr
 	spareBytes int64
 	spareOff   bool // Close freed the spares: keep no more

@@ -114,7 +114,10 @@ type tierLink struct {
 	nkeys  int
 	fetchQ chan *importJob
 	pubQ   chan pubBlock
-	wg     sync.WaitGroup
+	// valsFree recycles pubBlock.vals lists: a steady publish stream
+	// allocates nothing per block (the values come from tier.NewValue).
+	valsFree chan [][]byte
+	wg       sync.WaitGroup
 
 	byStep map[uint64]*importJob // guarded by Cache.mu
 
@@ -175,7 +178,8 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}
 	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
-		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan pubBlock, c.PublishQueue)}
+		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan pubBlock, c.PublishQueue),
+		valsFree: make(chan [][]byte, c.PublishQueue)}
 	// Goroutines labelled for CPU profiles, as the committer.
 	run := func(label string, f func()) {
 		tl.wg.Add(1)

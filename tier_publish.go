@@ -92,7 +92,11 @@ func (g *publishGather) Rows(j, ki int) []byte {
 			g.tl.dropped.Add(1)
 			return nil
 		}
-		g.vals = make([][]byte, g.tl.nkeys)
+		select {
+		case g.vals = <-g.tl.valsFree:
+		default:
+			g.vals = make([][]byte, g.tl.nkeys)
+		}
 	}
 	val, rows := g.tl.t.NewValue(g.hashes[j], ki)
 	g.vals[ki] = val
@@ -112,8 +116,20 @@ func (g *publishGather) Block(j int, ok bool) {
 	default:
 		g.tl.pending.Add(-1)
 		g.tl.dropped.Add(1)
+		g.tl.t.Recycle(g.vals)
+		g.tl.freeVals(g.vals)
 	}
 	g.vals = nil
+}
+
+// freeVals hands a block's list of values (not the values) back for the
+// next block's gather.
+func (tl *tierLink) freeVals(v [][]byte) {
+	clear(v)
+	select {
+	case tl.valsFree <- v:
+	default:
+	}
 }
 
 // Done implements writer.Gather: the committer is done with g, which goes
@@ -135,6 +151,7 @@ func (tl *tierLink) publish() {
 			continue
 		}
 		hashes, vals = append(hashes[:0], b.hash), append(vals[:0], b.vals...)
+		tl.freeVals(b.vals)
 	fill:
 		for len(hashes) < tl.cfg.PublishBatch {
 			select {
@@ -143,6 +160,7 @@ func (tl *tierLink) publish() {
 					break fill
 				}
 				hashes, vals = append(hashes, b.hash), append(vals, b.vals...)
+				tl.freeVals(b.vals)
 			default:
 				break fill
 			}
@@ -155,6 +173,6 @@ func (tl *tierLink) publish() {
 			tl.published.Add(int64(len(hashes)))
 		}
 		tl.pending.Add(-int64(len(hashes)))
-		clear(vals) // the backend keeps them (embedded) or is done with them
+		clear(vals) // PutValues recycled them (or left them to the collector)
 	}
 }

@@ -1,31 +1,81 @@
 package tier
 
 import (
-	"container/list"
 	"context"
 	"fmt"
+	"hash/maphash"
+	"math/bits"
 	"sync"
 )
 
 // DefaultEmbeddedBytes bounds an embedded store made with a zero capacity.
 const DefaultEmbeddedBytes = 1 << 30
 
+// Slab geometry of the embedded store.
+const (
+	chunkMax   = 1 << 20 // bytes of one chunk of slots (a larger value takes a chunk of its own)
+	slackBytes = 8 * chunkMax
+)
+
 // Embedded is the in-process backend: values held in Go memory, bounded in
 // bytes (key and value lengths), least recently used out first. It is the
 // default tier: one process's caches (replicas in one replay) share it.
+//
+// A store of a million values must not cost the garbage collector a million
+// objects to mark, nor its publishers an allocation per value: keys and
+// values are copied into slabs (chunks of equal slots, one slot size per
+// size class, slots rounded up by at most 1/16), indexed by a map from a
+// key hash to pointer-free entries (the full key is kept and compared). A
+// freed slot is reused by the next value of its class. The memory held is
+// at most the bound plus 1/16 plus 8 MiB: when a value finds no free slot
+// of its class and a new chunk would pass that, chunks left empty are
+// released, then the least recently used values are evicted until a slot
+// or the room for a chunk frees up.
+//
+// Set copies: the caller may reuse its keys and values once Set returns.
+// Get returns copies as well.
 type Embedded struct {
 	mu     sync.Mutex
-	max    int64
+	max    int64 // bound on key+value bytes held
 	used   int64
-	lru    *list.List // front: most recently used; elements are *entry
-	idx    map[string]*list.Element
+	limit  int64 // bound on slab bytes
+	held   int64 // slab bytes allocated
+	seed   maphash.Seed
+	idx    map[uint64]int32 // key hash → first entry of that hash (coll chains the rest)
+	ents   []ent
+	free   int32 // free entries, linked through next; -1: none
+	head   int32 // most recently used; -1: empty
+	tail   int32 // least recently used
+	chunks []chunk
+	gone   []int32 // released chunk ids, reused first
+	empty  int     // chunks holding no value
+	cls    map[int]*slabClass
+	hashFn func(string) uint64 // tests: forced collisions; nil: maphash
 	closed bool
 	evicts int64
 }
 
-type entry struct {
-	key string
-	val []byte
+// ent is one value's index entry: no pointers, so the index costs the
+// garbage collector nothing to mark.
+type ent struct {
+	hash        uint64
+	prev, next  int32 // LRU neighbours; next links the free entries too
+	coll        int32 // the next entry of the same hash; -1: none
+	chunk, slot int32
+	klen, vlen  int32
+}
+
+type chunk struct {
+	buf  []byte // nil: released
+	cl   *slabClass
+	free []int32 // free slots
+	live int
+}
+
+type slabClass struct {
+	size  int     // slot bytes
+	per   int     // slots per chunk
+	avail []int32 // chunks that may have a free slot (checked when taken)
 }
 
 // NewEmbedded returns an embedded store of at most maxBytes (0:
@@ -37,32 +87,86 @@ func NewEmbedded(maxBytes int64) (*Embedded, error) {
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: embedded store of %d bytes", ErrConfig, maxBytes)
 	}
-	return &Embedded{max: maxBytes, lru: list.New(), idx: map[string]*list.Element{}}, nil
+	e := &Embedded{max: maxBytes, limit: maxBytes + maxBytes/16 + slackBytes, seed: maphash.MakeSeed()}
+	e.reset()
+	return e, nil
+}
+
+func (e *Embedded) reset() {
+	e.used, e.held, e.empty = 0, 0, 0
+	e.idx = map[uint64]int32{}
+	e.ents, e.chunks, e.gone = nil, nil, nil
+	e.free, e.head, e.tail = -1, -1, -1
+	e.cls = map[int]*slabClass{}
 }
 
 func (e *Embedded) String() string { return "embedded" }
 
-// Get implements Backend. The values returned are the store's own (values
-// are never modified in place: Set replaces them).
+func (e *Embedded) hash(k string) uint64 {
+	if e.hashFn != nil {
+		return e.hashFn(k)
+	}
+	return maphash.String(e.seed, k)
+}
+
+// find returns key's entry, or -1.
+func (e *Embedded) find(h uint64, key string) int32 {
+	i, ok := e.idx[h]
+	if !ok {
+		return -1
+	}
+	for ; i >= 0; i = e.ents[i].coll {
+		en := &e.ents[i]
+		if int(en.klen) == len(key) && string(e.bytesOf(en)[:en.klen]) == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// bytesOf is an entry's slot: its key, then its value.
+func (e *Embedded) bytesOf(en *ent) []byte {
+	c := &e.chunks[en.chunk]
+	off := int(en.slot) * c.cl.size
+	return c.buf[off : off+int(en.klen)+int(en.vlen)]
+}
+
+// Get implements Backend: copies of the values (one allocation for the
+// batch).
 func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for i, k := range keys {
-		if e.closed {
+	if e.closed {
+		for i := range errs {
 			errs[i] = ErrClosed
+		}
+		return vals, errs
+	}
+	found := make([]int32, len(keys))
+	total := 0
+	for i, k := range keys {
+		found[i] = e.find(e.hash(k), k)
+		if found[i] >= 0 {
+			total += int(e.ents[found[i]].vlen)
+		}
+	}
+	buf := make([]byte, 0, total)
+	for i, x := range found {
+		if x < 0 {
 			continue
 		}
-		if el, ok := e.idx[k]; ok {
-			e.lru.MoveToFront(el)
-			vals[i] = el.Value.(*entry).val
-		}
+		en := &e.ents[x]
+		start := len(buf)
+		buf = append(buf, e.bytesOf(en)[en.klen:]...)
+		vals[i] = buf[start:len(buf):len(buf)]
+		e.touch(x)
 	}
 	return vals, errs
 }
 
-// Set implements Backend: it keeps each value (the caller hands it over),
-// evicting the least recently used values to stay within the bound.
+// Set implements Backend: it copies each value into the store, evicting
+// the least recently used values to stay within the bound.
 func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error {
 	errs := make([]error, len(keys))
 	e.mu.Lock()
@@ -77,24 +181,184 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 			errs[i] = fmt.Errorf("%w: %d bytes, the store holds %d", ErrTooLarge, size, e.max)
 			continue
 		}
-		if el, ok := e.idx[k]; ok {
-			e.remove(el)
+		h := e.hash(k)
+		if x := e.find(h, k); x >= 0 {
+			e.remove(x)
 		}
 		for e.used+size > e.max {
-			e.remove(e.lru.Back())
+			e.remove(e.tail)
 			e.evicts++
 		}
-		e.idx[k] = e.lru.PushFront(&entry{key: k, val: vals[i]})
+		ci, si := e.alloc(int(size))
+		x := e.newEnt()
+		en := &e.ents[x]
+		*en = ent{hash: h, prev: -1, next: e.head, coll: -1, chunk: ci, slot: si, klen: int32(len(k)), vlen: int32(len(vals[i]))}
+		b := e.bytesOf(en)
+		copy(b[copy(b, k):], vals[i])
+		if first, ok := e.idx[h]; ok {
+			en.coll = first
+		}
+		e.idx[h] = x
+		if e.head >= 0 {
+			e.ents[e.head].prev = x
+		} else {
+			e.tail = x
+		}
+		e.head = x
 		e.used += size
 	}
 	return errs
 }
 
-func (e *Embedded) remove(el *list.Element) {
-	en := el.Value.(*entry)
-	e.lru.Remove(el)
-	delete(e.idx, en.key)
-	e.used -= int64(len(en.key) + len(en.val))
+// sizeClass rounds n up to its slot size: 64-byte steps up to 1 KiB, then
+// steps of 1/16 of the next power of two.
+func sizeClass(n int) int {
+	if n <= 1024 {
+		return (n + 63) &^ 63
+	}
+	step := 1 << (bits.Len(uint(n-1)) - 4)
+	return (n + step - 1) / step * step
+}
+
+// alloc returns a free slot for n bytes (a chunk id and slot index),
+// making room as the type's doc says.
+func (e *Embedded) alloc(n int) (int32, int32) {
+	size := sizeClass(n)
+	cl := e.cls[size]
+	if cl == nil {
+		per := max(1, int(min(chunkMax, e.max/16))/size)
+		cl = &slabClass{size: size, per: per}
+		e.cls[size] = cl
+	}
+	for {
+		for len(cl.avail) > 0 {
+			ci := cl.avail[len(cl.avail)-1]
+			c := &e.chunks[ci]
+			if c.buf == nil || c.cl != cl || len(c.free) == 0 {
+				cl.avail = cl.avail[:len(cl.avail)-1]
+				continue
+			}
+			si := c.free[len(c.free)-1]
+			c.free = c.free[:len(c.free)-1]
+			if len(c.free) == 0 {
+				cl.avail = cl.avail[:len(cl.avail)-1]
+			}
+			if c.live == 0 {
+				e.empty--
+			}
+			c.live++
+			return ci, si
+		}
+		bytes := int64(cl.size * cl.per)
+		switch {
+		case e.held+bytes <= e.limit || e.held == 0:
+			e.newChunk(cl)
+		case e.empty > 0:
+			e.releaseEmpty()
+		default:
+			e.remove(e.tail) // the store is not empty: held > 0 means a live value
+			e.evicts++
+		}
+	}
+}
+
+func (e *Embedded) newChunk(cl *slabClass) {
+	var ci int32
+	if n := len(e.gone); n > 0 {
+		ci, e.gone = e.gone[n-1], e.gone[:n-1]
+	} else {
+		ci = int32(len(e.chunks))
+		e.chunks = append(e.chunks, chunk{})
+	}
+	c := &e.chunks[ci]
+	*c = chunk{buf: make([]byte, cl.size*cl.per), cl: cl, free: make([]int32, cl.per)}
+	for i := range c.free {
+		c.free[i] = int32(cl.per - 1 - i) // slot 0 first
+	}
+	cl.avail = append(cl.avail, ci)
+	e.held += int64(len(c.buf))
+	e.empty++
+}
+
+// releaseEmpty gives the chunks holding no value back to the runtime.
+func (e *Embedded) releaseEmpty() {
+	for ci := range e.chunks {
+		c := &e.chunks[ci]
+		if c.buf != nil && c.live == 0 {
+			e.held -= int64(len(c.buf))
+			*c = chunk{}
+			e.gone = append(e.gone, int32(ci))
+		}
+	}
+	e.empty = 0
+}
+
+func (e *Embedded) newEnt() int32 {
+	if e.free >= 0 {
+		x := e.free
+		e.free = e.ents[x].next
+		return x
+	}
+	e.ents = append(e.ents, ent{})
+	return int32(len(e.ents) - 1)
+}
+
+// touch makes entry x the most recently used.
+func (e *Embedded) touch(x int32) {
+	if e.head == x {
+		return
+	}
+	e.unlink(x)
+	en := &e.ents[x]
+	en.prev, en.next = -1, e.head
+	e.ents[e.head].prev = x
+	e.head = x
+}
+
+// unlink takes entry x out of the LRU list (the list keeps another entry).
+func (e *Embedded) unlink(x int32) {
+	en := &e.ents[x]
+	if en.prev >= 0 {
+		e.ents[en.prev].next = en.next
+	} else {
+		e.head = en.next
+	}
+	if en.next >= 0 {
+		e.ents[en.next].prev = en.prev
+	} else {
+		e.tail = en.prev
+	}
+}
+
+// remove drops entry x: its index link, its slot and its bytes.
+func (e *Embedded) remove(x int32) {
+	e.unlink(x)
+	en := &e.ents[x]
+	first := e.idx[en.hash]
+	if first == x {
+		if en.coll >= 0 {
+			e.idx[en.hash] = en.coll
+		} else {
+			delete(e.idx, en.hash)
+		}
+	} else {
+		p := first
+		for e.ents[p].coll != x {
+			p = e.ents[p].coll
+		}
+		e.ents[p].coll = en.coll
+	}
+	c := &e.chunks[en.chunk]
+	c.free = append(c.free, en.slot)
+	if len(c.free) == 1 {
+		c.cl.avail = append(c.cl.avail, en.chunk)
+	}
+	if c.live--; c.live == 0 {
+		e.empty++
+	}
+	e.used -= int64(en.klen) + int64(en.vlen)
+	*en = ent{next: e.free}
+	e.free = x
 }
 
 // Exists implements Backend.
@@ -107,7 +371,7 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 			errs[i] = ErrClosed
 			continue
 		}
-		_, held[i] = e.idx[k]
+		held[i] = e.find(e.hash(k), k) >= 0
 	}
 	return held, errs
 }
@@ -117,8 +381,7 @@ func (e *Embedded) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
-	e.idx, e.used = nil, 0
-	e.lru.Init()
+	e.reset()
 	return nil
 }
 
@@ -129,14 +392,25 @@ func (e *Embedded) Usage() (used, max, evicted int64) {
 	return e.used, e.max, e.evicts
 }
 
+// SlabBytes reports the slab memory the store holds and its bound (see
+// the type's doc).
+func (e *Embedded) SlabBytes() (held, limit int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held, e.limit
+}
+
 // Delete drops keys as an eviction would (what a server under memory
 // pressure does to a value between a Lookup and its fetch).
 func (e *Embedded) Delete(keys ...string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
 	for _, k := range keys {
-		if el, ok := e.idx[k]; ok {
-			e.remove(el)
+		if x := e.find(e.hash(k), k); x >= 0 {
+			e.remove(x)
 			e.evicts++
 		}
 	}

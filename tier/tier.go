@@ -42,8 +42,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Errors, wrapped with the details of the case; test with errors.Is.
@@ -93,12 +95,13 @@ type Namespace struct {
 type Backend interface {
 	// Get returns the value of each key, nil where it holds none; errs[i]
 	// (wrapping ErrUnavailable) where the backend failed for key i.
-	// vals and errs have len(keys) entries. The returned values must not be
-	// modified.
+	// vals and errs have len(keys) entries. The returned values are the
+	// caller's.
 	Get(ctx context.Context, keys []string) (vals [][]byte, errs []error)
-	// Set stores vals[i] under keys[i]; errs[i] where it failed. The
-	// backend may keep vals[i] (the embedded store does): the caller must
-	// not modify them afterwards.
+	// Set stores vals[i] under keys[i]; errs[i] where it failed. Once it
+	// returns with no error the backend holds no reference to keys or
+	// vals: the caller may reuse them (the embedded store copies them, a
+	// server has acknowledged them).
 	Set(ctx context.Context, keys []string, vals [][]byte) (errs []error)
 	// Exists reports which keys hold a value; errs[i] where it failed.
 	Exists(ctx context.Context, keys []string) (held []bool, errs []error)
@@ -138,6 +141,40 @@ type Tier struct {
 	puts, putErrs, bytesPut               atomic.Int64
 	hits, misses, corrupt, errs, bytesGot atomic.Int64
 	lookups, lookupBlocks                 atomic.Int64
+
+	pools []valuePool // per key: NewValue's buffers, back from PutValues
+}
+
+// valuePool recycles one key's value buffers: a publisher stream then
+// allocates nothing per value (no garbage to collect, no fresh pages to
+// fault in). It keeps at most poolBytes of them.
+type valuePool struct {
+	mu   sync.Mutex
+	free [][]byte
+	max  int
+}
+
+const poolBytes = 64 << 20
+
+func (p *valuePool) get(size int) []byte {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		v := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return v
+	}
+	p.mu.Unlock()
+	return make([]byte, size)
+}
+
+func (p *valuePool) put(v []byte) {
+	p.mu.Lock()
+	if len(p.free) < p.max {
+		p.free = append(p.free, v)
+	}
+	p.mu.Unlock()
 }
 
 // New returns a tier over b for namespace ns. The tier owns b: Close closes
@@ -165,10 +202,15 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 		return nil, fmt.Errorf("%w: negative timeout %v", ErrConfig, opt.Timeout)
 	}
 	ns.Keys = append([]Key(nil), ns.Keys...)
-	return &Tier{
+	t := &Tier{
 		b: b, ns: ns, timeout: opt.Timeout,
 		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, h.Sum64(), ns.BlockSize),
-	}, nil
+		pools:  make([]valuePool, len(ns.Keys)),
+	}
+	for k := range t.pools {
+		t.pools[k].max = max(16, poolBytes/t.ValueBytes(k))
+	}
+	return t, nil
 }
 
 // Namespace is the tier's namespace.
@@ -194,12 +236,24 @@ func (t *Tier) Addr(hash uint64, k int) string {
 	return string(b)
 }
 
-// addrs are the addresses of every key of every block, block-major.
+// addrs are the addresses of every key of every block, block-major: views
+// into one buffer, so a batch allocates twice, not once per value.
 func (t *Tier) addrs(hashes []uint64) []string {
-	keys := make([]string, 0, len(hashes)*len(t.ns.Keys))
+	nk := len(t.ns.Keys)
+	size := 0
+	for k := range t.ns.Keys {
+		size += len(t.prefix) + 18 + len(t.ns.Keys[k].Name)
+	}
+	buf := make([]byte, 0, size*len(hashes))
+	keys := make([]string, 0, len(hashes)*nk)
 	for _, h := range hashes {
 		for k := range t.ns.Keys {
-			keys = append(keys, t.Addr(h, k))
+			start := len(buf)
+			buf = append(buf, t.prefix...)
+			buf = appendHex(buf, h)
+			buf = append(buf, "}:"...)
+			buf = append(buf, t.ns.Keys[k].Name...)
+			keys = append(keys, unsafe.String(&buf[start], len(buf)-start))
 		}
 	}
 	return keys
@@ -259,17 +313,33 @@ func (t *Tier) Put(ctx context.Context, blocks []Block) (int64, error) {
 
 // NewValue returns a value of block hash's rows of key k, built in place:
 // its header is written and rows (BlockBytes(k) bytes, inside val) is where
-// the caller puts the rows before handing val to PutValues. It spares
-// Put's copy of the rows.
+// the caller puts the rows (every byte: the buffer may be recycled) before
+// handing val to PutValues, or back with Recycle. It spares Put's copy of
+// the rows, and its buffers come back from PutValues.
 func (t *Tier) NewValue(hash uint64, k int) (val, rows []byte) {
 	key := t.ns.Keys[k]
-	val = make([]byte, t.ValueBytes(k))
+	val = t.pools[k].get(t.ValueBytes(k))
 	h := encodeHeader(val[:0], key.Name, hash, t.ns.BlockSize, key.RowBytes)
 	return val, val[len(h) : len(h)+t.BlockBytes(k)]
 }
 
+// Recycle hands values made by NewValue back unstored (block k-major as in
+// PutValues: vals[i] is of key i%nk); nil entries are skipped.
+func (t *Tier) Recycle(vals [][]byte) {
+	nk := len(t.ns.Keys)
+	for i, v := range vals {
+		if v != nil && len(v) == t.ValueBytes(i%nk) {
+			t.pools[i%nk].put(v)
+		}
+	}
+}
+
 // PutValues seals and stores values made by NewValue, vals[j*nk+k] being
-// block hashes[j]'s value of key k, in one pipelined batch (see Put).
+// block hashes[j]'s value of key k, in one pipelined batch (see Put). The
+// values are the tier's from then on: once every one is stored (the
+// backend copied it, or the server acknowledged it) they are recycled by
+// later NewValue calls; after a failure they are left to the garbage
+// collector (a timed-out request may still be on its way).
 func (t *Tier) PutValues(ctx context.Context, hashes []uint64, vals [][]byte) (int64, error) {
 	nk := len(t.ns.Keys)
 	if len(vals) != len(hashes)*nk {
@@ -281,7 +351,11 @@ func (t *Tier) PutValues(ctx context.Context, hashes []uint64, vals [][]byte) (i
 		}
 		seal(v)
 	}
-	return t.put(ctx, hashes, vals)
+	n, err := t.put(ctx, hashes, vals)
+	if err == nil {
+		t.Recycle(vals)
+	}
+	return n, err
 }
 
 // put stores encoded values, block-major.
@@ -332,9 +406,8 @@ func (t *Tier) Get(ctx context.Context, hashes []uint64, dst [][]byte) []error {
 }
 
 // Fetch is Get without the copy: rows[j*nk+k] is block j's rows of key k,
-// a read-only view into the value fetched (valid as long as the caller
-// keeps it; never modify it: an embedded store's values are its own), nil
-// where block j was not served (errs[j] says why).
+// a view into the value fetched (the caller's: every backend returns
+// copies), nil where block j was not served (errs[j] says why).
 func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs []error) {
 	nk := len(t.ns.Keys)
 	keys := t.addrs(hashes)

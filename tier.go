@@ -121,7 +121,6 @@ type tierLink struct {
 
 	byStep map[uint64]*importJob // guarded by Cache.mu
 
-	gathers sync.Pool    // *publishGather, back from the committer once done
 	imports atomic.Int64 // entries in byStep
 
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64

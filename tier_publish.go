@@ -6,6 +6,7 @@ package omnicache
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/omnicache/omnicache/writer"
 )
@@ -18,6 +19,10 @@ type tierEng struct {
 	pubBlocks []int32
 	pubHashes []uint64
 	pubMark   int // len(pubBlocks) before the begun step noted its own
+	// gathers are the engine's publish gathers, each reused once the
+	// committer is done with it (free). A sync.Pool here cost a cross-P
+	// steal per Save (Put on the committer, Get on the engine): ~0.2 µs.
+	gathers []*publishGather
 }
 
 // notePublishes records the begun step's full blocks for publishing.
@@ -46,10 +51,18 @@ func (c *Cache) pushPublishes(n int) {
 	// The gather takes copies (its own, recycled once the committer is done
 	// with it): the engine's lists keep their memory, and a steady run
 	// allocates nothing here.
-	g, _ := c.tl.gathers.Get().(*publishGather)
+	var g *publishGather
+	for _, x := range e.gathers {
+		if x.free.Load() {
+			g = x
+			break
+		}
+	}
 	if g == nil {
 		g = &publishGather{tl: c.tl}
+		e.gathers = append(e.gathers, g)
 	}
+	g.free.Store(false)
 	g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
 	g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
 	c.path.PushGather(&g.task, g.blocks, g)
@@ -75,6 +88,7 @@ type publishGather struct {
 	blocks []int32
 	hashes []uint64
 	vals   [][]byte // the block being read, per key
+	free   atomic.Bool
 }
 
 // pubBlock is one block's values, ready to store.
@@ -132,11 +146,11 @@ func (tl *tierLink) freeVals(v [][]byte) {
 	}
 }
 
-// Done implements writer.Gather: the committer is done with g, which goes
-// back to the pool.
+// Done implements writer.Gather: the committer is done with g, which the
+// engine may reuse.
 func (g *publishGather) Done(bool) {
 	g.vals = nil
-	g.tl.gathers.Put(g)
+	g.free.Store(true)
 }
 
 // publish runs on a publisher goroutine until the queue is closed: it

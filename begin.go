@@ -38,6 +38,7 @@ type engine struct {
 	stamp     []uint64     // per handle: last Begin that marked it (duplicate check)
 	stampGen  uint64
 	unknown   []int64      // scratch: batch ids not live (duplicate check)
+	chk       []soa.Handle // scratch: checkIDs' handle per batch id (NoHandle: not live then)
 	arrived   []int64      // scratch: arrival ids (duplicate check)
 	starts    []idStart    // scratch: fresh batch requests by id
 	hits      []reader.Hit // the begun step's hits (planned at Begin)
@@ -139,11 +140,17 @@ func (c *Cache) Begin(p *Plan) error {
 		e.h = e.prevH // read-only until the ids change
 	} else {
 		e.h = e.hbuf[:0]
-		for _, id := range p.IDs {
-			h, ok := e.reqs.Lookup(id)
-			if !ok {
-				h, _ = e.reqs.Add(id, 0, nil)
-				e.fresh = append(e.fresh, h)
+		// checkIDs ran (the ids changed) and looked every id up: a request
+		// live then, and not finished, keeps its handle (removals do not
+		// move others); only the rest are looked up again.
+		for i, id := range p.IDs {
+			h := e.chk[i]
+			if h == soa.NoHandle {
+				var ok bool
+				if h, ok = e.reqs.Lookup(id); !ok {
+					h, _ = e.reqs.Add(id, 0, nil)
+					e.fresh = append(e.fresh, h)
+				}
 			}
 			e.h = append(e.h, h)
 		}
@@ -384,9 +391,11 @@ func (c *Cache) checkIDs(p *Plan) error {
 	}
 	e.unknown = e.unknown[:0]
 	e.starts = e.starts[:0]
+	e.chk = e.chk[:0]
 	for i, id := range p.IDs {
 		h, ok := live(id)
 		if !ok {
+			e.chk = append(e.chk, soa.NoHandle)
 			e.unknown = append(e.unknown, id)
 			e.starts = append(e.starts, idStart{id, p.Start[i]})
 			continue
@@ -394,6 +403,7 @@ func (c *Cache) checkIDs(p *Plan) error {
 		if e.mark(h, batchGen) == batchGen {
 			return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, id)
 		}
+		e.chk = append(e.chk, h)
 	}
 	slices.Sort(e.unknown)
 	for i := 1; i < len(e.unknown); i++ {

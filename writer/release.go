@@ -72,18 +72,32 @@ func (p *Path) freeDev(w *Write) {
 // unrefLocked drops pins (and owner refs) and reports whether nothing
 // references w any more. Caller holds the state lock.
 func (p *Path) unrefLocked(w *Write, pins, owners int32) (release bool) {
-	if pins > 0 && w.Deferred && w.Pins == pins {
+	if pins > 0 && w.Deferred && w.Pins.Load() == pins {
 		p.pinnedCharge -= w.Charge
 	}
-	w.Pins -= pins
+	n := w.Pins.Add(-pins)
 	w.Owners -= owners
 	if owners > 0 && w.Owners == 0 {
 		delete(p.clones, w.ID)
 	}
-	if w.Pins < 0 || w.Owners < 0 {
+	if n < 0 || w.Owners < 0 {
 		panic("omnicache: write reference count below zero")
 	}
-	return w.Pins == 0 && w.Owners == 0
+	return n == 0 && w.Owners == 0
+}
+
+// unpinFast drops one pin of w without the state lock when it is not the
+// last one (the last is dropped under the lock, where w may be released).
+func unpinFast(w *Write) bool {
+	for {
+		n := w.Pins.Load()
+		if n <= 1 {
+			return false
+		}
+		if w.Pins.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }
 
 // Unpin drops a consumed (or failed) step's pins and releases the writes
@@ -95,8 +109,15 @@ func (p *Path) Unpin(r *Refs) {
 		clear(r.Src)
 		return
 	}
-	p.mu.Lock()
+	locked := false
 	for _, w := range r.Pins {
+		if unpinFast(w) {
+			continue // not the last pin: nothing can be released
+		}
+		if !locked {
+			p.mu.Lock()
+			locked = true
+		}
 		if p.unrefLocked(w, 1, 0) {
 			p.release(w, true)
 		}
@@ -104,8 +125,10 @@ func (p *Path) Unpin(r *Refs) {
 	clear(r.Pins)
 	r.Pins = r.Pins[:0]
 	clear(r.Src)
-	p.mu.Unlock()
-	p.HandBack()
+	if locked {
+		p.mu.Unlock()
+		p.HandBack()
+	}
 }
 
 // HandBack calls Config.ReleaseHost for the owned host buffers released

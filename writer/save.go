@@ -67,10 +67,23 @@ func (p *Path) PinLocked(r *Refs, w *Write) {
 			return
 		}
 	}
-	w.Pins++
-	if w.Pins == 1 && w.Deferred {
+	if w.Pins.Add(1) == 1 && w.Deferred {
 		p.pinnedCharge += w.Charge
 	}
+	r.Pins = append(r.Pins, w)
+}
+
+// pinOpen pins the open decode buffer write w for r, without the state
+// lock: the buffer owns w until the engine flushes it, so it cannot be
+// released meanwhile, and it is immediate (no pinned charge). Engine
+// goroutine.
+func pinOpen(r *Refs, w *Write) {
+	for _, q := range r.Pins {
+		if q == w {
+			return
+		}
+	}
+	w.Pins.Add(1)
 	r.Pins = append(r.Pins, w)
 }
 
@@ -443,14 +456,14 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 		p.stage(w, &s.Out[k], k, ki, j)
 	}
 	w.Slots = append(w.Slots, s.Slots...)
-	p.mu.Lock()
+	// No state lock: refs are the engine's until Save returns, w is the
+	// buffer's (pinOpen), and Steps is read once w is handed over.
 	nimm := len(p.lay.Imm)
 	for ki, k := range p.lay.Imm {
 		refs.Src[k], refs.SrcOff[k], refs.Omit[k] = w, int32(j*n), w.Absent[j*nimm+ki]
 	}
-	p.PinLocked(refs, w)
+	pinOpen(refs, w)
 	w.Steps = j + 1
-	p.mu.Unlock()
 	p.buf.K++
 	p.st.Buffered.Add(1)
 	if p.buf.K == p.lay.BlockSize {

@@ -1,6 +1,8 @@
 package writer
 
 import (
+	"sync/atomic"
+
 	"github.com/omnicache/omnicache/gpu"
 )
 
@@ -19,13 +21,18 @@ import (
 // that the fields are read-only except those documented as guarded by the
 // state lock. Owners counts pending writes of its rows (the cache's lookup
 // entry lives while > 0); Pins counts step records and readers. It is
-// released when both are 0.
+// released when both are 0, under the state lock. Pins changes under the
+// lock too, with two exceptions that never let it reach 0 outside it: the
+// engine pins the open decode buffer write (which the buffer owns, Owners
+// 1, until the engine flushes it) in park, and Unpin drops a pin that is
+// not the last with a compare-and-swap (unpinFast). A decode step then
+// takes the lock neither to park nor to be discarded.
 type Write struct {
 	ID       uint64
 	Seq      uint64 // committer queue sequence once handed over (immediate)
 	Deferred bool
-	Owners   int32 // state lock
-	Pins     int32 // state lock
+	Owners   int32        // state lock
+	Pins     atomic.Int32 // state lock, but see above
 
 	// immediate
 	N      int // rows per parked step

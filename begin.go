@@ -392,8 +392,23 @@ func (c *Cache) checkIDs(p *Plan) error {
 	e.unknown = e.unknown[:0]
 	e.starts = e.starts[:0]
 	e.chk = e.chk[:0]
+	// A batch position that holds the previous step's id holds its handle
+	// too (prevH is valid while prevIDs is: unbegin clears it), unless the
+	// request finished in this plan: a decode batch, where a few ids change
+	// per step, looks up only those.
+	prev := e.prevIDs
+	if len(e.prevH) < len(prev) {
+		prev = prev[:len(e.prevH)]
+	}
 	for i, id := range p.IDs {
-		h, ok := live(id)
+		var h soa.Handle
+		var ok bool
+		if i < len(prev) && prev[i] == id {
+			h = e.prevH[i]
+			ok = int(h) >= len(e.stamp) || e.stamp[h] != finGen
+		} else {
+			h, ok = live(id)
+		}
 		if !ok {
 			e.chk = append(e.chk, soa.NoHandle)
 			e.unknown = append(e.unknown, id)

@@ -381,13 +381,11 @@ func (c *Cache) checkIDs(p *Plan) error {
 			e.mark(h, finGen)
 		}
 	}
+	finished := func(h soa.Handle) bool { return int(h) < len(e.stamp) && e.stamp[h] == finGen }
 	// live reports whether id is live once the finished are dropped.
 	live := func(id int64) (soa.Handle, bool) {
 		h, ok := e.reqs.Lookup(id)
-		if ok && int(h) < len(e.stamp) && e.stamp[h] == finGen {
-			return h, false
-		}
-		return h, ok
+		return h, ok && !finished(h)
 	}
 	e.unknown = e.unknown[:0]
 	e.starts = e.starts[:0]
@@ -396,16 +394,12 @@ func (c *Cache) checkIDs(p *Plan) error {
 	// too (prevH is valid while prevIDs is: unbegin clears it), unless the
 	// request finished in this plan: a decode batch, where a few ids change
 	// per step, looks up only those.
-	prev := e.prevIDs
-	if len(e.prevH) < len(prev) {
-		prev = prev[:len(e.prevH)]
-	}
 	for i, id := range p.IDs {
 		var h soa.Handle
 		var ok bool
-		if i < len(prev) && prev[i] == id {
+		if i < len(e.prevIDs) && e.prevIDs[i] == id {
 			h = e.prevH[i]
-			ok = int(h) >= len(e.stamp) || e.stamp[h] != finGen
+			ok = !finished(h)
 		} else {
 			h, ok = live(id)
 		}

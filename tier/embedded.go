@@ -392,9 +392,9 @@ func (e *Embedded) Usage() (used, max, evicted int64) {
 	return e.used, e.max, e.evicts
 }
 
-// SlabBytes reports the slab memory the store holds and its bound (see
+// slabBytes reports the slab memory the store holds and its bound (see
 // the type's doc).
-func (e *Embedded) SlabBytes() (held, limit int64) {
+func (e *Embedded) slabBytes() (held, limit int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.held, e.limit

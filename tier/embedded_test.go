@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -17,23 +18,24 @@ type refLRU struct {
 	evicts    int64
 }
 
-func (r *refLRU) drop(k string) {
-	for i, o := range r.order {
-		if o == k {
-			r.order = append(r.order[:i], r.order[i+1:]...)
-			break
-		}
+// unlist takes k out of the LRU order and reports whether it was there.
+func (r *refLRU) unlist(k string) bool {
+	i := slices.Index(r.order, k)
+	if i >= 0 {
+		r.order = slices.Delete(r.order, i, i+1)
 	}
+	return i >= 0
+}
+
+func (r *refLRU) drop(k string) {
+	r.unlist(k)
 	r.used -= int64(len(k) + len(r.vals[k]))
 	delete(r.vals, k)
 }
 
 func (r *refLRU) touch(k string) {
-	for i, o := range r.order {
-		if o == k {
-			r.order = append(append(r.order[:i], r.order[i+1:]...), k)
-			return
-		}
+	if r.unlist(k) {
+		r.order = append(r.order, k)
 	}
 }
 
@@ -156,7 +158,7 @@ func TestEmbeddedModel(t *testing.T) {
 				if exact && (used != ref.used || evicted != ref.evicts) {
 					t.Fatalf("op %d: used %d, %d evicted; reference %d, %d", op, used, evicted, ref.used, ref.evicts)
 				}
-				if held, limit := e.SlabBytes(); held > limit {
+				if held, limit := e.slabBytes(); held > limit {
 					t.Fatalf("op %d: slabs hold %d bytes, bound %d", op, held, limit)
 				}
 			}
@@ -182,14 +184,14 @@ func TestEmbeddedSlabReuse(t *testing.T) {
 		}
 	}
 	put(0, 20000, v)
-	full, limit := e.SlabBytes()
+	full, limit := e.slabBytes()
 	put(20000, 50000, v)
-	if held, _ := e.SlabBytes(); held != full {
+	if held, _ := e.slabBytes(); held != full {
 		t.Fatalf("slabs grew from %d to %d bytes on a steady stream", full, held)
 	}
 	big := make([]byte, 9000)
 	put(100000, 5000, big)
-	if held, _ := e.SlabBytes(); held > limit {
+	if held, _ := e.slabBytes(); held > limit {
 		t.Fatalf("after the size shift: %d bytes held, bound %d", held, limit)
 	}
 	used, max, _ := e.Usage()

@@ -228,13 +228,19 @@ func (t *Tier) Close() error { return t.b.Close() }
 // Addr is the address of block hash's value of key k (Namespace.Keys
 // order).
 func (t *Tier) Addr(hash uint64, k int) string {
-	b := make([]byte, 0, len(t.prefix)+18+len(t.ns.Keys[k].Name))
+	return string(t.appendAddr(make([]byte, 0, t.addrLen(k)), hash, k))
+}
+
+// appendAddr appends Addr(hash, k) to b.
+func (t *Tier) appendAddr(b []byte, hash uint64, k int) []byte {
 	b = append(b, t.prefix...)
 	b = appendHex(b, hash)
 	b = append(b, "}:"...)
-	b = append(b, t.ns.Keys[k].Name...)
-	return string(b)
+	return append(b, t.ns.Keys[k].Name...)
 }
+
+// addrLen is the length of key k's addresses.
+func (t *Tier) addrLen(k int) int { return len(t.prefix) + 16 + len("}:") + len(t.ns.Keys[k].Name) }
 
 // addrs are the addresses of every key of every block, block-major: views
 // into one buffer, so a batch allocates twice, not once per value.
@@ -242,17 +248,14 @@ func (t *Tier) addrs(hashes []uint64) []string {
 	nk := len(t.ns.Keys)
 	size := 0
 	for k := range t.ns.Keys {
-		size += len(t.prefix) + 18 + len(t.ns.Keys[k].Name)
+		size += t.addrLen(k)
 	}
 	buf := make([]byte, 0, size*len(hashes))
 	keys := make([]string, 0, len(hashes)*nk)
 	for _, h := range hashes {
 		for k := range t.ns.Keys {
 			start := len(buf)
-			buf = append(buf, t.prefix...)
-			buf = appendHex(buf, h)
-			buf = append(buf, "}:"...)
-			buf = append(buf, t.ns.Keys[k].Name...)
+			buf = t.appendAddr(buf, h, k)
 			keys = append(keys, unsafe.String(&buf[start], len(buf)-start))
 		}
 	}

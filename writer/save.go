@@ -3,6 +3,7 @@ package writer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/omnicache/omnicache/gpu"
@@ -62,10 +63,8 @@ func (r *Refs) Reset(nkeys int) {
 // PinLocked pins w for r once. A pinned deferred clone's charge cannot be
 // forced out of the budget (see reserve). Caller holds the state lock.
 func (p *Path) PinLocked(r *Refs, w *Write) {
-	for _, q := range r.Pins {
-		if q == w {
-			return
-		}
+	if slices.Contains(r.Pins, w) {
+		return
 	}
 	if w.Pins.Add(1) == 1 && w.Deferred {
 		p.pinnedCharge += w.Charge
@@ -78,10 +77,8 @@ func (p *Path) PinLocked(r *Refs, w *Write) {
 // released meanwhile, and it is immediate (no pinned charge). Engine
 // goroutine.
 func pinOpen(r *Refs, w *Write) {
-	for _, q := range r.Pins {
-		if q == w {
-			return
-		}
+	if slices.Contains(r.Pins, w) {
+		return
 	}
 	w.Pins.Add(1)
 	r.Pins = append(r.Pins, w)

@@ -285,6 +285,11 @@ type Stats struct {
 	HitRequests    int64 // arrivals with a hit
 	HitTokens      int64 // tokens covered by hits
 	HitRowsRead    int64 // prefix rows served by Materialize
+	// HitReadsOnCaller counts prefetched steps consumed before the
+	// committer started their read: Materialize read the hit rows itself
+	// rather than wait for it (a step consumed right after Save, with no
+	// forward in between).
+	HitReadsOnCaller int64
 	// CommitterNanos is CPU-side time the committer spent moving rows.
 	CommitterNanos int64
 	// StallNanos is time the engine goroutine waited on back-pressure: for

@@ -509,6 +509,7 @@ func (c *Cache) Stats() Stats {
 		HitRequests:         st.HitRequests.Load(),
 		HitTokens:           st.HitTokens.Load(),
 		HitRowsRead:         st.HitRows.Load(),
+		HitReadsOnCaller:    st.ReadsAhead.Load(),
 		CommitterNanos:      st.CommitNanos.Load(),
 		StallNanos:          st.StallNanos.Load(),
 		MirrorResidentBytes: c.path.Mirrors().ResidentBytes(),

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -191,4 +192,112 @@ func TestLateReadsNeverReassigned(t *testing.T) {
 		require.NoError(t, h.verify(s, nil, &h.res))
 	}
 	usable(h)
+}
+
+// A prefetched step consumed while the committer is held up (here by
+// in-order work queued before the step's Begin; in an engine, by a backlog
+// of earlier writes): Materialize does not wait for the committer to get
+// to the read, it reads the hit rows itself (Stats.HitReadsOnCaller), of
+// the whole step and of a subset, exactly, and gives the read-ahead
+// budget back. The earlier writes the read does not need (e's, to other
+// blocks) are not waited for either.
+func TestMaterializeReadsUnstartedPrefetch(t *testing.T) {
+	const a, b, d, e = 1, 2, 3, 4
+	for _, subset := range []bool{false, true} {
+		t.Run(fmt.Sprintf("subset=%v", subset), func(t *testing.T) {
+			h := newHarness(t, testConfig(keyHidden, keyAux, keyCodes))
+			h.assign(a, 1)
+			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+			h.sync()
+			release := omnicache.HoldCommitter(h.c)
+			t.Cleanup(release)
+			h.assign(e, 5)
+			se := h.step(step{Sched: []S{{e, 0, 4}}, Arrive: []A{{ID: e}}}) // queued, not landed
+			h.assign(b, 1, 2)
+			h.assign(d, 3)
+			before := h.stats()
+			s := h.step(step{Sched: []S{{d, 0, 3}, {b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}, {ID: d}}, Finished: []int64{a}})
+			require.Positive(t, h.stats().ReadAheadBytes, "Begin charged the prefetch buffers")
+			if subset {
+				h.mat(s, b) // exact rows while the committer is still held
+			} else {
+				h.mat(s)
+			}
+			after := h.stats()
+			require.Equal(t, before.HitReadsOnCaller+1, after.HitReadsOnCaller, "read on the caller's goroutine")
+			require.Equal(t, before.HitRowsRead+4, after.HitRowsRead)
+			require.Zero(t, after.ReadAheadBytes, "the read-ahead budget is back at once")
+			require.Zero(t, omnicache.ReadsHandedBack(h.c))
+			release()
+			h.mat(se)
+			h.sync()
+			require.Equal(t, after.HitReadsOnCaller, h.stats().HitReadsOnCaller, "the committer skipped the read")
+			usable(h)
+		})
+	}
+}
+
+// A prefetched step whose hit blocks were rewritten before it was consumed,
+// while its read was still queued: Materialize begins the read itself,
+// finds a row claimed since the plan (the new tenant's Save changed the
+// deferred key's occupancy), hands the read back to the committer and
+// waits for it; the committer reads in order, before the new tenant's
+// rows land, so the planned rows are served, never ErrReassigned.
+func TestMaterializeHandsBackARewrittenHit(t *testing.T) {
+	const a, b, c, z = 1, 2, 3, 4
+	h := newHarness(t, testConfig(keyHidden, keyAux, keyCodes))
+	h.assign(a, 1)
+	h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+	h.assign(z, 9)
+	h.mat(h.step(step{Sched: []S{{z, 0, 1}}, Arrive: []A{{ID: z}}, Finished: []int64{a}}))
+	h.sync() // a's deferred rows are in the mirror too
+	release := omnicache.HoldCommitter(h.c)
+	t.Cleanup(release)
+	h.assign(b, 1, 2)
+	before := h.stats()
+	sb := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}})
+	h.unassign(b)
+	h.assign(c, 1)
+	sc := h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}, Finished: []int64{b}})
+	require.True(t, h.rewrittenSince(sb, []int64{b}), "setup: b's hit slots were rewritten")
+	go func() {
+		for omnicache.ReadsHandedBack(h.c) == 0 { // Materialize waits for the committer now
+			time.Sleep(time.Millisecond)
+		}
+		release()
+	}()
+	h.mat(sb) // the planned rows (a's), no error
+	require.Equal(t, int64(1), omnicache.ReadsHandedBack(h.c))
+	require.Equal(t, before.HitReadsOnCaller, h.stats().HitReadsOnCaller, "served by the committer's read")
+	h.mat(sc)
+	h.sync()
+	require.Zero(t, h.stats().ReadAheadBytes)
+	usable(h)
+}
+
+// A hit on a block whose newest write is still queued joins that write:
+// the rows served are the new write's, never the block's older ones, even
+// when Materialize reads the hit itself (the committer held up before it).
+func TestHitJoinsQueuedWriteOfItsBlock(t *testing.T) {
+	const x, a, b = 1, 2, 3
+	for _, prefetch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
+			cfg := testConfig(keyHidden, keyAux)
+			cfg.DisablePrefetch = !prefetch
+			h := newHarness(t, cfg)
+			h.assign(x, 1)
+			h.mat(h.step(step{Sched: []S{{x, 0, 4}}, Arrive: []A{{ID: x}}})) // block 1's older rows
+			h.sync()
+			release := omnicache.HoldCommitter(h.c)
+			t.Cleanup(release)
+			h.unassign(x)
+			h.assign(a, 1)
+			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}, Finished: []int64{x}})) // queued behind the hold
+			h.assign(b, 1, 2)
+			sb := h.step(step{Sched: []S{{b, 4, 1}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+			time.AfterFunc(20*time.Millisecond, release) // Materialize is waiting for a's write by then (or not yet: the rows are a's either way)
+			h.mat(sb)
+			usable(h)
+		})
+	}
 }

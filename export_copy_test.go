@@ -1,5 +1,11 @@
 package omnicache
 
+import (
+	"sync"
+
+	"github.com/omnicache/omnicache/writer"
+)
+
 // SetSplitBytes sets the smallest copy split across the copy workers for
 // caches made afterwards (0: the default) and returns a func that restores
 // it. Tests only: it forces the split path on small steps.
@@ -11,3 +17,20 @@ func SetSplitBytes(n int) (restore func()) {
 
 // CopySplits is the number of copies c split across its copy workers.
 func CopySplits(c *Cache) int64 { return c.path.Committer().Workers().Splits() }
+
+// HoldCommitter queues in-order work that holds the committer until
+// release is called (once; later calls do nothing): everything queued
+// after it waits.
+func HoldCommitter(c *Cache) (release func()) {
+	g := make(gate)
+	c.path.Queue().Push(writer.Task{R: g})
+	return sync.OnceFunc(func() { close(g) })
+}
+
+type gate chan struct{}
+
+func (g gate) RunInOrder(bool) { <-g }
+
+// ReadsHandedBack counts the hit reads Materialize began itself and handed
+// back to the committer (a row it found claimed since the plan).
+func ReadsHandedBack(c *Cache) int64 { return c.path.Counters().HandedBack.Load() }

@@ -109,5 +109,6 @@ func (r *Result) size() {
 type dest struct{ r *Result }
 
 func (d dest) Rows(qi, k int) []byte          { return d.r.Rows(qi, k) }
+func (d dest) Size()                          { d.r.size() }
 func (d dest) Adopt(k int, buf []byte) []byte { return d.r.adopt(k, buf) }
 func (d dest) Fail(qi int, err error)         { d.r.fail(qi, err) }

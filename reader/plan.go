@@ -15,6 +15,7 @@ type Reader struct {
 	opt     Options
 	charged atomic.Int64 // read-ahead bytes held by unconsumed steps
 	pool    bufPool
+	joinBl  [][]int32 // Plan's scratch: the hits' blocks (engine goroutine)
 }
 
 // New returns the read path over p.
@@ -40,7 +41,10 @@ type Hit struct {
 // step's own writes (a hit on blocks the step writes reads its rows).
 //
 // Immediate keys: the prefix rows' slots; the read joins the queue up to
-// here, and finds the planned rows only where no write newer than the
+// the newest task handed over that lands rows in a hit block
+// (writer.Path.JoinSeq: the rows the hit finds are those cached before
+// the plan, and only writes to its blocks can have put them there), and
+// finds the planned rows only where no write newer than the
 // newest one handed over so far (maxOwner) touched the block and no
 // planned write skipped the slot (see soa.Tenancy). Deferred keys: each row's occupancy
 // word, and the clone (pinned) of a row still in transit.
@@ -56,11 +60,18 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 	for i := range s.immOff {
 		s.immOff[i], s.defOff[i] = -1, -1
 	}
-	s.joinSeq = r.p.Queue().Pushed()
 	s.maxOwner = r.p.LastID()
 	bs := int32(r.lay.BlockSize)
 	if s.pfCharge.Load() > 0 { // charged by Charge just before: prefetch
 		defer r.queue(s) // charged (Charge): prefetch
+	}
+	if len(r.lay.Imm) > 0 {
+		r.joinBl = r.joinBl[:0]
+		for _, h := range hits {
+			r.joinBl = append(r.joinBl, h.Blocks)
+		}
+		s.joinSeq = r.p.JoinSeq(r.joinBl)
+		clear(r.joinBl) // the plan's block ids are borrowed
 	}
 	for _, h := range hits {
 		s.prefix[h.Index] = h.Tokens

@@ -20,6 +20,10 @@ import (
 // the engine runs its forward; Materialize of the whole step adopts them
 // into its Result (no copy) and adds only the step's own rows.
 //
+// A step consumed before the committer started its read is read by the
+// consumer itself (readAhead, read.go), unless a row was claimed since the
+// plan: the read then goes back to the committer.
+//
 // The buffers are charged to a read-ahead budget (Config.ReadAheadBytes)
 // from Begin until the step is consumed. A step whose buffers do not fit
 // is not prefetched: its hits are read at Materialize, on the caller's
@@ -153,18 +157,29 @@ func (s *Step) PrefetchSeq() uint64 { return s.pfSeq }
 // order (writer.InOrder).
 func (s *Step) RunInOrder(failed bool) {
 	r := s.rd
-	switch {
-	case failed:
-		s.pfFailed = true
-	case s.pfState.CompareAndSwap(pfQueued, pfStarted):
-		rows := 0
-		if n := len(s.IDs); n > 0 {
-			rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
+	claimed := false
+	for {
+		if claimed = s.pfState.CompareAndSwap(pfQueued, pfStarted); claimed || s.pfState.Load() != pfEngine {
+			break // claimed, or consumed (pfCancelled, pfTaken): nothing to read
 		}
-		for _, rb := range r.lay.RowBytes {
-			s.pf = append(s.pf, r.pool.get(rows*rb))
+		// The consumer is reading the rows itself (readAhead): wait until
+		// it is done, then read them unless it served them.
+		s.engMu.Lock()
+		s.engMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
+	}
+	if claimed {
+		if failed {
+			s.pfFailed = true
+		} else {
+			rows := 0
+			if n := len(s.IDs); n > 0 {
+				rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
+			}
+			for _, rb := range r.lay.RowBytes {
+				s.pf = append(s.pf, r.pool.get(rows*rb))
+			}
+			r.readInOrder(s)
 		}
-		r.readInOrder(s)
 	}
 	// The clones it read are no longer needed: their budget can be forced
 	// out before the step is consumed.

@@ -10,12 +10,15 @@ import (
 )
 
 // Dest receives a step's rows: Rows(qi, k) is the qi-th asked request's
-// buffer for key k, prefix rows first. Adopt makes buf (laid out as the
-// whole step's rows, every request in batch order) key k's buffer and
-// returns the one it replaces. Fail records that request qi's rows cannot
-// be served (its rows read as zeros); the other requests are served.
+// buffer for key k, prefix rows first. Size makes those buffers (a
+// Materialize of a whole prefetched step leaves them to Adopt). Adopt makes
+// buf (laid out as the whole step's rows, every request in batch order) key
+// k's buffer and returns the one it replaces. Fail records that request
+// qi's rows cannot be served (its rows read as zeros); the other requests
+// are served.
 type Dest interface {
 	Rows(qi, k int) []byte
+	Size()
 	Adopt(k int, buf []byte) []byte
 	Fail(qi int, err error)
 }
@@ -28,9 +31,60 @@ type Dest interface {
 // are read; an error returned fails the whole call (a write failure).
 func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 	if s.Prefetched() {
+		if done, err := r.readAhead(s, all, nq, dst); done {
+			return err
+		}
 		return r.consumePrefetched(s, all, nq, dst)
 	}
+	_, err := r.readDirect(s, all, nq, dst, false)
+	return err
+}
+
+// readAhead serves a prefetched step whose read the committer has not
+// started yet on the consumer's goroutine, as a step without prefetch is
+// read, instead of waking the committer and waiting for it to get there
+// (a step consumed right after it was saved, with no forward in between).
+// Claiming the read (pfEngine) holds the committer at it: no write queued
+// after the plan lands until the claim ends, so the rows found are the
+// planned ones unless the blocks were claimed before the read began, which
+// the checks of readDirect see. Any request it cannot serve that way
+// (ErrReassigned: the blocks were rewritten after the plan; or absent
+// rows) hands the read back (pfQueued) to the committer, which runs it in
+// order and so still finds the planned rows (see Late reads in the
+// README). done reports that dst was served (or err failed the call).
+func (r *Reader) readAhead(s *Step, all bool, nq int, dst Dest) (done bool, err error) {
+	if s.pfState.Load() != pfQueued {
+		return false, nil // read, or being read, by the committer
+	}
+	s.engMu.Lock()
+	defer s.engMu.Unlock()
+	if !s.pfState.CompareAndSwap(pfQueued, pfEngine) {
+		return false, nil
+	}
+	if all {
+		dst.Size()
+	}
+	ok, err := r.readDirect(s, all, nq, dst, true)
+	if !ok && err == nil {
+		s.pfState.Store(pfQueued) // the committer reads it in order
+		r.st.HandedBack.Add(1)
+		return false, nil
+	}
+	s.pfState.Store(pfTaken)
+	r.uncharge(s) // its buffers will not be taken
+	if err == nil {
+		r.st.ReadsAhead.Add(1)
+	}
+	return true, err
+}
+
+// readDirect reads the hit prefixes and the step's own rows of the asked
+// requests into dst on the calling goroutine. A request whose prefix
+// cannot be served is failed in dst, or, with whole, ends the read (ok
+// false, dst partly written) before anything was counted.
+func (r *Reader) readDirect(s *Step, all bool, nq int, dst Dest, whole bool) (ok bool, err error) {
 	tokOff := s.Offsets()
+	hitRows := int64(0)
 	for qi := 0; qi < nq; qi++ {
 		i := qi
 		if !all {
@@ -44,7 +98,10 @@ func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 			if pre > 0 {
 				if err := r.readPrefix(s, i, k, pre, out[:pre*rb], false); err != nil {
 					if !perRequest(err) {
-						return err
+						return false, err
+					}
+					if whole {
+						return false, nil
 					}
 					if s.noBudget && errors.Is(err, errs.Reassigned) {
 						err = fmt.Errorf("%w (the step was not prefetched: the read-ahead budget was exhausted at Begin)", err)
@@ -55,14 +112,17 @@ func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 				}
 			}
 			if err := r.readOwn(s, i, k, tokOff, out[pre*rb:]); err != nil {
-				return err
+				return false, err
 			}
 		}
-		if !failed && pre > 0 {
-			r.st.HitRows.Add(int64(pre))
+		if !failed {
+			hitRows += int64(pre)
 		}
 	}
-	return nil
+	if hitRows > 0 {
+		r.st.HitRows.Add(hitRows)
+	}
+	return true, nil
 }
 
 // readOwn copies request i's rows of this step for key k into out.

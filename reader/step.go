@@ -5,9 +5,10 @@
 //
 //	plan (Save, engine goroutine)            read (Materialize, any goroutine)
 //	─────────────────────────────            ────────────────────────────────────
-//	immediate keys: per prefix row its      join the committer up to the plan's
-//	  slot, and the newest write id          queue sequence; read a block's rows
-//	  handed over (maxOwner)                 only if its owner is at most
+//	immediate keys: per prefix row its      join the committer up to the last
+//	  slot, and the newest write id          write queued for a hit block;
+//	  handed over (maxOwner)                 read a block's rows only if its
+//	                                         owner is at most
 //	                                         maxOwner and none of its slots is
 //	                                         stale (a planned write skipped it),
 //	                                         before and after the copy (else
@@ -26,7 +27,9 @@
 // With prefetch (prefetch.go) the read is planned at Begin and run by the
 // committer in queue order (writer.InOrder): no write after the plan has
 // landed, so the checks above hold by construction and the rows go into
-// Result-layout buffers that Materialize adopts.
+// Result-layout buffers that Materialize adopts. A step consumed before the
+// committer started its read is read by the consumer as above, holding the
+// committer at the read meanwhile (Reader.readAhead).
 //
 // Goroutines: Plan runs on the engine goroutine (in Begin, or in Save for
 // a step not prefetched); a prefetch read on the committer (and the copy
@@ -37,6 +40,7 @@
 package reader
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/omnicache/omnicache/writer"
@@ -85,8 +89,11 @@ type Step struct {
 	noBudget bool     // planned without read-ahead: the budget was exhausted
 	// pfState: pfQueued until the committer starts the read (pfStarted)
 	// or the consumer gives it up first (pfCancelled: Discard, Abort, a
-	// failed Save; the read is skipped).
+	// failed Save; the read is skipped), or reads the rows itself
+	// (pfEngine while it does, holding engMu; then pfTaken, or pfQueued
+	// again when it handed the read back): see Reader.readAhead.
 	pfState atomic.Int32
+	engMu   sync.Mutex
 	// pfCharge is the read-ahead charge still held: the bytes Charge
 	// charged for pf (0: not prefetched) until given back, once, by
 	// whichever of Cancel and the last Release is first.
@@ -99,6 +106,8 @@ const (
 	pfQueued = iota
 	pfStarted
 	pfCancelled
+	pfEngine
+	pfTaken
 )
 
 // plan entry kinds for deferred hit rows.

@@ -87,6 +87,9 @@ func (t *Tenancy) Free() {
 	t.owner, t.written, t.stale, t.absent = nil, nil, nil, nil
 }
 
+// Block is the block that holds slot s.
+func (t *Tenancy) Block(s int32) int { return t.block(s) }
+
 func (t *Tenancy) block(s int32) int {
 	if t.shift >= 0 {
 		return int(s) >> t.shift

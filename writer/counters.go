@@ -21,6 +21,6 @@ type Counters struct {
 	Rows, Bytes, Skipped, CommitNanos atomic.Int64
 	_                                 [64]byte
 	// written by readers (Materialize, any goroutine)
-	HitRows atomic.Int64
-	_       [56]byte
+	HitRows, ReadsAhead, HandedBack atomic.Int64
+	_                               [40]byte
 }

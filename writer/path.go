@@ -92,6 +92,7 @@ type Path struct {
 	defFIFO  []openRef
 	defSeq   uint64
 	lastEv   [2]gpu.Event // the last two host-row writes' events (see join)
+	plog     pendLog      // tasks handed over that land immediate rows (JoinSeq)
 	pre      []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
 	late     lateCopier   // copies a step's clones out while Save waits for them (writeStep)
 	_        [64]byte

@@ -270,6 +270,13 @@ func (q *Queue[T]) Since(seq uint64, fn func(v T) bool) uint64 {
 	}
 }
 
+// DoneSeq is the sequence number up to which every item was processed.
+func (q *Queue[T]) DoneSeq() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.done
+}
+
 // Pushed is the sequence number of the last item pushed.
 func (q *Queue[T]) Pushed() uint64 {
 	q.mu.Lock()

@@ -425,6 +425,7 @@ func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool) {
 	} else {
 		w.Seq = p.q.Push(Task{W: w, Ev: ev})
 	}
+	p.logWrite(w)
 	p.st.Tasks.Add(1)
 }
 

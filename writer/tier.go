@@ -36,7 +36,8 @@ type importTask struct {
 // Engine goroutine.
 func (p *Path) PushImport(blocks []int32, f Fetch) uint64 {
 	t := &importTask{p: p, id: p.newID(), blocks: blocks, f: f}
-	p.q.PushLazy(Task{R: t}) // its fetch runs meanwhile; Materialize's wait for it wakes the committer
+	seq := p.q.PushLazy(Task{R: t}) // its fetch runs meanwhile; Materialize's wait for it wakes the committer
+	p.logImport(seq, blocks)
 	return t.id
 }
 

@@ -46,6 +46,11 @@ type engine struct {
 	planned   bool         // rec's hits were planned (and their read queued) at Begin
 	blockMark []uint32     // scratch: per block, the markGen of the last hitsOverlapStep
 	markGen   uint32
+	// blocks are the blocks the begun step writes, one per block a request
+	// writes in, when the step is long (validate reads them off the block
+	// table); nil for a short step (its slots are few).
+	blocks []int32
+	blkBuf []int32 // blocks' memory
 }
 
 type idStart struct {
@@ -213,6 +218,14 @@ func (c *Cache) hitsOverlapStep() bool {
 			e.blockMark[b] = e.markGen
 		}
 	}
+	if e.blocks != nil { // a long step: its blocks, read off the block table
+		for _, b := range e.blocks {
+			if e.blockMark[b] == e.markGen {
+				return true
+			}
+		}
+		return false
+	}
 	for _, s := range e.slots {
 		if e.blockMark[int(s)/bs] == e.markGen {
 			return true
@@ -279,20 +292,28 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 	nslots := c.cfg.NumBlocks * bs
 	var bad bool
 	last := int32(nslots - 1)
+	e.blocks = nil
 	if ntok <= 4*n {
 		bad = outside(e.slots, last)
 	} else {
+		e.blocks = e.blkBuf[:0]
 		lastB, bs32 := int32(c.cfg.NumBlocks-1), int32(bs)
 		for i, cnt := range p.Count {
 			if cnt == 0 {
 				continue
 			}
 			row := p.Table[int(p.Rows[i])*p.Stride:]
-			if outside(row[p.Start[i]/bs32:(p.Start[i]+cnt-1)/bs32+1], lastB) {
+			bl := row[p.Start[i]/bs32 : (p.Start[i]+cnt-1)/bs32+1]
+			if outside(bl, lastB) {
 				bad = true
 				break
 			}
+			e.blocks = append(e.blocks, bl...) // the write path's join log takes them (writer.Step.Blocks)
 		}
+		if e.blocks == nil {
+			e.blocks = []int32{} // never made yet, and nothing scheduled: no blocks
+		}
+		e.blkBuf = e.blocks[:0]
 	}
 	if bad {
 		for _, s := range e.slots {

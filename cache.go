@@ -132,7 +132,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	}
 	ws := &c.ws
 	ws.Slots, ws.IDs, ws.Handles, ws.Count = e.slots[:e.ntok], rec.IDs, e.h, rec.Count
-	ws.TokOff, ws.Pure = nil, e.pure
+	ws.TokOff, ws.Pure, ws.Blocks = nil, e.pure, e.blocks
 	if len(c.lay.Def) > 0 {
 		ws.TokOff = rec.Offsets() // deferred runs start at each request's first row
 	}

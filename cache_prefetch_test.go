@@ -278,26 +278,35 @@ func TestMaterializeHandsBackARewrittenHit(t *testing.T) {
 // A hit on a block whose newest write is still queued joins that write:
 // the rows served are the new write's, never the block's older ones, even
 // when Materialize reads the hit itself (the committer held up before it).
+// The write is a short step (its slots give its blocks) or a long one (its
+// blocks read off the block table); the hit is on the write's last block.
 func TestHitJoinsQueuedWriteOfItsBlock(t *testing.T) {
 	const x, a, b = 1, 2, 3
 	for _, prefetch := range []bool{true, false} {
-		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
-			cfg := testConfig(keyHidden, keyAux)
-			cfg.DisablePrefetch = !prefetch
-			h := newHarness(t, cfg)
-			h.assign(x, 1)
-			h.mat(h.step(step{Sched: []S{{x, 0, 4}}, Arrive: []A{{ID: x}}})) // block 1's older rows
-			h.sync()
-			release := omnicache.HoldCommitter(h.c)
-			t.Cleanup(release)
-			h.unassign(x)
-			h.assign(a, 1)
-			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}, Finished: []int64{x}})) // queued behind the hold
-			h.assign(b, 1, 2)
-			sb := h.step(step{Sched: []S{{b, 4, 1}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
-			time.AfterFunc(20*time.Millisecond, release) // Materialize is waiting for a's write by then (or not yet: the rows are a's either way)
-			h.mat(sb)
-			usable(h)
-		})
+		for _, long := range []bool{false, true} {
+			t.Run(fmt.Sprintf("prefetch=%v/long=%v", prefetch, long), func(t *testing.T) {
+				cfg := testConfig(keyHidden, keyAux)
+				cfg.DisablePrefetch = !prefetch
+				h := newHarness(t, cfg)
+				h.assign(x, 1, 2)
+				h.mat(h.step(step{Sched: []S{{x, 0, 8}}, Arrive: []A{{ID: x}}})) // blocks 1 and 2's older rows
+				h.sync()
+				release := omnicache.HoldCommitter(h.c)
+				t.Cleanup(release)
+				h.unassign(x)
+				h.assign(a, 1, 2)
+				if !long { // blocks 1 and 2 in two short steps
+					h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}, Finished: []int64{x}}))
+					h.mat(h.step(step{Sched: []S{{a, 4, 4}}}))
+				} else {
+					h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}, Finished: []int64{x}})) // one step of 8 tokens, queued behind the hold
+				}
+				h.assign(b, 2, 5)
+				sb := h.step(step{Sched: []S{{b, 4, 1}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+				time.AfterFunc(20*time.Millisecond, release) // Materialize is waiting for a's write by then (or not yet: the rows are a's either way)
+				h.mat(sb)
+				usable(h)
+			})
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package reader
 
 import (
+	"slices"
 	"sync/atomic"
 
 	"github.com/omnicache/omnicache/soa"
@@ -78,10 +79,13 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 		if len(r.lay.Imm) == 0 {
 			continue
 		}
-		s.immOff[h.Index] = int32(len(s.immSlot))
-		for _, b := range h.Blocks {
-			for sl := b * bs; sl < (b+1)*bs; sl++ {
-				s.immSlot = append(s.immSlot, sl)
+		off := len(s.immSlot)
+		s.immOff[h.Index] = int32(off)
+		s.immSlot = slices.Grow(s.immSlot, len(h.Blocks)*int(bs))[:off+len(h.Blocks)*int(bs)]
+		for j, b := range h.Blocks { // each block's slots, filled in place
+			row := s.immSlot[off+j*int(bs) : off+(j+1)*int(bs)]
+			for t := range row {
+				row[t] = b*bs + int32(t)
 			}
 		}
 	}

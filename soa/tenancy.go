@@ -87,6 +87,19 @@ func (t *Tenancy) Free() {
 	t.owner, t.written, t.stale, t.absent = nil, nil, nil, nil
 }
 
+// RunEnd returns the index just past the run of slots from sl[i] on that
+// lie in the block of bs slots starting at slot lo (a request's tokens fill
+// a block before the next), checking four slots a compare: a scan of a
+// step's slots for their blocks costs a division per block, not per token.
+func RunEnd(sl []int32, i int, lo int32, bs int) int {
+	ubs, n := uint32(bs), len(sl)
+	for ; i+4 <= n && max(uint32(sl[i]-lo), uint32(sl[i+1]-lo), uint32(sl[i+2]-lo), uint32(sl[i+3]-lo)) < ubs; i += 4 {
+	}
+	for ; i < n && uint32(sl[i]-lo) < ubs; i++ {
+	}
+	return i
+}
+
 // Block is the block that holds slot s.
 func (t *Tenancy) Block(s int32) int { return t.block(s) }
 

@@ -221,3 +221,33 @@ func TestTenancyAbsent(t *testing.T) {
 	}
 	require.False(t, tn.Absent(5, 0), "a key past the table has no column")
 }
+
+// RunEnd against a slot-by-slot scan: runs of every length around the
+// four-slot stride, block sizes a power of two and not, slots outside the
+// block on either side.
+func TestRunEnd(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 9))
+	for _, bs := range []int{1, 3, 4, 16, 100} {
+		for it := 0; it < 2000; it++ {
+			sl := make([]int32, rng.IntN(24))
+			for i := range sl {
+				sl[i] = int32(rng.IntN(4 * bs))
+				if i > 0 && rng.IntN(4) > 0 {
+					sl[i] = sl[i-1] + 1 // mostly runs
+				}
+			}
+			lo := int32(rng.IntN(3) * bs)
+			i := 0
+			if len(sl) > 0 {
+				i = rng.IntN(len(sl) + 1)
+			}
+			want := i
+			for want < len(sl) && sl[want] >= lo && sl[want] < lo+int32(bs) {
+				want++
+			}
+			if got := RunEnd(sl, i, lo, bs); got != want {
+				t.Fatalf("bs %d: RunEnd(%v, %d, %d) = %d, want %d", bs, sl, i, lo, got, want)
+			}
+		}
+	}
+}

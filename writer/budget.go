@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
+
+	"github.com/omnicache/omnicache/internal/errs"
 )
 
 // ErrOverBudget: a single reservation is larger than the whole budget.
@@ -64,4 +67,69 @@ func (b *Budget) Charged() (charged, peak int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.charged, b.peak
+}
+
+// reserve charges n device bytes, forcing the oldest pending writes out
+// while the charge would exceed the budget. A reservation that cannot be met
+// even with every pending write forced out (what stays charged then is the
+// deferred clones that unconsumed steps pin) fails first, forcing nothing.
+// Engine goroutine.
+func (p *Path) reserve(n int64) error {
+	p.mu.Lock()
+	pinned := p.pinnedCharge
+	p.mu.Unlock()
+	if limit := p.budget.Limit(); n <= limit && n > limit-pinned && p.q.Pending() > 0 {
+		// A hit read queued to the committer pins the clones it reads
+		// until it ran: let the committer get there, then look again.
+		t0 := time.Now()
+		err := p.drain()
+		p.st.StallNanos.Add(int64(time.Since(t0)))
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		pinned = p.pinnedCharge
+		p.mu.Unlock()
+	}
+	if limit := p.budget.Limit(); n <= limit && n > limit-pinned {
+		return fmt.Errorf("%w: %d bytes wanted, %d of %d pinned by steps not consumed yet", errs.Budget, n, pinned, limit)
+	}
+	for {
+		ok, err := p.budget.TryReserve(n)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errs.Budget, err)
+		}
+		if ok {
+			return nil
+		}
+		switch {
+		case p.buf.K > 0 && p.buf.W != nil && p.buf.W.DevCharge > 0:
+			p.st.BudgetFlushes.Add(1)
+			if err := p.FlushBuffer(); err != nil {
+				return err
+			}
+		case p.forceOldestDeferred():
+			p.st.BudgetFlushes.Add(1)
+		case p.q.Pending() > 0:
+			t0 := time.Now()
+			err := p.drain()
+			p.st.StallNanos.Add(int64(time.Since(t0)))
+			if err != nil {
+				return err
+			}
+		default:
+			// Nothing left to force out. Bytes may have been released since
+			// the attempt (the committer, a Materialize or Discard): try again
+			// while they would fit; what is still held then is pinned by
+			// steps not consumed yet.
+			if ch, _ := p.budget.Charged(); ch+n <= p.budget.Limit() {
+				continue
+			} else {
+				return fmt.Errorf("%w: %d bytes wanted, %d of %d held by steps not consumed yet", errs.Budget, n, ch, p.budget.Limit())
+			}
+		}
+		if err := p.Err(); err != nil {
+			return err
+		}
+	}
 }

@@ -14,7 +14,10 @@
 // for yet (decode-buffer flushes, small step writes, deferred runs, hit
 // prefetch reads, tier imports and gathers) is handed over without waking
 // a polling committer (Queue.PushLazy): a wake is a system call on the
-// engine goroutine. Every wait for the committer's progress wakes it.
+// engine goroutine. Every wait for the committer's progress wakes it. A
+// hit read joins only the queued tasks that land rows in its blocks
+// (JoinSeq, over the engine goroutine's log of what it handed over:
+// pendlog.go), not everything queued.
 //
 // and the resources those stages hold: the device byte budget (every device
 // copy is charged once and released once), the staging pages (one per

@@ -1,5 +1,7 @@
 package writer
 
+import "github.com/omnicache/omnicache/soa"
+
 // The join of a hit read. The rows a hit finds are those cached before its
 // plan, and only a task that lands immediate rows in one of its blocks (a
 // write, a decode-buffer flush, an import) can have put them there: the read
@@ -15,23 +17,29 @@ package writer
 // goroutine, races with nothing), and the plan of a hit, far rarer, scans
 // the log from its newest task for one that touches a hit block, after
 // dropping the tasks the committer has finished (their rows are in: nothing
-// to wait for; a finished write's page may already hold a newer write,
-// which the log holds as a task of its own). A trim also runs when the log
-// grows past logTrimTasks.
+// to wait for). A write whose rows have landed may be recycled (writePool)
+// before the committer counts it finished: its entry then shows the newer
+// write's slots, which costs at most a wait for the old write, about to
+// finish; the newer write has an entry of its own. A trim also runs when
+// the log grows past logTrimTasks.
 
-// pendTask is one task of the log: a write (its Slots) or an import (the
-// blocks it fills).
+// pendTask is one task of the log: a write, or an import of blocks. Its
+// blocks (the distinct blocks a write's slots fall in, in order of first
+// appearance within runs) are worked out by the first scan that reaches it:
+// a prefill's thousands of slots are then scanned once, not once per hit
+// planned while it is queued.
 type pendTask struct {
 	seq    uint64
 	w      *Write
-	blocks []int32
+	blocks []int32 // nil until worked out (always set for an import)
 }
 
 // pendLog is the engine goroutine's log of tasks handed over that land
 // immediate rows, oldest first.
 type pendLog struct {
 	tasks []pendTask
-	first int // tasks[first:] are live
+	first int       // tasks[first:] are live
+	free  [][]int32 // block lists of dropped tasks, for reuse
 	// mark and gen flag the blocks of the hit being joined.
 	mark []uint32
 	gen  uint32
@@ -45,6 +53,9 @@ const logTrimTasks = 256
 // compacts the log once its dead part outweighs the live one.
 func (l *pendLog) trim(done uint64) {
 	for l.first < len(l.tasks) && l.tasks[l.first].seq <= done {
+		if b := l.tasks[l.first].blocks; b != nil {
+			l.free = append(l.free, b[:0])
+		}
 		l.tasks[l.first] = pendTask{}
 		l.first++
 	}
@@ -60,11 +71,33 @@ func (l *pendLog) trim(done uint64) {
 	l.tasks, l.first = l.tasks[:n], 0
 }
 
-// logWrite logs write w, handed over as queue item w.Seq; logImport logs
-// import seq of blocks (copied). Engine goroutine.
-func (p *Path) logWrite(w *Write) { p.logTask(pendTask{seq: w.Seq, w: w}) }
+// list returns an empty block list (a dropped task's, else a new one).
+func (l *pendLog) list() []int32 {
+	if n := len(l.free); n > 0 {
+		b := l.free[n-1]
+		l.free[n-1] = nil
+		l.free = l.free[:n-1]
+		return b
+	}
+	return make([]int32, 0, 16)
+}
+
+// logWrite logs write w, handed over as queue item w.Seq, with the blocks
+// it writes when Save knows them (a long step: copied), else its slots tell
+// them later; logImport logs import seq of blocks (copied). Engine
+// goroutine.
+func (p *Path) logWrite(w *Write, blocks []int32) {
+	t := pendTask{seq: w.Seq, w: w}
+	if blocks != nil && p.ten != nil {
+		t.blocks = append(p.plog.list(), blocks...)
+	}
+	p.logTask(t)
+}
+
 func (p *Path) logImport(seq uint64, blocks []int32) {
-	p.logTask(pendTask{seq: seq, blocks: append([]int32(nil), blocks...)})
+	if p.ten != nil {
+		p.logTask(pendTask{seq: seq, blocks: append(p.plog.list(), blocks...)})
+	}
 }
 
 func (p *Path) logTask(t pendTask) {
@@ -75,6 +108,19 @@ func (p *Path) logTask(t pendTask) {
 		p.plog.trim(p.q.DoneSeq())
 	}
 	p.plog.tasks = append(p.plog.tasks, t)
+}
+
+// writeBlocks works out the blocks of write slots sl (a run of slots in
+// one block, a request's tokens, costs one lookup: soa.RunEnd).
+func (p *Path) writeBlocks(sl []int32) []int32 {
+	bl := p.plog.list()
+	bs := p.lay.BlockSize
+	for i := 0; i < len(sl); {
+		b := p.ten.Block(sl[i])
+		bl = append(bl, int32(b))
+		i = soa.RunEnd(sl, i+1, int32(b*bs), bs)
+	}
+	return bl
 }
 
 // JoinSeq is the queue sequence a read of the immediate rows of the blocks
@@ -104,16 +150,11 @@ func (p *Path) JoinSeq(hits [][]int32) uint64 {
 	}
 	for i := len(l.tasks) - 1; i >= l.first; i-- { // newest first: the first match is the newest
 		t := &l.tasks[i]
-		if t.w == nil {
-			for _, b := range t.blocks {
-				if l.mark[b] == l.gen {
-					return t.seq
-				}
-			}
-			continue
+		if t.blocks == nil {
+			t.blocks = p.writeBlocks(t.w.Slots)
 		}
-		for _, s := range t.w.Slots {
-			if l.mark[p.ten.Block(s)] == l.gen {
+		for _, b := range t.blocks {
+			if l.mark[b] == l.gen {
 				return t.seq
 			}
 		}

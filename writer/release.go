@@ -1,10 +1,58 @@
 package writer
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/omnicache/omnicache/gpu"
 )
+
+// Refs are a saved step's references into the write path: per key the
+// write holding the step's rows (Src, at row SrcOff) or Omit when the step
+// did not emit the key (its rows read as zeros), and the writes the step
+// pins (its own, and those its hit reads come from) until it is consumed
+// (Unpin).
+type Refs struct {
+	Src    []*Write
+	SrcOff []int32
+	Omit   []bool
+	Pins   []*Write
+}
+
+// Reset empties r for nkeys keys, keeping its capacity.
+func (r *Refs) Reset(nkeys int) {
+	clear(r.Pins)
+	r.Pins = r.Pins[:0]
+	r.Src = grow(r.Src, nkeys)
+	clear(r.Src)
+	r.SrcOff = grow(r.SrcOff, nkeys)
+	r.Omit = grow(r.Omit, nkeys)
+	clear(r.Omit)
+}
+
+// PinLocked pins w for r once. A pinned deferred clone's charge cannot be
+// forced out of the budget (see reserve). Caller holds the state lock.
+func (p *Path) PinLocked(r *Refs, w *Write) {
+	if slices.Contains(r.Pins, w) {
+		return
+	}
+	if w.Pins.Add(1) == 1 && w.Deferred {
+		p.pinnedCharge += w.Charge
+	}
+	r.Pins = append(r.Pins, w)
+}
+
+// pinOpen pins the open decode buffer write w for r, without the state
+// lock: the buffer owns w until the engine flushes it, so it cannot be
+// released meanwhile, and it is immediate (no pinned charge). Engine
+// goroutine.
+func pinOpen(r *Refs, w *Write) {
+	if slices.Contains(r.Pins, w) {
+		return
+	}
+	w.Pins.Add(1)
+	r.Pins = append(r.Pins, w)
+}
 
 // writePool recycles immediate writes (and their slices) once nothing
 // references them, so steady-state steps allocate nothing.

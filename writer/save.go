@@ -3,7 +3,6 @@ package writer
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/omnicache/omnicache/gpu"
@@ -34,54 +33,8 @@ type Step struct {
 	Count   []int32      // per request: scheduled tokens
 	TokOff  []int32      // per request: first row in the step (needed with deferred keys)
 	Pure    bool         // a pure-decode step the decode buffer may park
+	Blocks  []int32      // the blocks the step writes (nil: not known; its slots tell)
 	Out     []Src        // per key
-}
-
-// Refs are a saved step's references into the write path: per key the
-// write holding the step's rows (Src, at row SrcOff) or Omit when the step
-// did not emit the key (its rows read as zeros), and the writes the step
-// pins (its own, and those its hit reads come from) until it is consumed
-// (Unpin).
-type Refs struct {
-	Src    []*Write
-	SrcOff []int32
-	Omit   []bool
-	Pins   []*Write
-}
-
-// Reset empties r for nkeys keys, keeping its capacity.
-func (r *Refs) Reset(nkeys int) {
-	clear(r.Pins)
-	r.Pins = r.Pins[:0]
-	r.Src = grow(r.Src, nkeys)
-	clear(r.Src)
-	r.SrcOff = grow(r.SrcOff, nkeys)
-	r.Omit = grow(r.Omit, nkeys)
-	clear(r.Omit)
-}
-
-// PinLocked pins w for r once. A pinned deferred clone's charge cannot be
-// forced out of the budget (see reserve). Caller holds the state lock.
-func (p *Path) PinLocked(r *Refs, w *Write) {
-	if slices.Contains(r.Pins, w) {
-		return
-	}
-	if w.Pins.Add(1) == 1 && w.Deferred {
-		p.pinnedCharge += w.Charge
-	}
-	r.Pins = append(r.Pins, w)
-}
-
-// pinOpen pins the open decode buffer write w for r, without the state
-// lock: the buffer owns w until the engine flushes it, so it cannot be
-// released meanwhile, and it is immediate (no pinned charge). Engine
-// goroutine.
-func pinOpen(r *Refs, w *Write) {
-	if slices.Contains(r.Pins, w) {
-		return
-	}
-	w.Pins.Add(1)
-	r.Pins = append(r.Pins, w)
 }
 
 // Save hands the step's rows to the write path: immediate rows of the whole
@@ -401,7 +354,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 	w.Owners = 1
 	p.PinLocked(refs, w)
 	p.mu.Unlock()
-	p.handOver(w, ev, lazy)
+	p.handOver(w, ev, lazy, s.Blocks)
 	return nil
 }
 
@@ -416,7 +369,7 @@ const lazyBytes = 4 << 20
 // rows to copy (CopyLate) when it has any, else with ev, the event its
 // Save recorded after its host rows (0 for a flush). lazy leaves a polling
 // committer to pick it up (Queue.PushLazy). Engine goroutine.
-func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool) {
+func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool, blocks []int32) {
 	if w.CopyLate = w.DevLive; w.CopyLate && !w.lateIssued {
 		p.com.NoteLate()
 	}
@@ -425,7 +378,7 @@ func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool) {
 	} else {
 		w.Seq = p.q.Push(Task{W: w, Ev: ev})
 	}
-	p.logWrite(w)
+	p.logWrite(w, blocks)
 	p.st.Tasks.Add(1)
 }
 
@@ -481,74 +434,9 @@ func (p *Path) FlushBuffer() error {
 	if w == nil {
 		return nil
 	}
-	p.handOver(w, 0, true) // nothing waits for a flush until a read or a page does: they wake the committer
+	p.handOver(w, 0, true, nil) // nothing waits for a flush until a read or a page does: they wake the committer
 	p.st.Flushes.Add(1)
 	return nil
-}
-
-// reserve charges n device bytes, forcing the oldest pending writes out
-// while the charge would exceed the budget. A reservation that cannot be met
-// even with every pending write forced out (what stays charged then is the
-// deferred clones that unconsumed steps pin) fails first, forcing nothing.
-// Engine goroutine.
-func (p *Path) reserve(n int64) error {
-	p.mu.Lock()
-	pinned := p.pinnedCharge
-	p.mu.Unlock()
-	if limit := p.budget.Limit(); n <= limit && n > limit-pinned && p.q.Pending() > 0 {
-		// A hit read queued to the committer pins the clones it reads
-		// until it ran: let the committer get there, then look again.
-		t0 := time.Now()
-		err := p.drain()
-		p.st.StallNanos.Add(int64(time.Since(t0)))
-		if err != nil {
-			return err
-		}
-		p.mu.Lock()
-		pinned = p.pinnedCharge
-		p.mu.Unlock()
-	}
-	if limit := p.budget.Limit(); n <= limit && n > limit-pinned {
-		return fmt.Errorf("%w: %d bytes wanted, %d of %d pinned by steps not consumed yet", errs.Budget, n, pinned, limit)
-	}
-	for {
-		ok, err := p.budget.TryReserve(n)
-		if err != nil {
-			return fmt.Errorf("%w: %w", errs.Budget, err)
-		}
-		if ok {
-			return nil
-		}
-		switch {
-		case p.buf.K > 0 && p.buf.W != nil && p.buf.W.DevCharge > 0:
-			p.st.BudgetFlushes.Add(1)
-			if err := p.FlushBuffer(); err != nil {
-				return err
-			}
-		case p.forceOldestDeferred():
-			p.st.BudgetFlushes.Add(1)
-		case p.q.Pending() > 0:
-			t0 := time.Now()
-			err := p.drain()
-			p.st.StallNanos.Add(int64(time.Since(t0)))
-			if err != nil {
-				return err
-			}
-		default:
-			// Nothing left to force out. Bytes may have been released since
-			// the attempt (the committer, a Materialize or Discard): try again
-			// while they would fit; what is still held then is pinned by
-			// steps not consumed yet.
-			if ch, _ := p.budget.Charged(); ch+n <= p.budget.Limit() {
-				continue
-			} else {
-				return fmt.Errorf("%w: %d bytes wanted, %d of %d held by steps not consumed yet", errs.Budget, n, ch, p.budget.Limit())
-			}
-		}
-		if err := p.Err(); err != nil {
-			return err
-		}
-	}
 }
 
 // join is the save-side join point of writes of host rows: before such a

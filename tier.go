@@ -114,8 +114,7 @@ func (e *TierImportError) Unwrap() []error { return []error{ErrTierMiss, e.Err} 
 // the publishers every block they store, and a line they keep writing would
 // cost the engine goroutine a transfer from their core each time it reads
 // a field beside them (takeImport's count, on every Discard and
-// Materialize): on the H200 host that sharing was most of the engine time
-// the tier added to a step.
+// Materialize).
 type tierLink struct {
 	// set by newTierLink, read-only after
 	cfg    TierConfig

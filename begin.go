@@ -310,9 +310,6 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 			}
 			e.blocks = append(e.blocks, bl...) // the write path's join log takes them (writer.Step.Blocks)
 		}
-		if e.blocks == nil {
-			e.blocks = []int32{} // never made yet, and nothing scheduled: no blocks
-		}
 		e.blkBuf = e.blocks[:0]
 	}
 	if bad {

@@ -108,15 +108,7 @@ func (e *TierImportError) Unwrap() []error { return []error{ErrTierMiss, e.Err} 
 
 // tierLink is a cache's side of the tier: the importers, the publisher and
 // the imports of saved steps not consumed yet.
-//
-// Its fields are grouped by the goroutines that write them, each group on
-// cache lines of its own: the committer counts every block it gathers and
-// the publishers every block they store, and a line they keep writing would
-// cost the engine goroutine a transfer from their core each time it reads
-// a field beside them (takeImport's count, on every Discard and
-// Materialize).
 type tierLink struct {
-	// set by newTierLink, read-only after
 	cfg    TierConfig
 	t      *tier.Tier
 	nkeys  int
@@ -126,27 +118,15 @@ type tierLink struct {
 	// allocates nothing per block (the values come from tier.NewValue).
 	valsFree chan [][]byte
 	wg       sync.WaitGroup
-	_        linePad
 
-	// the engine goroutine's, and Materialize's
 	byStep  map[uint64]*importJob // guarded by Cache.mu
 	imports atomic.Int64          // entries in byStep
-	_       linePad
 
-	// the committer's (gathers) and the publishers'
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	pending                                        atomic.Int64 // queued or being stored
 	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored
-	_                                              linePad
-
-	// the importers'
-	imported, importFailed, bytesImp atomic.Int64
-	_                                linePad
+	imported, importFailed, bytesImp               atomic.Int64
 }
-
-// linePad keeps what follows it off the cache lines of what precedes it:
-// two lines, since the adjacent-line prefetcher moves lines in pairs.
-type linePad [128]byte
 
 // newTierLink validates cfg's tier against the cache's layout and starts
 // its goroutines (nil, nil without a tier).

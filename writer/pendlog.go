@@ -86,24 +86,21 @@ func (l *pendLog) list() []int32 {
 // it writes when Save knows them (a long step: copied), else its slots tell
 // them later; logImport logs import seq of blocks (copied). Engine
 // goroutine.
+// Only immediate keys land such rows, so p.ten is set whenever they are
+// called.
 func (p *Path) logWrite(w *Write, blocks []int32) {
 	t := pendTask{seq: w.Seq, w: w}
-	if blocks != nil && p.ten != nil {
+	if blocks != nil {
 		t.blocks = append(p.plog.list(), blocks...)
 	}
 	p.logTask(t)
 }
 
 func (p *Path) logImport(seq uint64, blocks []int32) {
-	if p.ten != nil {
-		p.logTask(pendTask{seq: seq, blocks: append(p.plog.list(), blocks...)})
-	}
+	p.logTask(pendTask{seq: seq, blocks: append(p.plog.list(), blocks...)})
 }
 
 func (p *Path) logTask(t pendTask) {
-	if p.ten == nil {
-		return // no immediate keys: nothing lands rows a hit joins
-	}
 	if len(p.plog.tasks) >= logTrimTasks {
 		p.plog.trim(p.q.DoneSeq())
 	}
@@ -126,10 +123,10 @@ func (p *Path) writeBlocks(sl []int32) []int32 {
 // JoinSeq is the queue sequence a read of the immediate rows of the blocks
 // in hits must wait for: that of the newest task handed over so far that
 // lands rows in one of them and has not finished (0: none). Engine
-// goroutine (a hit's plan).
+// goroutine (the plan of a hit on immediate keys).
 func (p *Path) JoinSeq(hits [][]int32) uint64 {
 	l := &p.plog
-	if p.ten == nil || len(l.tasks) == 0 {
+	if len(l.tasks) == 0 {
 		return 0
 	}
 	l.trim(p.q.DoneSeq())

@@ -113,11 +113,14 @@ type tierLink struct {
 	t      *tier.Tier
 	nkeys  int
 	fetchQ chan *importJob
-	pubQ   chan pubBlock
-	// valsFree recycles pubBlock.vals lists: a steady publish stream
-	// allocates nothing per block (the values come from tier.NewValue).
-	valsFree chan [][]byte
-	wg       sync.WaitGroup
+	// pubQ carries batches of gathered blocks to the publishers; queued
+	// counts the blocks in it (the bound, PublishQueue). batchFree recycles
+	// batches: a steady publish stream allocates nothing per block (the
+	// values come from tier.NewValue).
+	pubQ      chan *pubBatch
+	batchFree chan *pubBatch
+	queued    atomic.Int64
+	wg        sync.WaitGroup
 
 	byStep  map[uint64]*importJob // guarded by Cache.mu
 	imports atomic.Int64          // entries in byStep
@@ -176,8 +179,8 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}
 	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
-		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan pubBlock, c.PublishQueue),
-		valsFree: make(chan [][]byte, c.PublishQueue)}
+		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan *pubBatch, c.PublishQueue),
+		batchFree: make(chan *pubBatch, c.PublishQueue)}
 	// Goroutines labelled for CPU profiles, as the committer.
 	run := func(label string, f func()) {
 		tl.wg.Add(1)

@@ -82,91 +82,133 @@ func (c *Cache) publishable() int {
 }
 
 // publishGather reads committed full blocks straight into tier values
-// (tier.NewValue), on the committer.
+// (tier.NewValue), on the committer, and hands them to the publishers in
+// batches of up to PublishBatch blocks: one send (and at most one wake of a
+// parked publisher) per batch, not one per block.
 type publishGather struct {
 	task   writer.GatherTask // its queue entry: a push allocates nothing
 	tl     *tierLink
 	blocks []int32
 	hashes []uint64
-	vals   [][]byte // the block being read, per key
+	cur    *pubBatch // the batch being filled (nil: none yet)
 	free   atomic.Bool
 }
 
-// pubBlock is one block's values, ready to store.
-type pubBlock struct {
-	hash uint64
-	vals [][]byte
+// pubBatch is blocks' values, ready to store: block i's value of key k is
+// vals[i*nkeys+k].
+type pubBatch struct {
+	hashes []uint64
+	vals   [][]byte
 }
 
 // Rows implements writer.Gather: where block j's rows of key ki go, or nil
-// (the block is dropped and counted) when the publish queue is full. Only
-// the committer sends to the queue, so a block given room here fits it.
+// (the block is dropped and counted) when the publish queue holds
+// PublishQueue blocks. Only the committer adds to the queue, so a block
+// given room here fits it.
 func (g *publishGather) Rows(j, ki int) []byte {
+	tl := g.tl
 	if ki == 0 {
-		if len(g.tl.pubQ) == cap(g.tl.pubQ) {
-			g.tl.dropped.Add(1)
+		n := 0
+		if g.cur != nil {
+			n = len(g.cur.hashes)
+		}
+		if tl.queued.Load()+int64(n) >= int64(tl.cfg.PublishQueue) {
+			tl.dropped.Add(1)
 			return nil
 		}
-		select {
-		case g.vals = <-g.tl.valsFree:
-		default:
-			g.vals = make([][]byte, g.tl.nkeys)
+		if g.cur == nil {
+			select {
+			case g.cur = <-tl.batchFree:
+			default:
+				g.cur = &pubBatch{}
+			}
 		}
+		g.cur.vals = append(g.cur.vals, make([][]byte, tl.nkeys)...)
 	}
-	val, rows := g.tl.t.NewValue(g.hashes[j], ki)
-	g.vals[ki] = val
+	val, rows := tl.t.NewValue(g.hashes[j], ki)
+	g.cur.vals[len(g.cur.hashes)*tl.nkeys+ki] = val
 	return rows
 }
 
-// Block implements writer.Gather: block j's values go to the publish
-// queue.
+// Block implements writer.Gather: block j's values join the batch, which
+// goes to the publishers once it holds PublishBatch blocks.
 func (g *publishGather) Block(j int, ok bool) {
 	if !ok {
 		g.tl.skipped.Add(1)
 		return
 	}
-	g.tl.pending.Add(1)
-	select {
-	case g.tl.pubQ <- pubBlock{hash: g.hashes[j], vals: g.vals}:
-	default:
-		g.tl.pending.Add(-1)
-		g.tl.dropped.Add(1)
-		g.tl.t.Recycle(g.vals)
-		g.tl.freeVals(g.vals)
-	}
-	g.vals = nil
-}
-
-// freeVals hands a block's list of values (not the values) back for the
-// next block's gather.
-func (tl *tierLink) freeVals(v [][]byte) {
-	clear(v)
-	select {
-	case tl.valsFree <- v:
-	default:
+	g.cur.hashes = append(g.cur.hashes, g.hashes[j])
+	if len(g.cur.hashes) >= g.tl.cfg.PublishBatch {
+		g.send()
 	}
 }
 
-// Done implements writer.Gather: the committer is done with g, which the
-// engine may reuse.
+// send hands the batch being filled to the publishers.
+func (g *publishGather) send() {
+	b, tl := g.cur, g.tl
+	g.cur = nil
+	if b == nil {
+		return
+	}
+	n := int64(len(b.hashes))
+	if n == 0 {
+		tl.freeBatch(b)
+		return
+	}
+	tl.pending.Add(n)
+	tl.queued.Add(n)
+	select {
+	case tl.pubQ <- b: // never full: it holds at most PublishQueue batches of a block or more
+	default:
+		tl.queued.Add(-n)
+		tl.pending.Add(-n)
+		tl.dropped.Add(n)
+		tl.t.Recycle(b.vals)
+		tl.freeBatch(b)
+	}
+}
+
+// freeBatch hands a batch (not its values) back for a later gather.
+func (tl *tierLink) freeBatch(b *pubBatch) {
+	clear(b.vals)
+	b.hashes, b.vals = b.hashes[:0], b.vals[:0]
+	select {
+	case tl.batchFree <- b:
+	default:
+	}
+}
+
+// Done implements writer.Gather: the batch being filled goes to the
+// publishers, and the committer is done with g, which the engine may
+// reuse.
 func (g *publishGather) Done(bool) {
-	g.vals = nil
+	g.send()
 	g.free.Store(true)
 }
 
 // publish runs on a publisher goroutine until the queue is closed: it
-// stores up to PublishBatch queued blocks per pipelined batch.
+// stores the queued batches, PublishBatch blocks per pipelined store at
+// most, taking as many queued batches as fit one store.
 func (tl *tierLink) publish() {
 	var hashes []uint64
 	var vals [][]byte
+	nk := tl.nkeys
+	take := func(b *pubBatch) {
+		tl.queued.Add(-int64(len(b.hashes)))
+		hashes, vals = append(hashes, b.hashes...), append(vals, b.vals...)
+		tl.freeBatch(b)
+	}
 	for b := range tl.pubQ {
 		if tl.stopping.Load() {
-			tl.pending.Add(-1)
-			tl.dropped.Add(1)
+			n := int64(len(b.hashes))
+			tl.queued.Add(-n)
+			tl.pending.Add(-n)
+			tl.dropped.Add(n)
+			tl.freeBatch(b)
 			continue
 		}
-		hashes, vals = append(hashes[:0], b.hash), append(vals[:0], b.vals...)
-		tl.freeVals(b.vals)
+		hashes, vals = hashes[:0], vals[:0]
+		take(b)
 	fill:
 		for len(hashes) < tl.cfg.PublishBatch {
 			select {
@@ -174,20 +216,23 @@ func (tl *tierLink) publish() {
 				if !ok {
 					break fill
 				}
-				hashes, vals = append(hashes, b.hash), append(vals, b.vals...)
-				tl.freeVals(b.vals)
+				take(b)
 			default:
 				break fill
 			}
 		}
-		n, err := tl.t.PutValues(context.Background(), hashes, vals)
-		tl.bytesPub.Add(n)
-		if err != nil {
-			tl.pubErrs.Add(int64(len(hashes))) // the batch failed in part or whole
-		} else {
-			tl.published.Add(int64(len(hashes)))
+		for i := 0; i < len(hashes); i += tl.cfg.PublishBatch {
+			h := hashes[i:min(len(hashes), i+tl.cfg.PublishBatch)]
+			v := vals[i*nk : (i+len(h))*nk]
+			n, err := tl.t.PutValues(context.Background(), h, v)
+			tl.bytesPub.Add(n)
+			if err != nil {
+				tl.pubErrs.Add(int64(len(h))) // the store failed in part or whole
+			} else {
+				tl.published.Add(int64(len(h)))
+			}
+			tl.pending.Add(-int64(len(h)))
 		}
-		tl.pending.Add(-int64(len(hashes)))
 		clear(vals) // PutValues recycled them (or left them to the collector)
 	}
 }

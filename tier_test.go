@@ -655,6 +655,104 @@ func (d deadBackend) Set(ctx context.Context, keys []string, vals [][]byte) []er
 	return errs
 }
 
+// sizedBackend records the keys of every Set (stuckBackend's gate first).
+type sizedBackend struct {
+	*stuckBackend
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (s *sizedBackend) Set(ctx context.Context, keys []string, vals [][]byte) []error {
+	s.mu.Lock()
+	s.sizes = append(s.sizes, len(keys))
+	s.mu.Unlock()
+	return s.stuckBackend.Set(ctx, keys, vals)
+}
+
+// A step's full blocks go to the publishers in batches of PublishBatch
+// blocks, PublishQueue bounds the blocks queued (batches in the queue and
+// the one being filled), a publisher takes as many queued batches as fit
+// one store and stores at most PublishBatch blocks at a time.
+func TestTierPublishBatches(t *testing.T) {
+	e, _ := tier.NewEmbedded(0)
+	sb := &sizedBackend{stuckBackend: &stuckBackend{Backend: e, release: make(chan struct{}), sets: make(chan struct{}, 1)}}
+	tr, err := tier.New(sb, tns(), tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
+		Tier: &omnicache.TierConfig{Tier: tr, PublishQueue: 4, PublishBatch: 2, Publishers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	release := sync.OnceFunc(func() { close(sb.release) })
+	defer release() // before Close: a failed check must not leave the publisher stuck
+	table := make([]int32, 3*tstride)
+	// prompt runs prompt seq (blocks of its own, on table row seq-1) and
+	// names them full.
+	block := int32(0)
+	prompt := func(seq int64, blocks int) {
+		t.Helper()
+		row := int32(seq - 1)
+		full := map[int32]uint64{}
+		for j := 0; j < blocks; j++ {
+			table[int(row)*tstride+j] = block
+			full[block] = thash(seq, j)
+			block++
+		}
+		res, err := tstep(t, c, table, []treq{{id: seq, seq: seq, row: row, start: 0, count: blocks * tbs, arrive: true}}, full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRows(t, res, 0, seq, 0)
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prompt(1, 1)
+	<-sb.sets // the publisher holds prompt 1's block in the stuck store
+	// While the store is stuck: prompt 2's block is queued as a batch of
+	// one; prompt 3's first 2 blocks as a batch of 2, its third fills the
+	// queue's 4 blocks (in the batch being filled, queued at the step's
+	// end), its last 2 are dropped.
+	prompt(2, 1)
+	prompt(3, 5)
+	if st := c.Stats(); st.TierPublishDropped != 2 || st.TierPublishPending != 5 {
+		t.Fatalf("stats %+v: want 2 blocks dropped, 5 pending (1 storing, 4 queued)", st)
+	}
+	release()
+	for i := 0; i < 2000 && c.Stats().TierPublishPending > 0; i++ { // bounded: the publisher is asynchronous
+		time.Sleep(time.Millisecond)
+	}
+	if st := c.Stats(); st.TierPublished != 5 || st.TierPublishPending != 0 {
+		t.Fatalf("stats %+v: want the 5 blocks not dropped published", st)
+	}
+	// Stores: prompt 1's block; prompt 2's batch and prompt 3's first,
+	// taken together (3 blocks) and stored as 2 + 1; prompt 3's third.
+	sb.mu.Lock()
+	sizes := fmt.Sprint(sb.sizes)
+	sb.mu.Unlock()
+	nk := len(tkeys)
+	if want := fmt.Sprint([]int{1 * nk, 2 * nk, 1 * nk, 1 * nk}); sizes != want {
+		t.Fatalf("stores of %v keys, want %v", sizes, want)
+	}
+	held := 0
+	for seq, n := range map[int64]int{1: 1, 2: 1, 3: 5} {
+		for j := 0; j < n; j++ {
+			h, err := c.Lookup([]uint64{thash(seq, j)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held += h
+		}
+	}
+	if held != 5 {
+		t.Fatalf("the tier holds %d of the 7 blocks, want the 5 published", held)
+	}
+}
+
 // TestTierCloseWithDeadTier: Close returns with a tier that never stores:
 // the store in flight ends at the tier's timeout, the queued blocks are
 // dropped and counted, nothing is lost from the counts.

@@ -111,14 +111,19 @@ func (w *Workers) Stop() {
 func (w *Workers) loop() {
 	defer w.running.Done()
 	for j := range w.jobs {
-		j.work(nil)
-		j.helpers.Done()
+		if j.work(nil) {
+			j.fin <- struct{}{} // the caller waits for the last part
+		}
+		w.release(j)
 	}
 }
 
 // job is one split copy: parts are claimed with an atomic counter by the
-// caller and by every worker it was handed to; helpers counts the workers
-// that still hold it.
+// caller and by every worker it was handed to. The caller waits for the
+// parts, not for the workers: a worker that takes the job up after every
+// part was claimed finds nothing to do and only drops its reference (refs:
+// the job is reused once the caller and every worker handed it are done
+// with it), so a copy never waits for a worker to wake up.
 type job struct {
 	m     *Mirror
 	slots []int32
@@ -131,56 +136,79 @@ type job struct {
 	next  atomic.Int64
 	poll  func() // the caller's, between its parts (WriteSplitPoll)
 
-	helpers sync.WaitGroup
+	done atomic.Int64  // parts finished
+	refs atomic.Int32  // the caller and the workers handed the job, until each is done with it
+	fin  chan struct{} // cap 1: the worker that finishes the last part tells the caller
 }
 
-func (j *job) work(poll func()) {
+// work copies parts until none is left unclaimed, and reports whether it
+// finished the last part.
+func (j *job) work(poll func()) (last bool) {
 	for {
 		p := int(j.next.Add(1) - 1)
 		if p >= j.parts {
-			return
+			return false
 		}
 		if poll != nil && p > 0 {
 			poll()
 		}
-		if j.src != nil {
+		switch {
+		case j.src != nil:
 			lo := p * j.per
 			hi := min(lo+j.per, len(j.buf))
 			copy(j.buf[lo:hi], j.src[lo:hi])
-			continue
-		}
-		if j.write {
+		case j.write:
 			j.m.writePart(j.slots, j.buf, p, j.parts, j.gsh)
-			continue
+		default:
+			lo := p * j.per
+			hi := min(lo+j.per, len(j.slots))
+			rb := j.m.rowBytes
+			j.m.Read(j.buf[lo*rb:hi*rb], j.slots[lo:hi])
 		}
-		lo := p * j.per
-		hi := min(lo+j.per, len(j.slots))
-		rb := j.m.rowBytes
-		j.m.Read(j.buf[lo*rb:hi*rb], j.slots[lo:hi])
+		if j.done.Add(1) == int64(j.parts) {
+			return true
+		}
 	}
 }
 
-// run splits j into parts, hands it to up to parts-1 idle workers, works
-// on it too and returns once every part is done.
+// run splits j into parts, hands it to up to parts-1 workers, works on it
+// too and returns once every part is done: the parts the workers took are
+// waited for, the workers that had not started by the time every part was
+// claimed are not.
 func (w *Workers) run(j *job) {
 	w.splitRuns.Add(1)
 	j.next.Store(0)
+	j.done.Store(0)
+	j.refs.Store(1)
 	w.mu.RLock()
 	if !w.stopped {
 		for i := 1; i < min(w.n, j.parts); i++ {
-			j.helpers.Add(1)
+			j.refs.Add(1)
 			select {
 			case w.jobs <- j:
 				continue
 			default:
-				j.helpers.Done()
+				j.refs.Add(-1)
 			}
 			break
 		}
 	}
 	w.mu.RUnlock()
-	j.work(j.poll)
-	j.helpers.Wait()
+	if !j.work(j.poll) {
+		// A worker finishes the last part (every part was claimed, some by
+		// workers): it sends exactly once.
+		<-j.fin
+	}
+	w.release(j)
+}
+
+// release drops a reference to j; the last one makes it reusable. Once
+// every part is done nobody reads the copy's buffers any more: the fields
+// are cleared so that a reusable job holds no memory alive.
+func (w *Workers) release(j *job) {
+	if j.refs.Add(-1) != 0 {
+		return
+	}
 	j.m, j.slots, j.buf, j.src, j.poll = nil, nil, nil, nil, nil
 	w.freeMu.Lock()
 	w.free = append(w.free, j)
@@ -215,7 +243,7 @@ func (w *Workers) getJob() *job {
 		w.free = w.free[:n-1]
 		return j
 	}
-	return new(job)
+	return &job{fin: make(chan struct{}, 1)}
 }
 
 // WriteSplit is Write, split across w when the copy is large (at least the

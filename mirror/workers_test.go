@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -241,4 +243,57 @@ func TestWriteSplitPoll(t *testing.T) {
 	}
 	m.Read(dst, slots)
 	require.Equal(t, buf, dst)
+}
+
+// A split copy waits for its parts, not for its workers: with every worker
+// asleep (here: none started yet, the jobs wait in the channel) the caller
+// copies every part and returns. The workers that take the stale jobs up
+// later find nothing left, drop them, and the jobs are reused for later
+// copies, which are exact.
+func TestSplitDoesNotWaitForIdleWorkers(t *testing.T) {
+	const n = 4
+	w := &Workers{n: n, splitB: 1, partB: 1, jobs: make(chan *job, 4*(n-1))}
+	m, err := New(1024, 4096)
+	require.NoError(t, err)
+	defer m.Free()
+	rows := make([]byte, 64*4096)
+	slots := make([]int32, 64)
+	for i := range slots {
+		slots[i] = int32(3 * i)
+	}
+	for i := range rows {
+		rows[i] = byte(i / 4096 * 7)
+	}
+	done := make(chan struct{})
+	go func() {
+		m.WriteSplit(w, slots, rows) // would wait forever for the sleeping workers
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second): // a deadlock guard, not a timing
+		t.Fatal("the split write waits for workers that never wake")
+	}
+	require.Equal(t, n-1, len(w.jobs), "the job was handed to every worker")
+	got := make([]byte, len(rows))
+	m.Read(got, slots)
+	require.Equal(t, rows, got)
+	// The workers wake: the stale job is dropped by each and reused.
+	w.running.Add(n - 1)
+	for i := 1; i < n; i++ {
+		go w.loop()
+	}
+	defer w.Stop()
+	for len(w.jobs) > 0 { // drained
+		runtime.Gosched()
+	}
+	for i := range rows {
+		rows[i] = byte(i/4096*5 + 1)
+	}
+	for range 50 {
+		m.WriteSplit(w, slots, rows)
+		clear(got)
+		m.ReadSplit(w, got, slots)
+		require.Equal(t, rows, got)
+	}
 }

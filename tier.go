@@ -119,12 +119,17 @@ type tierLink struct {
 	// values come from tier.NewValue).
 	pubQ      chan *pubBatch
 	batchFree chan *pubBatch
-	queued    atomic.Int64
 	wg        sync.WaitGroup
 
+	// Read by every Discard and Materialize (imports), written only with
+	// an import: off the lines the committer and the publishers write on
+	// every batch (a shared line cost each Discard a miss).
+	_       [128]byte
 	byStep  map[uint64]*importJob // guarded by Cache.mu
 	imports atomic.Int64          // entries in byStep
+	_       [128]byte
 
+	queued                                         atomic.Int64
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	pending                                        atomic.Int64 // queued or being stored
 	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored

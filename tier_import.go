@@ -46,7 +46,14 @@ func (c *Cache) noteImport(p *Plan, i int, hit []int32, tierLo int) {
 	}
 	e := &c.te
 	if e.imp == nil {
-		e.imp = &importJob{tl: c.tl, done: make(chan struct{}), applied: make(chan struct{})}
+		// sized for the plan's tier blocks from here on: one allocation
+		// each, not a growth per arrival
+		tot := 0
+		for _, m := range p.TierBlocks[i:] {
+			tot += int(m)
+		}
+		e.imp = &importJob{tl: c.tl, done: make(chan struct{}), applied: make(chan struct{}),
+			reqs: make([]importReq, 0, len(p.Arrivals)-i), blocks: make([]int32, 0, tot), hashes: make([]uint64, 0, tot)}
 	}
 	j := e.imp
 	j.reqs = append(j.reqs, importReq{id: p.Arrivals[i], lo: int32(len(j.blocks)), n: int32(n), offset: int32(len(hit) - n)})

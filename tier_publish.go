@@ -51,9 +51,10 @@ func (c *Cache) pushPublishes(n int) {
 	if c.tl == nil || n == 0 || c.path.Buffered() > 0 {
 		return
 	}
-	// The gather takes copies (its own, recycled once the committer is done
-	// with it): the engine's lists keep their memory, and a steady run
-	// allocates nothing here.
+	// The gather takes the noted blocks: the engine's lists when it takes
+	// them all (the lists swap, the engine keeping the gather's old memory),
+	// else copies. Gathers are recycled once the committer is done with
+	// them: a steady run allocates nothing here.
 	var g *publishGather
 	if n := len(e.gathers); n > 0 && e.gathers[0].free.Load() {
 		g = e.gathers[0] // the oldest is done: it becomes the newest
@@ -64,11 +65,16 @@ func (c *Cache) pushPublishes(n int) {
 		e.gathers = append(e.gathers, g)
 	}
 	g.free.Store(false)
-	g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
-	g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
+	if n == len(e.pubBlocks) {
+		g.blocks, e.pubBlocks = e.pubBlocks, g.blocks[:0]
+		g.hashes, e.pubHashes = e.pubHashes, g.hashes[:0]
+	} else {
+		g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
+		g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
+		e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
+		e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
+	}
 	c.path.PushGather(&g.task, g.blocks, g)
-	e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
-	e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	e.pubMark = max(0, e.pubMark-n)
 }
 

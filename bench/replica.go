@@ -32,6 +32,8 @@ type replica struct {
 	lat []int64 // import latencies (OnImport, on the committer)
 
 	engineNs, matNs, paceNs, lookupNs, lookupErrs, reqErrs, failedTok int64
+	beginNs, saveNs, discardNs                                        int64
+	stepNs                                                            []int64 // engine time per step
 }
 
 // Load implements sim.External: the leading blocks the shared KV store
@@ -57,6 +59,12 @@ func (r *replica) onImport(e omnicache.ImportEvent) {
 	r.mu.Unlock()
 }
 
+// engineStep records one step's engine time.
+func (r *replica) engineStep(ns int64) {
+	r.engineNs += ns
+	r.stepNs = append(r.stepNs, ns)
+}
+
 // step runs one engine step (done when the replica has no work left).
 func (r *replica) step() error {
 	st, err := r.s.Next()
@@ -76,7 +84,8 @@ func (r *replica) step() error {
 	if err := r.c.Begin(&st.Plan); err != nil {
 		return fmt.Errorf("step %d: begin: %w", st.Index, err)
 	}
-	r.engineNs += time.Since(t).Nanoseconds()
+	begin := time.Since(t).Nanoseconds()
+	r.beginNs += begin
 	endRegion(rg)
 	r.s.Release()
 	out := omnicache.Outputs{Tokens: st.Tokens, Padded: st.Tokens}
@@ -117,7 +126,8 @@ func (r *replica) step() error {
 	if err != nil {
 		return fmt.Errorf("step %d: save: %w", st.Index, err)
 	}
-	r.engineNs += time.Since(t).Nanoseconds()
+	save := time.Since(t).Nanoseconds()
+	r.saveNs += save
 	endRegion(rg)
 	r.s.Advance()
 	r.kv.add(st.Plan.FullHashes) // the step's KV exists now: the shared store has it
@@ -125,10 +135,13 @@ func (r *replica) step() error {
 		rg = region("discard")
 		t = time.Now()
 		err := r.c.Discard(id)
-		r.engineNs += time.Since(t).Nanoseconds()
+		discard := time.Since(t).Nanoseconds()
+		r.discardNs += discard
 		endRegion(rg)
+		r.engineStep(begin + save + discard)
 		return err
 	}
+	r.engineStep(begin + save)
 	asked := r.rec.hits
 	if r.ver != nil {
 		asked = r.rec.ids
@@ -177,7 +190,7 @@ func (r *replica) failed(st *sim.Step, asked []int64) []int64 {
 func (r *replica) finish() (ReplicaReport, error) {
 	pr := ReplicaReport{Replica: r.idx, Requests: r.s.Arrived, Steps: r.s.Steps, QueriedTokens: r.s.Queried,
 		LocalHitTokens: r.s.Hit - r.s.ExtHit, TierHitTokens: r.s.ExtHit - r.failedTok, TierImportFailedTokens: r.failedTok,
-		EngineNs: r.engineNs, MaterializeNs: r.matNs, PaceNs: r.paceNs, LookupNs: r.lookupNs, LookupErrors: r.lookupErrs, RequestErrors: r.reqErrs}
+		EngineNs: r.engineNs, BeginNs: r.beginNs, SaveNs: r.saveNs, DiscardNs: r.discardNs, MaterializeNs: r.matNs, PaceNs: r.paceNs, LookupNs: r.lookupNs, LookupErrors: r.lookupErrs, RequestErrors: r.reqErrs}
 	if r.c != nil {
 		if err := r.c.Sync(); err != nil {
 			return pr, fmt.Errorf("sync: %w", err)
@@ -201,7 +214,7 @@ func (r *replica) finish() (ReplicaReport, error) {
 	lat := slices.Clone(r.lat)
 	r.mu.Unlock()
 	pr.Imports = len(lat)
-	pr.finishRates(lat)
+	pr.finishRates(lat, slices.Clone(r.stepNs))
 	return pr, nil
 }
 

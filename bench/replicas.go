@@ -87,7 +87,15 @@ type ReplicaReport struct {
 	// trip on Redis).
 	EngineNs        int64   `json:"engine_ns_total"`
 	EngineNsPerStep float64 `json:"engine_ns_per_step_mean"`
-	MaterializeNs   int64   `json:"materialize_ns_total"`
+	// EngineNsP50 and EngineNsP99 are percentiles of the engine time per
+	// step (a mean moved by a few long steps reads apart from one moved by
+	// every step); BeginNs, SaveNs and DiscardNs split EngineNs by call.
+	EngineNsP50   int64 `json:"engine_ns_p50"`
+	EngineNsP99   int64 `json:"engine_ns_p99"`
+	BeginNs       int64 `json:"begin_ns_total"`
+	SaveNs        int64 `json:"save_ns_total"`
+	DiscardNs     int64 `json:"discard_ns_total"`
+	MaterializeNs int64 `json:"materialize_ns_total"`
 	// PaceNs is the time waited, untimed, in the forward of every step that
 	// is not a pure decode (Options.Pace's Sync; with WaitPublish, then
 	// until the publish queue is empty): the simulator's forward takes no
@@ -275,7 +283,7 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 		}
 	}
 	res := &replicasResult{}
-	var lat []int64
+	var lat, steps []int64
 	for _, r := range reps {
 		pr, err := r.finish()
 		if err != nil {
@@ -284,9 +292,10 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 		res.per = append(res.per, pr)
 		res.add(pr)
 		lat = append(lat, r.lat...)
+		steps = append(steps, r.stepNs...)
 	}
 	res.Replica = -1
-	res.finishRates(lat)
+	res.finishRates(lat, steps)
 	return res, nil
 }
 
@@ -303,6 +312,9 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 	t.TierPublishDropped += pr.TierPublishDropped
 	t.Imports += pr.Imports
 	t.EngineNs += pr.EngineNs
+	t.BeginNs += pr.BeginNs
+	t.SaveNs += pr.SaveNs
+	t.DiscardNs += pr.DiscardNs
 	t.MaterializeNs += pr.MaterializeNs
 	t.PaceNs += pr.PaceNs
 	t.StallNs += pr.StallNs
@@ -314,8 +326,9 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 }
 
 // finishRates computes the hit rate, engine time per step and import
-// latency percentiles from the counts and the latencies.
-func (t *ReplicaReport) finishRates(lat []int64) {
+// latency percentiles from the counts and the latencies, and the engine
+// time percentiles from the per-step times (both sorted in place).
+func (t *ReplicaReport) finishRates(lat, steps []int64) {
 	if t.QueriedTokens > 0 {
 		t.HitRate = float64(t.LocalHitTokens+t.TierHitTokens) / float64(t.QueriedTokens)
 	}
@@ -324,4 +337,6 @@ func (t *ReplicaReport) finishRates(lat []int64) {
 	}
 	slices.Sort(lat)
 	t.ImportP50Ns, t.ImportP99Ns = percentile(lat, 0.50), percentile(lat, 0.99)
+	slices.Sort(steps)
+	t.EngineNsP50, t.EngineNsP99 = percentile(steps, 0.50), percentile(steps, 0.99)
 }

@@ -41,6 +41,14 @@ func checkReplicas(t *testing.T, rep *ReplicasReport, n int) {
 		t.Fatalf("%d replicas, %d reported", rep.Replicas, len(rep.PerReplica))
 	}
 	var local, tierTok, queried int64
+	for _, pr := range append([]ReplicaReport{rep.ReplicaReport}, rep.PerReplica...) {
+		// the engine time splits by call, its percentiles bracket the mean
+		if pr.BeginNs+pr.SaveNs+pr.DiscardNs != pr.EngineNs || pr.BeginNs <= 0 || pr.SaveNs <= 0 ||
+			pr.EngineNsP50 <= 0 || pr.EngineNsP50 > pr.EngineNsP99 || float64(pr.EngineNsP99) > float64(pr.EngineNs) {
+			t.Fatalf("replica %d: engine %d ns = begin %d + save %d + discard %d; p50 %d p99 %d ns",
+				pr.Replica, pr.EngineNs, pr.BeginNs, pr.SaveNs, pr.DiscardNs, pr.EngineNsP50, pr.EngineNsP99)
+		}
+	}
 	for _, pr := range rep.PerReplica {
 		if pr.Requests == 0 || pr.Steps == 0 {
 			t.Fatalf("replica %d ran nothing: %+v", pr.Replica, pr)
@@ -60,7 +68,8 @@ func checkReplicas(t *testing.T, rep *ReplicasReport, n int) {
 		t.Fatal(err)
 	}
 	for _, f := range []string{`"replicas":`, `"tier":`, `"local_hit_tokens":`, `"tier_hit_tokens":`, `"tier_bytes_published":`,
-		`"tier_bytes_imported":`, `"hit_rate":`, `"verify_failures":`, `"import_latency_p50_ns":`, `"import_latency_p99_ns":`} {
+		`"tier_bytes_imported":`, `"hit_rate":`, `"verify_failures":`, `"import_latency_p50_ns":`, `"import_latency_p99_ns":`,
+		`"engine_ns_p50":`, `"engine_ns_p99":`, `"begin_ns_total":`, `"save_ns_total":`, `"discard_ns_total":`} {
 		if !strings.Contains(string(b), f) {
 			t.Fatalf("JSON lacks %s: %s", f, b)
 		}

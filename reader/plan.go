@@ -1,7 +1,6 @@
 package reader
 
 import (
-	"slices"
 	"sync/atomic"
 
 	"github.com/omnicache/omnicache/soa"
@@ -41,7 +40,8 @@ type Hit struct {
 // finds are those cached before the step); in Save otherwise, after the
 // step's own writes (a hit on blocks the step writes reads its rows).
 //
-// Immediate keys: the prefix rows' slots; the read joins the queue up to
+// Immediate keys: the hit's block ids (the read works out their slots:
+// Step.hitSlots); the read joins the queue up to
 // the newest task handed over that lands rows in a hit block
 // (writer.Path.JoinSeq: the rows the hit finds are those cached before
 // the plan, and only writes to its blocks can have put them there), and
@@ -79,15 +79,10 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 		if len(r.lay.Imm) == 0 {
 			continue
 		}
-		off := len(s.immSlot)
-		s.immOff[h.Index] = int32(off)
-		s.immSlot = slices.Grow(s.immSlot, len(h.Blocks)*int(bs))[:off+len(h.Blocks)*int(bs)]
-		for j, b := range h.Blocks { // each block's slots, filled in place
-			row := s.immSlot[off+j*int(bs) : off+(j+1)*int(bs)]
-			for t := range row {
-				row[t] = b*bs + int32(t)
-			}
-		}
+		// the hit's block ids (copied: the engine's are borrowed); the read
+		// expands them to slots on its own goroutine (Step.hitSlots)
+		s.immOff[h.Index] = int32(len(s.immBlk))
+		s.immBlk = append(s.immBlk, h.Blocks...)
 	}
 	if len(r.lay.Def) == 0 {
 		return

@@ -204,8 +204,7 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) er
 			return err
 		}
 	}
-	lo := int(s.immOff[i])
-	sl := s.immSlot[lo : lo+pre]
+	sl := s.hitSlots(i, pre, r.lay.BlockSize)
 	rb := r.lay.RowBytes[k]
 	m := r.p.Mirrors().Get(k)
 	ten := r.p.Tenancy()

@@ -5,8 +5,8 @@
 //
 //	plan (Save, engine goroutine)            read (Materialize, any goroutine)
 //	─────────────────────────────            ────────────────────────────────────
-//	immediate keys: per prefix row its      join the committer up to the last
-//	  slot, and the newest write id          write queued for a hit block;
+//	immediate keys: the hit's block ids,     join the committer up to the last
+//	  and the newest write id                write queued for a hit block;
 //	  handed over (maxOwner)                 read a block's rows only if its
 //	                                         owner is at most
 //	                                         maxOwner and none of its slots is
@@ -40,6 +40,7 @@
 package reader
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -57,13 +58,17 @@ type Step struct {
 	prefix []int32 // per request: hit prefix tokens (empty when no hit)
 	writer.Refs
 
-	// immediate-key hit plan: per hit prefix row its slot; the read joins
-	// the committer up to joinSeq, and a block whose owner is newer than
+	// immediate-key hit plan: per hit its block ids; the read joins the
+	// committer up to joinSeq, and a block whose owner is newer than
 	// maxOwner was claimed by a write newer than the plan.
-	immOff   []int32 // per request: first entry (-1: no hit)
-	immSlot  []int32
+	immOff   []int32 // per request: its first block in immBlk (-1: no hit)
+	immBlk   []int32
 	joinSeq  uint64
 	maxOwner uint64
+	// immSlot is the read's scratch: request immReq-1's hit slots, expanded
+	// from its blocks by hitSlots (the step's one reader at a time).
+	immSlot []int32
+	immReq  int
 	// deferred-key hit plan: per (request, deferred key, prefix row).
 	defOff []int32 // per request: first entry
 	pKind  []uint8
@@ -128,7 +133,8 @@ func (s *Step) Reset(nkeys int) {
 	s.Refs.Reset(nkeys)
 	s.planPins.Reset(0)
 	s.immOff = s.immOff[:0]
-	s.immSlot = s.immSlot[:0]
+	s.immBlk = s.immBlk[:0]
+	s.immSlot, s.immReq = s.immSlot[:0], 0
 	s.joinSeq, s.maxOwner = 0, 0
 	s.defOff = s.defOff[:0]
 	s.pKind = s.pKind[:0]
@@ -204,4 +210,26 @@ func grow[T any](s []T, n int) []T {
 		return make([]T, n, n+n/4)
 	}
 	return s[:n]
+}
+
+// hitSlots returns the slots of request i's first pre hit rows (block size
+// bs), expanded from the planned block ids into the step's scratch. The
+// plan only copies the block ids (on the engine goroutine); the slots are
+// worked out here, by the step's one reader (the committer for a prefetch,
+// else the consumer), once per request.
+func (s *Step) hitSlots(i, pre, bs int) []int32 {
+	if s.immReq == i+1 && len(s.immSlot) >= pre {
+		return s.immSlot[:pre]
+	}
+	lo := int(s.immOff[i])
+	sl := slices.Grow(s.immSlot[:0], pre)[:pre]
+	for j, b := range s.immBlk[lo : lo+(pre+bs-1)/bs] {
+		row := sl[j*bs : min(pre, (j+1)*bs)]
+		base := int32(b) * int32(bs)
+		for t := range row {
+			row[t] = base + int32(t)
+		}
+	}
+	s.immSlot, s.immReq = sl, i+1
+	return sl
 }

@@ -25,6 +25,14 @@ type Cache struct {
 	mu    sync.Mutex
 	steps []*reader.Step
 
+	// recFree recycles step records (and their slices): a steady run
+	// allocates none. The cache's own list, not a sync.Pool: a record is
+	// often freed on another P than the engine's (the committer, or the
+	// engine goroutine woken elsewhere), and a pool then steals across Ps
+	// on every Get; and one cache's records keep the sizes its steps need.
+	recMu   sync.Mutex
+	recFree []*reader.Step
+
 	eng    engine       // engine goroutine only
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
 	live   atomic.Int64 // requests tracked, for Stats
@@ -226,7 +234,14 @@ func (c *Cache) timeoutError(te *writer.TimeoutError) error {
 // It takes the step's ids and counts (Begin copied them out of the
 // borrowed plan); the engine refills the record's old slices next Begin.
 func (c *Cache) newRec() *reader.Step {
-	r, _ := recPool.Get().(*reader.Step)
+	var r *reader.Step
+	c.recMu.Lock()
+	if n := len(c.recFree); n > 0 {
+		r = c.recFree[n-1]
+		c.recFree[n-1] = nil
+		c.recFree = c.recFree[:n-1]
+	}
+	c.recMu.Unlock()
 	if r == nil {
 		r = &reader.Step{}
 	}
@@ -243,12 +258,16 @@ func (c *Cache) newRec() *reader.Step {
 // calls it, on any goroutine): its pins are dropped first.
 func (c *Cache) freeRec(r *reader.Step) {
 	c.path.Unpin(&r.Refs)
-	recPool.Put(r)
+	c.recMu.Lock()
+	if len(c.recFree) < maxFreeRecs {
+		c.recFree = append(c.recFree, r)
+	}
+	c.recMu.Unlock()
 }
 
-// recPool recycles step records (and their slices), so steady-state steps
-// allocate nothing and take no lock for a record.
-var recPool sync.Pool
+// maxFreeRecs bounds the records a cache keeps for reuse (a burst of
+// unconsumed steps leaves no more than this behind).
+const maxFreeRecs = 64
 
 // take removes an unconsumed step record, validating reqs first.
 func (c *Cache) take(id StepID, reqs []int64) (*reader.Step, error) {

@@ -1,0 +1,371 @@
+package omnicache_test
+
+// Harness helpers for the save path, Materialize and the check of served rows.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+func (h *harness) isDev(k int) bool {
+	if h.devKeys != nil {
+		return h.devKeys[k]
+	}
+	return h.device
+}
+
+func (h *harness) isOwned(k int) bool {
+	if h.ownKeys != nil {
+		return h.ownKeys[k]
+	}
+	return h.owned
+}
+
+// outputsFor builds the step's outputs: per key, the rows of the scheduled
+// requests in batch order.
+func (h *harness) outputsFor(st step) *omnicache.Outputs {
+	tokens := 0
+	for _, s := range st.Sched {
+		tokens += s.Count
+	}
+	o := &omnicache.Outputs{Tokens: tokens, Padded: tokens}
+	for k, key := range h.cfg.Keys {
+		rb := key.RowBytes
+		buf := make([]byte, tokens*rb)
+		off := 0
+		for _, s := range st.Sched {
+			for j := 0; j < s.Count; j++ {
+				fillRow(buf[off:off+rb], mkTag(k, s.ID, s.Start+j, h.ver[s.ID]))
+				off += rb
+			}
+		}
+		t := omnicache.Tensor{Rows: tokens, Owned: h.isOwned(k)}
+		switch {
+		case h.omitKeys != nil && h.omitKeys[k]:
+			t = omnicache.Tensor{} // the step did not emit this key
+		case tokens == 0:
+			t.Host = []byte{}
+		case h.isDev(k):
+			t.Dev = gpu.HostBuffer(buf)
+		default:
+			t.Host = buf
+		}
+		o.Tensors = append(o.Tensors, t)
+	}
+	return o
+}
+
+// omitted reports per key whether the outputs omit it (a zero Tensor).
+func omitted(o *omnicache.Outputs) []bool {
+	om := make([]bool, len(o.Tensors))
+	for k, t := range o.Tensors {
+		om[k] = t.Host == nil && t.Dev.IsZero()
+	}
+	return om
+}
+
+// outs builds the outputs of the pending (begun) step.
+func (h *harness) outs() *omnicache.Outputs {
+	h.t.Helper()
+	require.NotNil(h.t, h.pending, "harness: no begun step")
+	return h.outputsFor(h.pending.st)
+}
+
+// trySave calls Save. On success it records what the step's Materialize
+// must return and applies the step's writes to the model; then it
+// overwrites the non-owned output buffers as an engine reusing them would.
+// A failed Save ends the step (the next call is a Begin).
+func (h *harness) trySave(o *omnicache.Outputs) (omnicache.StepID, error) {
+	h.t.Helper()
+	r := guard(h.t, h.prefix()+"Save", func() saveResult {
+		id, err := h.c.Save(o)
+		return saveResult{id, err}
+	})
+	return h.afterSave(o, r)
+}
+
+// saveAsync starts Save on another goroutine (which then is the engine
+// goroutine for that call) and returns a join that fails the test if the
+// Save has not returned within the deadline, and does trySave's
+// bookkeeping.
+func (h *harness) saveAsync(o *omnicache.Outputs) (done <-chan struct{}, join func() (omnicache.StepID, error)) {
+	d := make(chan struct{})
+	var r saveResult
+	go func() {
+		id, err := h.c.Save(o)
+		r = saveResult{id, err}
+		close(d)
+	}()
+	join = func() (omnicache.StepID, error) {
+		h.t.Helper()
+		guard(h.t, h.prefix()+"Save", func() struct{} { <-d; return struct{}{} })
+		return h.afterSave(o, r)
+	}
+	return d, join
+}
+
+func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepID, error) {
+	h.t.Helper()
+	ps := h.pending
+	h.pending = nil
+	if r.err != nil {
+		if ps != nil && !errors.Is(r.err, omnicache.ErrWriteFailed) {
+			// A failed Save undoes its Begin: the requests it made live
+			// are gone (finished ones stay dropped).
+			for _, id := range ps.fresh {
+				delete(h.live, id)
+			}
+		}
+		return r.id, r.err
+	}
+	if ps == nil {
+		h.t.Errorf("%sSave succeeded without a begun step", h.prefix())
+		return r.id, nil
+	}
+	if _, dup := h.wants[r.id]; dup {
+		h.t.Errorf("%sSave returned step id %v again (ids are never reused)", h.prefix(), r.id)
+	}
+	h.nsteps++
+	ord := h.nsteps
+	h.tokensAt = append(h.tokensAt, o.Tokens)
+	omit := omitted(o)
+	for _, s := range ps.st.Sched {
+		for j, sl := range ps.slots[s.ID] {
+			if sl < 0 || int(sl) >= len(h.writtenAt) {
+				continue
+			}
+			for k := range h.model {
+				h.model[k][sl] = mkTag(k, s.ID, s.Start+j, ps.vers[s.ID])
+				if omit[k] {
+					h.model[k][sl] = 0 // recorded absent: reads as zeros
+				}
+			}
+			h.writtenAt[sl] = ord
+		}
+	}
+	sw := &stepWant{ord: ord, byID: map[int64]int{}}
+	for _, s := range ps.st.Sched {
+		rw := reqWant{id: s.ID, start: s.Start, count: s.Count, ver: ps.vers[s.ID], omit: omit}
+		if hs, ok := ps.hits[s.ID]; ok {
+			rw.hitSlots = hs
+			for _, sl := range hs {
+				w := 0
+				if sl >= 0 && int(sl) < len(h.writtenAt) {
+					w = h.writtenAt[sl]
+				}
+				rw.hitFrom = append(rw.hitFrom, w)
+			}
+			rw.prefix = make([][]tag, len(h.model))
+			for k := range h.model {
+				for _, sl := range hs {
+					var g tag
+					if sl >= 0 && int(sl) < len(h.model[k]) {
+						g = h.model[k][sl]
+					}
+					rw.prefix[k] = append(rw.prefix[k], g)
+				}
+			}
+		}
+		sw.byID[s.ID] = len(sw.reqs)
+		sw.reqs = append(sw.reqs, rw)
+	}
+	h.wants[r.id] = sw
+	if !h.noScribble {
+		for _, t := range o.Tensors {
+			if t.Owned {
+				continue
+			}
+			buf := t.Host
+			if buf == nil {
+				buf = t.Dev.Host
+			}
+			for i := range buf {
+				buf[i] = 0xA5
+			}
+		}
+	}
+	return r.id, nil
+}
+
+// save saves the begun step's outputs and returns the step id.
+func (h *harness) save() omnicache.StepID {
+	h.t.Helper()
+	id, err := h.trySave(h.outs())
+	require.NoError(h.t, err, h.prefix()+"Save")
+	return id
+}
+
+// step runs Begin and Save for st.
+func (h *harness) step(st step) omnicache.StepID {
+	h.t.Helper()
+	h.begin(st)
+	return h.save()
+}
+
+func reqList(reqs []int64) []int64 {
+	if len(reqs) == 0 {
+		return nil
+	}
+	return reqs
+}
+
+// matCall calls Materialize into res (no checking).
+func (h *harness) matCall(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
+	h.t.Helper()
+	return guard(h.t, fmt.Sprintf("%sMaterialize(%v)", h.prefix(), id), func() error {
+		return h.c.Materialize(id, reqs, res)
+	})
+}
+
+// mat materializes reqs (none: the whole step) of step id and checks every
+// row.
+func (h *harness) mat(id omnicache.StepID, reqs ...int64) {
+	h.t.Helper()
+	reqs = reqList(reqs)
+	err := h.matCall(id, reqs, &h.res)
+	require.NoError(h.t, err, "%sMaterialize(%v, %v)", h.prefix(), id, reqs)
+	require.NoError(h.t, h.verify(id, reqs, &h.res))
+}
+
+// matDelayed materializes a step whose hit slots may have been reassigned
+// since: ErrReassigned or the original rows are both right, the new
+// tenant's rows never. It reports whether the read errored.
+func (h *harness) matDelayed(id omnicache.StepID, reqs ...int64) (reassigned bool) {
+	h.t.Helper()
+	reqs = reqList(reqs)
+	err := h.matCall(id, reqs, &h.res)
+	if errors.Is(err, omnicache.ErrReassigned) {
+		return true
+	}
+	require.NoError(h.t, err, "%sdelayed Materialize(%v): want success or ErrReassigned", h.prefix(), id)
+	require.NoError(h.t, h.verify(id, reqs, &h.res), "delayed read must return the original rows")
+	return false
+}
+
+func (h *harness) want(id omnicache.StepID) *stepWant {
+	h.t.Helper()
+	sw, ok := h.wants[id]
+	if !ok {
+		h.t.Fatalf("harness: step id %v was not saved by this harness", id)
+	}
+	return sw
+}
+
+// rewrittenSince reports whether a hit slot of reqs (nil: all) of step id
+// was written by a later step: a delayed read of it may fail with
+// ErrReassigned.
+func (h *harness) rewrittenSince(id omnicache.StepID, reqs []int64) bool {
+	sw := h.want(id)
+	for _, rw := range sw.reqs {
+		if reqs != nil && !containsID(reqs, rw.id) {
+			continue
+		}
+		for _, sl := range rw.hitSlots {
+			if sl >= 0 && int(sl) < len(h.writtenAt) && h.writtenAt[sl] > sw.ord {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func containsID(ids []int64, id int64) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// verify checks res against what step id must return for reqs (nil: every
+// request in batch order).
+func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
+	h.t.Helper()
+	return h.verifyServed(id, reqs, res, nil)
+}
+
+// verifyServed is verify where the requests in failed were not served:
+// their Result.Err must be set and their rows zero; every other request's
+// rows must be exact and its Err nil.
+func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, failed map[int64]error) error {
+	h.t.Helper()
+	sw := h.want(id)
+	order := reqs
+	if order == nil {
+		for _, rw := range sw.reqs {
+			order = append(order, rw.id)
+		}
+	}
+	head := fmt.Sprintf("%sstep %v (the harness's step #%d), requests %v", h.prefix(), id, sw.ord, order)
+	if res.Len() != len(order) {
+		return fmt.Errorf("%s: result has %d requests, want %d", head, res.Len(), len(order))
+	}
+	var bad []string
+	for i, rid := range order {
+		idx, ok := sw.byID[rid]
+		if !ok {
+			return fmt.Errorf("%s: harness: request %d not in step", head, rid)
+		}
+		rw := sw.reqs[idx]
+		if res.ID(i) != rid {
+			bad = append(bad, fmt.Sprintf("result %d: id %d, want %d", i, res.ID(i), rid))
+			continue
+		}
+		npre := len(rw.hitSlots)
+		if _, ok := failed[rid]; ok != (res.Err(i) != nil) {
+			bad = append(bad, fmt.Sprintf("req %d: Result.Err = %v, failed in the error: %v", rid, res.Err(i), ok))
+			continue
+		}
+		if res.Prefix(i) != npre || res.Tokens(i) != npre+rw.count {
+			bad = append(bad, fmt.Sprintf("req %d: Prefix=%d Tokens=%d, want Prefix=%d Tokens=%d (hit prefix + %d rows of this step)",
+				rid, res.Prefix(i), res.Tokens(i), npre, npre+rw.count, rw.count))
+			continue
+		}
+		for k, key := range h.cfg.Keys {
+			rb := key.RowBytes
+			rows := res.Rows(i, k)
+			if len(rows) != (npre+rw.count)*rb {
+				bad = append(bad, fmt.Sprintf("req %d key %q: %d bytes, want %d", rid, key.Name, len(rows), (npre+rw.count)*rb))
+				continue
+			}
+			if h.keepRows {
+				h.rows[rowKey{sw.ord, rid, key.Name}] = bytes.Clone(rows)
+			}
+			for j := 0; j < npre+rw.count; j++ {
+				var w tag
+				part := "prefix"
+				if res.Err(i) != nil {
+					part = "failed request" // zeros
+				} else if j < npre {
+					w = rw.prefix[k][j]
+				} else {
+					part = "own"
+					if !rw.omit[k] {
+						w = mkTag(k, rid, rw.start+j-npre, rw.ver)
+					}
+				}
+				got := rows[j*rb : (j+1)*rb]
+				if !bytes.Equal(got, rowOf(w, rb)) {
+					bad = append(bad, fmt.Sprintf("req %d key %q row %d (%s): got %s, want %s", rid, key.Name, j, part, describe(got), w))
+				}
+			}
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	more := ""
+	if len(bad) > 12 {
+		more = fmt.Sprintf("\n  ... and %d more", len(bad)-12)
+		bad = bad[:12]
+	}
+	return fmt.Errorf("%s: wrong result:\n  %s%s", head, strings.Join(bad, "\n  "), more)
+}

@@ -1,0 +1,182 @@
+package omnicache_test
+
+// Reliability tests on asyncDevice, a device whose copies run later in stream order.
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// asyncDevice models a device whose copies run later, in stream order,
+// when an event recorded after them is waited for (as on a GPU): a copy's
+// source is read only then. Host→device copies take their source at once
+// (pageable memory is staged by the driver before the call returns).
+type asyncDevice struct {
+	gpu.Host
+	mu    sync.Mutex
+	ops   []func()
+	done  int
+	next  gpu.Event
+	marks map[gpu.Event]int
+}
+
+func newAsyncDevice() *asyncDevice { return &asyncDevice{marks: map[gpu.Event]int{}} }
+
+func (d *asyncDevice) enqueue(f func()) {
+	d.mu.Lock()
+	d.ops = append(d.ops, f)
+	d.mu.Unlock()
+}
+
+func (d *asyncDevice) CopyDtoD(dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff int, n int) error {
+	d.enqueue(func() { copy(dst.Host[dstOff:dstOff+n], src.Host[srcOff:srcOff+n]) })
+	return nil
+}
+
+func (d *asyncDevice) CopyDtoH(dst []byte, src gpu.Buffer, srcOff int) error {
+	d.enqueue(func() { copy(dst, src.Host[srcOff:srcOff+len(dst)]) })
+	return nil
+}
+
+func (d *asyncDevice) CopyHtoD(dst gpu.Buffer, dstOff int, src []byte) error {
+	staged := append([]byte(nil), src...)
+	d.enqueue(func() { copy(dst.Host[dstOff:], staged) })
+	return nil
+}
+
+func (d *asyncDevice) Record() (gpu.Event, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.next++
+	d.marks[d.next] = len(d.ops)
+	return d.next, nil
+}
+
+func (d *asyncDevice) Wait(e gpu.Event) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for ; d.done < d.marks[e]; d.done++ {
+		d.ops[d.done]()
+	}
+	return nil
+}
+
+func (d *asyncDevice) WaitFor(e gpu.Event, _ time.Duration) error { return d.Wait(e) }
+
+// A non-owned device tensor may be overwritten as soon as Save returns,
+// even on a device whose copies run later: Save waits for its clones. The
+// harness scribbles every non-owned output right after Save; a clone that
+// ran after that would hand back the scribbles.
+func TestNonOwnedDeviceTensorOverwrittenAfterSave(t *testing.T) {
+	for _, buffer := range []bool{true, false} {
+		t.Run(fmt.Sprintf("buffer=%v", buffer), func(t *testing.T) {
+			cfg := testConfig(keyHidden, keyAux, keyCodes)
+			cfg.Device = newAsyncDevice()
+			cfg.DisableDecodeBuffer = !buffer
+			h := newHarness(t, cfg)
+			h.device = true
+			const a, b = 1, 2
+			h.assign(a, 1, 2, 3)
+			h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
+			for pos := 8; pos < 12; pos++ { // pure decode steps (parked with the buffer on)
+				h.mat(h.step(step{Sched: []S{{a, pos, 1}}}))
+			}
+			h.assign(b, 1, 2, 4)
+			h.mat(h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}, Finished: []int64{a}}))
+			h.mat(h.step(step{Finished: []int64{b}}))
+			h.sync()
+			h.checkMirror(allKeys(h)...)
+		})
+	}
+}
+
+// A large step's non-owned device tensor: Save waits for its clone, and
+// issues the copy out of the clone itself (behind it on the stream) before
+// it hands the write over; the committer waits for that copy instead of
+// issuing one. On a device whose copies run at the next wait, the step's
+// own rows, the mirror and a later hit read the clone's rows, not the
+// tensor scribbled after Save. A device→host copy failing there is the
+// sticky write failure: Save fails, the pages and the budget come back.
+func TestLargeClonedStepCopiedBySave(t *testing.T) {
+	const rb, tok, bs = 128 << 10, 48, 16 // 6 MiB: above the lazy hand-over's 4 MiB
+	newCfg := func(d gpu.Device) omnicache.Config {
+		return omnicache.Config{NumBlocks: 8, BlockSize: bs, StagingCapacityTokens: 64,
+			Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d}
+	}
+	table := []int32{0, 1, 2, 3, 4, 5, 6, 7}
+	plan := func(id int64, start, count int32, hit int32, finished ...int64) *omnicache.Plan {
+		p := &omnicache.Plan{IDs: []int64{id}, Rows: []int32{0}, Start: []int32{start}, Count: []int32{count},
+			Table: table, Stride: len(table), Arrivals: []int64{id}, HitTokens: []int32{hit}, Finished: finished}
+		if hit > 0 {
+			p.HitBlocks = []int32{0, 1, 2}[:hit/bs]
+		}
+		return p
+	}
+	src := make([]byte, tok*rb)
+	for i := range src {
+		src[i] = byte(i*7 + i/rb)
+	}
+
+	t.Run("rows", func(t *testing.T) {
+		d := newAsyncDevice()
+		c, err := omnicache.New(newCfg(d))
+		require.NoError(t, err)
+		defer c.Close()
+		tensor, err := d.Alloc(tok * rb)
+		require.NoError(t, err)
+		copy(tensor.Host, src)
+		require.NoError(t, c.Begin(plan(1, 0, tok, 0)))
+		id, err := c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+		require.NoError(t, err)
+		for i := range tensor.Host {
+			tensor.Host[i] = 0xEE // the engine reuses its tensor at once
+		}
+		var res omnicache.Result
+		require.NoError(t, c.Materialize(id, nil, &res))
+		require.True(t, bytes.Equal(res.Rows(0, 0), src), "the step's own rows")
+		require.NoError(t, c.Sync())
+		got := make([]byte, tok*rb)
+		sl := make([]int32, tok)
+		for i := range sl {
+			sl[i] = int32(i)
+		}
+		require.NoError(t, c.Peek(0, sl, got))
+		require.True(t, bytes.Equal(got, src), "the mirror's rows")
+
+		// A new request hits the first 32 rows and computes 16 more.
+		copy(tensor.Host, src[:16*rb])
+		require.NoError(t, c.Begin(plan(2, 32, 16, 32, 1)))
+		id, err = c.Save(&omnicache.Outputs{Tokens: 16, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: 16}}})
+		require.NoError(t, err)
+		require.NoError(t, c.Materialize(id, nil, &res))
+		require.True(t, bytes.Equal(res.Rows(0, 0)[:32*rb], src[:32*rb]), "hit rows")
+		st := c.Stats()
+		require.Zero(t, st.RowsSkipped)
+	})
+
+	t.Run("copy fails", func(t *testing.T) {
+		f := gpu.NewFaulty(gpu.NewHost())
+		c, err := omnicache.New(newCfg(f))
+		require.NoError(t, err)
+		defer c.Close()
+		tensor, err := f.Alloc(tok * rb)
+		require.NoError(t, err)
+		copy(tensor.Host, src)
+		f.FailOpAfter(gpu.OpCopyDtoH, 0) // the clone succeeds, its copy out fails
+		require.NoError(t, c.Begin(plan(1, 0, tok, 0)))
+		_, err = c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+		require.ErrorIs(t, err, omnicache.ErrWriteFailed)
+		st := c.Stats()
+		require.Zero(t, st.PagesInUse, "the page came back")
+		require.Zero(t, st.BudgetCharged, "the clone's budget came back")
+		require.ErrorIs(t, c.Begin(plan(2, 0, 1, 0)), omnicache.ErrWriteFailed, "the failure is sticky")
+	})
+}

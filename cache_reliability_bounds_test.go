@@ -1,0 +1,202 @@
+package omnicache_test
+
+// Reliability tests for bounded waits, size bounds, sticky and budget failures, and Abort.
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
+)
+
+// Finding 9: waits on a device that never completes are bounded: a hit
+// read's join fails the cache with ErrDeviceTimeout, and Close returns
+// ErrDeviceTimeout within Config.WaitTimeout instead of hanging.
+func TestHungDeviceBoundedWaits(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	cfg.WaitTimeout = 50 * time.Millisecond
+	h := newHarness(t, cfg)
+	t.Cleanup(dev.Release) // let the stuck committer go at the end
+	const a, b = 1, 2
+	h.assign(a, 1)
+	h.assign(b, 1, 2)
+	dev.Hang()
+	h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
+	s := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+	err := h.matCall(s, nil, &h.res)
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "a hit read joined to a write that never lands")
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout)
+	err = guard(t, "Close", func() error { return h.c.Close() })
+	h.closed = true
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
+}
+
+// Finding 9: the engine's own join (a Save waits for the copies of the
+// write before the previous one) is bounded too: with the device hung, the
+// third Save fails the cache with ErrDeviceTimeout instead of hanging.
+func TestHungDeviceBoundedJoin(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	cfg.WaitTimeout = 50 * time.Millisecond
+	cfg.StagingDepth = 4
+	h := newHarness(t, cfg)
+	t.Cleanup(dev.Release)
+	dev.Hang()
+	var err error
+	for i := int64(1); i <= 3 && err == nil; i++ {
+		h.assign(i, int32(i))
+		h.begin(step{Sched: []S{{i, 0, 2}}, Arrive: []A{{ID: i}}})
+		_, err = h.trySave(h.outs())
+	}
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "the Save that joins a write whose copy never completes")
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout)
+	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed, "sticky")
+	err = guard(t, "Close", func() error { return h.c.Close() })
+	h.closed = true
+	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
+}
+
+// Finding 5: sizes that overflow or exceed what the process can address
+// are ErrConfig naming the field; a step count beyond the staging
+// capacity is rejected by Begin before anything is sized from it.
+func TestBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		mut         func(c *omnicache.Config)
+	}{
+		{"row bytes 1<<40", "RowBytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 40}} }},
+		{"mirror overflows", "mirror", func(c *omnicache.Config) {
+			c.NumBlocks, c.BlockSize = 1<<20, 1<<10
+			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 29}}
+		}},
+		{"staging depth 1<<40", "StagingDepth", func(c *omnicache.Config) { c.StagingDepth = 1 << 40 }},
+		{"staging capacity 1<<40", "StagingCapacityTokens", func(c *omnicache.Config) { c.StagingCapacityTokens = 1 << 40 }},
+		{"page bytes", "StagingCapacityTokens", func(c *omnicache.Config) {
+			c.StagingCapacityTokens = 1 << 30
+			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 10}}
+		}},
+		{"slots overflow int32", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1<<30, 4 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			tc.mut(&cfg)
+			c, err := omnicache.New(cfg)
+			if c != nil {
+				c.Close()
+			}
+			require.ErrorIs(t, err, omnicache.ErrConfig)
+			require.Contains(t, err.Error(), tc.field)
+		})
+	}
+	t.Run("count beyond the page", func(t *testing.T) {
+		h := newHarness(t, testConfig())
+		p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1<<31 - 1},
+			Table: make([]int32, 8), Stride: 8, Arrivals: []int64{1}, HitTokens: []int32{0}}
+		var err error
+		allocs := testing.AllocsPerRun(1, func() { err = h.c.Begin(p) })
+		require.ErrorIs(t, err, omnicache.ErrStepTooLarge)
+		require.Less(t, allocs, 20.0, "Begin allocated before rejecting the count")
+		usable(h)
+	})
+}
+
+// Finding 6: a device tensor whose declared size exceeds its memory is
+// this Save's ErrOutputs, not a failed copy that fails the cache.
+func TestDeviceTensorLargerThanItsMemory(t *testing.T) {
+	h := newHarness(t, testConfig())
+	h.device = true
+	const a = 1
+	h.assign(a, 1, 2)
+	h.begin(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
+	o := h.outs()
+	d := &o.Tensors[0].Dev
+	d.Host = d.Host[:len(d.Host)/2] // the buffer holds half of what it declares
+	_, err := h.trySave(o)
+	require.ErrorIs(t, err, omnicache.ErrOutputs)
+	require.NotErrorIs(t, err, omnicache.ErrWriteFailed)
+	usable(h)
+}
+
+// Finding 7: a staging page that cannot be allocated is a sticky write
+// failure like any device failure (not a one-off ErrWriteFailed).
+func TestStagingAllocFailureIsSticky(t *testing.T) {
+	dev := gpu.NewFaulty(gpu.NewHost())
+	cfg := testConfig()
+	cfg.Device = dev
+	h := newHarness(t, cfg)
+	dev.FailOpAfter(gpu.OpAllocHost, 0)
+	const a = 1
+	h.assign(a, 1)
+	h.begin(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})
+	_, err := h.trySave(h.outs())
+	require.ErrorIs(t, err, omnicache.ErrWriteFailed)
+	dev.Heal()
+	require.ErrorIs(t, h.c.Begin(h.plan(step{})), omnicache.ErrWriteFailed, "the failure is sticky")
+	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed)
+}
+
+// A Save whose reservation cannot be met because unconsumed steps pin the
+// deferred clones fails with ErrBudget before forcing anything out: the
+// cache is exactly as before (no budget flush, no task, no page), and once
+// the steps are consumed the same step saves.
+func TestBudgetPinnedFailsFirst(t *testing.T) {
+	const a, b, c = 1, 2, 3
+	cfg := testConfig(keyHidden, keyCodes)
+	cfg.DeviceBudgetBytes = 8 * int64(keyCodes.RowBytes) // two 4-token steps of deferred rows
+	cfg.DeferredChunkBytes = cfg.DeviceBudgetBytes
+	h := newHarness(t, cfg)
+	h.assign(a, 1)
+	h.assign(b, 2)
+	h.assign(c, 3)
+	s1 := h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
+	s2 := h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}, Finished: []int64{a}})
+	before := h.stats()
+	h.begin(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}})
+	afterBegin := h.stats()
+	_, err := h.trySave(h.outs())
+	require.ErrorIs(t, err, omnicache.ErrBudget)
+	require.Contains(t, err.Error(), "pinned")
+	after := h.stats()
+	require.Equal(t, afterBegin.BudgetFlushes, after.BudgetFlushes, "the failed Save forced a write out")
+	require.Equal(t, afterBegin.WriteTasks, after.WriteTasks, "the failed Save queued a task")
+	require.Equal(t, afterBegin.DeferredWrites, after.DeferredWrites)
+	require.Equal(t, afterBegin.Steps, after.Steps)
+	require.Equal(t, before.LiveRequests, after.LiveRequests, "the failed Save undid its Begin")
+	h.mat(s1)
+	h.mat(s2)
+	h.mat(h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}}))
+	h.sync()
+	h.checkMirror()
+}
+
+// Abort: a forward that fails after Begin abandons the step; the same plan
+// then runs as if the failed attempt never happened (its hit is served),
+// and Abort outside a begun step is ErrSequence.
+func TestAbort(t *testing.T) {
+	const a, b = 1, 2
+	h := newHarness(t, testConfig())
+	require.ErrorIs(t, h.c.Abort(), omnicache.ErrSequence, "Abort without Begin")
+	h.assign(a, 1)
+	h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+	h.assign(b, 1, 2)
+	hit := step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}}
+	before := h.stats()
+	require.NoError(t, h.tryBegin(hit))
+	require.NoError(t, h.c.Abort())
+	h.pending = nil
+	delete(h.live, b) // the harness's side of the undone Begin
+	after := h.stats()
+	require.Equal(t, before.LiveRequests-1, after.LiveRequests, "a stays finished, b is gone again")
+	require.ErrorIs(t, h.c.Abort(), omnicache.ErrSequence, "Abort twice")
+	_, err := h.c.Save(&omnicache.Outputs{})
+	require.ErrorIs(t, err, omnicache.ErrSequence, "Save after Abort")
+	h.mat(h.step(hit))
+	require.Equal(t, 4, h.res.Prefix(0), "the hit is served when the step runs again")
+	usable(h)
+}

@@ -1,0 +1,268 @@
+package omnicache_test
+
+// Tier publishing tests: the publish queue, batches, drops and the decode buffer.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/tier"
+)
+
+// stuckBackend blocks every Set until released: the publisher is stuck.
+type stuckBackend struct {
+	tier.Backend
+	release chan struct{}
+	sets    chan struct{}
+}
+
+func (s *stuckBackend) Set(ctx context.Context, keys []string, vals [][]byte) []error {
+	select {
+	case s.sets <- struct{}{}:
+	default:
+	}
+	<-s.release
+	return s.Backend.Set(ctx, keys, vals)
+}
+
+func TestTierPublishDropsUnderPressure(t *testing.T) {
+	e, _ := tier.NewEmbedded(0)
+	sb := &stuckBackend{Backend: e, release: make(chan struct{}), sets: make(chan struct{}, 1)}
+	tr, err := tier.New(sb, tns(), tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
+		Tier: &omnicache.TierConfig{Tier: tr, PublishQueue: 2, PublishBatch: 1, Publishers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := make([]int32, 8*tstride)
+	// 8 prompts of one full block each, published while the backend is
+	// stuck: one block in the stuck store, two queued, the rest dropped.
+	// Every engine call returns (the test would hang otherwise).
+	for i := 0; i < 8; i++ {
+		table[i*tstride] = int32(i)
+		res, err := tstep(t, c, table, []treq{{id: int64(100 + i), seq: int64(100 + i), row: int32(i), start: 0, count: 4, arrive: true}},
+			map[int32]uint64{int32(i): thash(int64(100+i), 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRows(t, res, 0, int64(100+i), 0)
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			<-sb.sets // the publisher holds block 0 in the stuck store
+		}
+	}
+	st := c.Stats()
+	if st.TierPublishDropped != 5 {
+		t.Fatalf("stats %+v: want 5 blocks dropped (1 storing, 2 queued)", st)
+	}
+	close(sb.release)
+	for i := 0; i < 2000 && c.Stats().TierPublishPending > 0; i++ { // bounded: the publisher is asynchronous
+		time.Sleep(time.Millisecond)
+	}
+	if st := c.Stats(); st.TierPublished != 3 || st.TierPublishPending != 0 {
+		t.Fatalf("stats %+v; want the 3 blocks not dropped published", st)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTierDecodeBufferPublishes: a block completed by buffered decode
+// steps is published once its rows are written, with exactly its rows.
+func TestTierDecodeBufferPublishes(t *testing.T) {
+	tr, _ := embeddedTier(t)
+	c := newTierCache(t, tr, nil)
+	table := make([]int32, tstride)
+	copy(table, []int32{6, 9})
+	if _, err := tstep(t, c, table, []treq{{id: 1, seq: 3, row: 0, start: 0, count: 2, arrive: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for pos := 2; pos < 7; pos++ {
+		var full map[int32]uint64
+		if pos == 3 {
+			full = map[int32]uint64{6: thash(3, 0)} // the decode step that fills block 6
+		}
+		res, err := tstep(t, c, table, []treq{{id: 1, seq: 3, row: 0, start: pos, count: 1}}, full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRows(t, res, 0, 3, pos)
+	}
+	if st := c.Stats(); st.BufferedSteps == 0 {
+		t.Fatalf("no decode step was buffered: %+v", st)
+	}
+	waitPublished(t, c, 1)
+	checkTierBlock(t, tr, 3, 0)
+}
+
+// TestTierSyncBetweenBeginAndSave: a Sync between the Begin and the Save of
+// a decode step that completes a block (the replay's pacing does this)
+// must not publish the block before the step's own row is in: the slot
+// still holds an older tenant's row.
+func TestTierSyncBetweenBeginAndSave(t *testing.T) {
+	tr, _ := embeddedTier(t)
+	c := newTierCache(t, tr, nil)
+	table := make([]int32, 2*tstride)
+	table[0] = 6                         // request 50: block 6
+	copy(table[tstride:], []int32{6, 9}) // request 1 gets block 6 once 50 finished
+	if _, err := tstep(t, c, table, []treq{{id: 50, seq: 50, row: 0, start: 0, count: 4, arrive: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{1}, Start: []int32{0}, Count: []int32{2}, Table: table, Stride: tstride,
+		Arrivals: []int64{1}, HitTokens: []int32{0}, Finished: []int64{50}}
+	step := func(p *omnicache.Plan, start, n int, syncFirst bool) {
+		t.Helper()
+		if err := c.Begin(p); err != nil {
+			t.Fatal(err)
+		}
+		if syncFirst {
+			if err := c.Sync(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := &omnicache.Outputs{Tokens: n, Padded: n}
+		for k := range tkeys {
+			o.Tensors = append(o.Tensors, omnicache.Tensor{Host: trows(3, k, start, n), Rows: n})
+		}
+		id, err := c.Save(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Discard(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(p, 0, 2, false)
+	dec := func(pos int) *omnicache.Plan {
+		return &omnicache.Plan{IDs: []int64{1}, Rows: []int32{1}, Start: []int32{int32(pos)}, Count: []int32{1}, Table: table, Stride: tstride}
+	}
+	step(dec(2), 2, 1, false) // parked
+	full := dec(3)
+	full.FullBlocks, full.FullHashes = []int32{6}, []uint64{thash(3, 0)}
+	step(full, 3, 1, true) // completes block 6; Sync between its Begin and Save
+	step(dec(4), 4, 1, false)
+	waitPublished(t, c, 1)
+	checkTierBlock(t, tr, 3, 0) // not another tenant's row
+}
+
+// checkTierBlock fails unless the tier holds prompt seq's block j, exactly.
+func checkTierBlock(t *testing.T, tr *tier.Tier, seq int64, j int) {
+	t.Helper()
+	dst := [][]byte{make([]byte, tr.BlockBytes(0)), make([]byte, tr.BlockBytes(1))}
+	if errs := tr.Get(context.Background(), []uint64{thash(seq, j)}, dst); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	for k := range tkeys {
+		if string(dst[k]) != string(trows(seq, k, j*tbs, tbs)) {
+			t.Fatalf("key %d: the tier holds wrong rows for prompt %d block %d", k, seq, j)
+		}
+	}
+}
+
+// sizedBackend records the keys of every Set (stuckBackend's gate first).
+type sizedBackend struct {
+	*stuckBackend
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (s *sizedBackend) Set(ctx context.Context, keys []string, vals [][]byte) []error {
+	s.mu.Lock()
+	s.sizes = append(s.sizes, len(keys))
+	s.mu.Unlock()
+	return s.stuckBackend.Set(ctx, keys, vals)
+}
+
+// A step's full blocks go to the publishers in batches of PublishBatch
+// blocks, PublishQueue bounds the blocks queued (batches in the queue and
+// the one being filled), a publisher takes as many queued batches as fit
+// one store and stores at most PublishBatch blocks at a time.
+func TestTierPublishBatches(t *testing.T) {
+	e, _ := tier.NewEmbedded(0)
+	sb := &sizedBackend{stuckBackend: &stuckBackend{Backend: e, release: make(chan struct{}), sets: make(chan struct{}, 1)}}
+	tr, err := tier.New(sb, tns(), tier.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
+		Tier: &omnicache.TierConfig{Tier: tr, PublishQueue: 4, PublishBatch: 2, Publishers: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	release := sync.OnceFunc(func() { close(sb.release) })
+	defer release() // before Close: a failed check must not leave the publisher stuck
+	table := make([]int32, 3*tstride)
+	// prompt runs prompt seq (blocks of its own, on table row seq-1) and
+	// names them full.
+	block := int32(0)
+	prompt := func(seq int64, blocks int) {
+		t.Helper()
+		row := int32(seq - 1)
+		full := map[int32]uint64{}
+		for j := 0; j < blocks; j++ {
+			table[int(row)*tstride+j] = block
+			full[block] = thash(seq, j)
+			block++
+		}
+		res, err := tstep(t, c, table, []treq{{id: seq, seq: seq, row: row, start: 0, count: blocks * tbs, arrive: true}}, full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRows(t, res, 0, seq, 0)
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prompt(1, 1)
+	<-sb.sets // the publisher holds prompt 1's block in the stuck store
+	// While the store is stuck: prompt 2's block is queued as a batch of
+	// one; prompt 3's first 2 blocks as a batch of 2, its third fills the
+	// queue's 4 blocks (in the batch being filled, queued at the step's
+	// end), its last 2 are dropped.
+	prompt(2, 1)
+	prompt(3, 5)
+	if st := c.Stats(); st.TierPublishDropped != 2 || st.TierPublishPending != 5 {
+		t.Fatalf("stats %+v: want 2 blocks dropped, 5 pending (1 storing, 4 queued)", st)
+	}
+	release()
+	for i := 0; i < 2000 && c.Stats().TierPublishPending > 0; i++ { // bounded: the publisher is asynchronous
+		time.Sleep(time.Millisecond)
+	}
+	if st := c.Stats(); st.TierPublished != 5 || st.TierPublishPending != 0 {
+		t.Fatalf("stats %+v: want the 5 blocks not dropped published", st)
+	}
+	// Stores: prompt 1's block; prompt 2's batch and prompt 3's first,
+	// taken together (3 blocks) and stored as 2 + 1; prompt 3's third.
+	sb.mu.Lock()
+	sizes := fmt.Sprint(sb.sizes)
+	sb.mu.Unlock()
+	nk := len(tkeys)
+	if want := fmt.Sprint([]int{1 * nk, 2 * nk, 1 * nk, 1 * nk}); sizes != want {
+		t.Fatalf("stores of %v keys, want %v", sizes, want)
+	}
+	held := 0
+	for seq, n := range map[int64]int{1: 1, 2: 1, 3: 5} {
+		for j := 0; j < n; j++ {
+			h, err := c.Lookup([]uint64{thash(seq, j)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held += h
+		}
+	}
+	if held != 5 {
+		t.Fatalf("the tier holds %d of the 7 blocks, want the 5 published", held)
+	}
+}

@@ -1,0 +1,80 @@
+// Saved steps' records: recycled through the cache's own list, and taken
+// by the one call that consumes the step (Discard, Materialize). newRec runs
+// on the engine goroutine; freeRec, take and drop on any.
+
+package omnicache
+
+import (
+	"fmt"
+
+	"github.com/omnicache/omnicache/reader"
+)
+
+// newRec prepares the record of the step being saved (not yet published).
+// It takes the step's ids and counts (Begin copied them out of the
+// borrowed plan); the engine refills the record's old slices next Begin.
+func (c *Cache) newRec() *reader.Step {
+	var r *reader.Step
+	c.recMu.Lock()
+	if n := len(c.recFree); n > 0 {
+		r = c.recFree[n-1]
+		c.recFree[n-1] = nil
+		c.recFree = c.recFree[:n-1]
+	}
+	c.recMu.Unlock()
+	if r == nil {
+		r = &reader.Step{}
+	}
+	r.Reset(len(c.cfg.Keys))
+	e := &c.eng
+	e.nextStep++
+	r.ID = uint64(e.nextStep)
+	r.IDs, e.ids = e.ids, r.IDs[:0]
+	r.Count, e.count = e.count, r.Count[:0]
+	return r
+}
+
+// freeRec recycles a record nothing references any more (reader.Release
+// calls it, on any goroutine): its pins are dropped first.
+func (c *Cache) freeRec(r *reader.Step) {
+	c.path.Unpin(&r.Refs)
+	c.recMu.Lock()
+	if len(c.recFree) < maxFreeRecs {
+		c.recFree = append(c.recFree, r)
+	}
+	c.recMu.Unlock()
+}
+
+// maxFreeRecs bounds the records a cache keeps for reuse (a burst of
+// unconsumed steps leaves no more than this behind).
+const maxFreeRecs = 64
+
+// take removes an unconsumed step record, validating reqs first.
+func (c *Cache) take(id StepID, reqs []int64) (*reader.Step, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.takeLocked(id, reqs)
+}
+
+func (c *Cache) takeLocked(id StepID, reqs []int64) (*reader.Step, error) {
+	for i, r := range c.steps {
+		if r.ID != uint64(id) {
+			continue
+		}
+		r.Qidx = r.Qidx[:0]
+		for _, q := range reqs {
+			j := r.Find(q)
+			if j < 0 {
+				return nil, fmt.Errorf("%w: request %d in step %d", ErrNotInStep, q, id)
+			}
+			r.Qidx = append(r.Qidx, int32(j))
+		}
+		c.steps = append(c.steps[:i], c.steps[i+1:]...)
+		return r, nil
+	}
+	return nil, fmt.Errorf("%w: %d", ErrUnknownStep, id)
+}
+
+// drop releases a consumed step: its record is recycled, and its pins
+// dropped, once its prefetch (if any) is done with it too.
+func (c *Cache) drop(r *reader.Step) { c.rd.Release(r) }

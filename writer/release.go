@@ -137,14 +137,19 @@ func (p *Path) unrefLocked(w *Write, pins, owners int32) (release bool) {
 // unpinFast drops one pin of w without the state lock when it is not the
 // last one (the last is dropped under the lock, where w may be released).
 func unpinFast(w *Write) bool {
+	// The first read is an atomic add of zero, not a load: the count's
+	// line was last written by another goroutine (the committer dropping
+	// its own pin), and a load would fetch it shared, only for the
+	// decrement here or under the lock to fetch it again, exclusive.
+	n := w.Pins.Add(0)
 	for {
-		n := w.Pins.Load()
 		if n <= 1 {
 			return false
 		}
 		if w.Pins.CompareAndSwap(n, n-1) {
 			return true
 		}
+		n = w.Pins.Load()
 	}
 }
 

@@ -9,13 +9,18 @@ import (
 
 // Reader is the read path of one cache, over its write path's tables.
 type Reader struct {
-	p       *writer.Path
-	lay     *writer.Layout
-	st      *writer.Counters
-	opt     Options
+	// read by every call
+	p      *writer.Path
+	lay    *writer.Layout
+	st     *writer.Counters
+	opt    Options
+	joinBl [][]int32 // Plan's scratch: the hits' blocks (engine goroutine)
+	// written by the committer's reads ahead too: kept off the lines above
+	// (128 bytes: the adjacent-line prefetcher moves lines in pairs)
+	_       [128]byte
 	charged atomic.Int64 // read-ahead bytes held by unconsumed steps
 	pool    bufPool
-	joinBl  [][]int32 // Plan's scratch: the hits' blocks (engine goroutine)
+	_       [128]byte
 }
 
 // New returns the read path over p.

@@ -72,6 +72,12 @@ type Path struct {
 	ten     *soa.Tenancy     // immediate keys (written together, in order)
 	occ     []*soa.Occupancy // per key: deferred keys' per-slot occupancy
 
+	// failed is read by every call (Err) and written once: it sits with
+	// the read-only fields above, not on the state lock's line, which the
+	// committer writes at every commit (a read there cost the engine a
+	// cache miss per call on a many-core host).
+	failed atomic.Pointer[error]
+
 	// mu is the state lock: reference counts of writes, the clone table,
 	// parked-row reads and the hand-back list. The padding keeps it, the
 	// engine goroutine's fields and the counters the committer bumps on
@@ -81,8 +87,12 @@ type Path struct {
 	clones       map[uint64]*Write
 	handback     [][]byte
 	pinnedCharge int64 // budget charge of deferred clones pinned by steps
-	failed       atomic.Pointer[error]
 	_            [64]byte
+
+	// wfree recycles released immediate writes (see newWrite).
+	wmu   sync.Mutex
+	wfree []*Write
+	_     [64]byte
 
 	// engine goroutine only
 	nextID   uint64
@@ -93,6 +103,7 @@ type Path struct {
 	defSeq   uint64
 	lastEv   [2]gpu.Event // the last two host-row writes' events (see join)
 	plog     pendLog      // tasks handed over that land immediate rows (JoinSeq)
+	wstash   []*Write     // released writes taken from wfree in one batch
 	pre      []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
 	late     lateCopier   // copies a step's clones out while Save waits for them (writeStep)
 	_        [64]byte

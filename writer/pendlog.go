@@ -17,7 +17,7 @@ import "github.com/omnicache/omnicache/soa"
 // goroutine, races with nothing), and the plan of a hit, far rarer, scans
 // the log from its newest task for one that touches a hit block, after
 // dropping the tasks the committer has finished (their rows are in: nothing
-// to wait for). A write whose rows have landed may be recycled (writePool)
+// to wait for). A write whose rows have landed may be recycled (newWrite)
 // before the committer counts it finished: its entry then shows the newer
 // write's slots, which costs at most a wait for the old write, about to
 // finish; the newer write has an entry of its own. A trim also runs when

@@ -2,7 +2,6 @@ package writer
 
 import (
 	"slices"
-	"sync"
 
 	"github.com/omnicache/omnicache/gpu"
 )
@@ -54,13 +53,28 @@ func pinOpen(r *Refs, w *Write) {
 	r.Pins = append(r.Pins, w)
 }
 
-// writePool recycles immediate writes (and their slices) once nothing
-// references them, so steady-state steps allocate nothing.
-var writePool sync.Pool
+// maxFreeWrites bounds the released writes a path keeps for reuse.
+const maxFreeWrites = 256
 
+// newWrite takes a recycled write (and its slices), so steady-state steps
+// allocate none. Released writes go to the path's own list (putWrite), on
+// whichever goroutine drops the last reference; the engine goroutine takes
+// the whole list at once into its stash when the stash runs dry. Not a
+// sync.Pool: the engine goroutine parks on back-pressure and wakes on
+// another P, where a pool's per-P cache is empty and every Get steals.
+// Engine goroutine.
 func (p *Path) newWrite(pg *Page, n int) *Write {
-	w, _ := writePool.Get().(*Write)
-	if w == nil {
+	if len(p.wstash) == 0 {
+		p.wmu.Lock()
+		p.wstash, p.wfree = p.wfree, p.wstash
+		p.wmu.Unlock()
+	}
+	var w *Write
+	if k := len(p.wstash); k > 0 {
+		w = p.wstash[k-1]
+		p.wstash[k-1] = nil
+		p.wstash = p.wstash[:k-1]
+	} else {
 		w = &Write{}
 	}
 	host, dev, staged, absent, slots, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Slots[:0], w.Owned[:0]
@@ -100,8 +114,17 @@ func (p *Path) release(w *Write, locked bool) {
 	if !w.Deferred {
 		clear(w.Host)
 		clear(w.Staged)
-		writePool.Put(w)
+		p.putWrite(w)
 	}
+}
+
+// putWrite recycles a released immediate write. Any goroutine.
+func (p *Path) putWrite(w *Write) {
+	p.wmu.Lock()
+	if len(p.wfree) < maxFreeWrites {
+		p.wfree = append(p.wfree, w)
+	}
+	p.wmu.Unlock()
 }
 
 // freeDev frees the device rows parked in w and releases their charge.

@@ -1,17 +1,24 @@
 // Command perffold folds `perf script -F comm,tid,ip,sym` output: for samples whose
 // stack holds one of the root functions, it counts the path from the root
-// down (at most 6 frames), and prints "count<TAB>path" lines.
+// down (at most -depth frames; -roots names them), and prints "count<TAB>path"
+// lines.
 package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"os"
 	"sort"
 	"strings"
 )
 
-var roots = []string{"omnicache.(*Cache).Begin", "omnicache.(*Cache).Save", "omnicache.(*Cache).Discard"}
+var (
+	rootsFlag = flag.String("roots", "omnicache.(*Cache).Begin,omnicache.(*Cache).Save,omnicache.(*Cache).Discard", "comma-separated function name suffixes a path starts at (the match nearest the leaf)")
+	depth     = flag.Int("depth", 6, "frames kept from the root down")
+	leafIP    = flag.Bool("leafip", false, "count the leaf frame's address (hex, for go tool addr2line) instead of paths")
+	roots     []string
+)
 
 func short(s string) string {
 	if i := strings.LastIndex(s, " ("); i > 0 {
@@ -25,16 +32,22 @@ func short(s string) string {
 }
 
 func main() {
+	flag.Parse()
+	roots = strings.Split(*rootsFlag, ",")
 	paths := map[string]int{}
 	total := 0
-	var fr []string
+	var fr, ips []string
 	flush := func() {
 		total++
 		for i, n := range fr {
 			for _, r := range roots {
+				if strings.HasSuffix(n, r) && *leafIP {
+					paths[ips[0]+"\t"+fr[0]]++
+					return
+				}
 				if strings.HasSuffix(n, r) {
 					var chain []string
-					for j := i; j >= 0 && len(chain) < 6; j-- {
+					for j := i; j >= 0 && len(chain) < *depth; j-- {
 						chain = append(chain, fr[j])
 					}
 					paths[strings.Join(chain, " > ")]++
@@ -51,13 +64,14 @@ func main() {
 			if len(fr) > 0 {
 				flush()
 			}
-			fr = fr[:0]
+			fr, ips = fr[:0], ips[:0]
 			continue
 		}
 		if l[0] == '\t' || l[0] == ' ' {
 			f := strings.SplitN(strings.TrimSpace(l), " ", 2)
 			if len(f) == 2 {
 				fr = append(fr, short(f[1]))
+				ips = append(ips, "0x"+f[0])
 			}
 		}
 	}

@@ -21,9 +21,11 @@ type Cache struct {
 	rd   *reader.Reader
 	lay  *writer.Layout
 
-	// mu guards the saved steps not consumed yet.
-	mu    sync.Mutex
-	steps []*reader.Step
+	// mu guards the saved steps not consumed yet, and the records Discard
+	// recycled (recFreeMu, see newRec).
+	mu        sync.Mutex
+	steps     []*reader.Step
+	recFreeMu []*reader.Step
 
 	// recFree recycles step records (and their slices): a steady run
 	// allocates none. The cache's own list, not a sync.Pool: a record is
@@ -178,6 +180,9 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	}
 	c.mu.Lock()
 	c.steps = append(c.steps, rec)
+	if len(e.recStash) == 0 {
+		e.recStash, c.recFreeMu = c.recFreeMu, e.recStash
+	}
 	c.mu.Unlock()
 	c.path.Counters().Steps.Add(1)
 	return StepID(rec.ID), nil
@@ -243,8 +248,12 @@ func (c *Cache) Discard(id StepID) error {
 		return ErrClosed
 	}
 	rec, err := c.takeLocked(id, nil)
-	if err == nil {
-		c.rd.Cancel(rec) // a prefetch not started yet is skipped
+	if err == nil && c.rd.CancelKept(rec) { // a prefetch not started yet is skipped
+		// the last reference: recycled here, under c.mu (see newRec)
+		c.path.Unpin(&rec.Refs)
+		if len(c.recFreeMu) < maxFreeRecs {
+			c.recFreeMu = append(c.recFreeMu, rec)
+		}
 	}
 	c.mu.Unlock()
 	if err != nil {

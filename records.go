@@ -1,4 +1,4 @@
-// Saved steps' records: recycled through the cache's own list, and taken
+// Saved steps' records: recycled through the cache's own lists, and taken
 // by the one call that consumes the step (Discard, Materialize). newRec runs
 // on the engine goroutine; freeRec, take and drop on any.
 
@@ -13,20 +13,27 @@ import (
 // newRec prepares the record of the step being saved (not yet published).
 // It takes the step's ids and counts (Begin copied them out of the
 // borrowed plan); the engine refills the record's old slices next Begin.
+//
+// Records come from the engine's stash, which takes a whole list of freed
+// records at a time: those Discard recycled under c.mu (recFreeMu, taken
+// under the c.mu Save holds anyway), else those freed elsewhere
+// (recFree: Materialize, the committer's end of a read ahead).
 func (c *Cache) newRec() *reader.Step {
-	var r *reader.Step
-	c.recMu.Lock()
-	if n := len(c.recFree); n > 0 {
-		r = c.recFree[n-1]
-		c.recFree[n-1] = nil
-		c.recFree = c.recFree[:n-1]
+	e := &c.eng
+	if len(e.recStash) == 0 {
+		c.recMu.Lock()
+		e.recStash, c.recFree = c.recFree, e.recStash
+		c.recMu.Unlock()
 	}
-	c.recMu.Unlock()
-	if r == nil {
+	var r *reader.Step
+	if n := len(e.recStash); n > 0 {
+		r = e.recStash[n-1]
+		e.recStash[n-1] = nil
+		e.recStash = e.recStash[:n-1]
+	} else {
 		r = &reader.Step{}
 	}
 	r.Reset(len(c.cfg.Keys))
-	e := &c.eng
 	e.nextStep++
 	r.ID = uint64(e.nextStep)
 	r.IDs, e.ids = e.ids, r.IDs[:0]

@@ -213,8 +213,24 @@ func (r *Reader) readInOrder(s *Step) {
 // the consumer's); the last one returns the buffers, the budget and the
 // record. Any goroutine.
 func (r *Reader) Release(s *Step) {
-	if s.hold.Add(-1) != 0 {
-		return
+	if r.drop(s, false) {
+		r.opt.Free(s)
+	}
+}
+
+// drop drops one reference to s and reports whether it was the last: s's
+// read-ahead buffers, charge and plan pins are then given back, and s is
+// the caller's to free. For the consumer (its goroutine saw the step
+// saved, so pfSeq is settled) of a step never prefetched (pfSeq 0) its
+// reference is the only one: no other goroutine can hold s, so the count
+// is left at 1 without an atomic add (Reset finds it there). The
+// committer's drop never reads pfSeq: the engine sets it after the push
+// the committer may already be running.
+func (r *Reader) drop(s *Step, consumer bool) bool {
+	if !consumer || s.pfSeq != 0 || s.hold.Load() != 1 {
+		if s.hold.Add(-1) != 0 {
+			return false
+		}
 	}
 	for k, b := range s.pf {
 		r.pool.put(b)
@@ -222,7 +238,7 @@ func (r *Reader) Release(s *Step) {
 	}
 	r.uncharge(s)
 	r.p.Unpin(&s.planPins)
-	r.opt.Free(s)
+	return true
 }
 
 // uncharge gives s's read-ahead charge back (once).
@@ -241,10 +257,19 @@ func (r *Reader) uncharge(s *Step) {
 // step's Charge must not find them still counted); the consumer's
 // reference is dropped. Engine goroutine.
 func (r *Reader) Cancel(s *Step) {
+	if r.CancelKept(s) {
+		r.opt.Free(s)
+	}
+}
+
+// CancelKept is Cancel for a consumer that recycles s itself: it reports
+// whether the consumer's reference was the last, and then leaves s to the
+// caller (Options.Free is not called). The consumer's goroutine.
+func (r *Reader) CancelKept(s *Step) bool {
 	if s.pfSeq != 0 && s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
 		r.uncharge(s)
 	}
-	r.Release(s)
+	return r.drop(s, true)
 }
 
 // consumePrefetched serves the asked requests of a prefetched step: the

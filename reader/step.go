@@ -159,7 +159,9 @@ func (s *Step) Reset(nkeys int) {
 	if s.pfCharge.Load() != 0 {
 		s.pfCharge.Store(0)
 	}
-	s.hold.Store(1) // the consumer's (Materialize or Discard, or the cancel)
+	if s.hold.Load() != 1 {
+		s.hold.Store(1) // the consumer's (Materialize or Discard, or the cancel)
+	}
 }
 
 // PlanPins are the pins of the step's hit plan (see Step.planPins), for

@@ -86,10 +86,12 @@ type Path struct {
 	mu           sync.Mutex
 	clones       map[uint64]*Write
 	handback     [][]byte
-	pinnedCharge int64 // budget charge of deferred clones pinned by steps
+	pinnedCharge int64    // budget charge of deferred clones pinned by steps
+	wfreeMu      []*Write // released immediate writes, released under mu (see newWrite)
 	_            [64]byte
 
-	// wfree recycles released immediate writes (see newWrite).
+	// wfree recycles immediate writes released without the state lock
+	// (see newWrite).
 	wmu   sync.Mutex
 	wfree []*Write
 	_     [64]byte

@@ -57,12 +57,14 @@ func pinOpen(r *Refs, w *Write) {
 const maxFreeWrites = 256
 
 // newWrite takes a recycled write (and its slices), so steady-state steps
-// allocate none. Released writes go to the path's own list (putWrite), on
-// whichever goroutine drops the last reference; the engine goroutine takes
-// the whole list at once into its stash when the stash runs dry. Not a
-// sync.Pool: the engine goroutine parks on back-pressure and wakes on
-// another P, where a pool's per-P cache is empty and every Get steals.
-// Engine goroutine.
+// allocate none. Released writes go to the path's own lists, on whichever
+// goroutine drops the last reference: wfreeMu when it holds the state lock
+// (a consumed step's Unpin), else wfree (putWrite); the engine goroutine
+// takes a whole list at once into its stash: wfreeMu under the lock a
+// step's write takes anyway (writeStep), wfree here when the stash is
+// still dry. Not a sync.Pool: the engine goroutine parks on back-pressure
+// and wakes on another P, where a pool's per-P cache is empty and every
+// Get steals. Engine goroutine.
 func (p *Path) newWrite(pg *Page, n int) *Write {
 	if len(p.wstash) == 0 {
 		p.wmu.Lock()
@@ -114,7 +116,19 @@ func (p *Path) release(w *Write, locked bool) {
 	if !w.Deferred {
 		clear(w.Host)
 		clear(w.Staged)
-		p.putWrite(w)
+		if !locked {
+			p.putWrite(w)
+		} else if len(p.wfreeMu) < maxFreeWrites {
+			p.wfreeMu = append(p.wfreeMu, w)
+		}
+	}
+}
+
+// refillWrites takes the writes released under the state lock into the
+// engine's stash when it is dry. Engine goroutine, holding the state lock.
+func (p *Path) refillWrites() {
+	if len(p.wstash) == 0 {
+		p.wstash, p.wfreeMu = p.wfreeMu, p.wstash
 	}
 }
 

@@ -353,6 +353,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 	}
 	w.Owners = 1
 	p.PinLocked(refs, w)
+	p.refillWrites()
 	p.mu.Unlock()
 	p.handOver(w, ev, lazy, s.Blocks)
 	return nil

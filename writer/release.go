@@ -62,14 +62,20 @@ const maxFreeWrites = 256
 // (a consumed step's Unpin), else wfree (putWrite); the engine goroutine
 // takes a whole list at once into its stash: wfreeMu under the lock a
 // step's write takes anyway (writeStep), wfree here when the stash is
-// still dry. Not a sync.Pool: the engine goroutine parks on back-pressure
-// and wakes on another P, where a pool's per-P cache is empty and every
-// Get steals. Engine goroutine.
+// still dry, then wfreeMu under the lock (a decode buffer's writes are
+// opened here, outside writeStep). Not a sync.Pool: the engine goroutine
+// parks on back-pressure and wakes on another P, where a pool's per-P
+// cache is empty and every Get steals. Engine goroutine.
 func (p *Path) newWrite(pg *Page, n int) *Write {
 	if len(p.wstash) == 0 {
 		p.wmu.Lock()
 		p.wstash, p.wfree = p.wfree, p.wstash
 		p.wmu.Unlock()
+	}
+	if len(p.wstash) == 0 {
+		p.mu.Lock()
+		p.refillWrites()
+		p.mu.Unlock()
 	}
 	var w *Write
 	if k := len(p.wstash); k > 0 {

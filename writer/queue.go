@@ -1,7 +1,9 @@
 package writer
 
 import (
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,14 +40,22 @@ type Queue[T any] struct {
 	sleepers, pollers int
 	wake              chan struct{}
 	timer             *time.Timer
-	_                 linePad
+	// doneA mirrors done, closedA closed, for a spinning waiter's looks
+	// without the lock (WaitFor): on a line of their own, so that its
+	// loads do not pull the lock's line away from the goroutines taking
+	// it.
+	_       linePad
+	doneA   atomic.Uint64
+	closedA atomic.Bool
+	_       linePad
 }
 
 // The consumer's polling (see Queue): first poll pollMin after the queue
 // ran empty, each next one twice as late up to pollMax, and no polling
-// (sleep until woken) once it has been empty for pollIdle.
-// (Variables for the tests.)
+// (sleep until woken) once it has been empty for pollIdle. WaitFor spins up
+// to waitSpin before it sleeps. (Variables for the tests.)
 var (
+	waitSpin = 50 * time.Microsecond
 	pollMin  = 50 * time.Microsecond
 	pollMax  = time.Millisecond
 	pollIdle = time.Second
@@ -180,6 +190,7 @@ func (q *Queue[T]) sleepLocked() {
 func (q *Queue[T]) Done() {
 	q.mu.Lock()
 	q.done++
+	q.doneA.Store(q.done)
 	q.idle.Broadcast()
 	q.mu.Unlock()
 }
@@ -205,11 +216,17 @@ func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
 		return true
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.reached(seq) {
+		q.mu.Unlock()
 		return true
 	}
 	q.kickLocked()
+	q.mu.Unlock()
+	if q.spinDone(seq, min(waitSpin, timeout)) {
+		return true
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	deadline := time.Now().Add(timeout)
 	t := time.AfterFunc(timeout, func() {
 		q.mu.Lock()
@@ -224,6 +241,29 @@ func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
 		q.idle.Wait()
 	}
 	return true
+}
+
+// spinDone waits up to bound for item seq to be processed, without the
+// lock and without parking (with more than one P): a read-ahead the
+// consumer is finishing is waited for without a timer and without the
+// wake, whose latency is several µs. It reports whether seq was reached;
+// a closed queue ends the spin (the locked wait decides).
+func (q *Queue[T]) spinDone(seq uint64, bound time.Duration) bool {
+	if bound <= 0 || runtime.GOMAXPROCS(0) == 1 {
+		return false
+	}
+	t0 := time.Now()
+	for i := 1; !q.closedA.Load(); i++ {
+		if q.doneA.Load() >= seq {
+			return true
+		}
+		if i%256 == 0 {
+			if time.Since(t0) >= bound {
+				return false
+			}
+		}
+	}
+	return false
 }
 
 func (q *Queue[T]) reached(seq uint64) bool {
@@ -296,6 +336,7 @@ func (q *Queue[T]) Close() {
 	q.mu.Lock()
 	if !q.closed {
 		q.closed = true
+		q.closedA.Store(true)
 		close(q.wake) // every sleeping consumer wakes, and none sleeps again
 	}
 	q.idle.Broadcast()

@@ -1,6 +1,7 @@
 package writer
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -371,4 +372,31 @@ func TestQueuePushLazy(t *testing.T) {
 		q.Close()
 		require.False(t, recv(t, pop, "Pop after Close").ok)
 	})
+}
+
+// WaitFor's spin (spinDone) sees an item done without the lock, ends at
+// its bound or when the queue closes, and never spins on one P (the
+// consumer could not run).
+func TestQueueWaitSpin(t *testing.T) {
+	q := NewQueue[int](1)
+	seq := q.Push(1)
+	require.False(t, q.spinDone(seq, time.Millisecond), "spin past its bound with nothing done")
+	got := async(func() bool { return q.spinDone(seq, deadlockTimeout) })
+	_, _ = q.Pop()
+	q.Done()
+	require.True(t, recv(t, got, "spin once the item is done"), "spin did not see Done")
+	require.True(t, q.spinDone(seq, time.Nanosecond), "an item already done")
+
+	seq = q.Push(2)
+	got = async(func() bool { return q.spinDone(seq, deadlockTimeout) })
+	q.Close()
+	require.False(t, recv(t, got, "spin once the queue closed"), "Close ends the spin; the locked wait decides")
+
+	q = NewQueue[int](1)
+	seq = q.Push(3)
+	_, _ = q.Pop()
+	q.Done()
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	require.False(t, q.spinDone(seq, time.Hour), "spin with one P")
+	require.True(t, q.WaitFor(seq, time.Hour), "WaitFor with one P: the locked wait")
 }

@@ -281,6 +281,13 @@ func (o committerOwner) Fail(err error) { o.p.Fail(err) }
 // host-ready: step clones, and parked device rows (or leaves those to the
 // last reader still copying from them).
 func (o committerOwner) Staged(w *Write) {
+	if !w.DevLive {
+		// Host rows only: nothing to free. Only the engine goroutine sets
+		// DevLive, before the hand-over; only the committer clears it: its
+		// read needs no lock, and the write's commit takes no state lock
+		// (the line the engine goroutine's next Save takes it on).
+		return
+	}
 	p := o.p
 	p.mu.Lock()
 	if w.DevLive {

@@ -30,24 +30,23 @@ type Queue[T any] struct {
 	buf    []T
 	head   int
 	n      int
-	closed bool
-	// done counts items whose processing finished (Done); Drain waits on it.
-	pushed, done uint64
-	idle         *sync.Cond
+	pushed uint64
+	idle   *sync.Cond
 	// consumers sleeping in Pop, and those of them polling (with timer,
 	// which one at a time uses); a token on wake (closed by Close) ends a
 	// sleep.
 	sleepers, pollers int
 	wake              chan struct{}
 	timer             *time.Timer
-	// doneA mirrors done, closedA closed, for a spinning waiter's looks
-	// without the lock (WaitFor): on a line of their own, so that its
-	// loads do not pull the lock's line away from the goroutines taking
-	// it.
-	_       linePad
-	doneA   atomic.Uint64
-	closedA atomic.Bool
-	_       linePad
+	// done counts items whose processing finished (Done; Drain waits on
+	// it); closed is set by Close. Both are written under mu and read
+	// under it, except by WaitFor's spin, which loads them without it:
+	// they are on a line of their own, so that its loads do not pull the
+	// lock's line away from the goroutines taking it.
+	_      linePad
+	done   atomic.Uint64
+	closed atomic.Bool
+	_      linePad
 }
 
 // The consumer's polling (see Queue): first poll pollMin after the queue
@@ -110,7 +109,7 @@ func (q *Queue[T]) kickLocked() {
 }
 
 func (q *Queue[T]) wakeLocked() {
-	if q.sleepers > 0 && !q.closed {
+	if q.sleepers > 0 && !q.closed.Load() {
 		select {
 		case q.wake <- struct{}{}:
 		default: // a token is already waiting
@@ -137,7 +136,7 @@ func (q *Queue[T]) appendLocked(v T) uint64 {
 func (q *Queue[T]) Pop() (v T, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n == 0 && !q.closed {
+	if q.n == 0 && !q.closed.Load() {
 		q.sleepLocked()
 	}
 	if q.n == 0 {
@@ -155,7 +154,7 @@ func (q *Queue[T]) Pop() (v T, ok bool) {
 // queued or the queue is closed. Called and returns with q.mu held.
 func (q *Queue[T]) sleepLocked() {
 	poll, slept := pollMin, time.Duration(0)
-	for q.n == 0 && !q.closed {
+	for q.n == 0 && !q.closed.Load() {
 		polling := slept < pollIdle && q.pollers == 0 // one timer: one poller
 		q.sleepers++
 		if polling {
@@ -189,8 +188,7 @@ func (q *Queue[T]) sleepLocked() {
 // Done marks one popped item as processed.
 func (q *Queue[T]) Done() {
 	q.mu.Lock()
-	q.done++
-	q.doneA.Store(q.done)
+	q.done.Add(1)
 	q.idle.Broadcast()
 	q.mu.Unlock()
 }
@@ -253,8 +251,8 @@ func (q *Queue[T]) spinDone(seq uint64, bound time.Duration) bool {
 		return false
 	}
 	t0 := time.Now()
-	for i := 1; !q.closedA.Load(); i++ {
-		if q.doneA.Load() >= seq {
+	for i := 1; !q.closed.Load(); i++ {
+		if q.done.Load() >= seq {
 			return true
 		}
 		if i%256 == 0 {
@@ -267,7 +265,8 @@ func (q *Queue[T]) spinDone(seq uint64, bound time.Duration) bool {
 }
 
 func (q *Queue[T]) reached(seq uint64) bool {
-	return q.done >= seq || (q.closed && q.n == 0 && q.done == q.pushed)
+	done := q.done.Load()
+	return done >= seq || (q.closed.Load() && q.n == 0 && done == q.pushed)
 }
 
 // Drain blocks until everything pushed so far has been processed.
@@ -314,7 +313,7 @@ func (q *Queue[T]) Since(seq uint64, fn func(v T) bool) uint64 {
 func (q *Queue[T]) DoneSeq() uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.done
+	return q.done.Load()
 }
 
 // Pushed is the sequence number of the last item pushed.
@@ -328,15 +327,14 @@ func (q *Queue[T]) Pushed() uint64 {
 func (q *Queue[T]) Pending() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return int(q.pushed - q.done)
+	return int(q.pushed - q.done.Load())
 }
 
 // Close makes Pop return false once the queue is empty.
 func (q *Queue[T]) Close() {
 	q.mu.Lock()
-	if !q.closed {
-		q.closed = true
-		q.closedA.Store(true)
+	if !q.closed.Load() {
+		q.closed.Store(true)
 		close(q.wake) // every sleeping consumer wakes, and none sleeps again
 	}
 	q.idle.Broadcast()

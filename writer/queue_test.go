@@ -378,6 +378,9 @@ func TestQueuePushLazy(t *testing.T) {
 // its bound or when the queue closes, and never spins on one P (the
 // consumer could not run).
 func TestQueueWaitSpin(t *testing.T) {
+	if runtime.GOMAXPROCS(0) == 1 { // the spins below need a second P
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
 	q := NewQueue[int](1)
 	seq := q.Push(1)
 	require.False(t, q.spinDone(seq, time.Millisecond), "spin past its bound with nothing done")

@@ -289,13 +289,11 @@ func (o committerOwner) Staged(w *Write) {
 		return
 	}
 	p := o.p
-	p.mu.Lock()
-	if w.DevLive {
-		if w.DevReads == 0 {
-			p.freeDev(w)
-		} else {
-			w.DevLive, w.DevRelease = false, true
-		}
+	p.mu.Lock() // readers register on parked rows under it (BeginParkedRead)
+	if w.DevReads == 0 {
+		p.freeDev(w)
+	} else {
+		w.DevLive, w.DevRelease = false, true
 	}
 	p.mu.Unlock()
 }

@@ -100,6 +100,10 @@ func RunEnd(sl []int32, i int, lo int32, bs int) int {
 	return i
 }
 
+// Shift is log2 of the block size when it is a power of two (a slot's
+// block is then s >> Shift), else -1.
+func (t *Tenancy) Shift() int { return t.shift }
+
 // Block is the block that holds slot s.
 func (t *Tenancy) Block(s int32) int { return t.block(s) }
 

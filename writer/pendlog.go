@@ -23,11 +23,12 @@ import "github.com/omnicache/omnicache/soa"
 // finish; the newer write has an entry of its own. A trim also runs when
 // the log grows past logTrimTasks.
 
-// pendTask is one task of the log: a write, or an import of blocks. Its
-// blocks (the distinct blocks a write's slots fall in, in order of first
-// appearance within runs) are worked out by the first scan that reaches it:
-// a prefill's thousands of slots are then scanned once, not once per hit
-// planned while it is queued.
+// pendTask is one task of the log: a write, or an import of blocks. A
+// write's blocks (the distinct blocks its slots fall in, in order of first
+// appearance within runs) are worked out by the first scan that reaches it
+// when it has more than joinScanSlots slots: a prefill's thousands of slots
+// are then scanned once, not once per hit planned while it is queued. A
+// smaller write (a decode step's) is checked slot by slot.
 type pendTask struct {
 	seq    uint64
 	w      *Write
@@ -148,6 +149,12 @@ func (p *Path) JoinSeq(hits [][]int32) uint64 {
 	for i := len(l.tasks) - 1; i >= l.first; i-- { // newest first: the first match is the newest
 		t := &l.tasks[i]
 		if t.blocks == nil {
+			if sl := t.w.Slots; len(sl) <= joinScanSlots {
+				if p.slotsMarked(sl) {
+					return t.seq
+				}
+				continue
+			}
 			t.blocks = p.writeBlocks(t.w.Slots)
 		}
 		for _, b := range t.blocks {
@@ -157,4 +164,32 @@ func (p *Path) JoinSeq(hits [][]int32) uint64 {
 		}
 	}
 	return 0
+}
+
+// joinScanSlots is the most slots of a write that JoinSeq checks slot by
+// slot, without working out (and keeping) its blocks: a decode step's
+// write, a slot per request and so a block per slot, is checked in one pass
+// over its slots at each scan that reaches it, at no cost to the scans
+// that do not. A larger write (a prefill: a block per BlockSize slots) has
+// its blocks worked out once. (A variable for the tests.)
+var joinScanSlots = 128
+
+// slotsMarked reports whether a slot of sl lies in a block marked for the
+// join (negative slots lie in none).
+func (p *Path) slotsMarked(sl []int32) bool {
+	l := &p.plog
+	if sh := p.ten.Shift(); sh >= 0 {
+		for _, s := range sl {
+			if s >= 0 && l.mark[s>>sh] == l.gen {
+				return true
+			}
+		}
+		return false
+	}
+	for _, s := range sl {
+		if s >= 0 && l.mark[p.ten.Block(s)] == l.gen {
+			return true
+		}
+	}
+	return false
 }

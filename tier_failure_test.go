@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,10 +123,15 @@ func TestTierImportNeverBlocksTheEngine(t *testing.T) {
 }
 
 // deadBackend is a tier whose stores never complete before their context
-// ends (a black-holed network).
-type deadBackend struct{ tier.Backend }
+// ends (a black-holed network). entered is closed by the first store.
+type deadBackend struct {
+	tier.Backend
+	entered chan struct{}
+	once    *sync.Once
+}
 
 func (d deadBackend) Set(ctx context.Context, keys []string, vals [][]byte) []error {
+	d.once.Do(func() { close(d.entered) })
 	<-ctx.Done()
 	errs := make([]error, len(keys))
 	for i := range errs {
@@ -139,7 +145,8 @@ func (d deadBackend) Set(ctx context.Context, keys []string, vals [][]byte) []er
 // dropped and counted, nothing is lost from the counts.
 func TestTierCloseWithDeadTier(t *testing.T) {
 	e, _ := tier.NewEmbedded(0)
-	tr, err := tier.New(deadBackend{e}, tns(), tier.Options{Timeout: 20 * time.Millisecond})
+	dead := deadBackend{Backend: e, entered: make(chan struct{}), once: new(sync.Once)}
+	tr, err := tier.New(dead, tns(), tier.Options{Timeout: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +166,13 @@ func TestTierCloseWithDeadTier(t *testing.T) {
 	}
 	if err := c.Sync(); err != nil {
 		t.Fatal(err)
+	}
+	// A store is in flight before Close (on a loaded machine the publisher
+	// may not have taken a block yet: Close would then drop all 8).
+	select {
+	case <-dead.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no store began within 10s: deadlock?")
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)

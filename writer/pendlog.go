@@ -8,37 +8,31 @@ import "github.com/omnicache/omnicache/soa"
 // waits for the newest such task handed over before the plan, not for every
 // task queued (a decode step's write to other blocks, a prefill's scatter).
 //
-// A task whose blocks are known when it is handed over (a long step's
-// write: Save read them off the block table; an import) records its
-// sequence per block (pendLog.last): a store per block, as many as copying
-// them would take, and the join of a hit then looks up its own blocks
-// instead of scanning every queued task's. Recording a decode step's
-// blocks that way would cost the engine goroutine a store per token into
-// the per-block table (a decode step's 64 requests are 64 blocks: a fifth
-// of its Save), and even copying its slots into a log costs the engine's
-// caches a stream of lines. So handing such a write over only logs the
-// write itself (its Slots are written on the engine goroutine alone, by
-// Save and newWrite: reading them here, on that goroutine, races with
-// nothing), and the plan of a hit, far rarer, scans the log from its
-// newest task for one that touches a hit block, after dropping the tasks
-// the committer has finished (their rows are in: nothing to wait for). A
-// write whose rows have landed may be recycled (newWrite) before the
-// committer counts it finished: its entry then shows the newer write's
-// slots, which costs at most a wait for the old write, about to finish;
-// the newer write has an entry of its own. A trim also runs when the log
-// grows past logTrimTasks.
+// Recording a task's blocks when it is handed over would cost the engine
+// goroutine a store per token into a per-block table (a decode step's 64
+// requests are 64 blocks: a fifth of its Save), and even copying its slots
+// into a log costs the engine's caches a stream of lines. So handing over
+// only logs the write itself (its Slots are written on the engine
+// goroutine alone, by Save and newWrite: reading them here, on that
+// goroutine, races with nothing), and the plan of a hit, far rarer, scans
+// the log from its newest task for one that touches a hit block, after
+// dropping the tasks the committer has finished (their rows are in: nothing
+// to wait for). A write whose rows have landed may be recycled (newWrite)
+// before the committer counts it finished: its entry then shows the newer
+// write's slots, which costs at most a wait for the old write, about to
+// finish; the newer write has an entry of its own. A trim also runs when
+// the log grows past logTrimTasks.
 
-// pendTask is one write of the log, handed over without its blocks (a
-// decode step's, a decode-buffer flush). Its blocks (the distinct blocks
-// its slots fall in, in order of first appearance within runs) are worked
-// out by the first scan that reaches it when it has more than
-// joinScanSlots slots (a flush): they are then scanned once, not once per
-// hit planned while it is queued. A smaller write (a decode step's) is
-// checked slot by slot.
+// pendTask is one task of the log: a write, or an import of blocks. A
+// write's blocks (the distinct blocks its slots fall in, in order of first
+// appearance within runs) are worked out by the first scan that reaches it
+// when it has more than joinScanSlots slots: a prefill's thousands of slots
+// are then scanned once, not once per hit planned while it is queued. A
+// smaller write (a decode step's) is checked slot by slot.
 type pendTask struct {
 	seq    uint64
 	w      *Write
-	blocks []int32 // nil until worked out
+	blocks []int32 // nil until worked out (always set for an import)
 }
 
 // pendLog is the engine goroutine's log of tasks handed over that land
@@ -50,10 +44,6 @@ type pendLog struct {
 	// mark and gen flag the blocks of the hit being joined.
 	mark []uint32
 	gen  uint32
-	// last is, per block, the sequence of the newest task handed over
-	// with its blocks known that lands rows in it (0: none); nil until the
-	// first such task.
-	last []uint64
 }
 
 // logTrimTasks is how many logged tasks make a hand-over trim the log
@@ -93,34 +83,29 @@ func (l *pendLog) list() []int32 {
 	return make([]int32, 0, 16)
 }
 
-// logWrite records write w, handed over as queue item w.Seq, by the
-// blocks it writes when Save knows them (a long step), else logs it (its
-// slots tell them later); logImport records import seq of blocks. Engine
+// logWrite logs write w, handed over as queue item w.Seq, with the blocks
+// it writes when Save knows them (a long step: copied), else its slots tell
+// them later; logImport logs import seq of blocks (copied). Engine
 // goroutine.
 // Only immediate keys land such rows, so p.ten is set whenever they are
 // called.
 func (p *Path) logWrite(w *Write, blocks []int32) {
+	t := pendTask{seq: w.Seq, w: w}
 	if blocks != nil {
-		p.noteBlocks(w.Seq, blocks)
-		return
+		t.blocks = append(p.plog.list(), blocks...)
 	}
+	p.logTask(t)
+}
+
+func (p *Path) logImport(seq uint64, blocks []int32) {
+	p.logTask(pendTask{seq: seq, blocks: append(p.plog.list(), blocks...)})
+}
+
+func (p *Path) logTask(t pendTask) {
 	if len(p.plog.tasks) >= logTrimTasks {
 		p.plog.trim(p.q.DoneSeq())
 	}
-	p.plog.tasks = append(p.plog.tasks, pendTask{seq: w.Seq, w: w})
-}
-
-func (p *Path) logImport(seq uint64, blocks []int32) { p.noteBlocks(seq, blocks) }
-
-// noteBlocks records task seq as the newest to land rows in blocks.
-func (p *Path) noteBlocks(seq uint64, blocks []int32) {
-	l := &p.plog
-	if l.last == nil {
-		l.last = make([]uint64, p.cfg.NumBlocks)
-	}
-	for _, b := range blocks {
-		l.last[b] = seq
-	}
+	p.plog.tasks = append(p.plog.tasks, t)
 }
 
 // writeBlocks works out the blocks of write slots sl (a run of slots in
@@ -142,28 +127,12 @@ func (p *Path) writeBlocks(sl []int32) []int32 {
 // goroutine (the plan of a hit on immediate keys).
 func (p *Path) JoinSeq(hits [][]int32) uint64 {
 	l := &p.plog
-	if len(l.tasks) == 0 && l.last == nil {
+	if len(l.tasks) == 0 {
 		return 0
 	}
-	done := p.q.DoneSeq()
-	// The newest unfinished task recorded by its blocks; a logged write
-	// older than it cannot be the answer.
-	var seq uint64
-	if l.last != nil {
-		for _, bl := range hits {
-			for _, b := range bl {
-				if s := l.last[b]; s > done && s > seq {
-					seq = s
-				}
-			}
-		}
-	}
-	if len(l.tasks) == 0 {
-		return seq
-	}
-	l.trim(done)
-	if l.first == len(l.tasks) || l.tasks[len(l.tasks)-1].seq < seq {
-		return seq
+	l.trim(p.q.DoneSeq())
+	if l.first == len(l.tasks) {
+		return 0
 	}
 	if len(l.mark) < p.cfg.NumBlocks {
 		l.mark = make([]uint32, p.cfg.NumBlocks)
@@ -177,7 +146,7 @@ func (p *Path) JoinSeq(hits [][]int32) uint64 {
 			l.mark[b] = l.gen
 		}
 	}
-	for i := len(l.tasks) - 1; i >= l.first && l.tasks[i].seq > seq; i-- { // newest first: the first match is the newest
+	for i := len(l.tasks) - 1; i >= l.first; i-- { // newest first: the first match is the newest
 		t := &l.tasks[i]
 		if t.blocks == nil {
 			if sl := t.w.Slots; len(sl) <= joinScanSlots {
@@ -194,7 +163,7 @@ func (p *Path) JoinSeq(hits [][]int32) uint64 {
 			}
 		}
 	}
-	return seq
+	return 0
 }
 
 // joinScanSlots is the most slots of a write that JoinSeq checks slot by

@@ -220,13 +220,13 @@ func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
 	}
 	q.kickLocked()
 	q.mu.Unlock()
+	deadline := time.Now().Add(timeout) // the spin counts against the bound
 	if q.spinDone(seq, min(waitSpin, timeout)) {
 		return true
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	deadline := time.Now().Add(timeout)
-	t := time.AfterFunc(timeout, func() {
+	t := time.AfterFunc(time.Until(deadline), func() {
 		q.mu.Lock()
 		q.idle.Broadcast()
 		q.mu.Unlock()

@@ -283,9 +283,10 @@ func (o committerOwner) Fail(err error) { o.p.Fail(err) }
 func (o committerOwner) Staged(w *Write) {
 	if !w.DevLive {
 		// Host rows only: nothing to free. Only the engine goroutine sets
-		// DevLive, before the hand-over; only the committer clears it: its
-		// read needs no lock, and the write's commit takes no state lock
-		// (the line the engine goroutine's next Save takes it on).
+		// DevLive, before the hand-over; after it only the committer clears
+		// it (release does too, but only once the committer landed the
+		// write): its read needs no lock, and the write's commit takes no
+		// state lock (the line the engine goroutine's next Save takes it on).
 		return
 	}
 	p := o.p

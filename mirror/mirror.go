@@ -170,21 +170,36 @@ func (m *Mirror) Write(slots []int32, rows []byte) {
 	}
 	// Slots close together share a chunk: look it up once per run of them
 	// (a decode flush's rows are per-request runs, a step's rows one run).
+	// A run of consecutive slots in one chunk is one copy (see runEnd).
 	var cb []byte
 	cc := ^uint32(0)
-	for i, s := range slots {
+	for i := 0; i < len(slots); {
+		s := slots[i]
 		if s < 0 {
+			i++
 			continue
 		}
 		if int(s) >= m.numSlots {
 			panicSlot(s, m.numSlots)
 		}
-		if c := uint32(s) >> m.rowShift; c != cc {
+		c := uint32(s) >> m.rowShift
+		if c != cc {
 			cb, cc = m.chunkW(c), c
 		}
+		j := i + 1
+		if j < len(slots) && slots[j] == s+1 {
+			j = runEnd(slots, i, m.runLimit(c))
+		}
 		off := int(uint32(s)&m.rowMask) * rb
-		copy(cb[off:off+rb], rows[i*rb:i*rb+rb])
+		copy(cb[off:off+(j-i)*rb], rows[i*rb:j*rb])
+		i = j
 	}
+}
+
+// runLimit is the slot past chunk c's last row: a run of slots in chunk c
+// stays below it.
+func (m *Mirror) runLimit(c uint32) int32 {
+	return int32(min(int64(c+1)<<m.rowShift, int64(m.numSlots)))
 }
 
 // WriteRow writes one row (RowBytes bytes) to slot; a negative slot is a
@@ -209,27 +224,36 @@ func (m *Mirror) Read(dst []byte, slots []int32) {
 		panicLen("Read", len(dst), len(slots), rb)
 	}
 	// A chunk found missing stays missing for the call: none of its slots
-	// was committed when the read began.
+	// was committed when the read began. A run of consecutive slots in
+	// one chunk is one copy, as in Write.
 	var cb []byte
 	cc := ^uint32(0)
-	for i, s := range slots {
-		d := dst[i*rb : i*rb+rb]
+	for i := 0; i < len(slots); {
+		s := slots[i]
 		if s < 0 {
-			clear(d)
+			clear(dst[i*rb : i*rb+rb])
+			i++
 			continue
 		}
 		if int(s) >= m.numSlots {
 			panicSlot(s, m.numSlots)
 		}
-		if c := uint32(s) >> m.rowShift; c != cc {
+		c := uint32(s) >> m.rowShift
+		if c != cc {
 			cb, cc = m.chunkR(c), c
 		}
+		j := i + 1
+		if j < len(slots) && slots[j] == s+1 {
+			j = runEnd(slots, i, m.runLimit(c))
+		}
+		d := dst[i*rb : j*rb]
+		off := int(uint32(s)&m.rowMask) * rb
 		if cb == nil {
 			clear(d)
-			continue
+		} else {
+			copy(d, cb[off:off+(j-i)*rb])
 		}
-		off := int(uint32(s)&m.rowMask) * rb
-		copy(d, cb[off:off+rb])
+		i = j
 	}
 }
 

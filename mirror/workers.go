@@ -306,18 +306,29 @@ func (m *Mirror) writePart(slots []int32, rows []byte, p, parts int, gsh uint) {
 	mul := ^uint64(0)/uint64(parts) + 1
 	var cb []byte
 	cc := ^uint32(0)
-	for i, s := range slots {
+	for i := 0; i < len(slots); {
+		s := slots[i]
 		if s < 0 {
+			i++
 			continue
 		}
 		if hi, _ := bits.Mul64(mul*uint64(s>>gsh), uint64(parts)); int(hi) != p {
+			i++
 			continue
 		}
-		if c := uint32(s) >> m.rowShift; c != cc {
+		c := uint32(s) >> m.rowShift
+		if c != cc {
 			cb, cc = m.chunkR(c), c
 		}
+		// A run of consecutive slots in one chunk and one group is one
+		// copy (see runEnd).
+		j := i + 1
+		if j < len(slots) && slots[j] == s+1 {
+			j = runEnd(slots, i, min(m.runLimit(c), int32(min((int64(s>>gsh)+1)<<gsh, 1<<31-1))))
+		}
 		off := int(uint32(s)&m.rowMask) * rb
-		copy(cb[off:off+rb], rows[i*rb:i*rb+rb])
+		copy(cb[off:off+(j-i)*rb], rows[i*rb:j*rb])
+		i = j
 	}
 }
 

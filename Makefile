@@ -40,12 +40,15 @@ fuzz: ## run every fuzz target of FUZZPKGS for FUZZTIME each
 
 generate: ## regenerate the avo assembly
 	cd slots/_asm && $(GO) run . -out ../slots_amd64.s -stubs ../slots_stubs_amd64.go -pkg slots
+	cd internal/spin/_asm && $(GO) run . -out ../pause_amd64.s -stubs ../pause_stubs_amd64.go -pkg spin
+
+GENERATED := slots/slots_amd64.s slots/slots_stubs_amd64.go internal/spin/pause_amd64.s internal/spin/pause_stubs_amd64.go
 
 check-generate: ## regenerate and fail on any drift
-	@tmp=$$(mktemp -d); cp slots/slots_amd64.s slots/slots_stubs_amd64.go $$tmp/; \
+	@tmp=$$(mktemp -d); for f in $(GENERATED); do mkdir -p $$tmp/$$(dirname $$f); cp $$f $$tmp/$$f; done; \
 	$(MAKE) --no-print-directory generate >/dev/null; \
-	diff -u $$tmp/slots_amd64.s slots/slots_amd64.s && diff -u $$tmp/slots_stubs_amd64.go slots/slots_stubs_amd64.go; \
-	rc=$$?; rm -rf $$tmp; [ $$rc -eq 0 ] || { echo "generated assembly drifted: run make generate"; exit 1; }
+	rc=0; for f in $(GENERATED); do diff -u $$tmp/$$f $$f || rc=1; done; \
+	rm -rf $$tmp; [ $$rc -eq 0 ] || { echo "generated assembly drifted: run make generate"; exit 1; }
 
 gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cuda.h> CGO_LDFLAGS=-L<dir of libcuda.so>; README "The CUDA device")
 	$(GO) vet -tags cuda ./gpu/ ./cmd/omnicache/

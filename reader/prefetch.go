@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/omnicache/omnicache/internal/errs"
-	"github.com/omnicache/omnicache/writer"
 )
 
 // Prefetch. A step with hits is planned at Begin; with prefetch on, its
@@ -145,7 +144,7 @@ func (r *Reader) queue(s *Step) {
 	// Lazily: a polling committer starts the read within a poll (at most
 	// 1 ms, small beside a forward) at no wake-up cost to the engine, and
 	// Materialize's wait for it wakes the committer.
-	s.pfSeq = r.p.Queue().PushLazy(writer.Task{R: s})
+	s.pfSeq = r.p.PushRead(s)
 }
 
 // Prefetched reports whether s's hits were read (or are being read) by the
@@ -184,6 +183,7 @@ func (s *Step) RunInOrder(failed bool) {
 	// The clones it read are no longer needed: their budget can be forced
 	// out before the step is consumed.
 	r.p.Unpin(&s.planPins)
+	r.p.ReadRan()
 	r.Release(s)
 }
 

@@ -1,6 +1,7 @@
 package writer
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -346,5 +347,108 @@ func TestPagesClaimOrder(t *testing.T) {
 			model = append(model, pg2.Index, pg.Index)
 		}
 		require.Equal(t, 4-len(model), p.InUse())
+	}
+}
+
+// setSpin sets the claim spin's bound and the Ps it needs for one test.
+func setSpin(t *testing.T, bound time.Duration, procs int) {
+	b0, p0 := spinBound, spinProcs
+	spinBound, spinProcs = bound, procs
+	t.Cleanup(func() { spinBound, spinProcs = b0, p0 })
+}
+
+// spinClaimAsync claims with ClaimSpin(timeout, false, spin).
+func spinClaimAsync(p *Pages, timeout time.Duration, spin bool) <-chan claimResult {
+	return async(func() claimResult {
+		pg, err := p.ClaimSpin(timeout, false, spin)
+		return claimResult{pg, err}
+	})
+}
+
+// A spinning claim (ClaimSpin with spin, GOMAXPROCS at least spinProcs)
+// takes a page released during its spin, and fails as a sleeping claim
+// does on Close, Fail and its timeout (the spin within it); past its
+// bound it sleeps like Claim. With fewer Ps, or without spin, it does not
+// spin (its bound of an hour would outlast the test's deadlock timeout).
+func TestPagesClaimSpin(t *testing.T) {
+	setSpin(t, time.Hour, 1) // a spinning claim spins through the test
+	p := NewPages(1)
+	pg := mustClaim(t, p)
+
+	ch := spinClaimAsync(p, deadlockTimeout, true)
+	require.True(t, blocked(ch), "a spinning claim returned while every page was held")
+	p.mu.Lock()
+	armed := p.armed // only a sleeping claim arms the pool's timer
+	p.mu.Unlock()
+	require.False(t, armed, "the claim slept instead of spinning")
+	p.Release(pg)
+	r := recv(t, ch, "a spinning claim once a page was released")
+	require.NoError(t, r.err)
+	pg = r.pg
+
+	// The timeout bounds the spin: ErrTimeout after it, nothing taken.
+	t0 := time.Now()
+	r = recv(t, spinClaimAsync(p, 20*time.Millisecond, true), "a spinning claim with a timeout")
+	require.ErrorIs(t, r.err, ErrTimeout)
+	require.GreaterOrEqual(t, time.Since(t0), 20*time.Millisecond)
+	require.Equal(t, 1, p.InUse())
+
+	// Fail ends the spin with ErrFailed, Close with ErrClosed.
+	ch = spinClaimAsync(p, deadlockTimeout, true)
+	require.True(t, blocked(ch))
+	p.Fail()
+	require.ErrorIs(t, recv(t, ch, "a spinning claim after Fail").err, ErrFailed)
+	p.Release(pg)
+	require.Zero(t, p.InUse())
+
+	p = NewPages(1)
+	pg = mustClaim(t, p)
+	ch = spinClaimAsync(p, deadlockTimeout, true)
+	require.True(t, blocked(ch))
+	p.Close()
+	require.ErrorIs(t, recv(t, ch, "a spinning claim after Close").err, ErrClosed)
+	p.Release(pg)
+
+	// Past its bound the claim sleeps, and a release wakes it.
+	setSpin(t, time.Millisecond, 1)
+	p = NewPages(1)
+	pg = mustClaim(t, p)
+	ch = spinClaimAsync(p, deadlockTimeout, true)
+	time.Sleep(5 * time.Millisecond) // well past the spin
+	require.True(t, blocked(ch))
+	p.Release(pg)
+	r = recv(t, ch, "a claim that spun, then slept, once a page was released")
+	require.NoError(t, r.err)
+	p.Release(r.pg)
+}
+
+// The spin needs spin and spinProcs Ps: otherwise a claim sleeps at once,
+// which a spin of an hour (ended by nothing but a free page) would not.
+// Seen through the pool's timer: only a sleeping claim arms it.
+func TestPagesClaimNoSpin(t *testing.T) {
+	setSpin(t, time.Hour, 1)
+	for _, tc := range []struct {
+		name  string
+		spin  bool
+		procs int
+	}{
+		{"spin=false", false, 1},
+		{"too few Ps", true, runtime.GOMAXPROCS(0) + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spinProcs = tc.procs
+			p := NewPages(1)
+			pg := mustClaim(t, p)
+			ch := spinClaimAsync(p, deadlockTimeout, tc.spin)
+			require.Eventually(t, func() bool {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				return p.armed
+			}, deadlockTimeout, time.Millisecond, "the claim never slept")
+			p.Release(pg)
+			r := recv(t, ch, "a sleeping claim once a page was released")
+			require.NoError(t, r.err)
+			p.Release(r.pg)
+		})
 	}
 }

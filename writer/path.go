@@ -96,6 +96,11 @@ type Path struct {
 	wfree []*Write
 	_     [64]byte
 
+	// reads counts the hit reads queued (PushRead) that the committer has
+	// not run yet (ReadRan): the engine goroutine and the committer.
+	reads atomic.Int64
+	_     [56]byte
+
 	// engine goroutine only
 	nextID   uint64
 	buf      DecodeBuf
@@ -244,6 +249,21 @@ func (p *Path) Committer() *Committer { return p.com }
 
 // Queue is the committer's queue (its sequence numbers are join points).
 func (p *Path) Queue() *Queue[Task] { return p.q }
+
+// PushRead queues a prefetched hit read (lazily: a wait for it wakes the
+// committer) and returns its sequence number; its RunInOrder calls ReadRan
+// when it is done. Engine goroutine.
+func (p *Path) PushRead(r InOrder) uint64 {
+	p.reads.Add(1)
+	return p.q.PushLazy(Task{R: r})
+}
+
+// ReadRan notes that the committer ran a read PushRead queued.
+func (p *Path) ReadRan() { p.reads.Add(-1) }
+
+// ReadsQueued is the number of reads PushRead queued that the committer
+// has not run yet. Any goroutine.
+func (p *Path) ReadsQueued() int64 { return p.reads.Load() }
 
 // Lock and Unlock take the state lock (see the package doc).
 func (p *Path) Lock()   { p.mu.Lock() }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/omnicache/omnicache/internal/spin"
 )
 
 // Queue is the committer's FIFO of pending work: an unbounded ring that
@@ -95,26 +97,31 @@ func (q *Queue[T]) PushLazy(v T) uint64 {
 
 // Kick wakes the consumer if it sleeps with items queued: a goroutine about
 // to wait for the consumer's progress by other means (a staging page, a
-// budget) calls it.
-func (q *Queue[T]) Kick() {
+// budget) calls it. It reports whether the consumer was asleep (woken now,
+// or by a token already waiting): the Go scheduler runs a goroutine
+// readied by a wake next on the waker's P, so a waker that then spins
+// instead of parking holds it off (see Pages.ClaimSpin).
+func (q *Queue[T]) Kick() bool {
 	q.mu.Lock()
-	q.kickLocked()
+	woke := q.kickLocked()
 	q.mu.Unlock()
+	return woke
 }
 
-func (q *Queue[T]) kickLocked() {
-	if q.n > 0 {
-		q.wakeLocked()
-	}
+func (q *Queue[T]) kickLocked() bool {
+	return q.n > 0 && q.wakeLocked()
 }
 
-func (q *Queue[T]) wakeLocked() {
+// wakeLocked wakes a sleeping consumer and reports whether one sleeps.
+func (q *Queue[T]) wakeLocked() bool {
 	if q.sleepers > 0 && !q.closed.Load() {
 		select {
 		case q.wake <- struct{}{}:
 		default: // a token is already waiting
 		}
+		return true
 	}
+	return false
 }
 
 func (q *Queue[T]) appendLocked(v T) uint64 {
@@ -250,18 +257,8 @@ func (q *Queue[T]) spinDone(seq uint64, bound time.Duration) bool {
 	if bound <= 0 || runtime.GOMAXPROCS(0) == 1 {
 		return false
 	}
-	t0 := time.Now()
-	for i := 1; !q.closed.Load(); i++ {
-		if q.done.Load() >= seq {
-			return true
-		}
-		if i%256 == 0 {
-			if time.Since(t0) >= bound {
-				return false
-			}
-		}
-	}
-	return false
+	spin.Until(bound, func() bool { return q.closed.Load() || q.done.Load() >= seq })
+	return q.done.Load() >= seq
 }
 
 func (q *Queue[T]) reached(seq uint64) bool {

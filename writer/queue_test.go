@@ -403,3 +403,23 @@ func TestQueueWaitSpin(t *testing.T) {
 	require.False(t, q.spinDone(seq, time.Hour), "spin with one P")
 	require.True(t, q.WaitFor(seq, time.Hour), "WaitFor with one P: the locked wait")
 }
+
+// Kick reports whether the consumer was asleep with items queued (a
+// claim that follows it then does not spin: see Pages.ClaimSpin).
+func TestQueueKickReportsWake(t *testing.T) {
+	setPolling(t, time.Hour, time.Hour, 2*time.Hour) // a polling consumer is asleep until kicked
+	q := NewQueue[int](1)
+	require.False(t, q.Kick(), "Kick with no consumer and nothing queued")
+	pop := popAsync(q)
+	require.True(t, blocked(pop))
+	require.False(t, q.Kick(), "Kick of a sleeping consumer with nothing queued")
+	q.PushLazy(1)
+	require.True(t, blocked(pop))
+	require.True(t, q.Kick(), "Kick of a sleeping consumer with an item queued")
+	require.Equal(t, popResult{1, true}, recv(t, pop, "Pop after Kick"))
+	q.Done()
+	q.PushLazy(2) // queued, no consumer in Pop: nobody to wake
+	require.False(t, q.Kick(), "Kick with an item queued and the consumer not in Pop")
+	require.Equal(t, 2, mustPop(t, q))
+	q.Done()
+}

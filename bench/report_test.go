@@ -1,6 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestHitVsMiss(t *testing.T) {
 	hit := &Report{Cache: "on", Model: "m", Keys: "k"}
@@ -20,5 +23,31 @@ func TestHitVsMiss(t *testing.T) {
 	}
 	if _, _, n, _ := HitVsMiss(foreign, []*Report{foreign}); n != 0 {
 		t.Fatalf("a run without hit steps compared %d", n)
+	}
+}
+
+// Under --verify the step-time targets are not judged: a loss far over the
+// 0%-hit target and a gain far off the reference are not Missed, and the
+// summary says so instead of OVER/OFF TARGET; without --verify they are.
+func TestCheckUnderVerify(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		zero := &Report{Name: "m/P1_h0_c1", Cache: "on", ProjectedChange: -0.5, Verify: verify}
+		hit := &Report{Name: "m/P1_h50_c1", Cache: "on", HitTokens: 10, HitRate: 0.5, ProjectedChange: 0.9,
+			RefReqPerSecOff: 1, RefChangeAfter: 0.1, Verify: verify}
+		v := Check([]*Report{zero, hit})
+		var b strings.Builder
+		if err := WriteSummary(&b, []*Report{zero, hit}); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if verify {
+			if !v.Verified || len(v.Missed) != 0 || strings.Count(out, notJudged) != 2 || strings.Contains(out, "TARGET") {
+				t.Fatalf("--verify: verdict %+v, summary:\n%s", v, out)
+			}
+			continue
+		}
+		if v.Verified || len(v.Missed) != 2 || !strings.Contains(out, "OVER TARGET") || !strings.Contains(out, "OFF TARGET") {
+			t.Fatalf("without --verify: verdict %+v, summary:\n%s", v, out)
+		}
 	}
 }

@@ -212,10 +212,11 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) er
 	opt := r.lay.Keys[k].Optional
 	ki := r.lay.ImmIdx[k]
 	e1 := com.Epoch()
-	if wk := com.Workers(); wk.N() > 1 && len(out) >= wk.SplitBytes() && r.allWritten(s, ki, sl) {
-		// Large, every row written, present and owned: check them all,
-		// then split the row copies across the copy workers.
-		m.ReadSplit(wk, out, sl)
+	if r.allWritten(s, ki, sl) {
+		// Every row written, present and owned (the common case): check
+		// them all, then copy them, a run of consecutive slots (a hit's
+		// block) at a time, split across the copy workers when large.
+		m.ReadSplit(com.Workers(), out, sl)
 	} else if err := r.copyChecked(s, ki, sl, rb, opt, m, out); err != nil {
 		return err
 	}

@@ -103,3 +103,56 @@ func TestRunEnd(t *testing.T) {
 		require.Equal(t, tc.j, runEnd(slots, tc.i, tc.end), "i=%d end=%d", tc.i, tc.end)
 	}
 }
+
+// FuzzRuns checks Write and Read (and their split forms) against rows
+// written and read one at a time, on slot lists decoded from the input: each
+// byte pair is a run (start, length), so runs cross chunk ends, overlap,
+// repeat and end at the mirror's last slot; 0xFF starts a skipped slot.
+func FuzzRuns(f *testing.F) {
+	f.Add([]byte{0, 4, 3, 9, 0xFF, 0, 60, 8})
+	f.Add([]byte{250, 20, 10, 3, 10, 3})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		const numSlots, rb = 70, 64 << 10 // 32 rows a chunk
+		var slots []int32
+		for i := 0; i+1 < len(in) && len(slots) < 256; i += 2 {
+			if in[i] == 0xFF {
+				slots = append(slots, -1)
+				continue
+			}
+			s := int(in[i]) % numSlots
+			for k := 0; k < int(in[i+1]%80) && s+k < numSlots; k++ {
+				slots = append(slots, int32(s+k))
+			}
+		}
+		got, err := New(numSlots, rb)
+		require.NoError(t, err)
+		defer got.Free()
+		want, err := New(numSlots, rb)
+		require.NoError(t, err)
+		defer want.Free()
+		w := NewWorkers(3, 1)
+		defer w.Stop()
+		buf := make([]byte, len(slots)*rb)
+		for i, s := range slots {
+			fillRow(buf[i*rb:(i+1)*rb], s, i)
+		}
+		if len(in)%2 == 0 {
+			got.Write(slots, buf)
+		} else {
+			got.WriteSplit(w, slots, buf)
+		}
+		for i, s := range slots {
+			want.WriteRow(s, buf[i*rb:(i+1)*rb])
+		}
+		a := bytes.Repeat([]byte{0xEE}, len(slots)*rb)
+		got.ReadSplit(w, a, slots)
+		b := make([]byte, len(slots)*rb)
+		got.Read(b, slots)
+		row := make([]byte, rb)
+		for i, s := range slots {
+			want.ReadRow(row, s)
+			require.True(t, bytes.Equal(row, a[i*rb:(i+1)*rb]), "ReadSplit row %d (slot %d)", i, s)
+			require.True(t, bytes.Equal(row, b[i*rb:(i+1)*rb]), "Read row %d (slot %d)", i, s)
+		}
+	})
+}

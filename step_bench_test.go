@@ -173,7 +173,8 @@ func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
 	// advance (building the next plan, the engine's own work) is inside the
 	// timed loop: stopping the timer per step costs far more than it does.
 	warm := 2 * int(limit)
-	stall0 := e.c.Stats().StallNanos
+	st0 := e.c.Stats()
+	stall0 := st0.StallNanos
 	for i := 0; i < b.N; i++ {
 		advance(warm + i)
 		e.step(b, i, true, hitIDs)
@@ -183,9 +184,17 @@ func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
 	// between steps, the engine outruns the committer and waits for a free
 	// staging page. engine-ns/op leaves those waits out (Stats.StallNanos),
 	// as the replay reports stalls apart.
-	stall := e.c.Stats().StallNanos - stall0
+	st := e.c.Stats()
+	stall := st.StallNanos - stall0
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds()-stall)/float64(b.N), "engine-ns/op")
 	b.ReportMetric(float64(stall)/float64(b.N), "stall-ns/op")
+	// Who did the work: the committer's busy time a step, and with hits
+	// the share of steps whose queued hit read the engine took itself
+	// (Stats.HitReadsOnCaller) rather than the committer.
+	b.ReportMetric(float64(st.CommitterNanos-st0.CommitterNanos)/float64(b.N), "committer-ns/op")
+	if hit > 0 {
+		b.ReportMetric(float64(st.HitReadsOnCaller-st0.HitReadsOnCaller)/float64(b.N), "caller-reads/op")
+	}
 }
 
 // BenchmarkCommit measures the bytes/s of whole steps until their rows are

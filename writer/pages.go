@@ -59,7 +59,7 @@ type Pages struct {
 	armed  bool
 	fireAt time.Time
 	// ready is nfree, or -1 once closed or failed: written under mu, and
-	// loaded without it by a claim's spin (see Claim), on a line of its
+	// loaded without it by a claim's spin (see ClaimSpin), on a line of its
 	// own so that the spin does not pull the lock's line away.
 	_     linePad
 	ready atomic.Int32
@@ -67,13 +67,11 @@ type Pages struct {
 }
 
 // spinBound bounds a claim's spin for a page before it sleeps, which it
-// does only with at least spinProcs Ps: with fewer, the spin holds a P that
-// the committer's copy workers may be waiting for, and the page it waits
-// for comes later, not sooner (on 2 cores a decode step with a hit waited
-// 15 µs instead of 2). Variables for the tests.
+// does only with at least spinProcs Ps (with one, the committer could not
+// run while it spins). Variables for the tests.
 var (
 	spinBound = 50 * time.Microsecond
-	spinProcs = 4
+	spinProcs = 2
 )
 
 // NewPages returns a pool of depth pages (memory allocated lazily by the

@@ -2,7 +2,6 @@ package writer
 
 import (
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,13 +65,9 @@ type Pages struct {
 	_     linePad
 }
 
-// spinBound bounds a claim's spin for a page before it sleeps, which it
-// does only with at least spinProcs Ps (with one, the committer could not
-// run while it spins). Variables for the tests.
-var (
-	spinBound = 50 * time.Microsecond
-	spinProcs = 2
-)
+// spinBound bounds a claim's spin for a page before it sleeps (a variable
+// for the tests).
+var spinBound = 50 * time.Microsecond
 
 // NewPages returns a pool of depth pages (memory allocated lazily by the
 // caller through Page.Mem).
@@ -95,8 +90,8 @@ func (p *Pages) Claim(timeout time.Duration, cold bool) (*Page, error) {
 }
 
 // ClaimSpin is Claim that, with spin, spins for a page before it sleeps:
-// up to spinBound (within timeout), with at least spinProcs Ps, without
-// the lock, pausing between its checks (internal/spin). A running
+// up to spinBound (within timeout), without the lock, pausing between its
+// checks, and not on one P (internal/spin). A running
 // committer frees a page within µs, while a goroutine asleep on the pool's
 // condition is woken several µs later (the Go scheduler readies it on the
 // committer's P, where it waits for the committer to park or for another
@@ -124,7 +119,7 @@ func (p *Pages) ClaimSpin(timeout time.Duration, cold, spin bool) (*Page, error)
 			return nil, ErrTimeout
 		case tries == 0:
 			deadline = time.Now().Add(timeout)
-			if bound := min(spinBound, timeout); spin && bound > 0 && runtime.GOMAXPROCS(0) >= spinProcs {
+			if bound := min(spinBound, timeout); spin && bound > 0 {
 				p.mu.Unlock()
 				p.spinReady(bound)
 				p.mu.Lock()

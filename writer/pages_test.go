@@ -350,11 +350,16 @@ func TestPagesClaimOrder(t *testing.T) {
 	}
 }
 
-// setSpin sets the claim spin's bound and the Ps it needs for one test.
-func setSpin(t *testing.T, bound time.Duration, procs int) {
-	b0, p0 := spinBound, spinProcs
-	spinBound, spinProcs = bound, procs
-	t.Cleanup(func() { spinBound, spinProcs = b0, p0 })
+// setSpin sets the claim spin's bound for one test, with a second P where
+// GOMAXPROCS is 1 (the spin needs one: internal/spin).
+func setSpin(t *testing.T, bound time.Duration) {
+	b0 := spinBound
+	spinBound = bound
+	t.Cleanup(func() { spinBound = b0 })
+	if runtime.GOMAXPROCS(0) == 1 {
+		p0 := runtime.GOMAXPROCS(2)
+		t.Cleanup(func() { runtime.GOMAXPROCS(p0) })
+	}
 }
 
 // spinClaimAsync claims with ClaimSpin(timeout, false, spin).
@@ -365,13 +370,13 @@ func spinClaimAsync(p *Pages, timeout time.Duration, spin bool) <-chan claimResu
 	})
 }
 
-// A spinning claim (ClaimSpin with spin, GOMAXPROCS at least spinProcs)
+// A spinning claim (ClaimSpin with spin, more than one P)
 // takes a page released during its spin, and fails as a sleeping claim
 // does on Close, Fail and its timeout (the spin within it); past its
 // bound it sleeps like Claim. With fewer Ps, or without spin, it does not
 // spin (its bound of an hour would outlast the test's deadlock timeout).
 func TestPagesClaimSpin(t *testing.T) {
-	setSpin(t, time.Hour, 1) // a spinning claim spins through the test
+	setSpin(t, time.Hour) // a spinning claim spins through the test
 	p := NewPages(1)
 	pg := mustClaim(t, p)
 
@@ -410,7 +415,7 @@ func TestPagesClaimSpin(t *testing.T) {
 	p.Release(pg)
 
 	// Past its bound the claim sleeps, and a release wakes it.
-	setSpin(t, time.Millisecond, 1)
+	setSpin(t, time.Millisecond)
 	p = NewPages(1)
 	pg = mustClaim(t, p)
 	ch = spinClaimAsync(p, deadlockTimeout, true)
@@ -422,21 +427,23 @@ func TestPagesClaimSpin(t *testing.T) {
 	p.Release(r.pg)
 }
 
-// The spin needs spin and spinProcs Ps: otherwise a claim sleeps at once,
+// The spin needs spin and a second P: otherwise a claim sleeps at once,
 // which a spin of an hour (ended by nothing but a free page) would not.
 // Seen through the pool's timer: only a sleeping claim arms it.
 func TestPagesClaimNoSpin(t *testing.T) {
-	setSpin(t, time.Hour, 1)
+	setSpin(t, time.Hour)
 	for _, tc := range []struct {
 		name  string
 		spin  bool
 		procs int
 	}{
-		{"spin=false", false, 1},
-		{"too few Ps", true, runtime.GOMAXPROCS(0) + 1},
+		{"spin=false", false, 0}, // GOMAXPROCS as setSpin left it: at least 2
+		{"one P", true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spinProcs = tc.procs
+			if tc.procs == 1 {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			}
 			p := NewPages(1)
 			pg := mustClaim(t, p)
 			ch := spinClaimAsync(p, deadlockTimeout, tc.spin)

@@ -1,7 +1,6 @@
 package writer
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -254,10 +253,7 @@ func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
 // wake, whose latency is several µs. It reports whether seq was reached;
 // a closed queue ends the spin (the locked wait decides).
 func (q *Queue[T]) spinDone(seq uint64, bound time.Duration) bool {
-	if bound <= 0 || runtime.GOMAXPROCS(0) == 1 {
-		return false
-	}
-	spin.Until(bound, func() bool { return q.closed.Load() || q.done.Load() >= seq })
+	spin.Until(bound, func() bool { return q.closed.Load() || q.done.Load() >= seq }) // no spin on one P
 	return q.done.Load() >= seq
 }
 

@@ -395,12 +395,15 @@ func TestQueueWaitSpin(t *testing.T) {
 	q.Close()
 	require.False(t, recv(t, got, "spin once the queue closed"), "Close ends the spin; the locked wait decides")
 
+	// On one P no spin: an item not done is reported at once (a spin of an
+	// hour would outlast the test's deadline), and WaitFor's locked wait
+	// sees it done.
 	q = NewQueue[int](1)
 	seq = q.Push(3)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	require.False(t, recv(t, async(func() bool { return q.spinDone(seq, time.Hour) }), "spin with one P"), "spin with one P")
 	_, _ = q.Pop()
 	q.Done()
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	require.False(t, q.spinDone(seq, time.Hour), "spin with one P")
 	require.True(t, q.WaitFor(seq, time.Hour), "WaitFor with one P: the locked wait")
 }
 

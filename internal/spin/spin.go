@@ -17,6 +17,7 @@
 package spin
 
 import (
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -31,12 +32,13 @@ const (
 
 // Until checks done until it reports true, pausing between checks, for at
 // most bound (done is checked at least once); it reports whether done
-// reported true.
+// reported true. With one P it does not spin: the goroutine it waits for
+// could not run meanwhile.
 func Until(bound time.Duration, done func() bool) bool {
 	if done() {
 		return true
 	}
-	if bound <= 0 {
+	if bound <= 0 || runtime.GOMAXPROCS(0) == 1 {
 		return false
 	}
 	t0 := time.Now()

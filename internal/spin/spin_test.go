@@ -1,6 +1,7 @@
 package spin
 
 import (
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,6 +43,9 @@ func TestPause(t *testing.T) {
 }
 
 func TestUntil(t *testing.T) {
+	if runtime.GOMAXPROCS(0) == 1 { // the spins below need a second P
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
 	// Done at once: no clock read, true.
 	require.True(t, Until(0, func() bool { return true }))
 	require.False(t, Until(0, func() bool { return false }))
@@ -63,6 +67,12 @@ func TestUntil(t *testing.T) {
 	n := 0
 	require.True(t, Until(time.Minute, func() bool { n++; return n == 40 }))
 	require.Equal(t, 40, n)
+	// With one P: one check, no spin, whatever the bound.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	n = 0
+	require.False(t, Until(50*time.Millisecond, func() bool { n++; return false })) // a spin would check many times
+	require.Equal(t, 1, n)
+	require.True(t, Until(time.Hour, func() bool { return true }))
 }
 
 func TestUntilNoAllocs(t *testing.T) {

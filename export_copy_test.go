@@ -2,6 +2,7 @@ package omnicache
 
 import (
 	"sync"
+	"time"
 
 	"github.com/omnicache/omnicache/writer"
 )
@@ -30,6 +31,23 @@ func HoldCommitter(c *Cache) (release func()) {
 type gate chan struct{}
 
 func (g gate) RunInOrder(bool) { <-g }
+
+// HoldWorkingCommitter is HoldCommitter that returns once the committer
+// runs the held work: it is working (not asleep) until release.
+func HoldWorkingCommitter(c *Cache) (release func()) {
+	g := enteredGate{in: make(chan struct{}), out: make(chan struct{})}
+	c.path.Queue().Push(writer.Task{R: g})
+	<-g.in
+	return sync.OnceFunc(func() { close(g.out) })
+}
+
+type enteredGate struct{ in, out chan struct{} }
+
+func (g enteredGate) RunInOrder(bool) { close(g.in); <-g.out }
+
+// SetAheadWait sets c's bound on a consumer's wait for a working committer
+// to start a prefetched read (reader.Options.AheadWait).
+func SetAheadWait(c *Cache, d time.Duration) { c.rd.SetAheadWait(d) }
 
 // ReadsHandedBack counts the hit reads Materialize began itself and handed
 // back to the committer (a row it found claimed since the plan).

@@ -2,6 +2,7 @@ package reader
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/omnicache/omnicache/soa"
 	"github.com/omnicache/omnicache/writer"
@@ -14,7 +15,8 @@ type Reader struct {
 	lay    *writer.Layout
 	st     *writer.Counters
 	opt    Options
-	joinBl [][]int32 // Plan's scratch: the hits' blocks (engine goroutine)
+	wait   time.Duration // the consumer's wait for a working committer (Options.AheadWait)
+	joinBl [][]int32     // Plan's scratch: the hits' blocks (engine goroutine)
 	// written by the committer's reads ahead too: kept off the lines above
 	// (128 bytes: the adjacent-line prefetcher moves lines in pairs)
 	_       [128]byte
@@ -27,7 +29,20 @@ type Reader struct {
 func New(p *writer.Path, opt Options) *Reader {
 	r := &Reader{p: p, lay: p.Layout(), st: p.Counters(), opt: opt}
 	r.pool.max = opt.Budget
+	r.SetAheadWait(opt.AheadWait)
 	return r
+}
+
+// SetAheadWait changes Options.AheadWait (tests and benchmarks; not while
+// a step is consumed).
+func (r *Reader) SetAheadWait(d time.Duration) {
+	switch {
+	case d == 0:
+		d = DefaultAheadWait
+	case d < 0:
+		d = 0
+	}
+	r.wait = d
 }
 
 // Hit is a request whose hit prefix a step serves: its index in the step,

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/spin"
 )
 
 // Prefetch. A step with hits is planned at Begin; with prefetch on, its
@@ -20,8 +22,13 @@ import (
 // into its Result (no copy) and adds only the step's own rows.
 //
 // A step consumed before the committer started its read is read by the
-// consumer itself (readAhead, read.go), unless a row was claimed since the
-// plan: the read then goes back to the committer.
+// consumer itself (readAhead, read.go) when the committer sleeps (it would
+// have to be woken), or when it is working but does not start the read
+// within Options.AheadWait (a backlog of earlier work holds it up), unless
+// a row was claimed since the plan: the read then goes back to the
+// committer. A working committer is otherwise left its read: a read the
+// consumer takes holds the committer at it (no later write may land
+// first), which made the pipeline run one after the other.
 //
 // The buffers are charged to a read-ahead budget (Config.ReadAheadBytes)
 // from Begin until the step is consumed. A step whose buffers do not fit
@@ -40,7 +47,21 @@ type Options struct {
 	// Free recycles a step record nothing references any more: its pins
 	// are to be dropped. Called on any goroutine (the committer included).
 	Free func(*Step)
+	// AheadWait bounds how long the consumer of a prefetched step waits,
+	// spinning, for a working committer to start the step's read before
+	// it reads the rows itself (see above). 0: DefaultAheadWait; < 0: no
+	// wait. There is no wait on one P (internal/spin).
+	AheadWait time.Duration
 }
+
+// DefaultAheadWait is Options.AheadWait's default: on the H200 host a
+// committer writing a decode step of 4 KiB rows (256 KiB) reached a hit
+// read queued behind it within ~20 µs.
+const DefaultAheadWait = 50 * time.Microsecond
+
+// engineReadSpin bounds the committer's spin for a read the consumer is
+// doing itself before it waits on the step's lock (see RunInOrder).
+const engineReadSpin = 50 * time.Microsecond
 
 // bufPool keeps idle prefetch buffers (and the buffers Results hand back
 // when they adopt prefetched ones) for reuse, up to max bytes.
@@ -162,7 +183,9 @@ func (s *Step) RunInOrder(failed bool) {
 			break // claimed, or consumed (pfCancelled, pfTaken): nothing to read
 		}
 		// The consumer is reading the rows itself (readAhead): wait until
-		// it is done, then read them unless it served them.
+		// it is done (spinning first: it is µs), then read them unless it
+		// served them.
+		spin.Until(engineReadSpin, func() bool { return s.pfState.Load() != pfEngine })
 		s.engMu.Lock()
 		s.engMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
 	}
@@ -183,7 +206,6 @@ func (s *Step) RunInOrder(failed bool) {
 	// The clones it read are no longer needed: their budget can be forced
 	// out before the step is consumed.
 	r.p.Unpin(&s.planPins)
-	r.p.ReadRan()
 	r.Release(s)
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/spin"
 	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/writer"
 )
@@ -31,13 +32,31 @@ type Dest interface {
 // are read; an error returned fails the whole call (a write failure).
 func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 	if s.Prefetched() {
-		if done, err := r.readAhead(s, all, nq, dst); done {
-			return err
+		if r.readsSelf(s) {
+			if done, err := r.readAhead(s, all, nq, dst); done {
+				return err
+			}
 		}
 		return r.consumePrefetched(s, all, nq, dst)
 	}
 	_, err := r.readDirect(s, all, nq, dst, false)
 	return err
+}
+
+// readsSelf decides who reads a prefetched step's hits, its read not
+// started yet: the consumer when the committer sleeps (rather than wake
+// it and wait), or when the committer, working, does not start the read
+// within the ahead wait (a backlog holds it up); else the committer, which
+// the consumer then waits for (see prefetch.go).
+func (r *Reader) readsSelf(s *Step) bool {
+	if s.pfState.Load() != pfQueued {
+		return false // read, or being read, by the committer
+	}
+	if r.p.CommitterAsleep() {
+		return true
+	}
+	spin.Until(r.wait, func() bool { return s.pfState.Load() != pfQueued }) // no spin on one P
+	return s.pfState.Load() == pfQueued
 }
 
 // readAhead serves a prefetched step whose read the committer has not

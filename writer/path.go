@@ -96,11 +96,6 @@ type Path struct {
 	wfree []*Write
 	_     [64]byte
 
-	// reads counts the hit reads queued (PushRead) that the committer has
-	// not run yet (ReadRan): the engine goroutine and the committer.
-	reads atomic.Int64
-	_     [56]byte
-
 	// engine goroutine only
 	nextID   uint64
 	buf      DecodeBuf
@@ -251,19 +246,13 @@ func (p *Path) Committer() *Committer { return p.com }
 func (p *Path) Queue() *Queue[Task] { return p.q }
 
 // PushRead queues a prefetched hit read (lazily: a wait for it wakes the
-// committer) and returns its sequence number; its RunInOrder calls ReadRan
-// when it is done. Engine goroutine.
-func (p *Path) PushRead(r InOrder) uint64 {
-	p.reads.Add(1)
-	return p.q.PushLazy(Task{R: r})
-}
+// committer) and returns its sequence number. Engine goroutine.
+func (p *Path) PushRead(r InOrder) uint64 { return p.q.PushLazy(Task{R: r}) }
 
-// ReadRan notes that the committer ran a read PushRead queued.
-func (p *Path) ReadRan() { p.reads.Add(-1) }
-
-// ReadsQueued is the number of reads PushRead queued that the committer
-// has not run yet. Any goroutine.
-func (p *Path) ReadsQueued() int64 { return p.reads.Load() }
+// CommitterAsleep reports whether the committer sleeps for want of work
+// (polling or for good): work queued now waits for a poll or a wake. Any
+// goroutine.
+func (p *Path) CommitterAsleep() bool { return p.q.Asleep() }
 
 // Lock and Unlock take the state lock (see the package doc).
 func (p *Path) Lock()   { p.mu.Lock() }

@@ -14,13 +14,18 @@ import (
 //
 // Waking a sleeping consumer is a system call (and, in a VM, an
 // inter-processor interrupt) paid by the goroutine that pushes: several µs
-// of the engine goroutine's time per step. So a consumer that ran out of
-// work polls for a while before it sleeps for good (Pop: every pollMin,
-// backing off to pollMax, for pollIdle), and PushLazy leaves a polling
-// consumer alone: work that nobody waits for yet (a decode-buffer flush, a
-// small step's rows) is picked up within pollMax at the consumer's own
-// cost. Push wakes the consumer at once, and so does every wait for
-// progress (Wait, WaitFor, Drain, Kick): nothing waits on a poll.
+// of the engine goroutine's time per step; and the woken consumer runs
+// µs later still (on the H200 host's VM, a goroutine readied from a
+// sleep waited 11 µs on average to run). So a consumer that ran out of
+// work first spins for more (Pop: up to consumerSpin, pausing between
+// checks of an atomic push count, and not on one P), which a steady
+// producer's next item reaches without any wake; then it polls for a
+// while before it sleeps for good (every pollMin, backing off to pollMax,
+// for pollIdle), and PushLazy leaves a polling consumer alone: work that
+// nobody waits for yet (a decode-buffer flush, a small step's rows) is
+// picked up within pollMax at the consumer's own cost. Push wakes the
+// consumer at once, and so does every wait for progress (Wait, WaitFor,
+// Drain, Kick): nothing waits on a poll.
 //
 // The queue's lock is taken by the engine goroutine (Push) and the
 // committer (Pop, Done, Since): padding keeps its line apart from the
@@ -48,17 +53,33 @@ type Queue[T any] struct {
 	done   atomic.Uint64
 	closed atomic.Bool
 	_      linePad
+	// pushes is pushed, stored after every push (under mu) for the
+	// consumer's spin, which loads it without the lock: on a line of its
+	// own, written by the producer only.
+	pushes atomic.Uint64
+	_      linePad
 }
 
-// The consumer's polling (see Queue): first poll pollMin after the queue
-// ran empty, each next one twice as late up to pollMax, and no polling
-// (sleep until woken) once it has been empty for pollIdle. WaitFor spins up
-// to waitSpin before it sleeps. (Variables for the tests.)
+// The consumer's spin and polling (see Queue): it spins up to consumerSpin
+// once the queue ran empty, then polls first pollMin later, each next poll
+// twice as late up to pollMax, and polls no more (sleeps until woken) once
+// the queue has been empty for pollIdle. WaitFor spins up to waitSpin
+// before it sleeps. (Variables for the tests.)
+//
+// consumerSpin, 20 µs, is the wake it saves (a system call for the
+// producer, ~11 µs before the consumer runs) twice over: on the H200 host,
+// with the reader leaving a working committer its hit reads, it took
+// BenchmarkStep's decode steps with hits from 8.7-9.0 µs to 6.2 µs (row
+// 64 B) and 38 µs to 35-37 µs (row 4 KiB), the committer starting almost
+// every hit read before the engine came for it (bench/results/
+// h200-2026-12-04e). An idle consumer pays it once per run of work, on its
+// own core.
 var (
-	waitSpin = 50 * time.Microsecond
-	pollMin  = 50 * time.Microsecond
-	pollMax  = time.Millisecond
-	pollIdle = time.Second
+	consumerSpin = 20 * time.Microsecond
+	waitSpin     = 50 * time.Microsecond
+	pollMin      = 50 * time.Microsecond
+	pollMax      = time.Millisecond
+	pollIdle     = time.Second
 )
 
 // NewQueue returns an empty queue.
@@ -134,6 +155,7 @@ func (q *Queue[T]) appendLocked(v T) uint64 {
 	q.buf[(q.head+q.n)%len(q.buf)] = v
 	q.n++
 	q.pushed++
+	q.pushes.Store(q.pushed)
 	return q.pushed
 }
 
@@ -156,9 +178,15 @@ func (q *Queue[T]) Pop() (v T, ok bool) {
 	return v, true
 }
 
-// sleepLocked waits, polling then sleeping (see Queue), until an item is
-// queued or the queue is closed. Called and returns with q.mu held.
+// sleepLocked waits, spinning, then polling, then sleeping (see Queue),
+// until an item is queued or the queue is closed. Called and returns with
+// q.mu held.
 func (q *Queue[T]) sleepLocked() {
+	if seen := q.pushed; consumerSpin > 0 {
+		q.mu.Unlock()
+		spin.Until(consumerSpin, func() bool { return q.pushes.Load() != seen || q.closed.Load() }) // no spin on one P
+		q.mu.Lock()
+	}
 	poll, slept := pollMin, time.Duration(0)
 	for q.n == 0 && !q.closed.Load() {
 		polling := slept < pollIdle && q.pollers == 0 // one timer: one poller
@@ -300,6 +328,14 @@ func (q *Queue[T]) Since(seq uint64, fn func(v T) bool) uint64 {
 			return last
 		}
 	}
+}
+
+// Asleep reports whether a consumer sleeps in Pop (polling or for good;
+// not spinning): an item pushed now waits for a poll or a wake.
+func (q *Queue[T]) Asleep() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.sleepers > 0
 }
 
 // DoneSeq is the sequence number up to which every item was processed.

@@ -407,6 +407,49 @@ func TestQueueWaitSpin(t *testing.T) {
 	require.True(t, q.WaitFor(seq, time.Hour), "WaitFor with one P: the locked wait")
 }
 
+// setConsumerSpin sets consumerSpin for the test.
+func setConsumerSpin(t *testing.T, d time.Duration) {
+	d0 := consumerSpin
+	consumerSpin = d
+	t.Cleanup(func() { consumerSpin = d0 })
+}
+
+// A consumer that ran out of work spins for more before it polls: an item
+// pushed lazily during the spin is popped at once, with no wake (the
+// consumer is not asleep) and no poll (an hour away here). Without the
+// spin the same push waits for the poll, or a Kick.
+func TestQueuePopSpinsForWork(t *testing.T) {
+	if runtime.GOMAXPROCS(0) == 1 { // the spin needs a second P
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
+	setPolling(t, time.Hour, time.Hour, 2*time.Hour)
+	setConsumerSpin(t, time.Hour) // spins until the push (or Close)
+	q := NewQueue[int](1)
+	pop := popAsync(q)
+	require.True(t, blocked(pop))
+	require.False(t, q.Asleep(), "a spinning consumer is not asleep")
+	q.PushLazy(1)
+	require.Equal(t, popResult{1, true}, recv(t, pop, "Pop of an item pushed during its spin"))
+	q.Done()
+
+	setConsumerSpin(t, 0)
+	pop = popAsync(q)
+	require.True(t, blocked(pop))
+	require.True(t, q.Asleep(), "a polling consumer is asleep")
+	q.PushLazy(2)
+	require.True(t, blocked(pop), "a lazy push leaves a polling consumer alone")
+	require.True(t, q.Kick())
+	require.Equal(t, popResult{2, true}, recv(t, pop, "Pop after Kick"))
+	q.Done()
+
+	// Close ends a spin.
+	setConsumerSpin(t, time.Hour)
+	pop = popAsync(q)
+	require.True(t, blocked(pop))
+	q.Close()
+	require.Equal(t, popResult{0, false}, recv(t, pop, "Pop of a closed queue"))
+}
+
 // Kick reports whether the consumer was asleep with items queued (a
 // claim that follows it then does not spin: see Pages.ClaimSpin).
 func TestQueueKickReportsWake(t *testing.T) {

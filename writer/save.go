@@ -191,14 +191,13 @@ func (p *Path) claimPage(cold bool) (*Page, error) {
 		// writes the committer has not landed yet (wake it: it may be
 		// polling with lazily handed-over writes queued).
 		// The claim spins for a page (see Pages.ClaimSpin) unless the
-		// kick woke the committer or a hit read is queued: with reads
-		// queued, a spin made decode steps with hits of 4 KiB rows 13-20%
-		// slower on the H200 host (the engine, back sooner, takes more of
-		// the queued reads itself, holding the committer at them: the
-		// likely cause, not established).
+		// kick woke the committer. (It used not to spin with hit reads
+		// queued either: a consumer back sooner took more of them itself,
+		// holding the committer at them; it now leaves a working
+		// committer its reads, see reader.Reader.Read.)
 		t0 := time.Now()
 		woke := p.q.Kick()
-		pg, err = p.pages.ClaimSpin(p.cfg.ClaimTimeout, cold, !woke && p.ReadsQueued() == 0)
+		pg, err = p.pages.ClaimSpin(p.cfg.ClaimTimeout, cold, !woke)
 		p.st.StallNanos.Add(int64(time.Since(t0)))
 	}
 	switch {

@@ -27,6 +27,17 @@ type replica struct {
 	res  omnicache.Result
 	rec  stepRecord
 	done bool
+	// pool recycles the step's output buffers (Config.ReleaseHost), as the
+	// one-engine replay and an engine's buffer pool do. Allocated afresh
+	// every step (and, without --verify, never written: backed by the
+	// kernel's zero page, then copied on write when the garbage collector
+	// handed their memory out again), they cost the synthetic trace with
+	// the embedded tier ~167k TLB-shootdown interrupts a run on the 2-core
+	// VM, against ~6k with the pool (perf's tlb:tlb_flush: the
+	// copy-on-write faults of the reused memory, whose shootdowns interrupt
+	// every core the process runs on, the engine goroutine's included).
+	pool     *bufPool
+	rowBytes []int
 
 	mu  sync.Mutex
 	lat []int64 // import latencies (OnImport, on the committer)
@@ -89,10 +100,7 @@ func (r *replica) step() error {
 	endRegion(rg)
 	r.s.Release()
 	out := omnicache.Outputs{Tokens: st.Tokens, Padded: st.Tokens}
-	bufs := make([][]byte, len(r.keys))
-	for k, kk := range r.keys {
-		bufs[k] = make([]byte, st.Tokens*kk.RowBytes)
-	}
+	bufs := r.pool.get(st.Tokens).slices(st.Tokens, r.rowBytes)
 	if r.ver != nil {
 		r.ver.imported(st) // the imports land ahead of the step's own rows
 		r.ver.produce(r.s, st, bufs)

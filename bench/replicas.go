@@ -255,6 +255,11 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 			continue
 		}
 		cfg := omnicache.Config{NumBlocks: per, BlockSize: o.BlockSize, Keys: spec.Keys, StagingCapacityTokens: o.MaxBatchedTokens}
+		for _, k := range spec.Keys {
+			r.rowBytes = append(r.rowBytes, k.RowBytes)
+		}
+		r.pool = newBufPool(r.rowBytes, o.MaxBatchedTokens, true)
+		cfg.ReleaseHost = r.pool.release
 		if tr != nil {
 			cfg.Tier = &omnicache.TierConfig{Tier: tr, ImportTimeout: o.ImportTimeout, OnImport: r.onImport}
 		}

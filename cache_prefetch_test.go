@@ -198,7 +198,7 @@ func TestLateReadsNeverReassigned(t *testing.T) {
 // A prefetched step consumed while the committer is held up (here by
 // in-order work queued before the step's Begin; in an engine, by a backlog
 // of earlier writes): Materialize does not wait for the committer to get
-// to the read past the ahead wait (reader.Options.AheadWait), it reads the
+// to the read past the ahead wait (reader.DefaultAheadWait), it reads the
 // hit rows itself (Stats.HitReadsOnCaller), of the whole step and of a
 // subset, exactly, and gives the read-ahead budget back. The earlier writes the read does not need (e's, to other
 // blocks) are not waited for either.

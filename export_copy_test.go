@@ -46,7 +46,7 @@ type enteredGate struct{ in, out chan struct{} }
 func (g enteredGate) RunInOrder(bool) { close(g.in); <-g.out }
 
 // SetAheadWait sets c's bound on a consumer's wait for a working committer
-// to start a prefetched read (reader.Options.AheadWait).
+// to start a prefetched read (reader.DefaultAheadWait).
 func SetAheadWait(c *Cache, d time.Duration) { c.rd.SetAheadWait(d) }
 
 // ReadsHandedBack counts the hit reads Materialize began itself and handed

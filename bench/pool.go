@@ -3,6 +3,8 @@ package bench
 import (
 	"math/bits"
 	"sync"
+
+	"github.com/omnicache/omnicache"
 )
 
 // bufSet is one step's output buffers, one per key.
@@ -31,6 +33,15 @@ type bufPool struct {
 	free   map[int][][]byte // by capacity class (a power of two of bytes)
 	shared *bufSet
 	Allocs int
+}
+
+// keyRowBytes lists the keys' row bytes, in key order.
+func keyRowBytes(keys []omnicache.Key) []int {
+	rb := make([]int, len(keys))
+	for k, kk := range keys {
+		rb[k] = kk.RowBytes
+	}
+	return rb
 }
 
 func newBufPool(rowBytes []int, maxTokens int, owned bool) *bufPool {

@@ -255,9 +255,7 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 			continue
 		}
 		cfg := omnicache.Config{NumBlocks: per, BlockSize: o.BlockSize, Keys: spec.Keys, StagingCapacityTokens: o.MaxBatchedTokens}
-		for _, k := range spec.Keys {
-			r.rowBytes = append(r.rowBytes, k.RowBytes)
-		}
+		r.rowBytes = keyRowBytes(spec.Keys)
 		r.pool = newBufPool(r.rowBytes, o.MaxBatchedTokens, true)
 		cfg.ReleaseHost = r.pool.release
 		if tr != nil {

@@ -29,10 +29,7 @@ func (r *runner) runOn() error {
 	if depth <= 0 {
 		depth = omnicache.DefaultStagingDepth
 	}
-	rowBytes := make([]int, len(spec.Keys))
-	for k, kk := range spec.Keys {
-		rowBytes[k] = kk.RowBytes
-	}
+	rowBytes := keyRowBytes(spec.Keys)
 	dev := o.Device
 	if dev == nil {
 		dev = gpu.NewHost()

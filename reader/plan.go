@@ -15,7 +15,7 @@ type Reader struct {
 	lay    *writer.Layout
 	st     *writer.Counters
 	opt    Options
-	wait   time.Duration // the consumer's wait for a working committer (Options.AheadWait)
+	wait   time.Duration // the consumer's wait for a working committer (DefaultAheadWait)
 	joinBl [][]int32     // Plan's scratch: the hits' blocks (engine goroutine)
 	// written by the committer's reads ahead too: kept off the lines above
 	// (128 bytes: the adjacent-line prefetcher moves lines in pairs)
@@ -27,23 +27,14 @@ type Reader struct {
 
 // New returns the read path over p.
 func New(p *writer.Path, opt Options) *Reader {
-	r := &Reader{p: p, lay: p.Layout(), st: p.Counters(), opt: opt}
+	r := &Reader{p: p, lay: p.Layout(), st: p.Counters(), opt: opt, wait: DefaultAheadWait}
 	r.pool.max = opt.Budget
-	r.SetAheadWait(opt.AheadWait)
 	return r
 }
 
-// SetAheadWait changes Options.AheadWait (tests and benchmarks; not while
-// a step is consumed).
-func (r *Reader) SetAheadWait(d time.Duration) {
-	switch {
-	case d == 0:
-		d = DefaultAheadWait
-	case d < 0:
-		d = 0
-	}
-	r.wait = d
-}
+// SetAheadWait replaces DefaultAheadWait for r (tests; not while a step is
+// consumed; 0: no wait).
+func (r *Reader) SetAheadWait(d time.Duration) { r.wait = max(d, 0) }
 
 // Hit is a request whose hit prefix a step serves: its index in the step,
 // its hit tokens and the hit's block ids (borrowed for Plan).

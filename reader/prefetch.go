@@ -8,6 +8,7 @@ import (
 
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/spin"
+	"github.com/omnicache/omnicache/writer"
 )
 
 // Prefetch. A step with hits is planned at Begin; with prefetch on, its
@@ -24,7 +25,7 @@ import (
 // A step consumed before the committer started its read is read by the
 // consumer itself (readAhead, read.go) when the committer sleeps (it would
 // have to be woken), or when it is working but does not start the read
-// within Options.AheadWait (a backlog of earlier work holds it up), unless
+// within DefaultAheadWait (a backlog of earlier work holds it up), unless
 // a row was claimed since the plan: the read then goes back to the
 // committer. A working committer is otherwise left its read: a read the
 // consumer takes holds the committer at it (no later write may land
@@ -47,16 +48,13 @@ type Options struct {
 	// Free recycles a step record nothing references any more: its pins
 	// are to be dropped. Called on any goroutine (the committer included).
 	Free func(*Step)
-	// AheadWait bounds how long the consumer of a prefetched step waits,
-	// spinning, for a working committer to start the step's read before
-	// it reads the rows itself (see above). 0: DefaultAheadWait; < 0: no
-	// wait. There is no wait on one P (internal/spin).
-	AheadWait time.Duration
 }
 
-// DefaultAheadWait is Options.AheadWait's default: on the H200 host a
-// committer writing a decode step of 4 KiB rows (256 KiB) reached a hit
-// read queued behind it within ~20 µs.
+// DefaultAheadWait bounds how long the consumer of a prefetched step
+// waits, spinning, for a working committer to start the step's read before
+// it reads the rows itself (see above; no wait on one P, internal/spin):
+// on the H200 host a committer writing a decode step of 4 KiB rows (256
+// KiB) reached a hit read queued behind it within ~20 µs.
 const DefaultAheadWait = 50 * time.Microsecond
 
 // engineReadSpin bounds the committer's spin for a read the consumer is
@@ -165,7 +163,7 @@ func (r *Reader) queue(s *Step) {
 	// Lazily: a polling committer starts the read within a poll (at most
 	// 1 ms, small beside a forward) at no wake-up cost to the engine, and
 	// Materialize's wait for it wakes the committer.
-	s.pfSeq = r.p.PushRead(s)
+	s.pfSeq = r.p.Queue().PushLazy(writer.Task{R: s})
 }
 
 // Prefetched reports whether s's hits were read (or are being read) by the

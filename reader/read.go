@@ -52,7 +52,7 @@ func (r *Reader) readsSelf(s *Step) bool {
 	if s.pfState.Load() != pfQueued {
 		return false // read, or being read, by the committer
 	}
-	if r.p.CommitterAsleep() {
+	if r.p.Queue().Asleep() {
 		return true
 	}
 	spin.Until(r.wait, func() bool { return s.pfState.Load() != pfQueued }) // no spin on one P

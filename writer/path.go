@@ -245,15 +245,6 @@ func (p *Path) Committer() *Committer { return p.com }
 // Queue is the committer's queue (its sequence numbers are join points).
 func (p *Path) Queue() *Queue[Task] { return p.q }
 
-// PushRead queues a prefetched hit read (lazily: a wait for it wakes the
-// committer) and returns its sequence number. Engine goroutine.
-func (p *Path) PushRead(r InOrder) uint64 { return p.q.PushLazy(Task{R: r}) }
-
-// CommitterAsleep reports whether the committer sleeps for want of work
-// (polling or for good): work queued now waits for a poll or a wake. Any
-// goroutine.
-func (p *Path) CommitterAsleep() bool { return p.q.Asleep() }
-
 // Lock and Unlock take the state lock (see the package doc).
 func (p *Path) Lock()   { p.mu.Lock() }
 func (p *Path) Unlock() { p.mu.Unlock() }

@@ -73,6 +73,7 @@ const (
 	DefaultDeviceBudgetBytes     = 512 << 20
 	DefaultDeferredChunkBytes    = 16 << 20
 	DefaultWaitTimeout           = 60 * time.Second
+	MaxSyncSpin                  = time.Second // Config.SyncSpin
 	DefaultReadAheadBytes        = 1 << 30
 )
 
@@ -131,6 +132,14 @@ type Config struct {
 	// returns ErrDeviceTimeout and leaves the cache's memory allocated, as
 	// a stuck copy may still write it). Negative: no bound.
 	WaitTimeout time.Duration
+	// SyncSpin is how long Sync waits for the committer by spinning before
+	// it parks (0: 50µs, as every wait on the committer; the spin counts
+	// against WaitTimeout; at most MaxSyncSpin). A parked engine goroutine
+	// may resume on another core, its caches cold for the calls that
+	// follow: an engine that calls Sync where its thread would wait on its
+	// device anyway (a forward under CUDA's default scheduling keeps its
+	// core) can spin through the committer's work instead.
+	SyncSpin time.Duration
 	// DisableDecodeBuffer writes every step at once instead of parking
 	// pure-decode steps.
 	DisableDecodeBuffer bool
@@ -323,7 +332,11 @@ type Stats struct {
 	// blocks imported into the mirror and imports that failed; row bytes
 	// imported.
 	TierPublished, TierPublishDropped, TierPublishSkipped, TierPublishErrors int64
-	TierBytesPublished                                                       int64
+	// TierPublishRecent counts full blocks not gathered because the tier
+	// stored them within its recent window (tier.Tier.StoredRecently):
+	// another replica, or this cache, published them moments ago.
+	TierPublishRecent  int64
+	TierBytesPublished int64
 	// TierPublishPending is the blocks in the publish queue or being
 	// stored now (a gauge).
 	TierPublishPending                                int64

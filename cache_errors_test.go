@@ -331,6 +331,8 @@ func TestErrorCatalogue(t *testing.T) {
 			{"negative staging depth", func(c *omnicache.Config) { c.StagingDepth = -1 }},
 			{"negative staging capacity", func(c *omnicache.Config) { c.StagingCapacityTokens = -1 }},
 			{"negative device budget", func(c *omnicache.Config) { c.DeviceBudgetBytes = -1 }},
+			{"negative sync spin", func(c *omnicache.Config) { c.SyncSpin = -time.Microsecond }},
+			{"sync spin over MaxSyncSpin", func(c *omnicache.Config) { c.SyncSpin = omnicache.MaxSyncSpin + 1 }},
 		} {
 			cfg := valid()
 			tc.mut(&cfg)
@@ -343,6 +345,9 @@ func TestErrorCatalogue(t *testing.T) {
 		}
 		h := newHarness(t, valid()) // the control: the valid config works
 		usable(h)
+		spinning := valid() // Sync spinning through the committer's work
+		spinning.SyncSpin = omnicache.MaxSyncSpin
+		usable(newHarness(t, spinning))
 	})
 
 	t.Run("plan", func(t *testing.T) {

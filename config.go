@@ -71,6 +71,9 @@ func validate(cfg *Config) (writer.Config, error) {
 	if cfg.StagingDepth < 0 || cfg.StagingCapacityTokens < 0 || cfg.DeviceBudgetBytes < 0 || cfg.DeferredChunkBytes < 0 || cfg.ReadAheadBytes < 0 {
 		return bad("negative staging depth, capacity, budget, chunk or read-ahead")
 	}
+	if cfg.SyncSpin < 0 || cfg.SyncSpin > MaxSyncSpin {
+		return bad("SyncSpin %v not in [0, %v]", cfg.SyncSpin, MaxSyncSpin)
+	}
 	if cfg.StagingDepth > MaxStagingDepth {
 		return bad("StagingDepth %d exceeds %d", cfg.StagingDepth, MaxStagingDepth)
 	}
@@ -109,7 +112,7 @@ func validate(cfg *Config) (writer.Config, error) {
 		Dev: dev, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
-		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, ReleaseHost: cfg.ReleaseHost,
+		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, SyncSpin: cfg.SyncSpin, ReleaseHost: cfg.ReleaseHost,
 		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes,
 	}, nil
 }

@@ -107,13 +107,18 @@ type pubBatch struct {
 	vals   [][]byte
 }
 
-// Rows implements writer.Gather: where block j's rows of key ki go, or nil
-// (the block is dropped and counted) when the publish queue holds
-// PublishQueue blocks. Only the committer adds to the queue, so a block
+// Rows implements writer.Gather: where block j's rows of key ki go, or nil:
+// the tier stored the block within its recent window (not gathered,
+// counted), or the publish queue holds PublishQueue blocks (dropped,
+// counted). Only the committer adds to the queue, so a block
 // given room here fits it.
 func (g *publishGather) Rows(j, ki int) []byte {
 	tl := g.tl
 	if ki == 0 {
+		if tl.t.StoredRecently(g.hashes[j]) {
+			tl.recent.Add(1)
+			return nil
+		}
 		n := 0
 		if g.cur != nil {
 			n = len(g.cur.hashes)

@@ -266,3 +266,61 @@ func TestTierPublishBatches(t *testing.T) {
 		t.Fatalf("the tier holds %d of the 7 blocks, want the 5 published", held)
 	}
 }
+
+// A second cache computing a prompt the tier stored moments ago does not
+// gather, checksum and store it again (counted); with the recent window
+// off it does. Either way the blocks stay served exactly.
+func TestTierPublishSkipsRecent(t *testing.T) {
+	for _, window := range []time.Duration{time.Minute, -1} { // a minute: a loaded machine stays inside it
+		t.Run(fmt.Sprintf("window=%v", window), func(t *testing.T) {
+			e, _ := tier.NewEmbedded(0)
+			tr, err := tier.New(e, tns(), tier.Options{RecentWindow: window})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tr.Close() })
+			a := newTierCache(t, tr, nil)
+			b := newTierCache(t, tr, nil)
+			publishPrompt(t, a, 7)
+			if st := a.Stats(); st.TierPublished != 3 || st.TierPublishRecent != 0 {
+				t.Fatalf("cache a: %d published, %d recent; want 3, 0", st.TierPublished, st.TierPublishRecent)
+			}
+			puts := tr.Stats().Puts
+			table := make([]int32, tstride)
+			copy(table, []int32{1, 4, 6})
+			res, err := tstep(t, b, table, []treq{{id: 1, seq: 7, row: 0, start: 0, count: 12, arrive: true}},
+				map[int32]uint64{1: thash(7, 0), 4: thash(7, 1), 6: thash(7, 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRows(t, res, 0, 7, 0)
+			if window < 0 {
+				waitPublished(t, b, 3)
+				if got := tr.Stats().Puts - puts; got != 3*int64(len(tkeys)) {
+					t.Fatalf("window off: %d values stored again, want %d", got, 3*len(tkeys))
+				}
+			} else {
+				if err := b.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				st := b.Stats()
+				if st.TierPublishRecent != 3 || st.TierPublished != 0 || st.TierPublishPending != 0 || tr.Stats().Puts != puts {
+					t.Fatalf("cache b: %d recent, %d published, %d pending, %d values stored; want 3, 0, 0, 0",
+						st.TierPublishRecent, st.TierPublished, st.TierPublishPending, tr.Stats().Puts-puts)
+				}
+			}
+			// The tier serves the prompt's blocks exactly to a third cache.
+			d := newTierCache(t, tr, nil)
+			if n, err := d.Lookup([]uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
+				t.Fatalf("Lookup = %d, %v; want 3", n, err)
+			}
+			copy(table, []int32{2, 5, 7, 8})
+			res, err = tstep(t, d, table, []treq{{id: 9, seq: 7, row: 0, start: 12, count: 2, arrive: true,
+				hitBlocks: []int32{2, 5, 7}, tierBlocks: 3}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRows(t, res, 0, 7, 0)
+		})
+	}
+}

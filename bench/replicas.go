@@ -31,6 +31,9 @@ type ReplicaOptions struct {
 	Redis tier.RedisOptions
 	// TierBytes bounds the embedded tier (0: tier.DefaultEmbeddedBytes).
 	TierBytes int64
+	// TierRecent is the tier's tier.Options.RecentWindow (0: its default,
+	// negative: every full block is published).
+	TierRecent time.Duration
 	// Route is RouteRoundRobin (default) or RouteSession.
 	Route string
 	// Verify checks every row Materialize returns on every replica, and
@@ -53,6 +56,13 @@ type ReplicaOptions struct {
 	// time (the tests' runs are deterministic in what they hit), at the
 	// cost of wall time.
 	WaitPublish bool
+	// PacePark lets the pacing Sync park after its default spin. By
+	// default it spins through the committer's work (Config.SyncSpin
+	// MaxSyncSpin), as an engine thread waiting on its forward keeps its
+	// core: a parked engine goroutine resumes on another core a third of
+	// the time with a tier's publishing beside it, and its next timed
+	// calls pay for the cold caches (bench/results/h200-2026-12-04g).
+	PacePark bool
 	// AfterRound, when set, is called after every round of the cache-on
 	// run (one step of each replica still running), with the round's index
 	// (tests kill a tier node mid-run).
@@ -76,9 +86,12 @@ type ReplicaReport struct {
 	TierBytesPublished     int64 `json:"tier_bytes_published"`
 	TierBytesImported      int64 `json:"tier_bytes_imported"`
 	TierPublishDropped     int64 `json:"tier_publish_dropped"`
-	Imports                int   `json:"imports"`
-	ImportP50Ns            int64 `json:"import_latency_p50_ns"`
-	ImportP99Ns            int64 `json:"import_latency_p99_ns"`
+	// TierPublishRecent are full blocks not published because the tier
+	// stored them within its recent window (Stats.TierPublishRecent).
+	TierPublishRecent int64 `json:"tier_publish_recent"`
+	Imports           int   `json:"imports"`
+	ImportP50Ns       int64 `json:"import_latency_p50_ns"`
+	ImportP99Ns       int64 `json:"import_latency_p99_ns"`
 	// EngineNs is the engine goroutine's time in Begin + Save + Discard;
 	// MaterializeNs the time in Materialize (called right after Save here,
 	// so it includes waiting for the step's imports and prefetch; an
@@ -191,7 +204,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 		for _, k := range spec.Keys {
 			ns.Keys = append(ns.Keys, tier.Key{Name: k.Name, RowBytes: k.RowBytes})
 		}
-		if tr, err = tier.New(b, ns, tier.Options{}); err != nil {
+		if tr, err = tier.New(b, ns, tier.Options{RecentWindow: o.TierRecent}); err != nil {
 			b.Close()
 			return rep, err
 		}
@@ -255,6 +268,9 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 			continue
 		}
 		cfg := omnicache.Config{NumBlocks: per, BlockSize: o.BlockSize, Keys: spec.Keys, StagingCapacityTokens: o.MaxBatchedTokens}
+		if !o.PacePark {
+			cfg.SyncSpin = omnicache.MaxSyncSpin
+		}
 		r.rowBytes = keyRowBytes(spec.Keys)
 		r.pool = newBufPool(r.rowBytes, o.MaxBatchedTokens, true)
 		cfg.ReleaseHost = r.pool.release
@@ -313,6 +329,7 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 	t.TierBytesPublished += pr.TierBytesPublished
 	t.TierBytesImported += pr.TierBytesImported
 	t.TierPublishDropped += pr.TierPublishDropped
+	t.TierPublishRecent += pr.TierPublishRecent
 	t.Imports += pr.Imports
 	t.EngineNs += pr.EngineNs
 	t.BeginNs += pr.BeginNs

@@ -117,6 +117,11 @@ type Options struct {
 	// Timeout bounds one batch (Put, Get, Lookup) on the backend; 0:
 	// DefaultTimeout.
 	Timeout time.Duration
+	// RecentWindow is how long a block stored through the tier counts as
+	// held for StoredRecently (publishers skip such blocks); 0:
+	// DefaultRecentWindow, negative: never (every block is stored). At
+	// most MaxRecentWindow.
+	RecentWindow time.Duration
 }
 
 // DefaultTimeout bounds a batch when Options.Timeout is zero.
@@ -143,6 +148,8 @@ type Tier struct {
 	lookups, lookupBlocks                 atomic.Int64
 
 	pools []valuePool // per key: NewValue's buffers, back from PutValues
+
+	recent recent // blocks stored lately (StoredRecently)
 }
 
 // valuePool recycles one key's value buffers: a publisher stream then
@@ -201,11 +208,18 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	if opt.Timeout < 0 {
 		return nil, fmt.Errorf("%w: negative timeout %v", ErrConfig, opt.Timeout)
 	}
+	if opt.RecentWindow == 0 {
+		opt.RecentWindow = DefaultRecentWindow
+	}
+	if opt.RecentWindow > MaxRecentWindow {
+		return nil, fmt.Errorf("%w: recent window %v over %v", ErrConfig, opt.RecentWindow, MaxRecentWindow)
+	}
 	ns.Keys = append([]Key(nil), ns.Keys...)
 	t := &Tier{
 		b: b, ns: ns, timeout: opt.Timeout,
 		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, h.Sum64(), ns.BlockSize),
 		pools:  make([]valuePool, len(ns.Keys)),
+		recent: newRecent(opt.RecentWindow),
 	}
 	for k := range t.pools {
 		t.pools[k].max = max(16, poolBytes/t.ValueBytes(k))
@@ -381,6 +395,18 @@ func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, 
 		t.puts.Add(1)
 	}
 	t.bytesPut.Add(stored)
+	if t.recent.window > 0 {
+		nk, now := len(t.ns.Keys), nowTick()
+	blocks:
+		for j, h := range hashes {
+			for _, err := range errs[j*nk : (j+1)*nk] {
+				if err != nil {
+					continue blocks
+				}
+			}
+			t.recent.note(h, now)
+		}
+	}
 	return stored, errors.Join(failed...)
 }
 

@@ -32,6 +32,7 @@ type Config struct {
 	Budget       int64         // device byte budget
 	ChunkBytes   int64         // largest device→host copy of deferred rows
 	WaitTimeout  time.Duration // bound of every wait on the committer (< 0: none)
+	SyncSpin     time.Duration // how long Sync spins before it parks (0: as every wait)
 	ReleaseHost  func([]byte)
 	CopyWorkers  int // see CommitterConfig
 	SplitBytes   int // see CommitterConfig (tests)
@@ -299,8 +300,11 @@ func (p *Path) Fail(err error) error {
 // everything before it, bounded by the wait timeout: a committer that does
 // not get there in time (a device that never completes a copy) fails the
 // path with errs.DeviceTimeout. Any goroutine.
-func (p *Path) WaitSeq(seq uint64) error {
-	if !p.q.WaitFor(seq, p.cfg.WaitTimeout) {
+func (p *Path) WaitSeq(seq uint64) error { return p.waitSeqSpin(seq, waitSpin) }
+
+// waitSeqSpin is WaitSeq spinning up to spinFor before it parks.
+func (p *Path) waitSeqSpin(seq uint64, spinFor time.Duration) error {
+	if !p.q.WaitForSpin(seq, p.cfg.WaitTimeout, spinFor) {
 		return p.Fail(fmt.Errorf("%w: the committer did not reach write %d within %v", errs.DeviceTimeout, seq, p.cfg.WaitTimeout))
 	}
 	return p.Err()
@@ -351,7 +355,11 @@ func (p *Path) Sync() error {
 		}
 	}
 	p.spare.Wait()
-	return p.drain()
+	spinFor := p.cfg.SyncSpin
+	if spinFor == 0 {
+		spinFor = waitSpin
+	}
+	return p.waitSeqSpin(p.q.Pushed(), spinFor)
 }
 
 // Stop wakes the waiters for a staging page (they fail with the pool

@@ -243,6 +243,12 @@ func (q *Queue[T]) Wait(seq uint64) {
 // WaitFor is Wait bounded by timeout; it reports whether the wait ended
 // before the timeout (timeout < 0: no bound).
 func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
+	return q.WaitForSpin(seq, timeout, waitSpin)
+}
+
+// WaitForSpin is WaitFor spinning up to spinFor (within the bound) before
+// it parks, where WaitFor spins waitSpin.
+func (q *Queue[T]) WaitForSpin(seq uint64, timeout, spinFor time.Duration) bool {
 	if timeout < 0 {
 		q.Wait(seq)
 		return true
@@ -255,7 +261,7 @@ func (q *Queue[T]) WaitFor(seq uint64, timeout time.Duration) bool {
 	q.kickLocked()
 	q.mu.Unlock()
 	deadline := time.Now().Add(timeout) // the spin counts against the bound
-	if q.spinDone(seq, min(waitSpin, timeout)) {
+	if q.spinDone(seq, min(spinFor, timeout)) {
 		return true
 	}
 	q.mu.Lock()

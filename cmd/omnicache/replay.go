@@ -85,6 +85,8 @@ type replayFlags struct {
 	replicas      int    // replicas.go
 	tier          string // replicas.go
 	tierMiB       int    // replicas.go
+	tierRecent    time.Duration
+	pacePark      bool
 	route         string // replicas.go
 	sharedKV      int    // replicas.go
 	waitPublish   bool   // replicas.go

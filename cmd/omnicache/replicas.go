@@ -22,6 +22,8 @@ func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
 	fs.BoolVar(&f.waitPublish, "wait-publish", false, "with --replicas: pace each forward until the blocks gathered so far are stored in the tier (tier hits then do not depend on the publishers' CPU time; costs wall time)")
 	fs.IntVar(&f.tierMiB, "tier-mib", 0, "with --replicas --tier embedded: the embedded tier's bound in MiB, least recently used out first (0: "+fmt.Sprint(tier.DefaultEmbeddedBytes>>20)+")")
+	fs.BoolVar(&f.pacePark, "pace-park", false, "with --replicas: let the pacing Sync park after 50µs (default: it spins through the committer's work, Config.SyncSpin, as an engine thread waiting on its forward keeps its core)")
+	fs.DurationVar(&f.tierRecent, "tier-recent", 0, "with --replicas: skip publishing a full block the tier stored within this window (0: "+tier.DefaultRecentWindow.String()+", negative: publish every block)")
 	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
 }
 
@@ -37,8 +39,11 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	if f.tierMiB < 0 || f.tierMiB > maxMirrorMiB {
 		return fmt.Errorf("--tier-mib %d: want 0..%d", f.tierMiB, maxMirrorMiB)
 	}
+	if f.tierRecent > tier.MaxRecentWindow {
+		return fmt.Errorf("--tier-recent %v: want at most %v", f.tierRecent, tier.MaxRecentWindow)
+	}
 	if f.replicas == 0 {
-		for _, name := range []string{"tier", "tier-mib", "route", "shared-kv-blocks", "wait-publish"} {
+		for _, name := range []string{"tier", "tier-mib", "tier-recent", "pace-park", "route", "shared-kv-blocks", "wait-publish"} {
 			if set[name] {
 				return fmt.Errorf("--%s applies to --replicas only", name)
 			}
@@ -81,7 +86,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		defer jf.Close()
 		js = json.NewEncoder(jf)
 	}
-	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, Route: f.route, Verify: f.verify,
+	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, TierRecent: f.tierRecent, PacePark: f.pacePark, Route: f.route, Verify: f.verify,
 		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish}
 	var reps []*bench.ReplicasReport
 	var failed error

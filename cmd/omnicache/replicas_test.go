@@ -70,6 +70,9 @@ func TestReplayReplicasBadFlags(t *testing.T) {
 		{"--tier-mib", "64"},                  // without --replicas
 		{"--replicas", "2", "--tier", "off", "--tier-mib", "64"},
 		{"--replicas", "2", "--tier-mib", "-1"},
+		{"--tier-recent", "2s"}, // without --replicas
+		{"--pace-park"},         // without --replicas
+		{"--replicas", "2", "--tier-recent", "11m"},
 	} {
 		if code, _, errs := run(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)

@@ -311,6 +311,23 @@ func TestQueueWaitFor(t *testing.T) {
 	require.True(t, <-done, "WaitFor woken by Done")
 }
 
+// WaitForSpin spins within its bound: a spin longer than the timeout ends
+// with it (an hour's spin would outlast the test's deadline), and an item
+// done during the spin ends the wait.
+func TestQueueWaitForSpin(t *testing.T) {
+	if runtime.GOMAXPROCS(0) == 1 { // the spins below need a second P
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
+	q := NewQueue[int](2)
+	seq := q.Push(1)
+	require.False(t, recv(t, async(func() bool { return q.WaitForSpin(seq, 10*time.Millisecond, time.Hour) }), "WaitForSpin past its timeout"),
+		"WaitForSpin returned true for an item nobody processed")
+	got := async(func() bool { return q.WaitForSpin(seq, deadlockTimeout, deadlockTimeout) })
+	_, _ = q.Pop()
+	q.Done()
+	require.True(t, recv(t, got, "WaitForSpin once the item is done"), "WaitForSpin did not see Done")
+}
+
 // setPolling sets the consumer's polling for one test.
 func setPolling(t *testing.T, min, max, idle time.Duration) {
 	m0, x0, i0 := pollMin, pollMax, pollIdle

@@ -86,4 +86,9 @@ func (r *recent) held(hash, now uint64) bool {
 // StoredRecently reports whether every key of block hash was stored
 // through t within Options.RecentWindow (advisory: see the type's
 // comment). Safe for concurrent use; no backend call.
-func (t *Tier) StoredRecently(hash uint64) bool { return t.recent.held(hash, nowTick()) }
+func (t *Tier) StoredRecently(hash uint64) bool {
+	if t.recent.window == 0 {
+		return false // off: no clock read per block
+	}
+	return t.recent.held(hash, nowTick())
+}

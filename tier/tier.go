@@ -41,7 +41,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,7 +102,10 @@ type Backend interface {
 	// vals: the caller may reuse them (the embedded store copies them, a
 	// server has acknowledged them).
 	Set(ctx context.Context, keys []string, vals [][]byte) (errs []error)
-	// Exists reports which keys hold a value; errs[i] where it failed.
+	// Exists reports which keys hold a value; errs[i] where it failed. It
+	// may answer from key hashes (Embedded does, 64 bits): a key reported
+	// held that is not costs a block that Get then misses (Lookup
+	// overcounts, the import fails for that block), never a wrong value.
 	Exists(ctx context.Context, keys []string) (held []bool, errs []error)
 	// Close releases the backend's connections. Later calls fail with
 	// ErrClosed.
@@ -140,16 +142,25 @@ type Stats struct {
 type Tier struct {
 	b       Backend
 	ns      Namespace
-	prefix  string // "oc:{model/layout/bN/"
+	prefix  string   // "oc:{model/layout/bN/"
+	tmpl    []string // per key: its addresses, hash digits zero (prefix, 16 digits, "}:", name)
 	timeout time.Duration
-
-	puts, putErrs, bytesPut               atomic.Int64
-	hits, misses, corrupt, errs, bytesGot atomic.Int64
-	lookups, lookupBlocks                 atomic.Int64
 
 	pools []valuePool // per key: NewValue's buffers, back from PutValues
 
 	recent recent // blocks stored lately (StoredRecently)
+
+	// The counters, each writer's on lines of their own: the publishers
+	// bump puts on every batch, the importers hits, the scheduler's Lookup
+	// (the engine goroutine) lookups, and every one of them reads the
+	// fields above.
+	_                                     [128]byte
+	puts, putErrs, bytesPut               atomic.Int64
+	_                                     [128]byte
+	hits, misses, corrupt, errs, bytesGot atomic.Int64
+	_                                     [128]byte
+	lookups, lookupBlocks                 atomic.Int64
+	_                                     [128]byte
 }
 
 // valuePool recycles one key's value buffers: a publisher stream then
@@ -224,6 +235,9 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	for k := range t.pools {
 		t.pools[k].max = max(16, poolBytes/t.ValueBytes(k))
 	}
+	for _, key := range ns.Keys {
+		t.tmpl = append(t.tmpl, t.prefix+"0000000000000000}:"+key.Name)
+	}
 	return t, nil
 }
 
@@ -247,42 +261,47 @@ func (t *Tier) Addr(hash uint64, k int) string {
 
 // appendAddr appends Addr(hash, k) to b.
 func (t *Tier) appendAddr(b []byte, hash uint64, k int) []byte {
-	b = append(b, t.prefix...)
-	b = appendHex(b, hash)
-	b = append(b, "}:"...)
-	return append(b, t.ns.Keys[k].Name...)
+	start := len(b)
+	b = append(b, t.tmpl[k]...)
+	putHex(b[start+len(t.prefix):], hash)
+	return b
 }
 
 // addrLen is the length of key k's addresses.
-func (t *Tier) addrLen(k int) int { return len(t.prefix) + 16 + len("}:") + len(t.ns.Keys[k].Name) }
+func (t *Tier) addrLen(k int) int { return len(t.tmpl[k]) }
 
 // addrs are the addresses of every key of every block, block-major: views
-// into one buffer, so a batch allocates twice, not once per value.
+// into one buffer, so a batch allocates twice, not once per value. Each is
+// its key's template with the hash written in: one copy a value (a
+// scheduler's Lookup of a long prompt asks for thousands).
 func (t *Tier) addrs(hashes []uint64) []string {
 	nk := len(t.ns.Keys)
 	size := 0
 	for k := range t.ns.Keys {
 		size += t.addrLen(k)
 	}
-	buf := make([]byte, 0, size*len(hashes))
+	buf := make([]byte, size*len(hashes))
 	keys := make([]string, 0, len(hashes)*nk)
+	off, hexAt := 0, len(t.prefix)
 	for _, h := range hashes {
 		for k := range t.ns.Keys {
-			start := len(buf)
-			buf = t.appendAddr(buf, h, k)
-			keys = append(keys, unsafe.String(&buf[start], len(buf)-start))
+			n := copy(buf[off:], t.tmpl[k])
+			putHex(buf[off+hexAt:], h)
+			keys = append(keys, unsafe.String(&buf[off], n))
+			off += n
 		}
 	}
 	return keys
 }
 
-func appendHex(b []byte, h uint64) []byte {
-	var buf [16]byte
-	s := strconv.AppendUint(buf[:0], h, 16)
-	for i := len(s); i < 16; i++ {
-		b = append(b, '0')
+// putHex writes h as 16 lower-case hex digits, zero-padded, into b[:16].
+func putHex(b []byte, h uint64) {
+	const digits = "0123456789abcdef"
+	_ = b[15]
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[h&15]
+		h >>= 4
 	}
-	return append(b, s...)
 }
 
 // BlockBytes is the size of one block's rows of key k.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"testing"
 )
 
@@ -306,5 +307,34 @@ func TestNewValuePutValues(t *testing.T) {
 	dst := dstFor(tr, 3)
 	if got := checkServed(t, tr, hs, dst, tr.Get(context.Background(), hs, dst)); got != 3 {
 		t.Fatalf("%d of 3 served", got)
+	}
+}
+
+// TestAddrFormat pins the address layout (values stored by an earlier build
+// on a Redis server stay reachable): the namespace prefix, the hash as 16
+// lower-case hex digits, "}:", the key name; addrs agrees with Addr.
+func TestAddrFormat(t *testing.T) {
+	e, _ := NewEmbedded(0)
+	tr, err := New(e, testNS, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	hs := []uint64{0, 1, 0xabc, 0x0123456789abcdef, ^uint64(0)}
+	hs = append(hs, hashes(0, 50)...)
+	got := tr.addrs(hs)
+	for i, h := range hs {
+		for k, key := range testNS.Keys {
+			want := fmt.Sprintf("%s%016x}:%s", tr.prefix, h, key.Name)
+			if a := tr.Addr(h, k); a != want {
+				t.Fatalf("Addr(%x, %d) = %q, want %q", h, k, a, want)
+			}
+			if a := got[i*len(testNS.Keys)+k]; a != want {
+				t.Fatalf("addrs[%d] = %q, want %q", i*len(testNS.Keys)+k, a, want)
+			}
+		}
+	}
+	if !strings.HasPrefix(tr.prefix, "oc:{"+testNS.Model+"/") {
+		t.Fatalf("prefix %q", tr.prefix)
 	}
 }

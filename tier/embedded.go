@@ -6,6 +6,8 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"sync"
+
+	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // DefaultEmbeddedBytes bounds an embedded store made with a zero capacity.
@@ -25,7 +27,12 @@ const (
 // objects to mark, nor its publishers an allocation per value: keys and
 // values are copied into slabs (chunks of equal slots, one slot size per
 // size class, slots rounded up by at most 1/16), indexed by a map from a
-// key hash to pointer-free entries (the full key is kept and compared). A
+// key hash to pointer-free entries (the full key is kept and compared).
+// The chunks are mapped from the OS, outside the Go heap: a gigabyte held
+// here would otherwise count as live heap and raise the collector's heap
+// goal by as much, and every other allocation of the process (the
+// engine's scheduler's among them) would walk through that much memory
+// never touched before, cold in every cache, between two collections. A
 // freed slot is reused by the next value of its class. The memory held is
 // at most the bound plus 1/16 plus 8 MiB: when a value finds no free slot
 // of its class and a new chunk would pass that, chunks left empty are
@@ -93,6 +100,9 @@ func NewEmbedded(maxBytes int64) (*Embedded, error) {
 }
 
 func (e *Embedded) reset() {
+	for ci := range e.chunks {
+		e.freeChunk(&e.chunks[ci])
+	}
 	e.used, e.held, e.empty = 0, 0, 0
 	e.idx = map[uint64]int32{}
 	e.ents, e.chunks, e.gone = nil, nil, nil
@@ -271,7 +281,8 @@ func (e *Embedded) newChunk(cl *slabClass) {
 		e.chunks = append(e.chunks, chunk{})
 	}
 	c := &e.chunks[ci]
-	*c = chunk{buf: make([]byte, cl.size*cl.per), cl: cl, free: make([]int32, cl.per)}
+	buf, _ := hostmem.Map(cl.size * cl.per) // it falls back to make rather than fail
+	*c = chunk{buf: buf, cl: cl, free: make([]int32, cl.per)}
 	for i := range c.free {
 		c.free[i] = int32(cl.per - 1 - i) // slot 0 first
 	}
@@ -286,11 +297,20 @@ func (e *Embedded) releaseEmpty() {
 		c := &e.chunks[ci]
 		if c.buf != nil && c.live == 0 {
 			e.held -= int64(len(c.buf))
-			*c = chunk{}
+			e.freeChunk(c)
 			e.gone = append(e.gone, int32(ci))
 		}
 	}
 	e.empty = 0
+}
+
+// freeChunk unmaps a chunk's memory and clears it. Every access to a slot
+// holds e.mu, as this does: no copy is in flight.
+func (e *Embedded) freeChunk(c *chunk) {
+	// Unmapping a whole mapping this store made does not fail (munmap
+	// fails only on a range it would have to split, or a bad address).
+	_ = hostmem.Free(c.buf)
+	*c = chunk{}
 }
 
 func (e *Embedded) newEnt() int32 {

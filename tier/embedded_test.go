@@ -3,10 +3,13 @@ package tier
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // refLRU is the embedded store's specification: exact LRU by key+value
@@ -205,5 +208,74 @@ func TestEmbeddedSlabReuse(t *testing.T) {
 	used, max, _ := e.Usage()
 	if used > max || used < max-int64(len(big))-20 {
 		t.Fatalf("after the size shift: %d of %d bytes used; want the store full of the new size", used, max)
+	}
+}
+
+// TestEmbeddedChunksOffHeap checks that the slabs are mapped from the OS
+// (outside the Go heap, so they do not raise the collector's heap goal) and
+// unmapped when released: chunks left empty, and every chunk at Close.
+func TestEmbeddedChunksOffHeap(t *testing.T) {
+	ctx := context.Background()
+	e, _ := NewEmbedded(8 << 20)
+	val := make([]byte, 1000)
+	var keys []string
+	for i := range 3000 {
+		keys = append(keys, fmt.Sprintf("k%d", i))
+	}
+	for _, k := range keys {
+		if errs := e.Set(ctx, []string{k}, [][]byte{val}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}
+	var bufs [][]byte
+	for _, c := range e.chunks {
+		if c.buf == nil {
+			continue
+		}
+		if !hostmem.IsMapped(c.buf) {
+			t.Fatalf("a chunk of %d bytes is not mapped memory", len(c.buf))
+		}
+		bufs = append(bufs, c.buf)
+	}
+	if len(bufs) < 2 {
+		t.Fatalf("%d chunks, want several", len(bufs))
+	}
+	// Empty the store: its chunks are released and unmapped.
+	for _, k := range keys {
+		e.Delete(k)
+	}
+	e.mu.Lock()
+	e.releaseEmpty()
+	held := e.held
+	e.mu.Unlock()
+	if held != 0 {
+		t.Fatalf("%d slab bytes held after every chunk was released", held)
+	}
+	for i, b := range bufs {
+		if hostmem.IsMapped(b) {
+			t.Fatalf("chunk %d still mapped after its release", i)
+		}
+	}
+	// Filled again, then closed: every chunk is unmapped.
+	for _, k := range keys[:500] {
+		e.Set(ctx, []string{k}, [][]byte{val})
+	}
+	bufs = bufs[:0]
+	for _, c := range e.chunks {
+		if c.buf != nil {
+			bufs = append(bufs, c.buf)
+		}
+	}
+	if len(bufs) == 0 {
+		t.Fatal("no chunk after refilling")
+	}
+	e.Close()
+	for i, b := range bufs {
+		if hostmem.IsMapped(b) {
+			t.Fatalf("chunk %d still mapped after Close", i)
+		}
+	}
+	if vals, errs := e.Get(ctx, keys[:1]); vals[0] != nil || !errors.Is(errs[0], ErrClosed) {
+		t.Fatalf("Get after Close = %v, %v; want ErrClosed", vals[0], errs[0])
 	}
 }

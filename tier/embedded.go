@@ -399,9 +399,9 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	for i, h := range hs {
 		if e.closed {
 			errs[i] = ErrClosed
-			continue
+		} else {
+			_, held[i] = e.idx[h]
 		}
-		_, held[i] = e.idx[h]
 	}
 	return held, errs
 }

@@ -71,10 +71,9 @@ func (r *recent) note(hash, now uint64) {
 }
 
 // held reports whether block hash was noted within the window before now.
+// The table is on (window > 0): StoredRecently checks, before it reads the
+// clock.
 func (r *recent) held(hash, now uint64) bool {
-	if r.window == 0 {
-		return false
-	}
 	m := mixHash(hash)
 	w := r.slots[m>>(64-recentBits)].Load()
 	if w == 0 || w&^tickMask != m&^tickMask {

@@ -125,6 +125,9 @@ type openRef struct {
 // NewPath builds the write path and starts its committer. It allocates no
 // mirror and no staging memory (both are made on first use).
 func NewPath(cfg Config) *Path {
+	if cfg.SyncSpin == 0 {
+		cfg.SyncSpin = waitSpin
+	}
 	nslots := cfg.NumBlocks * cfg.BlockSize
 	immRowB := 0
 	p := &Path{
@@ -355,11 +358,7 @@ func (p *Path) Sync() error {
 		}
 	}
 	p.spare.Wait()
-	spinFor := p.cfg.SyncSpin
-	if spinFor == 0 {
-		spinFor = waitSpin
-	}
-	return p.waitSeqSpin(p.q.Pushed(), spinFor)
+	return p.waitSeqSpin(p.q.Pushed(), p.cfg.SyncSpin)
 }
 
 // Stop wakes the waiters for a staging page (they fail with the pool

@@ -82,14 +82,14 @@ type replayFlags struct {
 	maxModelLen   int
 	device        string
 	hold          string
-	replicas      int    // replicas.go
-	tier          string // replicas.go
-	tierMiB       int    // replicas.go
-	tierRecent    time.Duration
-	pacePark      bool
-	route         string // replicas.go
-	sharedKV      int    // replicas.go
-	waitPublish   bool   // replicas.go
+	replicas      int           // replicas.go
+	tier          string        // replicas.go
+	tierMiB       int           // replicas.go
+	tierRecent    time.Duration // replicas.go
+	pacePark      bool          // replicas.go
+	route         string        // replicas.go
+	sharedKV      int           // replicas.go
+	waitPublish   bool          // replicas.go
 
 	// Parsed by checkFlags.
 	dev     deviceSpec

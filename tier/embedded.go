@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/bits"
+	"os"
 	"sync"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
@@ -15,11 +16,12 @@ const DefaultEmbeddedBytes = 1 << 30
 
 // Slab geometry of the embedded store.
 const (
-	chunkMax   = 1 << 20 // bytes of one chunk of slots (a larger value takes a chunk of its own)
-	slackBytes = 8 * chunkMax
+	frameMax     = hostmem.HugePage // bytes of one chunk of slots at most (a larger value takes a chunk of its own)
+	regionFrames = 16               // frames mapped at a time
+	slackBytes   = 8 << 20
 )
 
-// Embedded is the in-process backend: values held in Go memory, bounded in
+// Embedded is the in-process backend: values held in this process, bounded in
 // bytes (key and value lengths), least recently used out first. It is the
 // default tier: one process's caches (replicas in one replay) share it.
 //
@@ -28,16 +30,26 @@ const (
 // values are copied into slabs (chunks of equal slots, one slot size per
 // size class, slots rounded up by at most 1/16), indexed by a map from a
 // key hash to pointer-free entries (the full key is kept and compared).
-// The chunks are mapped from the OS, outside the Go heap: a gigabyte held
+//
+// The slabs are mapped from the OS, outside the Go heap: a gigabyte held
 // here would otherwise count as live heap and raise the collector's heap
 // goal by as much, and every other allocation of the process (the
 // engine's scheduler's among them) would walk through that much memory
 // never touched before, cold in every cache, between two collections. A
-// freed slot is reused by the next value of its class. The memory held is
-// at most the bound plus 1/16 plus 8 MiB: when a value finds no free slot
-// of its class and a new chunk would pass that, chunks left empty are
-// released, then the least recently used values are evicted until a slot
-// or the room for a chunk frees up.
+// chunk is a frame of 2 MiB (in a store under 32 MiB, 1/16 of the bound
+// rounded up to a page) cut from regions of 16 frames, each region one
+// mapping advised as transparent huge pages (hostmem.AllocHuge): filling a
+// gigabyte faults 2 MiB at a time, not 4 KiB (the 262,144 page faults a
+// gigabyte cost the publishers' threads become 512; on a 2-core VM that
+// was 8-10 s of CPU in a replay run), and costs 32 mappings, not one per
+// chunk. A value larger than a frame takes a mapping of its own.
+//
+// A freed slot is reused by the next value of its class. The memory held
+// is at most the bound plus 1/16 plus 8 MiB: when a value finds no free
+// slot of its class and a new chunk would pass that, chunks left empty are
+// released (a frame's pages go back to the OS, the frame waits for the
+// next chunk; a value's own mapping is unmapped), then the least recently
+// used values are evicted until a slot or the room for a chunk frees up.
 //
 // Set copies: the caller may reuse its keys and values once Set returns.
 // Get returns copies as well.
@@ -55,11 +67,18 @@ type Embedded struct {
 	tail   int32 // least recently used
 	chunks []chunk
 	gone   []int32 // released chunk ids, reused first
-	empty  int     // chunks holding no value
-	cls    map[int]*slabClass
-	hashFn func(string) uint64 // tests: forced collisions; nil: maphash
-	closed bool
-	evicts int64
+	// frame is a frame's bytes; regions the mappings frames are cut from
+	// (carved: bytes of the last one handed out); cold the released frames,
+	// handed out first (their pages were given back: not held).
+	frame   int
+	regions [][]byte
+	carved  int
+	cold    []coldFrame
+	empty   int // chunks holding no value
+	cls     map[int]*slabClass
+	hashFn  func(string) uint64 // tests: forced collisions; nil: maphash
+	closed  bool
+	evicts  int64
 }
 
 // ent is one value's index entry: no pointers, so the index costs the
@@ -73,10 +92,17 @@ type ent struct {
 }
 
 type chunk struct {
-	buf  []byte // nil: released
-	cl   *slabClass
-	free []int32 // free slots
-	live int
+	buf    []byte // nil: released
+	region int32  // the region buf is a frame of; -1: buf is a mapping of its own
+	cl     *slabClass
+	free   []int32 // free slots
+	live   int
+}
+
+// coldFrame is a released frame and its region.
+type coldFrame struct {
+	buf    []byte
+	region int32
 }
 
 type slabClass struct {
@@ -95,14 +121,23 @@ func NewEmbedded(maxBytes int64) (*Embedded, error) {
 		return nil, fmt.Errorf("%w: embedded store of %d bytes", ErrConfig, maxBytes)
 	}
 	e := &Embedded{max: maxBytes, limit: maxBytes + maxBytes/16 + slackBytes, seed: maphash.MakeSeed()}
+	page := int64(os.Getpagesize())
+	e.frame = int(min(frameMax, (maxBytes/16+page-1)/page*page))
 	e.reset()
 	return e, nil
 }
 
 func (e *Embedded) reset() {
 	for ci := range e.chunks {
-		e.freeChunk(&e.chunks[ci])
+		if c := &e.chunks[ci]; c.region < 0 {
+			e.freeChunk(c) // frames go with their regions
+		}
 	}
+	for _, r := range e.regions {
+		// Unmapping a whole mapping this store made does not fail.
+		_ = hostmem.Free(r)
+	}
+	e.regions, e.carved, e.cold = nil, 0, nil
 	e.used, e.held, e.empty = 0, 0, 0
 	e.idx = map[uint64]int32{}
 	e.ents, e.chunks, e.gone = nil, nil, nil
@@ -236,7 +271,7 @@ func (e *Embedded) alloc(n int) (int32, int32) {
 	size := sizeClass(n)
 	cl := e.cls[size]
 	if cl == nil {
-		per := max(1, int(min(chunkMax, e.max/16))/size)
+		per := max(1, e.frame/size)
 		cl = &slabClass{size: size, per: per}
 		e.cls[size] = cl
 	}
@@ -259,7 +294,7 @@ func (e *Embedded) alloc(n int) (int32, int32) {
 			c.live++
 			return ci, si
 		}
-		bytes := int64(cl.size * cl.per)
+		bytes := int64(max(cl.size, e.frame))
 		switch {
 		case e.held+bytes <= e.limit || e.held == 0:
 			e.newChunk(cl)
@@ -281,8 +316,12 @@ func (e *Embedded) newChunk(cl *slabClass) {
 		e.chunks = append(e.chunks, chunk{})
 	}
 	c := &e.chunks[ci]
-	buf, _ := hostmem.Map(cl.size * cl.per) // it falls back to make rather than fail
-	*c = chunk{buf: buf, cl: cl, free: make([]int32, cl.per)}
+	*c = chunk{cl: cl, free: make([]int32, cl.per), region: -1}
+	if cl.size <= e.frame {
+		c.buf, c.region = e.newFrame()
+	} else {
+		c.buf, _ = hostmem.AllocHuge(cl.size) // it falls back to make rather than fail
+	}
 	for i := range c.free {
 		c.free[i] = int32(cl.per - 1 - i) // slot 0 first
 	}
@@ -291,7 +330,29 @@ func (e *Embedded) newChunk(cl *slabClass) {
 	e.empty++
 }
 
-// releaseEmpty gives the chunks holding no value back to the runtime.
+// newFrame hands out a released frame, else the next frame of the last
+// region, mapping a region when it has none left.
+func (e *Embedded) newFrame() ([]byte, int32) {
+	if n := len(e.cold); n > 0 {
+		f := e.cold[n-1]
+		e.cold = e.cold[:n-1]
+		return f.buf, f.region
+	}
+	if len(e.regions) == 0 || e.carved == len(e.regions[len(e.regions)-1]) {
+		// At most the frames the bound allows, so that a small store does
+		// not reserve 16 frames' addresses for a few.
+		n := min(regionFrames, int((e.limit+int64(e.frame)-1)/int64(e.frame)))
+		r, _ := hostmem.AllocHuge(n * e.frame) // it falls back to make rather than fail
+		e.regions, e.carved = append(e.regions, r), 0
+	}
+	ri := int32(len(e.regions) - 1)
+	r := e.regions[ri]
+	f := r[e.carved : e.carved+e.frame : e.carved+e.frame]
+	e.carved += e.frame
+	return f, ri
+}
+
+// releaseEmpty gives the chunks holding no value back to the OS.
 func (e *Embedded) releaseEmpty() {
 	for ci := range e.chunks {
 		c := &e.chunks[ci]
@@ -304,13 +365,22 @@ func (e *Embedded) releaseEmpty() {
 	e.empty = 0
 }
 
-// freeChunk unmaps a chunk's memory and clears it. Every access to a slot
-// holds e.mu, as this does: no copy is in flight.
+// freeChunk gives a chunk's memory back to the OS and clears it: a frame's
+// pages are released and the frame waits for a later chunk; a mapping of
+// its own is unmapped. Every access to a slot holds e.mu, as this does: no
+// copy is in flight.
 func (e *Embedded) freeChunk(c *chunk) {
-	// Unmapping a whole mapping this store made does not fail (munmap
-	// fails only on a range it would have to split, or a bad address).
-	_ = hostmem.Free(c.buf)
-	*c = chunk{}
+	if c.region >= 0 {
+		// Releasing whole pages of a mapping this store made does not fail
+		// (madvise fails only on a bad range).
+		_ = hostmem.Release(e.regions[c.region], c.buf)
+		e.cold = append(e.cold, coldFrame{c.buf, c.region})
+	} else {
+		// Unmapping a whole mapping this store made does not fail (munmap
+		// fails only on a range it would have to split, or a bad address).
+		_ = hostmem.Free(c.buf)
+	}
+	*c = chunk{region: -1}
 }
 
 func (e *Embedded) newEnt() int32 {

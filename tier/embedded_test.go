@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
 )
@@ -212,14 +214,23 @@ func TestEmbeddedSlabReuse(t *testing.T) {
 }
 
 // TestEmbeddedChunksOffHeap checks that the slabs are mapped from the OS
-// (outside the Go heap, so they do not raise the collector's heap goal) and
-// unmapped when released: chunks left empty, and every chunk at Close.
+// (outside the Go heap, so they do not raise the collector's heap goal) as
+// frames cut from a few huge-page regions, that a released frame's pages go
+// back to the OS and the frame is reused, that a value larger than a frame
+// takes a mapping of its own, unmapped on release, and that Close unmaps
+// everything.
 func TestEmbeddedChunksOffHeap(t *testing.T) {
 	ctx := context.Background()
-	e, _ := NewEmbedded(8 << 20)
-	val := make([]byte, 1000)
+	e, _ := NewEmbedded(64 << 20)
+	if e.frame != frameMax {
+		t.Fatalf("frame of %d bytes in a 64 MiB store, want %d", e.frame, frameMax)
+	}
+	val := make([]byte, 10000)
+	for i := range val {
+		val[i] = byte(i%251 + 1)
+	}
 	var keys []string
-	for i := range 3000 {
+	for i := range 5000 {
 		keys = append(keys, fmt.Sprintf("k%d", i))
 	}
 	for _, k := range keys {
@@ -227,52 +238,84 @@ func TestEmbeddedChunksOffHeap(t *testing.T) {
 			t.Fatal(errs[0])
 		}
 	}
-	var bufs [][]byte
+	big := make([]byte, 3<<20) // larger than a frame
+	if errs := e.Set(ctx, []string{"big"}, [][]byte{big}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	inRegion := func(b []byte, r []byte) bool {
+		p, lo := uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&r[0]))
+		return p >= lo && p+uintptr(len(b)) <= lo+uintptr(len(r))
+	}
+	var frames [][]byte
+	var own []byte
 	for _, c := range e.chunks {
-		if c.buf == nil {
-			continue
+		switch {
+		case c.buf == nil:
+		case c.region < 0:
+			if own != nil || !hostmem.IsMapped(c.buf) {
+				t.Fatalf("a value's own chunk of %d bytes: a second one, or not mapped", len(c.buf))
+			}
+			own = c.buf
+		default:
+			if len(c.buf) != e.frame || !inRegion(c.buf, e.regions[c.region]) {
+				t.Fatalf("a frame of %d bytes outside its region", len(c.buf))
+			}
+			if hostmem.HugePages && uintptr(unsafe.Pointer(&c.buf[0]))%hostmem.HugePage != 0 {
+				t.Fatalf("a frame at %p is not huge-page aligned", &c.buf[0])
+			}
+			frames = append(frames, c.buf)
 		}
-		if !hostmem.IsMapped(c.buf) {
-			t.Fatalf("a chunk of %d bytes is not mapped memory", len(c.buf))
+	}
+	if own == nil || len(frames) < regionFrames+1 {
+		t.Fatalf("%d frames and own chunk %v; want more than a region's frames and one", len(frames), own != nil)
+	}
+	if want := (len(frames) + regionFrames - 1) / regionFrames; len(e.regions) != want {
+		t.Fatalf("%d regions for %d frames, want %d", len(e.regions), len(frames), want)
+	}
+	for i, r := range e.regions {
+		if !hostmem.IsMapped(r) {
+			t.Fatalf("region %d is not mapped memory", i)
 		}
-		bufs = append(bufs, c.buf)
 	}
-	if len(bufs) < 2 {
-		t.Fatalf("%d chunks, want several", len(bufs))
-	}
-	// Empty the store: its chunks are released and unmapped.
-	for _, k := range keys {
+	// Empty the store: the frames' pages are released (they read zeros),
+	// the frames kept; the value's own mapping is unmapped.
+	for _, k := range append(keys, "big") {
 		e.Delete(k)
 	}
 	e.mu.Lock()
 	e.releaseEmpty()
-	held := e.held
+	held, cold := e.held, len(e.cold)
 	e.mu.Unlock()
-	if held != 0 {
-		t.Fatalf("%d slab bytes held after every chunk was released", held)
+	if held != 0 || cold != len(frames) {
+		t.Fatalf("after every chunk was released: %d bytes held, %d frames released; want 0 and %d", held, cold, len(frames))
 	}
-	for i, b := range bufs {
-		if hostmem.IsMapped(b) {
-			t.Fatalf("chunk %d still mapped after its release", i)
+	if hostmem.IsMapped(own) {
+		t.Fatal("the value's own chunk is still mapped after its release")
+	}
+	if runtime.GOOS == "linux" {
+		for i, f := range frames {
+			if !bytes.Equal(f, make([]byte, len(f))) {
+				t.Fatalf("frame %d kept its bytes after its release", i)
+			}
 		}
 	}
-	// Filled again, then closed: every chunk is unmapped.
+	// Filled again: the released frames come back, no region is added.
+	regions := len(e.regions)
 	for _, k := range keys[:500] {
 		e.Set(ctx, []string{k}, [][]byte{val})
 	}
-	bufs = bufs[:0]
-	for _, c := range e.chunks {
-		if c.buf != nil {
-			bufs = append(bufs, c.buf)
-		}
+	if len(e.regions) != regions || len(e.cold) >= cold {
+		t.Fatalf("refilling: %d regions (was %d), %d frames released (was %d); want the released frames reused", len(e.regions), regions, len(e.cold), cold)
 	}
-	if len(bufs) == 0 {
-		t.Fatal("no chunk after refilling")
+	if vals, errs := e.Get(ctx, keys[:1]); !bytes.Equal(vals[0], val) {
+		t.Fatalf("Get after refilling = %d bytes, %v", len(vals[0]), errs[0])
 	}
+	// Closed: every region is unmapped.
+	all := e.regions
 	e.Close()
-	for i, b := range bufs {
-		if hostmem.IsMapped(b) {
-			t.Fatalf("chunk %d still mapped after Close", i)
+	for i, r := range all {
+		if hostmem.IsMapped(r) {
+			t.Fatalf("region %d still mapped after Close", i)
 		}
 	}
 	if vals, errs := e.Get(ctx, keys[:1]); vals[0] != nil || !errors.Is(errs[0], ErrClosed) {

@@ -10,6 +10,7 @@
 package hostmem
 
 import (
+	"os"
 	"sync"
 	"unsafe"
 )
@@ -86,6 +87,30 @@ func Free(b []byte) error {
 	}
 	mapped.Delete(p)
 	return unmap(b)
+}
+
+// Release gives the pages of b, a part of the mapping m that Map or
+// AllocHuge returned, back to the OS while keeping the mapping: b reads as
+// zeros until written again, and is then faulted in afresh. Only whole
+// pages inside b are given back. It does nothing when m is not such a
+// mapping (memory from the Go heap: a fallback, or another system) or b
+// is not inside it. Like an unmap it interrupts every CPU the process runs
+// on (a TLB shootdown): for rare trims, not a steady path.
+func Release(m, b []byte) error {
+	if len(b) == 0 || !IsMapped(m) {
+		return nil
+	}
+	lo, hi := uintptr(unsafe.Pointer(unsafe.SliceData(m))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	if hi < lo || hi-lo+uintptr(len(b)) > uintptr(len(m)) {
+		return nil
+	}
+	ps := uintptr(os.Getpagesize())
+	start, end := (hi+ps-1)&^(ps-1), (hi+uintptr(len(b)))&^(ps-1)
+	if end <= start {
+		return nil
+	}
+	off := int(start - lo)
+	return release(m[off : off+int(end-start)])
 }
 
 // Uint64s returns n zero uint64s (see Alloc); free them with FreeUint64s.

@@ -185,3 +185,53 @@ func TestPopulate(t *testing.T) {
 		}
 	}
 }
+
+// TestRelease: Release gives back the whole pages inside b (they read
+// zeros), leaves the partial pages at its ends and the rest of the mapping
+// as they were, and does nothing to memory it did not map.
+func TestRelease(t *testing.T) {
+	ps := os.Getpagesize()
+	m, err := Map(8 * ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Free(m)
+	fill := func(b []byte) {
+		for i := range b {
+			b[i] = 7
+		}
+	}
+	fill(m)
+	// From the middle of page 1 to the middle of page 5: pages 2-4 go.
+	if err := Release(m, m[ps+ps/2:5*ps+ps/2]); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range m {
+		want := byte(7)
+		if mapAnonIsOS && i >= 2*ps && i < 5*ps {
+			want = 0
+		}
+		if v != want {
+			t.Fatalf("byte %d (page %d) is %d after Release, want %d", i, i/ps, v, want)
+		}
+	}
+	// Memory from the Go heap, or outside m: untouched.
+	h := make([]byte, 8*ps)
+	fill(h)
+	if err := Release(h, h); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := Map(4 * ps)
+	defer Free(other)
+	fill(other)
+	if err := Release(m, other); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range [][]byte{h, other} {
+		for i, v := range b {
+			if v != 7 {
+				t.Fatalf("byte %d of memory Release was not given is %d", i, v)
+			}
+		}
+	}
+}

@@ -5,3 +5,5 @@ package hostmem
 func mapAnon(n int) ([]byte, error) { return make([]byte, n), nil }
 
 func unmap([]byte) error { return nil }
+
+func release([]byte) error { return nil }

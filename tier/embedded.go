@@ -79,6 +79,12 @@ type Embedded struct {
 	hashFn  func(string) uint64 // tests: forced collisions; nil: maphash
 	closed  bool
 	evicts  int64
+	// inflight counts Sets copying outside the lock; idle (on mu) wakes
+	// Close when the last is done.
+	inflight int
+	reserved int64 // bytes of the values they copy (in used)
+	idle     sync.Cond
+	copied   func() // tests: called after a Set's copies, outside the lock
 }
 
 // ent is one value's index entry: no pointers, so the index costs the
@@ -121,6 +127,7 @@ func NewEmbedded(maxBytes int64) (*Embedded, error) {
 		return nil, fmt.Errorf("%w: embedded store of %d bytes", ErrConfig, maxBytes)
 	}
 	e := &Embedded{max: maxBytes, limit: maxBytes + maxBytes/16 + slackBytes, seed: maphash.MakeSeed()}
+	e.idle.L = &e.mu
 	page := int64(os.Getpagesize())
 	e.frame = int(min(frameMax, (maxBytes/16+page-1)/page*page))
 	e.reset()
@@ -212,10 +219,32 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 
 // Set implements Backend: it copies each value into the store, evicting
 // the least recently used values to stay within the bound.
+//
+// The copies run outside the store's lock, so that Exists (the scheduler's
+// Lookup, on the engine goroutine), Get and other Sets wait for index
+// updates only, never for a batch's megabytes of copying: under the lock
+// Set replaces or evicts what it must and reserves a slot per value (its
+// bytes counted, the slot out of the LRU and the index, so nothing evicts
+// or frees it); it copies; then, under the lock again, it links the values
+// in, in order. Until then a value is not held: Get and Exists miss it,
+// and a Delete of its key finds nothing. A value for which the bytes
+// reserved by copies in flight leave no room fails with ErrNoRoom, before
+// anything is evicted for it; so does one whose size class finds no slot
+// once every held value was evicted for it (the slabs all reserved: a
+// store a few values large). Close waits for the copies in flight.
 func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error {
 	errs := make([]error, len(keys))
+	hs := make([]uint64, len(keys))
+	for i, k := range keys {
+		hs[i] = e.hash(k)
+	}
+	type reserved struct {
+		i           int
+		chunk, slot int32
+		dst         []byte
+	}
+	res := make([]reserved, 0, len(keys))
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	for i, k := range keys {
 		if e.closed {
 			errs[i] = ErrClosed
@@ -226,20 +255,64 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 			errs[i] = fmt.Errorf("%w: %d bytes, the store holds %d", ErrTooLarge, size, e.max)
 			continue
 		}
-		h := e.hash(k)
-		if x := e.find(h, k); x >= 0 {
+		if e.reserved+size > e.max { // checked before anything is evicted
+			errs[i] = fmt.Errorf("%w: %d bytes, %d of the store's %d reserved by values being stored", ErrNoRoom, size, e.reserved, e.max)
+			continue
+		}
+		if x := e.find(hs[i], k); x >= 0 {
 			e.remove(x)
 		}
-		for e.used+size > e.max {
+		for e.used+size > e.max { // the linked values cover it: used-reserved of them
 			e.remove(e.tail)
 			e.evicts++
 		}
-		ci, si := e.alloc(int(size))
+		ci, si, ok := e.alloc(int(size))
+		if !ok {
+			errs[i] = fmt.Errorf("%w: no slot of %d bytes: the slabs are held by values being stored", ErrNoRoom, size)
+			continue
+		}
+		c := &e.chunks[ci]
+		off := int(si) * c.cl.size
+		res = append(res, reserved{i, ci, si, c.buf[off : off+int(size)]})
+		e.used += size
+		e.reserved += size
+	}
+	if len(res) == 0 {
+		e.mu.Unlock()
+		return errs
+	}
+	e.inflight++
+	e.mu.Unlock()
+
+	for _, r := range res {
+		copy(r.dst[copy(r.dst, keys[r.i]):], vals[r.i])
+	}
+	if e.copied != nil {
+		e.copied()
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range res {
+		e.reserved -= int64(len(r.dst))
+	}
+	if e.inflight--; e.inflight == 0 && e.closed {
+		e.idle.Broadcast()
+	}
+	if e.closed {
+		for _, r := range res {
+			errs[r.i] = ErrClosed
+		}
+		return errs
+	}
+	for _, r := range res {
+		k, h := keys[r.i], hs[r.i]
+		if x := e.find(h, k); x >= 0 { // a Set of the same key linked it meanwhile
+			e.remove(x)
+		}
 		x := e.newEnt()
 		en := &e.ents[x]
-		*en = ent{hash: h, prev: -1, next: e.head, coll: -1, chunk: ci, slot: si, klen: int32(len(k)), vlen: int32(len(vals[i]))}
-		b := e.bytesOf(en)
-		copy(b[copy(b, k):], vals[i])
+		*en = ent{hash: h, prev: -1, next: e.head, coll: -1, chunk: r.chunk, slot: r.slot, klen: int32(len(k)), vlen: int32(len(vals[r.i]))}
 		if first, ok := e.idx[h]; ok {
 			en.coll = first
 		}
@@ -250,7 +323,6 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 			e.tail = x
 		}
 		e.head = x
-		e.used += size
 	}
 	return errs
 }
@@ -266,8 +338,9 @@ func sizeClass(n int) int {
 }
 
 // alloc returns a free slot for n bytes (a chunk id and slot index),
-// making room as the type's doc says.
-func (e *Embedded) alloc(n int) (int32, int32) {
+// making room as the type's doc says; false when none can be made (every
+// value held is being stored: reserved by a Set, out of the LRU).
+func (e *Embedded) alloc(n int) (int32, int32, bool) {
 	size := sizeClass(n)
 	cl := e.cls[size]
 	if cl == nil {
@@ -292,7 +365,7 @@ func (e *Embedded) alloc(n int) (int32, int32) {
 				e.empty--
 			}
 			c.live++
-			return ci, si
+			return ci, si, true
 		}
 		bytes := int64(max(cl.size, e.frame))
 		switch {
@@ -300,9 +373,11 @@ func (e *Embedded) alloc(n int) (int32, int32) {
 			e.newChunk(cl)
 		case e.empty > 0:
 			e.releaseEmpty()
-		default:
-			e.remove(e.tail) // the store is not empty: held > 0 means a live value
+		case e.tail >= 0:
+			e.remove(e.tail)
 			e.evicts++
+		default:
+			return 0, 0, false
 		}
 	}
 }
@@ -420,6 +495,18 @@ func (e *Embedded) unlink(x int32) {
 	}
 }
 
+// unreserve frees slot si of chunk ci, reserved by alloc and never linked.
+func (e *Embedded) unreserve(ci, si int32) {
+	c := &e.chunks[ci]
+	c.free = append(c.free, si)
+	if len(c.free) == 1 {
+		c.cl.avail = append(c.cl.avail, ci)
+	}
+	if c.live--; c.live == 0 {
+		e.empty++
+	}
+}
+
 // remove drops entry x: its index link, its slot and its bytes.
 func (e *Embedded) remove(x int32) {
 	e.unlink(x)
@@ -438,14 +525,7 @@ func (e *Embedded) remove(x int32) {
 		}
 		e.ents[p].coll = en.coll
 	}
-	c := &e.chunks[en.chunk]
-	c.free = append(c.free, en.slot)
-	if len(c.free) == 1 {
-		c.cl.avail = append(c.cl.avail, en.chunk)
-	}
-	if c.live--; c.live == 0 {
-		e.empty++
-	}
+	e.unreserve(en.chunk, en.slot)
 	e.used -= int64(en.klen) + int64(en.vlen)
 	*en = ent{next: e.free}
 	e.free = x
@@ -476,11 +556,15 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	return held, errs
 }
 
-// Close drops every value; later calls fail with ErrClosed.
+// Close drops every value, once the copies of Sets in flight are done;
+// later calls fail with ErrClosed.
 func (e *Embedded) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
+	for e.inflight > 0 {
+		e.idle.Wait()
+	}
 	e.reset()
 	return nil
 }

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"fmt"
 	"testing"
 )
 
@@ -46,4 +47,63 @@ func BenchmarkTierLookup(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*span), "ns/block")
+}
+
+// BenchmarkTierLookupBusy is the embedded store's part of a Lookup
+// (Exists of 2048 held keys) while another goroutine stores batches of 64
+// values of 16 KiB into the same store without pause, as the publishers
+// do: the wait for the store's lock is in its time.
+func BenchmarkTierLookupBusy(b *testing.B) {
+	const nblocks, span = 64 << 10, 2048
+	e, err := NewEmbedded(1 << 30)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	keys := make([]string, nblocks)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("bench/%016x/hidden", i)
+	}
+	val := make([]byte, 1024)
+	for lo := 0; lo < nblocks; lo += 1024 {
+		vals := make([][]byte, 1024)
+		for i := range vals {
+			vals[i] = val
+		}
+		e.Set(ctx, keys[lo:lo+1024], vals)
+	}
+	stop, done := make(chan bool), make(chan bool)
+	go func() {
+		big := make([][]byte, 64)
+		for i := range big {
+			big[i] = make([]byte, 16<<10)
+		}
+		bk := make([]string, 64)
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				close(done)
+				return
+			default:
+			}
+			for i := range bk {
+				bk[i] = fmt.Sprintf("busy/%d", (n*64+i)%4096)
+			}
+			e.Set(ctx, bk, big)
+		}
+	}()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		lo := (i * 7919 * span) % (nblocks - span)
+		i++
+		held, _ := e.Exists(ctx, keys[lo:lo+span])
+		if !held[0] || !held[span-1] {
+			b.Fatal("a stored key is not held")
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*span), "ns/block")
+	close(stop)
+	<-done
 }

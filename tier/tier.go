@@ -69,6 +69,11 @@ var (
 	// ErrTooLarge: a value larger than the embedded store's whole capacity
 	// is not stored.
 	ErrTooLarge = errors.New("tier: value larger than the store")
+	// ErrNoRoom: the embedded store found no room for a value because the
+	// bytes it may hold are all reserved by values other Sets are copying
+	// in (a store a few values large, under concurrent publishers); the
+	// value is not stored.
+	ErrNoRoom = errors.New("tier: no room beside the values being stored")
 )
 
 // Key is one per-token output the tier stores: its name and row size.

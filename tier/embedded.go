@@ -79,12 +79,13 @@ type Embedded struct {
 	hashFn  func(string) uint64 // tests: forced collisions; nil: maphash
 	closed  bool
 	evicts  int64
-	// inflight counts Sets copying outside the lock; idle (on mu) wakes
-	// Close when the last is done.
+	// inflight counts Sets and Gets copying outside the lock; idle (on mu)
+	// wakes Close when the last is done.
 	inflight int
 	reserved int64 // bytes of the values they copy (in used)
 	idle     sync.Cond
 	copied   func() // tests: called after a Set's copies, outside the lock
+	fetching func() // tests: called before a Get's copies, outside the lock
 }
 
 // ent is one value's index entry: no pointers, so the index costs the
@@ -95,6 +96,11 @@ type ent struct {
 	coll        int32 // the next entry of the same hash; -1: none
 	chunk, slot int32
 	klen, vlen  int32
+	// pins counts Gets copying the value out; removed while pinned, the
+	// entry is dead (out of the index and the LRU, its bytes no longer
+	// used) and its slot is freed by the last unpin.
+	pins int32
+	dead bool
 }
 
 type chunk struct {
@@ -185,34 +191,71 @@ func (e *Embedded) bytesOf(en *ent) []byte {
 
 // Get implements Backend: copies of the values (one allocation for the
 // batch).
+//
+// The copies run outside the store's lock, as Set's do: under it Get finds
+// and pins the values (a value replaced, evicted or deleted meanwhile keeps
+// its slot until the copy is done), then copies, then unpins.
 func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
+	hs := make([]uint64, len(keys))
+	for i, k := range keys {
+		hs[i] = e.hash(k)
+	}
+	type pinned struct {
+		i   int
+		x   int32
+		src []byte
+	}
+	var pins []pinned
+	total := 0
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.closed {
+		e.mu.Unlock()
 		for i := range errs {
 			errs[i] = ErrClosed
 		}
 		return vals, errs
 	}
-	found := make([]int32, len(keys))
-	total := 0
 	for i, k := range keys {
-		found[i] = e.find(e.hash(k), k)
-		if found[i] >= 0 {
-			total += int(e.ents[found[i]].vlen)
-		}
-	}
-	buf := make([]byte, 0, total)
-	for i, x := range found {
+		x := e.find(hs[i], k)
 		if x < 0 {
 			continue
 		}
 		en := &e.ents[x]
-		start := len(buf)
-		buf = append(buf, e.bytesOf(en)[en.klen:]...)
-		vals[i] = buf[start:len(buf):len(buf)]
+		en.pins++
 		e.touch(x)
+		pins = append(pins, pinned{i, x, e.bytesOf(en)[en.klen:]})
+		total += int(en.vlen)
+	}
+	if len(pins) == 0 {
+		e.mu.Unlock()
+		return vals, errs
+	}
+	e.inflight++
+	e.mu.Unlock()
+
+	if e.fetching != nil {
+		e.fetching()
+	}
+	buf := make([]byte, 0, total)
+	for _, p := range pins {
+		start := len(buf)
+		buf = append(buf, p.src...)
+		vals[p.i] = buf[start:len(buf):len(buf)]
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, p := range pins {
+		en := &e.ents[p.x]
+		if en.pins--; en.pins == 0 && en.dead {
+			e.unreserve(en.chunk, en.slot)
+			*en = ent{next: e.free}
+			e.free = p.x
+		}
+	}
+	if e.inflight--; e.inflight == 0 && e.closed {
+		e.idle.Broadcast()
 	}
 	return vals, errs
 }
@@ -525,8 +568,12 @@ func (e *Embedded) remove(x int32) {
 		}
 		e.ents[p].coll = en.coll
 	}
-	e.unreserve(en.chunk, en.slot)
 	e.used -= int64(en.klen) + int64(en.vlen)
+	if en.pins > 0 { // a Get is copying it out: the last unpin frees the slot
+		en.dead = true
+		return
+	}
+	e.unreserve(en.chunk, en.slot)
 	*en = ent{next: e.free}
 	e.free = x
 }
@@ -556,7 +603,7 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	return held, errs
 }
 
-// Close drops every value, once the copies of Sets in flight are done;
+// Close drops every value, once the copies of Sets and Gets in flight are done;
 // later calls fail with ErrClosed.
 func (e *Embedded) Close() error {
 	e.mu.Lock()

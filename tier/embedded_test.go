@@ -467,3 +467,66 @@ func TestEmbeddedConcurrent(t *testing.T) {
 		t.Fatalf("%d bytes used, bound %d", used, max)
 	}
 }
+
+// TestEmbeddedGetOutsideLock: a Get copies outside the store's lock with
+// its values pinned. While one is parked before its copy, Exists answers,
+// and the value it reads may be replaced, deleted and its room refilled:
+// its slot is not reused, so the Get still returns the value it found; the
+// last unpin frees the slot (every slot in use is then a held value's).
+func TestEmbeddedGetOutsideLock(t *testing.T) {
+	ctx := context.Background()
+	e, _ := NewEmbedded(64 << 10)
+	val := func(b byte) []byte { return bytes.Repeat([]byte{b}, 12<<10) }
+	if errs := e.Set(ctx, []string{"k"}, [][]byte{val('A')}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	parked, release := make(chan bool), make(chan bool)
+	e.fetching = func() {
+		parked <- true
+		<-release
+	}
+	got := make(chan []byte)
+	go func() {
+		vals, _ := e.Get(ctx, []string{"k"})
+		got <- vals[0]
+	}()
+	<-parked
+	e.fetching = nil
+	answered := make(chan bool)
+	go func() {
+		held, _ := e.Exists(ctx, []string{"k"})
+		answered <- held[0]
+	}()
+	select {
+	case h := <-answered:
+		if !h {
+			t.Fatal("Exists during a Get's copy: k not held")
+		}
+	case <-time.After(10 * time.Second): // a hang, not a speed: the copy holds the lock
+		t.Fatal("Exists waited for a Get's copy")
+	}
+	// Replace k, delete it, and fill the store with values of its size.
+	if errs := e.Set(ctx, []string{"k"}, [][]byte{val('B')}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	e.Delete("k")
+	for i := range 12 {
+		e.Set(ctx, []string{fmt.Sprintf("f%d", i)}, [][]byte{val(byte('a' + i))})
+	}
+	close(release)
+	if v := <-got; !bytes.Equal(v, val('A')) {
+		t.Fatalf("the parked Get returned %d bytes, not the value it found", len(v))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	linked, live := 0, 0
+	for x := e.head; x >= 0; x = e.ents[x].next {
+		linked++
+	}
+	for _, c := range e.chunks {
+		live += c.live
+	}
+	if linked != live || e.inflight != 0 {
+		t.Fatalf("after the Get: %d values held, %d slots in use, %d copies in flight", linked, live, e.inflight)
+	}
+}

@@ -47,8 +47,8 @@ const (
 // A freed slot is reused by the next value of its class. The memory held
 // is at most the bound plus 1/16 plus 8 MiB: when a value finds no free
 // slot of its class and a new chunk would pass that, chunks left empty are
-// released (a frame's pages go back to the OS, the frame waits for the
-// next chunk; a value's own mapping is unmapped), then the least recently
+// released (a frame's pages go back to the OS on Linux, the frame waits
+// for the next chunk; a value's own mapping is unmapped), then the least recently
 // used values are evicted until a slot or the room for a chunk frees up.
 //
 // Set copies: the caller may reuse its keys and values once Set returns.

@@ -90,8 +90,9 @@ func Free(b []byte) error {
 }
 
 // Release gives the pages of b, a part of the mapping m that Map or
-// AllocHuge returned, back to the OS while keeping the mapping: b reads as
-// zeros until written again, and is then faulted in afresh. Only whole
+// AllocHuge returned, back to the OS while keeping the mapping (on Linux:
+// madvise(MADV_DONTNEED); elsewhere it does nothing): b then reads as zeros
+// until written again, and is faulted in afresh. Only whole
 // pages inside b are given back. It does nothing when m is not such a
 // mapping (memory from the Go heap: a fallback, or another system) or b
 // is not inside it. Like an unmap it interrupts every CPU the process runs

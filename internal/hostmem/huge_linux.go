@@ -42,3 +42,12 @@ func unmapHuge(b []byte) error {
 // populate faults b in with madvise(MADV_POPULATE_WRITE); false when the
 // kernel does not know the advice.
 func populate(b []byte) bool { return unix.Madvise(b, unix.MADV_POPULATE_WRITE) == nil }
+
+// release gives b's pages back to the OS (madvise(MADV_DONTNEED)): the
+// mapping stays, and reads zeros until written again.
+func release(b []byte) error {
+	if err := unix.Madvise(b, unix.MADV_DONTNEED); err != nil {
+		return fmt.Errorf("hostmem: madvise(MADV_DONTNEED) of %d bytes: %w", len(b), err)
+	}
+	return nil
+}

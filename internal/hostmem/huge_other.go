@@ -9,3 +9,5 @@ func mapHuge(n int) ([]byte, error) { return mapAnon(n) }
 func unmapHuge(b []byte) error { return unmap(b) }
 
 func populate([]byte) bool { return false }
+
+func release([]byte) error { return nil }

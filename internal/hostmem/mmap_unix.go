@@ -21,12 +21,3 @@ func unmap(b []byte) error {
 	}
 	return nil
 }
-
-// release gives b's pages back to the OS (madvise(MADV_DONTNEED)): the
-// mapping stays, and reads zeros until written again.
-func release(b []byte) error {
-	if err := syscall.Madvise(b, syscall.MADV_DONTNEED); err != nil {
-		return fmt.Errorf("hostmem: madvise(MADV_DONTNEED) of %d bytes: %w", len(b), err)
-	}
-	return nil
-}

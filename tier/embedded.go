@@ -48,8 +48,9 @@ const (
 // is at most the bound plus 1/16 plus 8 MiB: when a value finds no free
 // slot of its class and a new chunk would pass that, chunks left empty are
 // released (a frame's pages go back to the OS on Linux, the frame waits
-// for the next chunk; a value's own mapping is unmapped), then the least recently
-// used values are evicted until a slot or the room for a chunk frees up.
+// for the next chunk; a value's own mapping is unmapped), then the least
+// recently used values are evicted until a slot or the room for a chunk
+// frees up.
 //
 // Set copies: the caller may reuse its keys and values once Set returns.
 // Get returns copies as well.
@@ -167,6 +168,15 @@ func (e *Embedded) hash(k string) uint64 {
 	return maphash.String(e.seed, k)
 }
 
+// hashKeys hashes keys, before the lock is taken.
+func (e *Embedded) hashKeys(keys []string) []uint64 {
+	hs := make([]uint64, len(keys))
+	for i, k := range keys {
+		hs[i] = e.hash(k)
+	}
+	return hs
+}
+
 // find returns key's entry, or -1.
 func (e *Embedded) find(h uint64, key string) int32 {
 	i, ok := e.idx[h]
@@ -184,9 +194,14 @@ func (e *Embedded) find(h uint64, key string) int32 {
 
 // bytesOf is an entry's slot: its key, then its value.
 func (e *Embedded) bytesOf(en *ent) []byte {
-	c := &e.chunks[en.chunk]
-	off := int(en.slot) * c.cl.size
-	return c.buf[off : off+int(en.klen)+int(en.vlen)]
+	return e.slotBytes(en.chunk, en.slot, int(en.klen)+int(en.vlen))
+}
+
+// slotBytes is the first n bytes of slot si of chunk ci.
+func (e *Embedded) slotBytes(ci, si int32, n int) []byte {
+	c := &e.chunks[ci]
+	off := int(si) * c.cl.size
+	return c.buf[off : off+n]
 }
 
 // Get implements Backend: copies of the values (one allocation for the
@@ -197,10 +212,7 @@ func (e *Embedded) bytesOf(en *ent) []byte {
 // its slot until the copy is done), then copies, then unpins.
 func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
-	hs := make([]uint64, len(keys))
-	for i, k := range keys {
-		hs[i] = e.hash(k)
-	}
+	hs := e.hashKeys(keys)
 	type pinned struct {
 		i   int
 		x   int32
@@ -249,14 +261,10 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	for _, p := range pins {
 		en := &e.ents[p.x]
 		if en.pins--; en.pins == 0 && en.dead {
-			e.unreserve(en.chunk, en.slot)
-			*en = ent{next: e.free}
-			e.free = p.x
+			e.freeEnt(p.x)
 		}
 	}
-	if e.inflight--; e.inflight == 0 && e.closed {
-		e.idle.Broadcast()
-	}
+	e.copyDone()
 	return vals, errs
 }
 
@@ -277,10 +285,7 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 // store a few values large). Close waits for the copies in flight.
 func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error {
 	errs := make([]error, len(keys))
-	hs := make([]uint64, len(keys))
-	for i, k := range keys {
-		hs[i] = e.hash(k)
-	}
+	hs := e.hashKeys(keys)
 	type reserved struct {
 		i           int
 		chunk, slot int32
@@ -314,9 +319,7 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 			errs[i] = fmt.Errorf("%w: no slot of %d bytes: the slabs are held by values being stored", ErrNoRoom, size)
 			continue
 		}
-		c := &e.chunks[ci]
-		off := int(si) * c.cl.size
-		res = append(res, reserved{i, ci, si, c.buf[off : off+int(size)]})
+		res = append(res, reserved{i, ci, si, e.slotBytes(ci, si, int(size))})
 		e.used += size
 		e.reserved += size
 	}
@@ -339,9 +342,7 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 	for _, r := range res {
 		e.reserved -= int64(len(r.dst))
 	}
-	if e.inflight--; e.inflight == 0 && e.closed {
-		e.idle.Broadcast()
-	}
+	e.copyDone()
 	if e.closed {
 		for _, r := range res {
 			errs[r.i] = ErrClosed
@@ -538,7 +539,7 @@ func (e *Embedded) unlink(x int32) {
 	}
 }
 
-// unreserve frees slot si of chunk ci, reserved by alloc and never linked.
+// unreserve frees slot si of chunk ci (alloc's).
 func (e *Embedded) unreserve(ci, si int32) {
 	c := &e.chunks[ci]
 	c.free = append(c.free, si)
@@ -573,6 +574,12 @@ func (e *Embedded) remove(x int32) {
 		en.dead = true
 		return
 	}
+	e.freeEnt(x)
+}
+
+// freeEnt frees unlinked entry x and its slot.
+func (e *Embedded) freeEnt(x int32) {
+	en := &e.ents[x]
 	e.unreserve(en.chunk, en.slot)
 	*en = ent{next: e.free}
 	e.free = x
@@ -587,10 +594,7 @@ func (e *Embedded) remove(x int32) {
 // only the index probes hold off the publishers and importers.
 func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	held, errs := make([]bool, len(keys)), make([]error, len(keys))
-	hs := make([]uint64, len(keys))
-	for i, k := range keys {
-		hs[i] = e.hash(k)
-	}
+	hs := e.hashKeys(keys)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i, h := range hs {
@@ -603,8 +607,16 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	return held, errs
 }
 
-// Close drops every value, once the copies of Sets and Gets in flight are done;
-// later calls fail with ErrClosed.
+// copyDone ends a Set's or Get's copy outside the lock (e.mu held): the
+// last one wakes a Close waiting for it.
+func (e *Embedded) copyDone() {
+	if e.inflight--; e.inflight == 0 && e.closed {
+		e.idle.Broadcast()
+	}
+}
+
+// Close drops every value once the copies of Sets and Gets in flight are
+// done; later calls fail with ErrClosed.
 func (e *Embedded) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

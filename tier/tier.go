@@ -285,15 +285,13 @@ func (t *Tier) addrs(hashes []uint64) []string {
 	for k := range t.ns.Keys {
 		size += t.addrLen(k)
 	}
-	buf := make([]byte, size*len(hashes))
+	buf := make([]byte, 0, size*len(hashes)) // never grown: the views stay valid
 	keys := make([]string, 0, len(hashes)*nk)
-	off, hexAt := 0, len(t.prefix)
 	for _, h := range hashes {
 		for k := range t.ns.Keys {
-			n := copy(buf[off:], t.tmpl[k])
-			putHex(buf[off+hexAt:], h)
-			keys = append(keys, unsafe.String(&buf[off], n))
-			off += n
+			start := len(buf)
+			buf = t.appendAddr(buf, h, k)
+			keys = append(keys, unsafe.String(&buf[start], len(buf)-start))
 		}
 	}
 	return keys

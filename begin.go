@@ -108,7 +108,6 @@ func (c *Cache) Begin(p *Plan) error {
 			return err
 		}
 	}
-	c.pushPublishes(len(c.te.pubBlocks)) // the full blocks of flushed steps, before any block is reused
 	for _, id := range p.Finished {
 		if h, ok := e.reqs.Lookup(id); ok {
 			c.path.Finish(h)

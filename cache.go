@@ -64,7 +64,11 @@ func New(cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cache{cfg: cfg, path: writer.NewPath(wc), idle: make(chan struct{}), tl: tl}
+	c := &Cache{cfg: cfg, idle: make(chan struct{}), tl: tl}
+	if tl != nil {
+		wc.Rider, wc.Gather = pubRider{c}, &publishGather{tl: tl}
+	}
+	c.path = writer.NewPath(wc)
 	if cfg.AllocStagingAtNew || cfg.AllocStagingAhead {
 		alloc := c.path.AllocPages
 		if cfg.AllocStagingAhead {
@@ -336,13 +340,7 @@ func (c *Cache) Sync() error {
 	if err := c.check(); err != nil {
 		return err
 	}
-	if c.tl != nil && c.path.Buffered() > 0 {
-		if err := c.path.FlushBuffer(); err != nil {
-			return err
-		}
-		c.pushPublishes(c.publishable()) // the flushed steps' blocks (not a begun step's) before Sync returns
-	}
-	return c.path.Sync()
+	return c.path.Sync() // a flush of the decode buffer carries the parked steps' full blocks (pubRider)
 }
 
 // Peek reads the committed mirror rows of key k (Config.Keys order) for

@@ -17,8 +17,9 @@ import (
 //
 //   - Plan.FullBlocks / FullHashes: the full blocks a step computes and
 //     their chained hashes. Once their rows are committed to the mirror the
-//     cache publishes them to the tier in the background: the committer
-//     gathers the rows in queue order and hands them to a bounded publish
+//     cache publishes them to the tier in the background: the blocks ride
+//     on the write that completes their rows (writer.Rider), the committer
+//     gathers the rows once it landed and hands them to a bounded publish
 //     queue; the publisher goroutines store them (one pipelined batch at a
 //     time each). A full queue drops the block and counts it
 //     (Stats.TierPublishDropped): the engine goroutine never waits on the
@@ -287,7 +288,6 @@ func (c *Cache) tierSaved(id uint64) {
 		c.mu.Unlock()
 		e.imp = nil
 	}
-	c.pushPublishes(len(c.te.pubBlocks)) // the saved step's rows were handed over, unless parked
 }
 
 // tierUnbegin drops the begun step's import and full blocks (its queued

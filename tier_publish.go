@@ -4,12 +4,7 @@
 
 package omnicache
 
-import (
-	"context"
-	"sync/atomic"
-
-	"github.com/omnicache/omnicache/writer"
-)
+import "context"
 
 // tierEng is the engine goroutine's tier state: the begun step's import and
 // the full blocks not yet handed to the committer for publishing (their
@@ -19,13 +14,6 @@ type tierEng struct {
 	pubBlocks []int32
 	pubHashes []uint64
 	pubMark   int // len(pubBlocks) before the begun step noted its own
-	// gathers are the engine's publish gathers, oldest push first, each
-	// reused once the committer is done with it (free). The committer runs
-	// them in push order, so only the oldest is worth asking: one read of a
-	// line the committer wrote per push, not one per gather. (A sync.Pool
-	// here cost a cross-P steal per Save, Put on the committer and Get on
-	// the engine: ~0.2 µs.)
-	gathers []*publishGather
 }
 
 // notePublishes records the begun step's full blocks for publishing.
@@ -40,64 +28,41 @@ func (c *Cache) notePublishes(p *Plan) {
 	e.pubHashes = append(e.pubHashes, p.FullHashes...)
 }
 
-// pushPublishes queues the gather of the first n full blocks noted behind
-// the writes handed over: called once their rows are handed to the
-// committer (not parked in the decode buffer), before any later write can
-// reuse the blocks. Between Begin and Save only the blocks noted before
-// the begun step qualify (n = pubMark): the begun step's rows come with its
-// Save. Engine goroutine.
-func (c *Cache) pushPublishes(n int) {
+// pubRider is the cache's writer.Rider: the noted full blocks ride on the
+// write that completes their rows, and the committer gathers them once it
+// landed, before any later write can reuse the blocks (see writer.Rider).
+type pubRider struct{ c *Cache }
+
+// Ride implements writer.Rider: every noted block when w carries the step
+// being saved (own) or no step is begun, else (a flush of earlier steps
+// between Begin and Save) those noted before the begun step: the begun
+// step's rows come with its own write. Engine goroutine.
+func (r pubRider) Ride(blocks []int32, hashes []uint64, own bool) ([]int32, []uint64) {
+	c := r.c
 	e := &c.te
-	if c.tl == nil || n == 0 || c.path.Buffered() > 0 {
-		return
+	n := len(e.pubBlocks)
+	if !own && c.eng.begun {
+		n = e.pubMark
 	}
-	// The gather takes the noted blocks: the engine's lists when it takes
-	// them all (the lists swap, the engine keeping the gather's old memory),
-	// else copies. Gathers are recycled once the committer is done with
-	// them: a steady run allocates nothing here.
-	var g *publishGather
-	if n := len(e.gathers); n > 0 && e.gathers[0].free.Load() {
-		g = e.gathers[0] // the oldest is done: it becomes the newest
-		copy(e.gathers, e.gathers[1:])
-		e.gathers[n-1] = g
-	} else {
-		g = &publishGather{tl: c.tl}
-		e.gathers = append(e.gathers, g)
+	if n == 0 {
+		return blocks, hashes
 	}
-	g.free.Store(false)
-	if n == len(e.pubBlocks) {
-		g.blocks, e.pubBlocks = e.pubBlocks, g.blocks[:0]
-		g.hashes, e.pubHashes = e.pubHashes, g.hashes[:0]
-	} else {
-		g.blocks = append(g.blocks[:0], e.pubBlocks[:n]...)
-		g.hashes = append(g.hashes[:0], e.pubHashes[:n]...)
-		e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
-		e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
-	}
-	c.path.PushGather(&g.task, g.blocks, g)
+	blocks = append(blocks, e.pubBlocks[:n]...)
+	hashes = append(hashes, e.pubHashes[:n]...)
+	e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
+	e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	e.pubMark = max(0, e.pubMark-n)
+	return blocks, hashes
 }
 
-// publishable is how many noted full blocks may be gathered now: all of
-// them, or between Begin and Save those noted before the begun step.
-func (c *Cache) publishable() int {
-	if c.eng.begun {
-		return c.te.pubMark
-	}
-	return len(c.te.pubBlocks)
-}
-
-// publishGather reads committed full blocks straight into tier values
-// (tier.NewValue), on the committer, and hands them to the publishers in
-// batches of up to PublishBatch blocks: one send (and at most one wake of a
-// parked publisher) per batch, not one per block.
+// publishGather is the cache's writer.Gather, the committer's only: it
+// reads committed full blocks straight into tier values (tier.NewValue)
+// and hands them to the publishers in batches of up to PublishBatch
+// blocks: one send (and at most one wake of a parked publisher) per batch,
+// not one per block.
 type publishGather struct {
-	task   writer.GatherTask // its queue entry: a push allocates nothing
-	tl     *tierLink
-	blocks []int32
-	hashes []uint64
-	cur    *pubBatch // the batch being filled (nil: none yet)
-	free   atomic.Bool
+	tl  *tierLink
+	cur *pubBatch // the batch being filled (nil: none yet)
 }
 
 // pubBatch is blocks' values, ready to store: block i's value of key k is
@@ -107,15 +72,15 @@ type pubBatch struct {
 	vals   [][]byte
 }
 
-// Rows implements writer.Gather: where block j's rows of key ki go, or nil:
-// the tier stored the block within its recent window (not gathered,
-// counted), or the publish queue holds PublishQueue blocks (dropped,
-// counted). Only the committer adds to the queue, so a block
+// Rows implements writer.Gather: where the rows of key ki of the block of
+// hash h go, or nil: the tier stored the block within its recent window
+// (not gathered, counted), or the publish queue holds PublishQueue blocks
+// (dropped, counted). Only the committer adds to the queue, so a block
 // given room here fits it.
-func (g *publishGather) Rows(j, ki int) []byte {
+func (g *publishGather) Rows(h uint64, ki int) []byte {
 	tl := g.tl
 	if ki == 0 {
-		if tl.t.StoredRecently(g.hashes[j]) {
+		if tl.t.StoredRecently(h) {
 			tl.recent.Add(1)
 			return nil
 		}
@@ -136,23 +101,27 @@ func (g *publishGather) Rows(j, ki int) []byte {
 		}
 		g.cur.vals = append(g.cur.vals, make([][]byte, tl.nkeys)...)
 	}
-	val, rows := tl.t.NewValue(g.hashes[j], ki)
+	val, rows := tl.t.NewValue(h, ki)
 	g.cur.vals[len(g.cur.hashes)*tl.nkeys+ki] = val
 	return rows
 }
 
-// Block implements writer.Gather: block j's values join the batch, which
+// Block implements writer.Gather: the block's values join the batch, which
 // goes to the publishers once it holds PublishBatch blocks.
-func (g *publishGather) Block(j int, ok bool) {
+func (g *publishGather) Block(h uint64, ok bool) {
 	if !ok {
 		g.tl.skipped.Add(1)
 		return
 	}
-	g.cur.hashes = append(g.cur.hashes, g.hashes[j])
+	g.cur.hashes = append(g.cur.hashes, h)
 	if len(g.cur.hashes) >= g.tl.cfg.PublishBatch {
 		g.send()
 	}
 }
+
+// Done implements writer.Gather: the batch being filled goes to the
+// publishers.
+func (g *publishGather) Done(bool) { g.send() }
 
 // send hands the batch being filled to the publishers.
 func (g *publishGather) send() {
@@ -187,14 +156,6 @@ func (tl *tierLink) freeBatch(b *pubBatch) {
 	case tl.batchFree <- b:
 	default:
 	}
-}
-
-// Done implements writer.Gather: the batch being filled goes to the
-// publishers, and the committer is done with g, which the engine may
-// reuse.
-func (g *publishGather) Done(bool) {
-	g.send()
-	g.free.Store(true)
 }
 
 // publish runs on a publisher goroutine until the queue is closed: it

@@ -324,3 +324,65 @@ func TestTierPublishSkipsRecent(t *testing.T) {
 		})
 	}
 }
+
+// TestTierPublishBeforeBlockReuse: the rows of a full block go to the tier
+// from the write that completed them, even when a write that reuses the
+// block is queued behind it before the committer got to either (the
+// committer's scan of newer writes must not make the first skip the rows
+// its gather reads): the slots' older tenant's rows, or the newer
+// request's, under the block's hash would be wrong rows served to every
+// replica that imports it.
+func TestTierPublishBeforeBlockReuse(t *testing.T) {
+	tr, _ := embeddedTier(t)
+	d := newGatedDevice()
+	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys, Device: d,
+		Tier: &omnicache.TierConfig{Tier: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		d.open()
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	table := make([]int32, 3*tstride)
+	table[0], table[tstride], table[2*tstride] = 6, 6, 6 // three requests in turn in block 6
+	step := func(p *omnicache.Plan, seq int64) {
+		t.Helper()
+		p.Table, p.Stride = table, tstride
+		p.Arrivals, p.HitTokens = p.IDs, []int32{0}
+		p.Start, p.Count = []int32{0}, []int32{tbs}
+		if err := c.Begin(p); err != nil {
+			t.Fatal(err)
+		}
+		o := &omnicache.Outputs{Tokens: tbs, Padded: tbs}
+		for k := range tkeys {
+			o.Tensors = append(o.Tensors, omnicache.Tensor{Host: trows(seq, k, 0, tbs), Rows: tbs})
+		}
+		id, err := c.Save(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Discard(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Request 50 leaves its rows in block 6 (not published), landed.
+	step(&omnicache.Plan{IDs: []int64{50}, Rows: []int32{0}}, 50)
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Request 1 completes block 6; the committer holds its write.
+	d.arm()
+	step(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{1}, Finished: []int64{50},
+		FullBlocks: []int32{6}, FullHashes: []uint64{thash(1, 0)}}, 1)
+	if !d.waitEntered(deadlockTimeout) {
+		t.Fatal("the committer did not wait for request 1's write")
+	}
+	// Request 2 gets block 6 and its write queues behind request 1's.
+	step(&omnicache.Plan{IDs: []int64{2}, Rows: []int32{2}, Finished: []int64{1}}, 2)
+	d.open()
+	waitPublished(t, c, 1)
+	checkTierBlock(t, tr, 1, 0)
+}

@@ -48,6 +48,10 @@ type CommitterConfig struct {
 	// SplitBytes the smallest copy split (<= 0: mirror.DefaultSplitBytes).
 	CopyWorkers int
 	SplitBytes  int
+	// Gather receives the full blocks that ride on writes (Write.Pub),
+	// once each such write landed; BlockSize is their rows.
+	Gather    Gather
+	BlockSize int
 }
 
 // Committer is the goroutine that moves host-ready rows from staging pages
@@ -73,6 +77,11 @@ type Committer struct {
 	newestMax uint64
 	scanned   uint64 // queue sequence scanned into newest
 	popped    uint64 // queue sequence of the task being run
+	// the landed write's riding blocks (Write.Pub), copied before Landed
+	// may release it; gather's slot scratch
+	pubB     []int32
+	pubK     []uint64
+	gatherSl []int32
 	// copyLate's batch (committer goroutine)
 	late  lateCopier
 	ahead []*Write // issueAhead's scratch
@@ -195,7 +204,8 @@ func (c *Committer) run() {
 			continue
 		}
 		t0 := time.Now()
-		if !c.cfg.Owner.Failed() {
+		failed := c.cfg.Owner.Failed()
+		if !failed {
 			var err error
 			if t.W != nil {
 				err = c.commitImm(t.W, t.Ev)
@@ -204,10 +214,23 @@ func (c *Committer) run() {
 			}
 			if err != nil {
 				c.cfg.Owner.Fail(err)
+				failed = true
 			}
+		}
+		// Blocks riding on the write are gathered once it landed, its
+		// references dropped first (its page goes back before the
+		// gather's copies): their list is copied out of it.
+		ride := t.W != nil && len(t.W.Pub) > 0
+		if ride {
+			c.pubB = append(c.pubB[:0], t.W.Pub...)
+			c.pubK = append(c.pubK[:0], t.W.PubKeys...)
 		}
 		c.cfg.Owner.Landed(t)
 		c.cfg.Stats.CommitNanos.Add(int64(time.Since(t0)))
+		if ride {
+			c.gather(c.pubB, c.pubK, failed)
+			c.scanned = max(c.scanned, c.popped) // the scan stopped at the write (scanQueued)
+		}
 		q.Done()
 	}
 }
@@ -268,7 +291,11 @@ func (c *Committer) scanQueued() {
 			c.newest[s] = w.ID
 		}
 		c.newestMax = w.ID
-		return true
+		// Blocks ride on w (Rider): no write after it may make it skip
+		// rows their gather reads. The scan stops here, w not counted as
+		// scanned, so the next scan records w again (the same ids) and
+		// stops again, until the committer ran w and its gather.
+		return len(w.Pub) == 0
 	})
 }
 
@@ -355,7 +382,9 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 		return err
 	}
 	c.issueAhead() // a write handed over while this one's copies ran
-	c.scanQueued()
+	if len(w.Pub) == 0 {
+		c.scanQueued()
+	} // else blocks ride on w: no newer write may make it skip rows (see scanQueued)
 	c.curID = w.ID
 	c.cfg.Owner.Staged(w)
 	// Immediate keys share one tenancy table, written here only, in write

@@ -12,7 +12,7 @@
 // batch, issued for the next queued writes before and while it scatters
 // the one before): Save makes no device call for them. What nobody waits
 // for yet (decode-buffer flushes, small step writes, deferred runs, hit
-// prefetch reads, tier imports and gathers) is handed over without waking
+// prefetch reads, tier imports) is handed over without waking
 // a polling committer (Queue.PushLazy): a wake is a system call on the
 // engine goroutine. Every wait for the committer's progress wakes it. A
 // hit read joins only the queued tasks that land rows in its blocks

@@ -36,6 +36,11 @@ type Config struct {
 	ReleaseHost  func([]byte)
 	CopyWorkers  int // see CommitterConfig
 	SplitBytes   int // see CommitterConfig (tests)
+	// Rider and Gather publish full blocks (a shared tier): the blocks
+	// Rider names ride on the writes handed over and are read into Gather
+	// once those land (both nil: none). Immediate keys only.
+	Rider  Rider
+	Gather Gather
 }
 
 // Layout is the key layout both paths share, read-only after NewPath.
@@ -98,23 +103,22 @@ type Path struct {
 	_     [64]byte
 
 	// engine goroutine only
-	nextID   uint64
-	buf      DecodeBuf
-	segs     Runs
-	defOpen  []uint64 // per handle: sequence of its open deferred write (0: none)
-	defFIFO  []openRef
-	defSeq   uint64
-	lastEv   [2]gpu.Event // the last two host-row writes' events (see join)
-	plog     pendLog      // tasks handed over that land immediate rows (JoinSeq)
-	wstash   []*Write     // released writes taken from wfree in one batch
-	pre      []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
-	late     lateCopier   // copies a step's clones out while Save waits for them (writeStep)
-	_        [64]byte
-	landed   []*Write // committer-only scratch (Landed)
-	gatherSl []int32  // committer-only scratch (GatherTask)
-	_        [64]byte
-	st       Counters
-	_        [64]byte
+	nextID  uint64
+	buf     DecodeBuf
+	segs    Runs
+	defOpen []uint64 // per handle: sequence of its open deferred write (0: none)
+	defFIFO []openRef
+	defSeq  uint64
+	lastEv  [2]gpu.Event // the last two host-row writes' events (see join)
+	plog    pendLog      // tasks handed over that land immediate rows (JoinSeq)
+	wstash  []*Write     // released writes taken from wfree in one batch
+	pre     []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
+	late    lateCopier   // copies a step's clones out while Save waits for them (writeStep)
+	_       [64]byte
+	landed  []*Write // committer-only scratch (Landed)
+	_       [64]byte
+	st      Counters
+	_       [64]byte
 }
 
 type openRef struct {
@@ -177,6 +181,7 @@ func NewPath(cfg Config) *Path {
 		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,
 		Tenancy: p.ten, Occ: p.occ, NumSlots: nslots, ChunkBytes: cfg.ChunkBytes,
 		Stats: &p.st, Owner: committerOwner{p}, CopyWorkers: cfg.CopyWorkers, SplitBytes: cfg.SplitBytes,
+		BlockSize: cfg.BlockSize, Gather: cfg.Gather,
 	})
 	p.com.Start()
 	return p
@@ -353,7 +358,7 @@ func (p *Path) BufferContinues(ids []int64) bool { return p.buf.Continues(ids) }
 // the committer has landed.
 func (p *Path) Sync() error {
 	if p.buf.K > 0 {
-		if err := p.FlushBuffer(); err != nil {
+		if err := p.flushBuffer(false); err != nil {
 			return err
 		}
 	}

@@ -360,7 +360,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 	p.PinLocked(refs, w)
 	p.refillWrites()
 	p.mu.Unlock()
-	p.handOver(w, ev, lazy, s.Blocks)
+	p.handOver(w, ev, lazy, s.Blocks, true)
 	return nil
 }
 
@@ -374,10 +374,16 @@ const lazyBytes = 4 << 20
 // handOver queues immediate write w for the committer: with its device
 // rows to copy (CopyLate) when it has any, else with ev, the event its
 // Save recorded after its host rows (0 for a flush). lazy leaves a polling
-// committer to pick it up (Queue.PushLazy). Engine goroutine.
-func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool, blocks []int32) {
+// committer to pick it up (Queue.PushLazy). own says w carries the rows
+// of the step being saved (see Rider): the full blocks complete once w
+// lands ride on it, unless steps stay parked. Engine goroutine.
+func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool, blocks []int32, own bool) {
 	if w.CopyLate = w.DevLive; w.CopyLate && !w.lateIssued {
 		p.com.NoteLate()
+	}
+	w.Pub, w.PubKeys = w.Pub[:0], w.PubKeys[:0]
+	if p.cfg.Rider != nil && p.buf.K == 0 {
+		w.Pub, w.PubKeys = p.cfg.Rider.Ride(w.Pub, w.PubKeys, own)
 	}
 	if lazy {
 		w.Seq = p.q.PushLazy(Task{W: w, Ev: ev})
@@ -424,7 +430,7 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	p.buf.K++
 	p.st.Buffered.Add(1)
 	if p.buf.K == p.lay.BlockSize {
-		return p.FlushBuffer()
+		return p.flushBuffer(true)
 	}
 	return nil
 }
@@ -435,12 +441,16 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 // write over: a flush costs it no device call (after an idle forward a
 // batch of copies and an event record are tens of µs of driver time).
 // Engine goroutine.
-func (p *Path) FlushBuffer() error {
+func (p *Path) FlushBuffer() error { return p.flushBuffer(false) }
+
+// flushBuffer is FlushBuffer; own says the buffer holds the rows of the
+// step being saved (it filled the buffer: see Rider).
+func (p *Path) flushBuffer(own bool) error {
 	w := p.buf.Take()
 	if w == nil {
 		return nil
 	}
-	p.handOver(w, 0, true, nil) // nothing waits for a flush until a read or a page does: they wake the committer
+	p.handOver(w, 0, true, nil, own) // nothing waits for a flush until a read or a page does: they wake the committer
 	p.st.Flushes.Add(1)
 	return nil
 }

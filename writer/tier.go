@@ -4,11 +4,12 @@ import "time"
 
 // Rows that cross the cache's boundary as whole blocks (a shared tier):
 // imports write fetched rows into the mirror, gathers read committed rows
-// out of it. Both are in-order committer work (InOrder): an import lands
-// after every write queued before it and before any queued after it, as a
-// write of its own id; a gather sees exactly the rows the writes queued
-// before it left. Only immediate keys take part (the root package refuses
-// a tier with deferred keys).
+// out of it. Both run on the committer in queue order: an import is
+// in-order work (InOrder) that lands after every write queued before it
+// and before any queued after it, as a write of its own id; a gather rides
+// on the write that completes its blocks (Rider) and sees exactly the rows
+// the writes up to that one left. Only immediate keys take part (the root
+// package refuses a tier with deferred keys).
 
 // Fetch is an import's source: Wait blocks (bounded by its own timeout)
 // until the rows are fetched and returns, per block j and immediate key ki
@@ -79,85 +80,92 @@ func (t *importTask) RunInOrder(failed bool) {
 	t.f.Applied(why, false)
 }
 
-// Gather receives committed blocks' rows. Per block j whose rows are all
-// committed (every slot written and none skipped for a newer write;
-// required keys are never absent where a slot is written, optional ones
-// read as zeros there), Rows(j, ki) gives where its BlockSize rows of
-// immediate key ki (Layout.Imm order) go, nil to skip the block, and Block
-// (j, true) follows once they are there; a block whose rows are not all
-// committed gets Block(j, false) alone. Done follows the last block
+// Gather receives committed blocks' rows, on the committer (Config.Gather).
+// Full blocks ride on the writes that complete their rows (Rider): once
+// such a write landed, per block whose rows are all committed (every slot
+// written and none skipped for a newer write; required keys are never
+// absent where a slot is written, optional ones read as zeros there),
+// Rows(key, ki) gives where its BlockSize rows of immediate key ki
+// (Layout.Imm order) go, nil to skip the block, and Block(key, true)
+// follows once they are there; a block whose rows are not all committed
+// gets Block(key, false) alone. Done follows the write's last block
 // (failed: the path failed, nothing was read).
 type Gather interface {
-	Rows(j, ki int) []byte
-	Block(j int, ok bool)
+	Rows(key uint64, ki int) []byte
+	Block(key uint64, ok bool)
 	Done(failed bool)
 }
 
-// GatherTask is a gather's queue entry (PushGather). A caller that
-// recycles its Gather keeps one in it, so that a push allocates nothing;
-// the task is the committer's until Gather.Done.
-type GatherTask struct {
-	p      *Path
-	blocks []int32
-	g      Gather
+// Rider names the full blocks that ride on a write handed over (engine
+// goroutine, Config.Rider): Ride appends to blocks and keys the blocks
+// whose rows are all handed over once this write is, with their keys (the
+// engine's chained block hashes), and returns them. own says the write
+// carries the rows of the step being saved (its own write, or a decode
+// buffer flushed because that step filled it); any other write (a flush
+// of earlier steps) completes only blocks noted before that step. A write
+// that leaves steps parked in the decode buffer carries none.
+//
+// The blocks are gathered right after the write lands, before any write
+// queued behind it: the committer's scan of newer writes stops at such a
+// write (see Committer.scanQueued), so no later write (one that reuses a
+// block) makes it skip rows the gather reads. Riding on the write costs
+// the engine goroutine no queue entry, no lock and no line of its own:
+// a separate gather task cost a Save ~100 ns of lines the committer had
+// just written (bench/results/h200-2026-12-05).
+type Rider interface {
+	Ride(blocks []int32, keys []uint64, own bool) ([]int32, []uint64)
 }
 
-// PushGather queues a read of whole blocks' committed rows into g behind
-// every write handed over so far, with t as its queue entry (t's fields
-// are set here). Rows of optional keys a write omitted read as zeros.
-// Engine goroutine.
-func (p *Path) PushGather(t *GatherTask, blocks []int32, g Gather) {
-	t.p, t.blocks, t.g = p, blocks, g
-	p.q.PushLazy(Task{R: t}) // publishing waits for nobody
-}
-
-// RunInOrder implements InOrder (the committer).
-func (t *GatherTask) RunInOrder(failed bool) {
+// gather reads the committed rows of blocks (keys[j] naming block j) into
+// the gather (CommitterConfig.Gather), or reports failed. Committer.
+func (c *Committer) gather(blocks []int32, keys []uint64, failed bool) {
+	g := c.cfg.Gather
 	if failed {
-		t.g.Done(true)
+		g.Done(true)
 		return
 	}
-	p := t.p
-	bs := p.lay.BlockSize
-	p.gatherSl = grow(p.gatherSl, bs)
-	sl := p.gatherSl
-	for j, b := range t.blocks {
+	ten := c.cfg.Tenancy
+	bs := c.cfg.BlockSize
+	c.gatherSl = grow(c.gatherSl, bs)
+	sl := c.gatherSl
+	for j, b := range blocks {
+		key := keys[j]
 		for i := range sl {
 			sl[i] = b*int32(bs) + int32(i)
 		}
 		ok := true
 		for _, s := range sl {
-			if !p.ten.Written(s) || p.ten.Stale(s) {
+			if !ten.Written(s) || ten.Stale(s) {
 				ok = false
 				break
 			}
 		}
 		if !ok {
-			t.g.Block(j, false)
+			g.Block(key, false)
 			continue
 		}
 		skip := false
-		for ki, k := range p.lay.Imm {
-			buf := t.g.Rows(j, ki)
+		for ki, k := range c.cfg.Imm {
+			buf := g.Rows(key, ki)
 			if buf == nil {
 				skip = true
 				break
 			}
-			rb := p.lay.RowBytes[k]
-			if m := p.mirrors.Get(k); m != nil {
+			rb := c.cfg.RowBytes[k]
+			if m := c.cfg.Mirrors.Get(k); m != nil {
 				m.Read(buf[:bs*rb], sl)
 			} else {
 				clear(buf[:bs*rb]) // an optional key no write supplied
 			}
 			for i, s := range sl {
-				if p.ten.Absent(ki, s) {
+				if ten.Absent(ki, s) {
 					clear(buf[i*rb : (i+1)*rb])
 				}
 			}
 		}
 		if !skip {
-			t.g.Block(j, true)
+			g.Block(key, true)
 		}
 	}
-	t.g.Done(false)
+	g.Done(false)
 }

@@ -52,6 +52,11 @@ type Write struct {
 	Slots  []int32
 	Owned  [][]byte // owned host tensors, handed back when the write is released
 	Charge int64    // bytes released with the write
+	// Pub are full blocks (their keys in PubKeys) whose rows are all
+	// committed once this write landed: the committer gathers them then
+	// (Config.Rider, Config.Gather).
+	Pub     []int32
+	PubKeys []uint64
 
 	// Device rows (of a step, or parked by the decode buffer) are read by
 	// Materialize from the device until the committer copied them to

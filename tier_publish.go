@@ -44,13 +44,21 @@ func (r pubRider) Ride(blocks []int32, hashes []uint64, own bool) ([]int32, []ui
 	if !own && c.eng.begun {
 		n = e.pubMark
 	}
-	if n == 0 {
+	switch {
+	case n == 0:
 		return blocks, hashes
+	case n == len(e.pubBlocks) && len(blocks) == 0:
+		// All of them, the usual case: the lists swap, the engine keeping
+		// the write's old ones (the committer copies a write's lists out
+		// before the write can be recycled).
+		blocks, e.pubBlocks = e.pubBlocks, blocks
+		hashes, e.pubHashes = e.pubHashes, hashes
+	default:
+		blocks = append(blocks, e.pubBlocks[:n]...)
+		hashes = append(hashes, e.pubHashes[:n]...)
+		e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
+		e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	}
-	blocks = append(blocks, e.pubBlocks[:n]...)
-	hashes = append(hashes, e.pubHashes[:n]...)
-	e.pubBlocks = e.pubBlocks[:copy(e.pubBlocks, e.pubBlocks[n:])]
-	e.pubHashes = e.pubHashes[:copy(e.pubHashes, e.pubHashes[n:])]
 	e.pubMark = max(0, e.pubMark-n)
 	return blocks, hashes
 }

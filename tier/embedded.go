@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"os"
 	"sync"
+	"unsafe"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
 )
@@ -605,6 +606,46 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 		}
 	}
 	return held, errs
+}
+
+// leading is Tier.Lookup on this store: how many leading blocks of hashes
+// it holds (every key of each), the first key it lacks ending the run.
+// Under one hold of the lock (the engine goroutine asks: it waits for the
+// lock at most once, as for Exists), the addresses are formatted into a
+// buffer on the stack and hashed a group at a time (8 keys, doubling up to
+// 64), then the group's hashes probed: independent probes, whose cache
+// misses overlap. No allocation, and nothing done past the group in which
+// the first missing key fell. (Exists needs every address of the prefix
+// asked formatted, hashed and probed, each allocated.) bad is the index of
+// the key at which the store failed (ErrClosed), else -1.
+func (e *Embedded) leading(t *Tier, hashes []uint64) (n, bad int, err error) {
+	nk := len(t.ns.Keys)
+	var sb [256]byte
+	buf := sb[:0] // a longer address grows it once
+	var hb [64]uint64
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return 0, 0, ErrClosed
+	}
+	total := len(hashes) * nk
+	for lo, step := 0, 8; lo < total; lo, step = lo+step, min(2*step, len(hb)) {
+		hs := hb[:0]
+		for i := lo; i < min(lo+step, total); i++ {
+			buf = t.appendAddr(buf[:0], hashes[i/nk], i%nk)
+			if e.hashFn != nil { // tests: a copy, the hook may keep it
+				hs = append(hs, e.hashFn(string(buf)))
+			} else {
+				hs = append(hs, maphash.String(e.seed, unsafe.String(unsafe.SliceData(buf), len(buf))))
+			}
+		}
+		for i, h := range hs {
+			if _, ok := e.idx[h]; !ok {
+				return (lo + i) / nk, -1, nil
+			}
+		}
+	}
+	return len(hashes), -1, nil
 }
 
 // copyDone ends a Set's or Get's copy outside the lock (e.mu held): the

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -528,5 +529,106 @@ func TestEmbeddedGetOutsideLock(t *testing.T) {
 	}
 	if linked != live || e.inflight != 0 {
 		t.Fatalf("after the Get: %d values held, %d slots in use, %d copies in flight", linked, live, e.inflight)
+	}
+}
+
+// Lookup on the embedded store (Embedded.leading: a group of keys at a time,
+// stopping at the first missing one) against the answer from every key's
+// Exists: random prefixes of 300 blocks of two keys, some blocks held
+// whole, some with one key deleted, some never stored. A long namespace (addresses longer
+// than its stack buffer) and hash collisions (every key one hash: presence
+// is by hash, as Exists answers) too. Closed: ErrClosed, nothing counted.
+// A Lookup of a held prefix allocates nothing.
+func TestEmbeddedLookup(t *testing.T) {
+	long := testNS
+	long.Model = strings.Repeat("a-long-model-name/", 20)
+	for _, tc := range []struct {
+		name    string
+		ns      Namespace
+		collide bool
+	}{{"short", testNS, false}, {"long", long, false}, {"collide", testNS, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			e, err := NewEmbedded(64 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.collide {
+				e.hashFn = func(string) uint64 { return 42 }
+			}
+			tr, err := New(e, tc.ns, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			rng := rand.New(rand.NewPCG(3, uint64(len(tc.name))))
+			hs := hashes(0, 300)
+			for _, h := range hs {
+				switch rng.IntN(10) {
+				case 0: // never stored
+				case 1, 2: // one key gone
+					if _, err := tr.Put(ctx, []Block{block(tc.ns, h)}); err != nil {
+						t.Fatal(err)
+					}
+					e.Delete(tr.addrs([]uint64{h})[rng.IntN(2)])
+				default:
+					if _, err := tr.Put(ctx, []Block{block(tc.ns, h)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for it := 0; it < 400; it++ {
+				lo := rng.IntN(len(hs))
+				probe := hs[lo : lo+rng.IntN(len(hs)-lo+1)]
+				want := 0
+				if len(probe) > 0 {
+					held, errs := e.Exists(ctx, tr.addrs(probe))
+					for want < len(probe) && held[2*want] && held[2*want+1] && errs[2*want] == nil && errs[2*want+1] == nil {
+						want++
+					}
+				}
+				if got, err := tr.Lookup(ctx, probe); err != nil || got != want {
+					t.Fatalf("Lookup of blocks %d..%d = %d, %v; want %d", lo, lo+len(probe), got, err, want)
+				}
+			}
+			// A held run of 100 blocks with one missing block put in at
+			// every place.
+			run := hashes(1000, 100)
+			for _, h := range run {
+				if _, err := tr.Put(ctx, []Block{block(tc.ns, h)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			miss := hashes(5000, 1)[0]
+			for cut := 0; cut <= len(run); cut++ {
+				probe := append(append(append([]uint64(nil), run[:cut]...), miss), run[cut:]...)
+				want := cut
+				if tc.collide {
+					want = len(probe) // presence is by hash: every key is "held"
+				}
+				if got, err := tr.Lookup(ctx, probe); err != nil || got != want {
+					t.Fatalf("Lookup with the gap at %d = %d, %v; want %d", cut, got, err, want)
+				}
+			}
+			// Nothing allocated; an address longer than the stack buffer
+			// grows it once. (The collision hook copies every address.)
+			wantAllocs := 0.0
+			if tr.addrLen(0) > 256 {
+				wantAllocs = 1
+			}
+			if a := testing.AllocsPerRun(20, func() {
+				if n, err := tr.Lookup(ctx, run); err != nil || n != len(run) {
+					t.Fatalf("Lookup = %d, %v; want %d", n, err, len(run))
+				}
+			}); a != wantAllocs && !tc.collide {
+				t.Fatalf("a Lookup of %d held blocks allocated %.0f times, want %.0f", len(run), a, wantAllocs)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := tr.Lookup(ctx, hs); !errors.Is(err, ErrClosed) || n != 0 {
+				t.Fatalf("Lookup after Close = %d, %v; want 0, ErrClosed", n, err)
+			}
+		})
 	}
 }

@@ -501,15 +501,25 @@ func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs 
 }
 
 // Lookup returns how many leading blocks of hashes the tier holds (every
-// key of each), in one pipelined batch. It checks presence only: a value
-// that is corrupt, or evicted before it is fetched, is found missing by Get.
-// A backend failure is returned with the blocks counted before it.
+// key of each): from a server in one pipelined batch; from the embedded
+// store a few keys at a time, stopping at the first it lacks, with no
+// allocation. It checks presence only: a value that is corrupt, or evicted
+// before it is fetched, is found missing by Get. A backend failure is
+// returned with the blocks counted before it.
 func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	t.lookups.Add(1)
 	if len(hashes) == 0 {
 		return 0, nil
 	}
 	nk := len(t.ns.Keys)
+	if e, ok := t.b.(*Embedded); ok {
+		n, bad, err := e.leading(t, hashes)
+		t.lookupBlocks.Add(int64(n))
+		if err != nil {
+			return n, fmt.Errorf("tier: lookup %s: %w", t.appendAddr(nil, hashes[bad/nk], bad%nk), err)
+		}
+		return n, nil
+	}
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()

@@ -109,9 +109,10 @@ type Gather interface {
 // queued behind it: the committer's scan of newer writes stops at such a
 // write (see Committer.scanQueued), so no later write (one that reuses a
 // block) makes it skip rows the gather reads. Riding on the write costs
-// the engine goroutine no queue entry, no lock and no line of its own:
-// a separate gather task cost a Save ~100 ns of lines the committer had
-// just written (bench/results/h200-2026-12-05).
+// the engine goroutine no queue entry, no lock and no line of its own (a
+// separate gather task per Save spent most of its push reading the
+// gather's free flag, a line the committer had just written:
+// bench/results/h200-2026-12-05).
 type Rider interface {
 	Ride(blocks []int32, keys []uint64, own bool) ([]int32, []uint64)
 }

@@ -632,3 +632,62 @@ func TestEmbeddedLookup(t *testing.T) {
 		})
 	}
 }
+
+// Holds: true only when the embedded store holds every key of the block
+// under its exact address (not a colliding hash, not one key of two); a
+// held block becomes the most recently used (the least recently used
+// other block is evicted first); false on a server backend (any backend
+// but the embedded store), with the recent window off, and once closed.
+func TestTierHolds(t *testing.T) {
+	ctx := context.Background()
+	tr, e, hs := fullStore(t)
+	if !tr.Holds(hs[0]) {
+		t.Fatal("Holds of a stored block = false")
+	}
+	// Block 0 was made the most recently used: storing block 10 evicts
+	// block 1.
+	if _, err := tr.Put(ctx, []Block{block(testNS, hs[10])}); err != nil {
+		t.Fatal(err)
+	}
+	if !tr.Holds(hs[0]) || tr.Holds(hs[1]) {
+		t.Fatalf("after an eviction: Holds(block 0) %v, Holds(block 1) %v; want true, false", tr.Holds(hs[0]), tr.Holds(hs[1]))
+	}
+	e.Delete(tr.Addr(hs[2], 1))
+	if tr.Holds(hs[2]) || tr.Holds(hs[11]) {
+		t.Fatal("Holds = true for a block missing a key, or never stored")
+	}
+	// Every address one hash: only exact addresses count.
+	c, _ := NewEmbedded(0)
+	c.hashFn = func(string) uint64 { return 7 }
+	ct := newTier(t, c)
+	if _, err := ct.Put(ctx, []Block{block(testNS, hs[0])}); err != nil {
+		t.Fatal(err)
+	}
+	if !ct.Holds(hs[0]) || ct.Holds(hs[1]) {
+		t.Fatalf("colliding hashes: Holds(stored) %v, Holds(never stored) %v; want true, false", ct.Holds(hs[0]), ct.Holds(hs[1]))
+	}
+	// Another backend (a wrapped store: a server, as far as Holds can
+	// tell), the window off, a closed store: false.
+	w, _ := NewEmbedded(0)
+	wt := newTier(t, struct{ Backend }{w})
+	off, _ := NewEmbedded(0)
+	ot, err := New(off, testNS, Options{RecentWindow: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ot.Close()
+	for _, x := range []*Tier{wt, ot} {
+		if _, err := x.Put(ctx, []Block{block(testNS, hs[0])}); err != nil {
+			t.Fatal(err)
+		}
+		if x.Holds(hs[0]) {
+			t.Fatalf("Holds on %v = true", x)
+		}
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Holds(hs[0]) {
+		t.Fatal("Holds after Close = true")
+	}
+}

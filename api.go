@@ -335,11 +335,7 @@ type Stats struct {
 	// TierPublishRecent counts full blocks not gathered because the tier
 	// stored them within its recent window (tier.Tier.StoredRecently):
 	// another replica, or this cache, published them moments ago.
-	TierPublishRecent int64
-	// TierPublishHeld counts full blocks not gathered because the tier's
-	// embedded store holds them already (tier.Tier.Holds; they are made
-	// its most recently used instead).
-	TierPublishHeld    int64
+	TierPublishRecent  int64
 	TierBytesPublished int64
 	// TierPublishPending is the blocks in the publish queue or being
 	// stored now (a gauge).

@@ -133,7 +133,6 @@ type tierLink struct {
 	queued                                         atomic.Int64
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	recent                                         atomic.Int64 // not gathered: the tier stored them lately
-	held                                           atomic.Int64 // not gathered: the embedded store holds them
 	pending                                        atomic.Int64 // queued or being stored
 	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored
 	imported, importFailed, bytesImp               atomic.Int64
@@ -324,6 +323,6 @@ func (c *Cache) tierStats(s *Stats) {
 	}
 	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = tl.published.Load(), tl.dropped.Load(), tl.skipped.Load()
 	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = tl.pubErrs.Load(), tl.bytesPub.Load(), tl.pending.Load()
-	s.TierPublishRecent, s.TierPublishHeld = tl.recent.Load(), tl.held.Load()
+	s.TierPublishRecent = tl.recent.Load()
 	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
 }

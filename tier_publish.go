@@ -81,19 +81,15 @@ type pubBatch struct {
 }
 
 // Rows implements writer.Gather: where the rows of key ki of the block of
-// hash h go, or nil: the tier stored the block within its recent window,
-// or its embedded store holds it (not gathered, counted apart), or the
-// publish queue holds PublishQueue blocks (dropped, counted). Only the
-// committer adds to the queue, so a block given room here fits it.
+// hash h go, or nil: the tier stored the block within its recent window
+// (not gathered, counted), or the publish queue holds PublishQueue blocks
+// (dropped, counted). Only the committer adds to the queue, so a block
+// given room here fits it.
 func (g *publishGather) Rows(h uint64, ki int) []byte {
 	tl := g.tl
 	if ki == 0 {
 		if tl.t.StoredRecently(h) {
 			tl.recent.Add(1)
-			return nil
-		}
-		if tl.t.Holds(h) {
-			tl.held.Add(1)
 			return nil
 		}
 		n := 0

@@ -273,14 +273,27 @@ func TestTierPublishBatches(t *testing.T) {
 func TestTierPublishSkipsRecent(t *testing.T) {
 	for _, window := range []time.Duration{time.Minute, -1} { // a minute: a loaded machine stays inside it
 		t.Run(fmt.Sprintf("window=%v", window), func(t *testing.T) {
-			tr := windowTier(t, window)
+			e, _ := tier.NewEmbedded(0)
+			tr, err := tier.New(e, tns(), tier.Options{RecentWindow: window})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tr.Close() })
 			a := newTierCache(t, tr, nil)
 			b := newTierCache(t, tr, nil)
 			publishPrompt(t, a, 7)
 			if st := a.Stats(); st.TierPublished != 3 || st.TierPublishRecent != 0 {
 				t.Fatalf("cache a: %d published, %d recent; want 3, 0", st.TierPublished, st.TierPublishRecent)
 			}
-			puts := recomputePrompt7(t, tr, b)
+			puts := tr.Stats().Puts
+			table := make([]int32, tstride)
+			copy(table, []int32{1, 4, 6})
+			res, err := tstep(t, b, table, []treq{{id: 1, seq: 7, row: 0, start: 0, count: 12, arrive: true}},
+				map[int32]uint64{1: thash(7, 0), 4: thash(7, 1), 6: thash(7, 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRows(t, res, 0, 7, 0)
 			if window < 0 {
 				waitPublished(t, b, 3)
 				if got := tr.Stats().Puts - puts; got != 3*int64(len(tkeys)) {
@@ -296,56 +309,20 @@ func TestTierPublishSkipsRecent(t *testing.T) {
 						st.TierPublishRecent, st.TierPublished, st.TierPublishPending, tr.Stats().Puts-puts)
 				}
 			}
-			servePrompt7(t, tr)
+			// The tier serves the prompt's blocks exactly to a third cache.
+			d := newTierCache(t, tr, nil)
+			if n, err := d.Lookup([]uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
+				t.Fatalf("Lookup = %d, %v; want 3", n, err)
+			}
+			copy(table, []int32{2, 5, 7, 8})
+			res, err = tstep(t, d, table, []treq{{id: 9, seq: 7, row: 0, start: 12, count: 2, arrive: true,
+				hitBlocks: []int32{2, 5, 7}, tierBlocks: 3}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRows(t, res, 0, 7, 0)
 		})
 	}
-}
-
-// windowTier is a tier on an embedded store with the given recent window.
-func windowTier(t *testing.T, window time.Duration) *tier.Tier {
-	t.Helper()
-	e, _ := tier.NewEmbedded(0)
-	tr, err := tier.New(e, tns(), tier.Options{RecentWindow: window})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	return tr
-}
-
-// recomputePrompt7 runs prompt 7, which another cache published, through
-// cache b (in blocks 1, 4, 6, all three full) and checks its rows; it
-// returns the values the tier had stored before.
-func recomputePrompt7(t *testing.T, tr *tier.Tier, b *omnicache.Cache) (puts int64) {
-	t.Helper()
-	puts = tr.Stats().Puts
-	table := make([]int32, tstride)
-	copy(table, []int32{1, 4, 6})
-	res, err := tstep(t, b, table, []treq{{id: 1, seq: 7, row: 0, start: 0, count: 12, arrive: true}},
-		map[int32]uint64{1: thash(7, 0), 4: thash(7, 1), 6: thash(7, 2)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkRows(t, res, 0, 7, 0)
-	return puts
-}
-
-// servePrompt7 checks that the tier serves prompt 7's three blocks exactly
-// to a new cache: Lookup finds them, an arrival imports them.
-func servePrompt7(t *testing.T, tr *tier.Tier) {
-	t.Helper()
-	d := newTierCache(t, tr, nil)
-	if n, err := d.Lookup([]uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
-		t.Fatalf("Lookup = %d, %v; want 3", n, err)
-	}
-	table := make([]int32, tstride)
-	copy(table, []int32{2, 5, 7, 8})
-	res, err := tstep(t, d, table, []treq{{id: 9, seq: 7, row: 0, start: 12, count: 2, arrive: true,
-		hitBlocks: []int32{2, 5, 7}, tierBlocks: 3}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkRows(t, res, 0, 7, 0)
 }
 
 // TestTierPublishBeforeBlockReuse: the rows of a full block go to the tier
@@ -408,31 +385,4 @@ func TestTierPublishBeforeBlockReuse(t *testing.T) {
 	d.open()
 	waitPublished(t, c, 1)
 	checkTierBlock(t, tr, 1, 0)
-}
-
-// A cache computing a prompt the embedded store holds from long ago (past
-// the recent window) does not gather, checksum and store it again: the
-// store holds it (counted apart, the blocks made its most recently used).
-// The blocks stay served exactly.
-func TestTierPublishSkipsHeld(t *testing.T) {
-	tr := windowTier(t, time.Nanosecond) // the shortest window: one tick
-	a := newTierCache(t, tr, nil)
-	b := newTierCache(t, tr, nil)
-	publishPrompt(t, a, 7)
-	for i := 0; i < 2000 && tr.StoredRecently(thash(7, 0)); i++ { // bounded: the window is a tick
-		time.Sleep(time.Millisecond)
-	}
-	if tr.StoredRecently(thash(7, 0)) {
-		t.Fatal("the recent window never passed")
-	}
-	puts := recomputePrompt7(t, tr, b)
-	if err := b.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	st := b.Stats()
-	if st.TierPublishHeld != 3 || st.TierPublishRecent != 0 || st.TierPublished != 0 || st.TierPublishPending != 0 || tr.Stats().Puts != puts {
-		t.Fatalf("cache b: %d held, %d recent, %d published, %d pending, %d values stored; want 3, 0, 0, 0, 0",
-			st.TierPublishHeld, st.TierPublishRecent, st.TierPublished, st.TierPublishPending, tr.Stats().Puts-puts)
-	}
-	servePrompt7(t, tr)
 }

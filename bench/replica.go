@@ -216,7 +216,7 @@ func (r *replica) finish() (ReplicaReport, error) {
 			return pr, fmt.Errorf("close: %w", err)
 		}
 		pr.TierBytesPublished, pr.TierBytesImported, pr.TierPublishDropped = st.TierBytesPublished, st.TierBytesImported, st.TierPublishDropped
-		pr.TierPublishRecent, pr.TierPublishHeld = st.TierPublishRecent, st.TierPublishHeld
+		pr.TierPublishRecent = st.TierPublishRecent
 		pr.StallNs = st.StallNanos
 	}
 	r.mu.Lock()

@@ -89,12 +89,9 @@ type ReplicaReport struct {
 	// TierPublishRecent are full blocks not published because the tier
 	// stored them within its recent window (Stats.TierPublishRecent).
 	TierPublishRecent int64 `json:"tier_publish_recent"`
-	// TierPublishHeld are full blocks not published because the embedded
-	// store held them already (Stats.TierPublishHeld).
-	TierPublishHeld int64 `json:"tier_publish_held"`
-	Imports         int   `json:"imports"`
-	ImportP50Ns     int64 `json:"import_latency_p50_ns"`
-	ImportP99Ns     int64 `json:"import_latency_p99_ns"`
+	Imports           int   `json:"imports"`
+	ImportP50Ns       int64 `json:"import_latency_p50_ns"`
+	ImportP99Ns       int64 `json:"import_latency_p99_ns"`
 	// EngineNs is the engine goroutine's time in Begin + Save + Discard;
 	// MaterializeNs the time in Materialize (called right after Save here,
 	// so it includes waiting for the step's imports and prefetch; an
@@ -333,7 +330,6 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 	t.TierBytesImported += pr.TierBytesImported
 	t.TierPublishDropped += pr.TierPublishDropped
 	t.TierPublishRecent += pr.TierPublishRecent
-	t.TierPublishHeld += pr.TierPublishHeld
 	t.Imports += pr.Imports
 	t.EngineNs += pr.EngineNs
 	t.BeginNs += pr.BeginNs

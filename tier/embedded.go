@@ -648,47 +648,6 @@ func (e *Embedded) leading(t *Tier, hashes []uint64) (n, bad int, err error) {
 	return len(hashes), -1, nil
 }
 
-// holds is Tier.Holds on this store: whether it holds every key of the
-// block of hash h (its exact addresses, not their hashes alone), each then
-// made the most recently used, as storing it again would. The addresses
-// are formatted into a buffer on the stack and hashed before the lock.
-func (e *Embedded) holds(t *Tier, h uint64) bool {
-	nk := len(t.ns.Keys)
-	var sb [512]byte
-	var ob [9]int
-	var hb [8]uint64
-	var xb [8]int32
-	buf, off, hs, xs := sb[:0], append(ob[:0], 0), hb[:0], xb[:0]
-	for k := range nk {
-		buf = t.appendAddr(buf, h, k)
-		off = append(off, len(buf))
-	}
-	key := func(k int) string { return unsafe.String(&buf[off[k]], off[k+1]-off[k]) }
-	for k := range nk {
-		if e.hashFn != nil { // tests: a copy, the hook may keep it
-			hs = append(hs, e.hashFn(string(buf[off[k]:off[k+1]])))
-		} else {
-			hs = append(hs, maphash.String(e.seed, key(k)))
-		}
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return false
-	}
-	for k := range nk {
-		x := e.find(hs[k], key(k))
-		if x < 0 {
-			return false
-		}
-		xs = append(xs, x)
-	}
-	for _, x := range xs {
-		e.touch(x)
-	}
-	return true
-}
-
 // copyDone ends a Set's or Get's copy outside the lock (e.mu held): the
 // last one wakes a Close waiting for it.
 func (e *Embedded) copyDone() {

@@ -91,19 +91,3 @@ func (t *Tier) StoredRecently(hash uint64) bool {
 	}
 	return t.recent.held(hash, nowTick())
 }
-
-// Holds reports whether the tier's embedded store holds every key of block
-// hash (their exact addresses), making them its most recently used as
-// storing them again would: a publisher need not gather, checksum and
-// store a block the store already has (content addressing: the same hash,
-// the same rows). False on a server backend (asking would be a round trip
-// for the committer; StoredRecently covers what went through this tier)
-// and with the recent window off (Options.RecentWindow < 0: every block is
-// stored). Safe for concurrent use.
-func (t *Tier) Holds(hash uint64) bool {
-	e, ok := t.b.(*Embedded)
-	if !ok || t.recent.window == 0 {
-		return false
-	}
-	return e.holds(t, hash)
-}

@@ -125,9 +125,9 @@ type Options struct {
 	// DefaultTimeout.
 	Timeout time.Duration
 	// RecentWindow is how long a block stored through the tier counts as
-	// held for StoredRecently (publishers skip such blocks, and those the
-	// embedded store holds: Holds); 0: DefaultRecentWindow, negative: never
-	// (every block is stored). At most MaxRecentWindow.
+	// held for StoredRecently (publishers skip such blocks); 0:
+	// DefaultRecentWindow, negative: never (every block is stored). At
+	// most MaxRecentWindow.
 	RecentWindow time.Duration
 }
 

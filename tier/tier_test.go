@@ -168,26 +168,18 @@ func TestEmbeddedRoundTrip(t *testing.T) {
 	roundTrip(t, newTier(t, e), 64)
 }
 
-// fullStore is an embedded store with room for 10 blocks of testNS,
-// holding blocks hs[:10] (stored in that order) of hs = hashes(0, 12).
-func fullStore(t *testing.T) (*Tier, *Embedded, []uint64) {
-	t.Helper()
+func TestEmbeddedLRUEviction(t *testing.T) {
+	ctx := context.Background()
 	probe, _ := New(&Embedded{}, testNS, Options{})
 	per := int64(probe.ValueBytes(0) + probe.ValueBytes(1) + 2*len(probe.Addr(0, 0)))
 	e, _ := NewEmbedded(10 * per) // room for 10 blocks
 	tr := newTier(t, e)
 	hs := hashes(0, 12)
 	for _, h := range hs[:10] {
-		if _, err := tr.Put(context.Background(), []Block{block(testNS, h)}); err != nil {
+		if _, err := tr.Put(ctx, []Block{block(testNS, h)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return tr, e, hs
-}
-
-func TestEmbeddedLRUEviction(t *testing.T) {
-	ctx := context.Background()
-	tr, e, hs := fullStore(t)
 	// Touch block 0 so that block 1 is the least recently used.
 	if errs := tr.Get(ctx, hs[:1], dstFor(tr, 1)); errs[0] != nil {
 		t.Fatal(errs[0])

@@ -1,7 +1,7 @@
 #!/bin/bash
 # H200 host (not run yet: no device was lent after j1): where the tier's cost on the engine goroutine
-# lies with full blocks riding on their write, the allocation-free Lookup and held blocks not stored
-# again (a396109). omni-dj = a396109 + dj.patch. On the tier-off run's steps (DIAG_NOLOOKUP: the replica
+# lies with full blocks riding on their write and the allocation-free Lookup (a855be8).
+# omni-dj = a855be8 + dj.patch. On the tier-off run's steps (DIAG_NOLOOKUP: the replica
 # never asks the tier), from nothing to everything: idle (DIAG_NOPUB: the tier is there, no step names
 # full blocks), nopush (blocks noted and checked, then dropped: nothing rides), rows0 (the committer
 # runs the gathers, copying nothing), nostore (gathered, the publishers recycle them unstored), pub

@@ -1,6 +1,6 @@
 #!/bin/bash
 # H200 host (not run yet: no device was lent after j1): the head against 78c7ece, side by side.
-# omni-old = 78c7ece, omni-new = a396109 (or later), both `go build ./cmd/omnicache`. Each round: off
+# omni-old = 78c7ece, omni-new = a855be8 (or later), both `go build ./cmd/omnicache`. Each round: off
 # (new), embedded old, embedded new. CPU time of the process (user sys real) per run.
 B=/tmp/x
 T=$PWD/bench/testdata/mooncake/synthetic_trace.jsonl

@@ -7,7 +7,6 @@ import (
 	"math/bits"
 	"os"
 	"sync"
-	"unsafe"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
 )
@@ -167,6 +166,15 @@ func (e *Embedded) hash(k string) uint64 {
 		return e.hashFn(k)
 	}
 	return maphash.String(e.seed, k)
+}
+
+// hashBytes is hash of b's bytes as a string (maphash gives both the same
+// hash), without making that string: b may be a scratch buffer.
+func (e *Embedded) hashBytes(b []byte) uint64 {
+	if e.hashFn != nil {
+		return e.hashFn(string(b)) // tests: a copy, the hook may keep it
+	}
+	return maphash.Bytes(e.seed, b)
 }
 
 // hashKeys hashes keys, before the lock is taken.
@@ -616,9 +624,9 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 // 64), then the group's hashes probed: independent probes, whose cache
 // misses overlap. No allocation, and nothing done past the group in which
 // the first missing key fell. (Exists needs every address of the prefix
-// asked formatted, hashed and probed, each allocated.) bad is the index of
-// the key at which the store failed (ErrClosed), else -1.
-func (e *Embedded) leading(t *Tier, hashes []uint64) (n, bad int, err error) {
+// asked formatted, hashed and probed, each allocated.) A closed store
+// fails with ErrClosed, nothing counted.
+func (e *Embedded) leading(t *Tier, hashes []uint64) (int, error) {
 	nk := len(t.ns.Keys)
 	var sb [256]byte
 	buf := sb[:0] // a longer address grows it once
@@ -626,26 +634,22 @@ func (e *Embedded) leading(t *Tier, hashes []uint64) (n, bad int, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return 0, 0, ErrClosed
+		return 0, ErrClosed
 	}
 	total := len(hashes) * nk
 	for lo, step := 0, 8; lo < total; lo, step = lo+step, min(2*step, len(hb)) {
 		hs := hb[:0]
 		for i := lo; i < min(lo+step, total); i++ {
 			buf = t.appendAddr(buf[:0], hashes[i/nk], i%nk)
-			if e.hashFn != nil { // tests: a copy, the hook may keep it
-				hs = append(hs, e.hashFn(string(buf)))
-			} else {
-				hs = append(hs, maphash.String(e.seed, unsafe.String(unsafe.SliceData(buf), len(buf))))
-			}
+			hs = append(hs, e.hashBytes(buf))
 		}
 		for i, h := range hs {
 			if _, ok := e.idx[h]; !ok {
-				return (lo + i) / nk, -1, nil
+				return (lo + i) / nk, nil
 			}
 		}
 	}
-	return len(hashes), -1, nil
+	return len(hashes), nil
 }
 
 // copyDone ends a Set's or Get's copy outside the lock (e.mu held): the

@@ -513,10 +513,10 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	}
 	nk := len(t.ns.Keys)
 	if e, ok := t.b.(*Embedded); ok {
-		n, bad, err := e.leading(t, hashes)
+		n, err := e.leading(t, hashes)
 		t.lookupBlocks.Add(int64(n))
 		if err != nil {
-			return n, fmt.Errorf("tier: lookup %s: %w", t.appendAddr(nil, hashes[bad/nk], bad%nk), err)
+			return n, fmt.Errorf("tier: lookup %s: %w", t.Addr(hashes[0], 0), err)
 		}
 		return n, nil
 	}

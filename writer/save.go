@@ -381,9 +381,8 @@ func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool, blocks []int32, own b
 	if w.CopyLate = w.DevLive; w.CopyLate && !w.lateIssued {
 		p.com.NoteLate()
 	}
-	w.Pub, w.PubKeys = w.Pub[:0], w.PubKeys[:0]
 	if p.cfg.Rider != nil && p.buf.K == 0 {
-		w.Pub, w.PubKeys = p.cfg.Rider.Ride(w.Pub, w.PubKeys, own)
+		w.Pub, w.PubKeys = p.cfg.Rider.Ride(w.Pub, w.PubKeys, own) // newWrite left them empty
 	}
 	if lazy {
 		w.Seq = p.q.PushLazy(Task{W: w, Ev: ev})

@@ -164,10 +164,13 @@ func (p *Path) freeDev(w *Write) {
 // unrefLocked drops pins (and owner refs) and reports whether nothing
 // references w any more. Caller holds the state lock.
 func (p *Path) unrefLocked(w *Write, pins, owners int32) (release bool) {
-	if pins > 0 && w.Deferred && w.Pins.Load() == pins {
+	// Decide on the count the decrement returns, not on an earlier load:
+	// unpinFast may drop another pin lock-free between the two, and the
+	// charge would then never be released (TestUnpinPinnedChargeRace).
+	n := w.Pins.Add(-pins)
+	if pins > 0 && w.Deferred && n == 0 {
 		p.pinnedCharge -= w.Charge
 	}
-	n := w.Pins.Add(-pins)
 	w.Owners -= owners
 	if owners > 0 && w.Owners == 0 {
 		delete(p.clones, w.ID)

@@ -3,6 +3,7 @@ package omnicache_test
 // Reliability tests for bounded waits, size bounds, sticky and budget failures, and Abort.
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/tier"
 )
 
 // Finding 9: waits on a device that never completes are bounded: a hit
@@ -82,6 +84,37 @@ func TestBounds(t *testing.T) {
 			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 10}}
 		}},
 		{"slots overflow int32", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1<<30, 4 }},
+		// Products that wrap int64 itself: each passed a multiplied check.
+		{"slots wrap int64", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = math.MaxInt, 1 << 20 }},
+		{"block size MaxInt", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, math.MaxInt }},
+		{"block size over MaxBlockSize", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, omnicache.MaxBlockSize + 1 }},
+		{"page bytes wrap int64", "StagingCapacityTokens", func(c *omnicache.Config) {
+			c.StagingCapacityTokens = 1 << 31 / 2
+			c.Keys = []omnicache.Key{{Name: "a", RowBytes: 1 << 30}, {Name: "b", RowBytes: 1 << 30}, {Name: "c", RowBytes: 1 << 30}, {Name: "d", RowBytes: 1 << 30}}
+			c.NumBlocks, c.BlockSize = 1, 1
+		}},
+		{"device budget MaxInt64", "DeviceBudgetBytes", func(c *omnicache.Config) { c.DeviceBudgetBytes = math.MaxInt64 }},
+		{"chunk bytes MaxInt64", "DeferredChunkBytes", func(c *omnicache.Config) { c.DeferredChunkBytes = math.MaxInt64 }},
+		{"read-ahead MaxInt64", "ReadAheadBytes", func(c *omnicache.Config) { c.ReadAheadBytes = math.MaxInt64 }},
+		{"claim timeout MaxInt64", "StagingClaimTimeout", func(c *omnicache.Config) { c.StagingClaimTimeout = math.MaxInt64 }},
+		{"wait timeout MaxInt64", "WaitTimeout", func(c *omnicache.Config) { c.WaitTimeout = math.MaxInt64 }},
+		{"tier import timeout wraps 4×", "ImportTimeout", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), ImportTimeout: math.MaxInt64/4 + 1}
+			c.WaitTimeout = -1
+		}},
+		{"tier import timeout over the max", "ImportTimeout", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), ImportTimeout: omnicache.MaxImportTimeout + 1}
+			c.WaitTimeout = -1
+		}},
+		{"tier publish queue MaxInt", "PublishQueue", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), PublishQueue: math.MaxInt}
+		}},
+		{"tier publish batch MaxInt", "PublishBatch", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), PublishBatch: math.MaxInt}
+		}},
+		{"tier importers", "Importers", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), Importers: 257}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig()
@@ -199,4 +232,18 @@ func TestAbort(t *testing.T) {
 	h.mat(h.step(hit))
 	require.Equal(t, 4, h.res.Prefix(0), "the hit is served when the step runs again")
 	usable(h)
+}
+
+// boundsTier is an embedded tier matching c's layout, closed with the test.
+func boundsTier(t *testing.T, c *omnicache.Config) *tier.Tier {
+	keys := make([]tier.Key, len(c.Keys))
+	for i, k := range c.Keys {
+		keys[i] = tier.Key{Name: k.Name, RowBytes: k.RowBytes}
+	}
+	e, err := tier.NewEmbedded(1 << 20)
+	require.NoError(t, err)
+	tr, err := tier.New(e, tier.Namespace{Model: "bounds", BlockSize: c.BlockSize, Keys: keys}, tier.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr
 }

@@ -2,6 +2,7 @@ package omnicache
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/writer"
@@ -9,15 +10,29 @@ import (
 
 // Limits New enforces (ErrConfig names the field and the limit). They keep
 // every size the cache computes from a Config inside what a 64-bit process
-// can address, so no call can fail later on an overflow.
+// can address, so no call can fail later on an overflow; every product is
+// checked without overflowing itself.
 const (
 	MaxRowBytes     = 1 << 30 // Key.RowBytes
+	MaxBlockSize    = 1 << 20 // Config.BlockSize, in tokens
 	MaxSlots        = 1<<31 - 1
 	MaxMirrorBytes  = 1 << 46 // NumBlocks*BlockSize*RowBytes, per key (64 TiB of address space)
 	MaxStagingDepth = 1 << 16
 	MaxPageBytes    = 1 << 36 // StagingCapacityTokens × Σ immediate RowBytes (64 GiB)
 	MaxCopyWorkers  = 1024
+	// MaxBudgetBytes bounds DeviceBudgetBytes, DeferredChunkBytes and
+	// ReadAheadBytes (1 PiB): sums of charges against them never wrap.
+	MaxBudgetBytes = 1 << 50
+	// MaxTimeout bounds StagingClaimTimeout and WaitTimeout: deadlines
+	// computed from them never wrap.
+	MaxTimeout = 24 * time.Hour
 )
+
+// mulLE reports whether a×b ≤ limit for non-negative a and b, without
+// computing a product that could wrap.
+func mulLE(a, b, limit int64) bool {
+	return a == 0 || b <= limit/a
+}
 
 // splitBytes overrides the smallest copy split across the copy workers
 // (tests force the split on small steps; 0: the default).
@@ -32,7 +47,10 @@ func validate(cfg *Config) (writer.Config, error) {
 	if cfg.NumBlocks <= 0 || cfg.BlockSize <= 0 {
 		return bad("%d blocks of %d tokens", cfg.NumBlocks, cfg.BlockSize)
 	}
-	if int64(cfg.NumBlocks)*int64(cfg.BlockSize) > MaxSlots {
+	if cfg.BlockSize > MaxBlockSize {
+		return bad("BlockSize %d exceeds %d", cfg.BlockSize, MaxBlockSize)
+	}
+	if !mulLE(int64(cfg.NumBlocks), int64(cfg.BlockSize), MaxSlots) {
 		return bad("NumBlocks×BlockSize = %d×%d slots exceeds %d", cfg.NumBlocks, cfg.BlockSize, MaxSlots)
 	}
 	if len(cfg.Keys) == 0 {
@@ -74,6 +92,20 @@ func validate(cfg *Config) (writer.Config, error) {
 	if cfg.SyncSpin < 0 || cfg.SyncSpin > MaxSyncSpin {
 		return bad("SyncSpin %v not in [0, %v]", cfg.SyncSpin, MaxSyncSpin)
 	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"DeviceBudgetBytes", cfg.DeviceBudgetBytes}, {"DeferredChunkBytes", cfg.DeferredChunkBytes}, {"ReadAheadBytes", cfg.ReadAheadBytes}} {
+		if f.v > MaxBudgetBytes {
+			return bad("%s %d exceeds %d", f.name, f.v, int64(MaxBudgetBytes))
+		}
+	}
+	if cfg.StagingClaimTimeout > MaxTimeout {
+		return bad("StagingClaimTimeout %v exceeds %v", cfg.StagingClaimTimeout, MaxTimeout)
+	}
+	if cfg.WaitTimeout > MaxTimeout {
+		return bad("WaitTimeout %v exceeds %v", cfg.WaitTimeout, MaxTimeout)
+	}
 	if cfg.StagingDepth > MaxStagingDepth {
 		return bad("StagingDepth %d exceeds %d", cfg.StagingDepth, MaxStagingDepth)
 	}
@@ -90,7 +122,7 @@ func validate(cfg *Config) (writer.Config, error) {
 			return bad("key %q has %d row bytes", k.Name, k.RowBytes)
 		case k.RowBytes > MaxRowBytes:
 			return bad("key %q: RowBytes %d exceeds %d", k.Name, k.RowBytes, MaxRowBytes)
-		case nslots*int64(k.RowBytes) > MaxMirrorBytes:
+		case !mulLE(nslots, int64(k.RowBytes), MaxMirrorBytes):
 			return bad("key %q: mirror of %d slots × %d bytes exceeds %d bytes", k.Name, nslots, k.RowBytes, int64(MaxMirrorBytes))
 		case seen[k.Name]:
 			return bad("duplicate key name %q", k.Name)
@@ -101,7 +133,7 @@ func validate(cfg *Config) (writer.Config, error) {
 			immRow += int64(k.RowBytes)
 		}
 	}
-	if pb := int64(cfg.StagingCapacityTokens) * immRow; pb > MaxPageBytes {
+	if !mulLE(int64(cfg.StagingCapacityTokens), immRow, MaxPageBytes) {
 		return bad("StagingCapacityTokens×Σ RowBytes = %d×%d bytes a page exceeds %d", cfg.StagingCapacityTokens, immRow, int64(MaxPageBytes))
 	}
 	dev := cfg.Device

@@ -55,6 +55,12 @@ const (
 	DefaultPublishBatch  = 64   // blocks per pipelined store
 	DefaultImporters     = 2
 	DefaultPublishers    = 2
+
+	// Limits New enforces on a TierConfig (ErrConfig names the field).
+	MaxImportTimeout = time.Hour // ImportTimeout; also at most WaitTimeout/4
+	MaxPublishQueue  = 1 << 20   // PublishQueue, in blocks
+	MaxPublishBatch  = 1 << 16   // PublishBatch, in blocks
+	MaxTierWorkers   = 256       // Importers, Publishers
 )
 
 // TierConfig attaches a shared tier to a cache.
@@ -179,9 +185,20 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 	if c.Publishers == 0 {
 		c.Publishers = DefaultPublishers
 	}
-	if c.ImportTimeout < 0 || c.PublishQueue < 0 || c.PublishBatch < 0 || c.Importers < 0 || c.Importers > 256 || c.Publishers < 0 || c.Publishers > 256 {
-		return bad("negative ImportTimeout, PublishQueue or PublishBatch, or Importers or Publishers outside [0,256]")
+	switch {
+	case c.ImportTimeout < 0 || c.ImportTimeout > MaxImportTimeout:
+		return bad("ImportTimeout %v not in [0, %v]", c.ImportTimeout, MaxImportTimeout)
+	case c.PublishQueue < 0 || c.PublishQueue > MaxPublishQueue:
+		return bad("PublishQueue %d not in [0, %d]", c.PublishQueue, MaxPublishQueue)
+	case c.PublishBatch < 0 || c.PublishBatch > MaxPublishBatch:
+		return bad("PublishBatch %d not in [0, %d]", c.PublishBatch, MaxPublishBatch)
+	case c.Importers < 0 || c.Importers > MaxTierWorkers:
+		return bad("Importers %d not in [0, %d]", c.Importers, MaxTierWorkers)
+	case c.Publishers < 0 || c.Publishers > MaxTierWorkers:
+		return bad("Publishers %d not in [0, %d]", c.Publishers, MaxTierWorkers)
 	}
+	// ImportTimeout ≤ MaxImportTimeout: 4× (and the import waits' 1.5× and
+	// 2×) cannot wrap.
 	if cfg.WaitTimeout >= 0 && 4*c.ImportTimeout > cfg.WaitTimeout {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}

@@ -85,9 +85,9 @@ func TestBounds(t *testing.T) {
 		}},
 		{"slots overflow int32", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1<<30, 4 }},
 		// Products that wrap int64 itself: each passed a multiplied check.
-		{"slots wrap int64", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = math.MaxInt, 1 << 20 }},
+		{"slots wrap int64", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = math.MaxInt, 1<<20 }},
 		{"block size MaxInt", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, math.MaxInt }},
-		{"block size over MaxBlockSize", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, omnicache.MaxBlockSize + 1 }},
+		{"block size over MaxBlockSize", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, omnicache.MaxBlockSize+1 }},
 		{"page bytes wrap int64", "StagingCapacityTokens", func(c *omnicache.Config) {
 			c.StagingCapacityTokens = 1 << 31 / 2
 			c.Keys = []omnicache.Key{{Name: "a", RowBytes: 1 << 30}, {Name: "b", RowBytes: 1 << 30}, {Name: "c", RowBytes: 1 << 30}, {Name: "d", RowBytes: 1 << 30}}

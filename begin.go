@@ -88,11 +88,12 @@ func (c *Cache) Begin(p *Plan) error {
 		return err
 	}
 	// Apply. Validation and the request table are the engine's own memory;
-	// only a Begin that writes out the decode buffer, finishes requests or
-	// plans hits reaches the write path, and only it registers as a call
-	// in flight (Close frees nothing under it). A buffered decode step
-	// stays off the gate's atomics.
-	if (!pure && c.path.Buffered() > 0) || len(p.Finished) > 0 || len(p.HitBlocks) > 0 {
+	// a Begin that may write out the decode buffer, finish requests or plan
+	// hits reaches the write path, and registers as a call in flight first
+	// (Close frees nothing under it). Only a decode step over the previous
+	// step's batch (pure and same: it plans no hit and cannot flush) stays
+	// off the gate's atomics: it reads nothing Close releases.
+	if !(pure && same) || len(p.Finished) > 0 || len(p.HitBlocks) > 0 {
 		if err := c.enter(); err != nil {
 			return err
 		}

@@ -407,7 +407,9 @@ func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
 	for _, w := range rel {
 		p.release(w, false)
 	}
-	p.buf = DecodeBuf{}
+	// p.buf is left as it is (its write released above): a Begin racing
+	// Close may still read it before it fails with the cache closed, and
+	// nothing uses it after Close.
 	for _, m := range p.spare.Close() {
 		p.dev.FreeHost(m)
 	}

@@ -70,11 +70,14 @@ func (e *engine) mark(h soa.Handle, gen uint64) (was uint64) {
 // Begin registers a step plan: it validates the whole plan, then writes
 // out the decode buffer unless this step continues it, processes finished
 // requests, registers arrivals and maps the batch to slots. A plan that
-// fails validation changes nothing. Engine goroutine only; the plan is
-// borrowed for the call.
+// fails validation (a nil plan is ErrPlan) changes nothing. Engine
+// goroutine only; the plan is borrowed for the call.
 func (c *Cache) Begin(p *Plan) error {
 	if err := c.check(); err != nil {
 		return err
+	}
+	if p == nil {
+		return fmt.Errorf("%w: nil plan", ErrPlan)
 	}
 	e := &c.eng
 	if e.begun {

@@ -122,7 +122,7 @@ func (c *Cache) leave() {
 //
 // A Save that fails with any error but ErrWriteFailed saves nothing and
 // undoes its Begin (finished requests stay dropped): Begin the step again.
-// Engine goroutine only; the outputs are borrowed for the call (owned
+// Nil outputs are ErrOutputs. Engine goroutine only; the outputs are borrowed for the call (owned
 // tensors are kept, see Config.ReleaseHost for a failed Save).
 func (c *Cache) Save(o *Outputs) (StepID, error) {
 	if err := c.enter(); err != nil {
@@ -194,6 +194,9 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 
 // checkOutputs validates the outputs against the begun step.
 func (c *Cache) checkOutputs(o *Outputs) error {
+	if o == nil {
+		return fmt.Errorf("%w: nil outputs", ErrOutputs)
+	}
 	n := c.eng.ntok
 	if o.Tokens != n {
 		return fmt.Errorf("%w: outputs carry %d tokens, the plan scheduled %d", ErrTokenCount, o.Tokens, n)
@@ -273,11 +276,15 @@ func (c *Cache) Discard(id StepID) error {
 // caller's goroutine. After a sticky write failure it consumes the step
 // (releasing its page and pins) and returns the failure. Any goroutine,
 // concurrently with Close too (it then completes or fails with ErrClosed).
+// A nil dst is ErrOutputs and leaves the step unconsumed.
 func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if err := c.enter(); err != nil {
 		return err
 	}
 	defer c.leave()
+	if dst == nil {
+		return fmt.Errorf("%w: nil Result (the step stays unconsumed)", ErrOutputs)
+	}
 	rec, err := c.take(id, reqs)
 	if err != nil {
 		return err

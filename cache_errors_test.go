@@ -511,3 +511,35 @@ func TestBlockIDsLongStep(t *testing.T) {
 	h.mat(h.step(long)) // the failed Begins registered nothing
 	usable(h)
 }
+
+// Nil arguments are typed errors that change nothing: Begin(nil) is
+// ErrPlan, Save(nil) ErrOutputs (undoing its Begin as any refused Save),
+// Materialize into a nil Result ErrOutputs with the step still unconsumed
+// (its staging page held: with one page, materializing it afterwards is
+// what lets the next Save through). None panics.
+func TestNilArguments(t *testing.T) {
+	cfg := testConfig()
+	cfg.StagingDepth = 1
+	cfg.StagingClaimTimeout = omnicache.NoWait
+	h := newHarness(t, cfg)
+	before := h.c.Stats()
+	require.ErrorIs(t, guard(t, "Begin(nil)", func() error { return h.c.Begin(nil) }), omnicache.ErrPlan)
+	require.Equal(t, before, h.c.Stats(), "Begin(nil) changed the cache")
+
+	const a, b = 1, 2
+	h.assign(a, 1)
+	h.begin(step{Sched: []S{{a, 0, 3}}, Arrive: []A{{ID: a}}})
+	err := guard(t, "Save(nil)", func() error { _, err := h.c.Save(nil); return err })
+	require.ErrorIs(t, err, omnicache.ErrOutputs)
+	require.ErrorIs(t, h.c.Begin(nil), omnicache.ErrPlan)
+	h.begin(step{Sched: []S{{a, 0, 3}}}) // the refused Save undid its Begin (a stays live)
+	sid := h.save()
+	err = guard(t, "Materialize(nil Result)", func() error { return h.c.Materialize(sid, nil, nil) })
+	require.ErrorIs(t, err, omnicache.ErrOutputs)
+	h.mat(sid) // still unconsumed: its rows are all there
+	require.NoError(t, h.c.Sync()) // its page is back once its write landed
+	h.assign(b, 2)
+	h.mat(h.step(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})) // the page came back
+	require.NoError(t, h.c.Sync())
+	usable(h)
+}

@@ -536,7 +536,7 @@ func TestNilArguments(t *testing.T) {
 	sid := h.save()
 	err = guard(t, "Materialize(nil Result)", func() error { return h.c.Materialize(sid, nil, nil) })
 	require.ErrorIs(t, err, omnicache.ErrOutputs)
-	h.mat(sid) // still unconsumed: its rows are all there
+	h.mat(sid)                     // still unconsumed: its rows are all there
 	require.NoError(t, h.c.Sync()) // its page is back once its write landed
 	h.assign(b, 2)
 	h.mat(h.step(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})) // the page came back

@@ -1,6 +1,7 @@
 package omnicache_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -261,7 +262,7 @@ func TestTierEvictedBetweenLookupAndImport(t *testing.T) {
 			if _, err := tstep(t, c, table, []treq{{id: 50, seq: 99, row: 0, start: 0, count: 12, arrive: true}}, nil); err != nil {
 				t.Fatal(err)
 			}
-			e.Delete(tr.Addr(thash(7, 1), 0))
+			e.Delete(context.Background(), []string{tr.Addr(thash(7, 1), 0)})
 			res, err := tstep(t, c, table, []treq{
 				{id: 9, seq: 7, row: 1, start: 12, count: 2, arrive: true, hitBlocks: []int32{10, 3, 0}, tierBlocks: 3},
 				{id: 20, seq: 20, row: 2, start: 0, count: 3, arrive: true},

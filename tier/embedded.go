@@ -688,13 +688,17 @@ func (e *Embedded) slabBytes() (held, limit int64) {
 	return e.held, e.limit
 }
 
-// Delete drops keys as an eviction would (what a server under memory
-// pressure does to a value between a Lookup and its fetch).
-func (e *Embedded) Delete(keys ...string) {
+// Delete implements Deleter: it drops keys as an eviction would (counted
+// in Usage's evicted).
+func (e *Embedded) Delete(_ context.Context, keys []string) []error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return
+		errs := make([]error, len(keys))
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
 	}
 	for _, k := range keys {
 		if x := e.find(e.hash(k), k); x >= 0 {
@@ -702,4 +706,5 @@ func (e *Embedded) Delete(keys ...string) {
 			e.evicts++
 		}
 	}
+	return make([]error, len(keys))
 }

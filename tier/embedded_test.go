@@ -160,7 +160,7 @@ func TestEmbeddedModel(t *testing.T) {
 					}
 				default:
 					k := key()
-					e.Delete(k)
+					e.Delete(context.Background(), []string{k})
 					delete(last, k)
 					if _, ok := ref.vals[k]; ok {
 						ref.drop(k)
@@ -283,7 +283,7 @@ func TestEmbeddedChunksOffHeap(t *testing.T) {
 	// Empty the store: the frames' pages are released (they read zeros),
 	// the frames kept; the value's own mapping is unmapped.
 	for _, k := range append(keys, "big") {
-		e.Delete(k)
+		e.Delete(context.Background(), []string{k})
 	}
 	e.mu.Lock()
 	e.releaseEmpty()
@@ -448,7 +448,7 @@ func TestEmbeddedConcurrent(t *testing.T) {
 					}
 				default:
 					if rng.IntN(8) == 0 {
-						e.Delete(k)
+						e.Delete(context.Background(), []string{k})
 					} else {
 						e.Exists(ctx, []string{k})
 					}
@@ -510,7 +510,7 @@ func TestEmbeddedGetOutsideLock(t *testing.T) {
 	if errs := e.Set(ctx, []string{"k"}, [][]byte{val('B')}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	e.Delete("k")
+	e.Delete(context.Background(), []string{"k"})
 	for i := range 12 {
 		e.Set(ctx, []string{fmt.Sprintf("f%d", i)}, [][]byte{val(byte('a' + i))})
 	}
@@ -570,7 +570,7 @@ func TestEmbeddedLookup(t *testing.T) {
 					if _, err := tr.Put(ctx, []Block{block(tc.ns, h)}); err != nil {
 						t.Fatal(err)
 					}
-					e.Delete(tr.addrs([]uint64{h})[rng.IntN(2)])
+					e.Delete(context.Background(), []string{tr.addrs([]uint64{h})[rng.IntN(2)]})
 				default:
 					if _, err := tr.Put(ctx, []Block{block(tc.ns, h)}); err != nil {
 						t.Fatal(err)

@@ -124,6 +124,22 @@ func (r *Redis) closedErrs(n int) []error {
 	return errs
 }
 
+// Delete implements Deleter: one pipelined DEL per key.
+func (r *Redis) Delete(ctx context.Context, keys []string) []error {
+	if r.closed.Load() {
+		return r.closedErrs(len(keys))
+	}
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Del().Key(k).Build()
+	}
+	errs := make([]error, len(keys))
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		errs[i] = classify("del "+keys[i], res.Error())
+	}
+	return errs
+}
+
 // Get implements Backend: one pipelined GET per key.
 func (r *Redis) Get(ctx context.Context, keys []string) ([][]byte, []error) {
 	vals := make([][]byte, len(keys))

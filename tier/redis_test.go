@@ -133,7 +133,7 @@ func TestRedisCorruptIsMiss(t *testing.T) {
 	raw := tr.Backend().(*Redis).Client()
 	// Block 0: one row byte overwritten through a raw client. Block 1: a
 	// truncated value. Block 2: block 3's value copied under its address.
-	off := strconv.Itoa(headerBytes + len("hidden") + 3)
+	off := strconv.Itoa(headerBytes + len(tr.Addr(hs[0], 0)) + 3)
 	cmds := []string{"SETRANGE " + tr.Addr(hs[0], 0) + " " + off + " Z", "SET " + tr.Addr(hs[1], 1) + " short"}
 	for _, c := range cmds {
 		if err := raw.Do(ctx, raw.B().Arbitrary(strings.Fields(c)...).Build()).Error(); err != nil {
@@ -157,6 +157,38 @@ func TestRedisCorruptIsMiss(t *testing.T) {
 			t.Fatalf("block %d: %v, want ErrCorrupt", j, errs[j])
 		}
 	}
+	// The rejected values were deleted: Lookup stops at block 0 now, and
+	// block 3 is still held.
+	if st := tr.Stats(); st.CorruptDeleted != 3 {
+		t.Fatalf("stats %+v: want 3 corrupt values deleted", st)
+	}
+	if n, err := tr.Lookup(ctx, hs); n != 0 || err != nil {
+		t.Fatalf("Lookup after the corrupt values were read: %d, %v; want 0", n, err)
+	}
+	if n, err := tr.Lookup(ctx, hs[3:]); n != 1 || err != nil {
+		t.Fatalf("Lookup of the intact block: %d, %v; want 1", n, err)
+	}
+}
+
+// TestRedisCrossNamespaceCopy copies every value of one model's blocks
+// under another model's addresses (same block hashes, key names, row
+// bytes and block size) through a raw client: the second model's tier
+// serves none of them and deletes them.
+func TestRedisCrossNamespaceCopy(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{})
+	a := redisTier(t, RedisOptions{Addrs: []string{s.Addr}})
+	nsB := testNS
+	nsB.Model = "other-model"
+	bb, err := NewRedis(RedisOptions{Addrs: []string{s.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(bb, nsB, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	crossCopy(t, a, b, a.Backend(), 8)
 }
 
 func TestRedisClusterRoundTrip(t *testing.T) {

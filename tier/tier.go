@@ -9,8 +9,9 @@
 //
 //	oc:{<model>/<layout>/b<block size>/<hash>}:<key name>
 //
-// where model is the namespace's model id, layout a fingerprint of the key
-// layout (every key's name and row bytes, in order), hash the engine's
+// where model is the namespace's model id (no braces), layout a
+// fingerprint of the key layout (SHA-256 of every key's name and row
+// bytes, in order, 16 hex digits), hash the engine's
 // chained block hash (16 hex digits; it already covers the whole prefix and
 // its multimodal inputs) and key name the key. The braces are a Redis
 // Cluster hash tag: every key of one block lives on one node, so losing a
@@ -18,11 +19,15 @@
 //
 // # Values
 //
-// A value carries a header (format version, key name, row bytes, block size,
-// the block hash), the block's rows and a crc32c checksum (value.go). A
-// value that fails any check is a miss (ErrCorrupt, which matches ErrMiss)
-// and is never served; so is a value the backend evicted or lost with a
-// node (ErrUnavailable, which matches ErrMiss too).
+// A value carries a header (format version, row bytes, block size, the
+// block hash and the value's own address), the block's rows and a seal: a
+// crc32c checksum, or with Options.Secret a keyed MAC (value.go). A value
+// read from any address but its own (copied under another model's
+// namespace, say), or that fails any other check, is a miss (ErrCorrupt,
+// which matches ErrMiss) and is never served; the tier deletes it from a
+// backend that can (Deleter), so the next Lookup misses it too. So is a
+// value the backend evicted or lost with a node (ErrUnavailable, which
+// matches ErrMiss too).
 //
 // # Backends
 //
@@ -38,9 +43,11 @@ package tier
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +126,15 @@ type Backend interface {
 	String() string
 }
 
+// Deleter is a Backend that can remove values by address (both backends
+// here can). The tier deletes a value that failed its checks through it,
+// so that Lookup stops reporting the block.
+type Deleter interface {
+	// Delete removes keys; errs[i] where it failed. A key not held is no
+	// error.
+	Delete(ctx context.Context, keys []string) (errs []error)
+}
+
 // Options configures a Tier.
 type Options struct {
 	// Timeout bounds one batch (Put, Get, Lookup) on the backend; 0:
@@ -129,16 +145,31 @@ type Options struct {
 	// DefaultRecentWindow, negative: never (every block is stored). At
 	// most MaxRecentWindow.
 	RecentWindow time.Duration
+	// Secret, when set (at least MinSecretBytes), seals every value with a
+	// keyed MAC (HMAC-SHA256, 16 bytes) instead of a crc32c checksum: a
+	// value not written by a tier holding the same secret fails its check.
+	// Set it where others can write to the store; every replica sharing
+	// values needs the same secret (a value sealed one way is corrupt to a
+	// tier set the other way). BenchmarkSeal shows its cost per block.
+	Secret []byte
 }
 
 // DefaultTimeout bounds a batch when Options.Timeout is zero.
 const DefaultTimeout = 2 * time.Second
+
+// Limits New enforces.
+const (
+	MaxBlockSize  = 1 << 20 // Namespace.BlockSize
+	MaxNameBytes  = 4096    // Namespace.Model and each Key.Name
+	MaxValueBytes = 1 << 31 // one block's rows of one key (BlockSize × RowBytes)
+)
 
 // Stats are a tier's cumulative counters.
 type Stats struct {
 	Puts, PutErrors             int64 // values stored / that failed to store
 	BytesPut                    int64 // value bytes stored
 	Hits, Misses, Corrupt, Errs int64 // values read: served / absent / failed checks / backend errors
+	CorruptDeleted              int64 // values that failed their checks and were deleted from the backend
 	BytesGot                    int64 // row bytes served
 	Lookups, LookupBlocks       int64 // Lookup calls / leading blocks they found
 }
@@ -150,6 +181,7 @@ type Tier struct {
 	prefix  string   // "oc:{model/layout/bN/"
 	tmpl    []string // per key: its addresses, hash digits zero (prefix, 16 digits, "}:", name)
 	timeout time.Duration
+	seal    *sealer
 
 	pools []valuePool // per key: NewValue's buffers, back from PutValues
 
@@ -163,6 +195,7 @@ type Tier struct {
 	puts, putErrs, bytesPut               atomic.Int64
 	_                                     [128]byte
 	hits, misses, corrupt, errs, bytesGot atomic.Int64
+	corruptDeleted                        atomic.Int64
 	_                                     [128]byte
 	lookups, lookupBlocks                 atomic.Int64
 	_                                     [128]byte
@@ -206,17 +239,33 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	if b == nil {
 		return nil, fmt.Errorf("%w: no backend", ErrConfig)
 	}
-	if ns.BlockSize <= 0 || len(ns.Keys) == 0 {
+	if ns.BlockSize <= 0 || len(ns.Keys) == 0 || ns.BlockSize > MaxBlockSize {
 		return nil, fmt.Errorf("%w: namespace of block size %d and %d keys", ErrConfig, ns.BlockSize, len(ns.Keys))
 	}
-	h := fnv.New64a()
+	// No braces in the model: the address's braces are the Redis Cluster
+	// hash tag, and with none inside them an address names exactly one
+	// (model, layout, block size, hash, key).
+	if len(ns.Model) > MaxNameBytes || strings.ContainsAny(ns.Model, "{}") {
+		return nil, fmt.Errorf("%w: model %q (braces, or over %d bytes)", ErrConfig, ns.Model, MaxNameBytes)
+	}
+	h := sha256.New()
 	seen := map[string]bool{}
 	for _, k := range ns.Keys {
-		if k.Name == "" || k.RowBytes <= 0 || len(k.Name) > 1<<15 || seen[k.Name] {
-			return nil, fmt.Errorf("%w: key %q of %d row bytes (empty, duplicate, or no rows)", ErrConfig, k.Name, k.RowBytes)
+		if k.Name == "" || k.RowBytes <= 0 || len(k.Name) > MaxNameBytes || seen[k.Name] ||
+			int64(k.RowBytes)*int64(ns.BlockSize) > MaxValueBytes {
+			return nil, fmt.Errorf("%w: key %q of %d row bytes (empty, duplicate, over %d bytes of name, no rows, or a block over %d bytes)",
+				ErrConfig, k.Name, k.RowBytes, MaxNameBytes, int64(MaxValueBytes))
 		}
 		seen[k.Name] = true
-		fmt.Fprintf(h, "%s\x00%d\x00", k.Name, k.RowBytes)
+		var n [12]byte
+		binary.LittleEndian.PutUint32(n[:], uint32(len(k.Name)))
+		binary.LittleEndian.PutUint64(n[4:], uint64(k.RowBytes))
+		h.Write(n[:4])
+		h.Write([]byte(k.Name))
+		h.Write(n[4:])
+	}
+	if len(opt.Secret) > 0 && len(opt.Secret) < MinSecretBytes {
+		return nil, fmt.Errorf("%w: a secret of %d bytes, at least %d", ErrConfig, len(opt.Secret), MinSecretBytes)
 	}
 	if opt.Timeout == 0 {
 		opt.Timeout = DefaultTimeout
@@ -232,16 +281,16 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	}
 	ns.Keys = append([]Key(nil), ns.Keys...)
 	t := &Tier{
-		b: b, ns: ns, timeout: opt.Timeout,
-		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, h.Sum64(), ns.BlockSize),
+		b: b, ns: ns, timeout: opt.Timeout, seal: newSealer(opt.Secret),
+		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, binary.BigEndian.Uint64(h.Sum(nil)), ns.BlockSize),
 		pools:  make([]valuePool, len(ns.Keys)),
 		recent: newRecent(opt.RecentWindow),
 	}
-	for k := range t.pools {
-		t.pools[k].max = max(16, poolBytes/t.ValueBytes(k))
-	}
 	for _, key := range ns.Keys {
 		t.tmpl = append(t.tmpl, t.prefix+"0000000000000000}:"+key.Name)
+	}
+	for k := range t.pools {
+		t.pools[k].max = max(16, poolBytes/t.ValueBytes(k))
 	}
 	return t, nil
 }
@@ -312,7 +361,7 @@ func (t *Tier) BlockBytes(k int) int { return t.ns.BlockSize * t.ns.Keys[k].RowB
 
 // ValueBytes is the encoded size of one block's value of key k.
 func (t *Tier) ValueBytes(k int) int {
-	return valueSize(t.ns.Keys[k].Name, t.ns.BlockSize, t.ns.Keys[k].RowBytes)
+	return t.seal.valueSize(t.addrLen(k), t.ns.BlockSize, t.ns.Keys[k].RowBytes)
 }
 
 // Block is one full block to store: its chained hash and, per key
@@ -344,7 +393,7 @@ func (t *Tier) Put(ctx context.Context, blocks []Block) (int64, error) {
 		hashes = append(hashes, b.Hash)
 		for k, r := range b.Rows {
 			key := t.ns.Keys[k]
-			vals = append(vals, encode(make([]byte, 0, t.ValueBytes(k)), key.Name, b.Hash, t.ns.BlockSize, key.RowBytes, r))
+			vals = append(vals, t.seal.encode(make([]byte, 0, t.ValueBytes(k)), t.Addr(b.Hash, k), b.Hash, t.ns.BlockSize, key.RowBytes, r))
 		}
 	}
 	return t.put(ctx, hashes, vals)
@@ -358,7 +407,8 @@ func (t *Tier) Put(ctx context.Context, blocks []Block) (int64, error) {
 func (t *Tier) NewValue(hash uint64, k int) (val, rows []byte) {
 	key := t.ns.Keys[k]
 	val = t.pools[k].get(t.ValueBytes(k))
-	h := encodeHeader(val[:0], key.Name, hash, t.ns.BlockSize, key.RowBytes)
+	h := t.seal.encodeHeader(val[:0], t.tmpl[k], hash, t.ns.BlockSize, key.RowBytes)
+	putHex(h[len(h)-len(t.tmpl[k])+len(t.prefix):], hash) // the template's address, this block's hash
 	return val, val[len(h) : len(h)+t.BlockBytes(k)]
 }
 
@@ -388,7 +438,7 @@ func (t *Tier) PutValues(ctx context.Context, hashes []uint64, vals [][]byte) (i
 		if len(v) != t.ValueBytes(i%nk) {
 			return 0, fmt.Errorf("%w: value %d of %d bytes, want %d", ErrConfig, i, len(v), t.ValueBytes(i%nk))
 		}
-		seal(v)
+		t.seal.seal(v)
 	}
 	n, err := t.put(ctx, hashes, vals)
 	if err == nil {
@@ -467,6 +517,7 @@ func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs 
 	vals, berrs := t.b.Get(ctx, keys)
 	rows = make([][]byte, len(keys))
 	errs = make([]error, len(hashes))
+	var bad []string // values that failed their checks
 	for i := range keys {
 		j, k := i/nk, i%nk
 		var err error
@@ -479,10 +530,11 @@ func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs 
 			t.misses.Add(1)
 			err = fmt.Errorf("%w: %s", ErrMiss, keys[i])
 		default:
-			rows[i], err = decode(vals[i], key.Name, hashes[j], t.ns.BlockSize, key.RowBytes)
+			rows[i], err = t.seal.decode(vals[i], keys[i], hashes[j], t.ns.BlockSize, key.RowBytes)
 			if err != nil {
 				t.corrupt.Add(1)
 				err = fmt.Errorf("%s: %w", keys[i], err)
+				bad = append(bad, keys[i])
 				break
 			}
 			t.hits.Add(1)
@@ -497,7 +549,46 @@ func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs 
 			clear(rows[j*nk : (j+1)*nk]) // a block is served whole or not at all
 		}
 	}
+	if len(bad) > 0 {
+		t.deleteCorrupt(ctx, bad)
+	}
 	return rows, errs
+}
+
+// deleteCorrupt removes values that failed their checks, so that Lookup
+// stops counting their blocks and the next import misses at once instead
+// of fetching them again. A value republished between the fetch and the
+// delete is deleted too: one more miss, never a wrong row.
+func (t *Tier) deleteCorrupt(ctx context.Context, keys []string) {
+	d, ok := t.b.(Deleter)
+	if !ok {
+		return
+	}
+	for _, err := range d.Delete(ctx, keys) {
+		if err == nil {
+			t.corruptDeleted.Add(1)
+		}
+	}
+}
+
+// Delete removes every key's value of blocks hashes from the backend
+// (ErrConfig when it cannot delete: not a Deleter). The error joins the
+// failures.
+func (t *Tier) Delete(ctx context.Context, hashes []uint64) error {
+	d, ok := t.b.(Deleter)
+	if !ok {
+		return fmt.Errorf("%w: backend %s cannot delete", ErrConfig, t.b)
+	}
+	keys := t.addrs(hashes)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	var failed []error
+	for i, err := range d.Delete(ctx, keys) {
+		if err != nil && len(failed) < 4 {
+			failed = append(failed, fmt.Errorf("tier: delete %s: %w", keys[i], err))
+		}
+	}
+	return errors.Join(failed...)
 }
 
 // Lookup returns how many leading blocks of hashes the tier holds (every
@@ -543,6 +634,6 @@ func (t *Tier) Stats() Stats {
 	return Stats{
 		Puts: t.puts.Load(), PutErrors: t.putErrs.Load(), BytesPut: t.bytesPut.Load(),
 		Hits: t.hits.Load(), Misses: t.misses.Load(), Corrupt: t.corrupt.Load(), Errs: t.errs.Load(),
-		BytesGot: t.bytesGot.Load(), Lookups: t.lookups.Load(), LookupBlocks: t.lookupBlocks.Load(),
+		BytesGot: t.bytesGot.Load(), CorruptDeleted: t.corruptDeleted.Load(), Lookups: t.lookups.Load(), LookupBlocks: t.lookupBlocks.Load(),
 	}
 }

@@ -68,38 +68,67 @@ func checkServed(tb testing.TB, t *Tier, hashes []uint64, dst [][]byte, errs []e
 }
 
 func TestValueRoundTripAndChecks(t *testing.T) {
-	r := rows(testNS, 7, 0)
-	v := encode(nil, "hidden", 7, 4, 32, r)
-	if len(v) != valueSize("hidden", 4, 32) {
-		t.Fatalf("value of %d bytes, want %d", len(v), valueSize("hidden", 4, 32))
-	}
-	got, err := decode(v, "hidden", 7, 4, 32)
-	if err != nil || !bytes.Equal(got, r) {
-		t.Fatalf("decode: %v", err)
-	}
-	cases := map[string]func() ([]byte, error){
-		"other key":        func() ([]byte, error) { return decode(v, "codes", 7, 4, 32) },
-		"other hash":       func() ([]byte, error) { return decode(v, "hidden", 8, 4, 32) },
-		"other block size": func() ([]byte, error) { return decode(encode(nil, "hidden", 7, 2, 64, r), "hidden", 7, 4, 32) },
-		"other row bytes":  func() ([]byte, error) { return decode(encode(nil, "hidden", 7, 8, 16, r), "hidden", 7, 4, 32) },
-		"truncated":        func() ([]byte, error) { return decode(v[:len(v)-1], "hidden", 7, 4, 32) },
-		"empty":            func() ([]byte, error) { return decode(nil, "hidden", 7, 4, 32) },
-	}
-	for off := 0; off < len(v); off++ {
-		c := append([]byte(nil), v...)
-		c[off] ^= 0x10
-		cases[fmt.Sprintf("bit flip at %d", off)] = func() ([]byte, error) { return decode(c, "hidden", 7, 4, 32) }
-	}
-	ver := encode(nil, "hidden", 7, 4, 32, r)
-	ver[4] = 2 // a future format version, its checksum valid: still refused
-	cases["version 2"] = func() ([]byte, error) { return decode(fixCRC(ver), "hidden", 7, 4, 32) }
-	for name, f := range cases {
-		if got, err := f(); !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrMiss) || got != nil {
-			t.Errorf("%s: got %d bytes, err %v; want ErrCorrupt and ErrMiss", name, len(got), err)
+	const addr = "oc:{m/0000000000000001/b4/0000000000000007}:hidden"
+	for _, sl := range []*sealer{newSealer(nil), newSealer([]byte("0123456789abcdef"))} {
+		r := rows(testNS, 7, 0)
+		v := sl.encode(nil, addr, 7, 4, 32, r)
+		if len(v) != sl.valueSize(len(addr), 4, 32) {
+			t.Fatalf("value of %d bytes, want %d", len(v), sl.valueSize(len(addr), 4, 32))
+		}
+		got, err := sl.decode(v, addr, 7, 4, 32)
+		if err != nil || !bytes.Equal(got, r) {
+			t.Fatalf("decode: %v", err)
+		}
+		other := func(a string) func() ([]byte, error) {
+			return func() ([]byte, error) { return sl.decode(v, a, 7, 4, 32) }
+		}
+		cases := map[string]func() ([]byte, error){
+			"other key":        other("oc:{m/0000000000000001/b4/0000000000000007}:codes1"),
+			"other model":      other("oc:{n/0000000000000001/b4/0000000000000007}:hidden"),
+			"other layout":     other("oc:{m/0000000000000002/b4/0000000000000007}:hidden"),
+			"other block":      other("oc:{m/0000000000000001/b4/0000000000000008}:hidden"),
+			"other hash":       func() ([]byte, error) { return sl.decode(v, addr, 8, 4, 32) },
+			"other block size": func() ([]byte, error) { return sl.decode(sl.encode(nil, addr, 7, 2, 64, r), addr, 7, 4, 32) },
+			"other row bytes":  func() ([]byte, error) { return sl.decode(sl.encode(nil, addr, 7, 8, 16, r), addr, 7, 4, 32) },
+			"truncated":        func() ([]byte, error) { return sl.decode(v[:len(v)-1], addr, 7, 4, 32) },
+			"empty":            func() ([]byte, error) { return sl.decode(nil, addr, 7, 4, 32) },
+			"other secret": func() ([]byte, error) {
+				return sl.decode(newSealer([]byte("fedcba9876543210")).encode(nil, addr, 7, 4, 32, r), addr, 7, 4, 32)
+			},
+			"sealed other kind":  func() ([]byte, error) { return sl.decode(otherKind(sl).encode(nil, addr, 7, 4, 32, r), addr, 7, 4, 32) },
+			"resealed with crc":  func() ([]byte, error) { return sl.decode(fixCRC(append([]byte(nil), v...)), addr, 7, 4, 32) },
+			"same length, other": func() ([]byte, error) { return sl.decode(v, addr[:len(addr)-1]+"x", 7, 4, 32) },
+		}
+		if !sl.keyed() {
+			delete(cases, "other secret")
+			delete(cases, "resealed with crc")
+		}
+		for off := 0; off < len(v); off++ {
+			c := append([]byte(nil), v...)
+			c[off] ^= 0x10
+			cases[fmt.Sprintf("bit flip at %d", off)] = func() ([]byte, error) { return sl.decode(c, addr, 7, 4, 32) }
+		}
+		ver := sl.encode(nil, addr, 7, 4, 32, r)
+		ver[4] = FormatVersion + 1 // a future format version, its seal valid: still refused
+		sl.seal(ver)
+		cases["future version"] = func() ([]byte, error) { return sl.decode(ver, addr, 7, 4, 32) }
+		for name, f := range cases {
+			if got, err := f(); !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrMiss) || got != nil {
+				t.Errorf("keyed %v: %s: got %d bytes, err %v; want ErrCorrupt and ErrMiss", sl.keyed(), name, len(got), err)
+			}
 		}
 	}
 }
 
+// otherKind is a sealer of the other kind than s (crc32c for a keyed one).
+func otherKind(s *sealer) *sealer {
+	if s.keyed() {
+		return newSealer(nil)
+	}
+	return newSealer([]byte("0123456789abcdef"))
+}
+
+// fixCRC reseals v's last 4 bytes with crc32c (what anyone can compute).
 func fixCRC(v []byte) []byte {
 	n := len(v) - crcBytes
 	binary.LittleEndian.PutUint32(v[n:], crc32.Checksum(v[:n], castagnoli))
@@ -218,7 +247,7 @@ func TestEmbeddedCorruptIsMiss(t *testing.T) {
 	// block 1's address (a valid value, for the wrong block).
 	v, _ := e.Get(ctx, []string{tr.Addr(hs[0], 0)})
 	bad := append([]byte(nil), v[0]...)
-	bad[headerBytes+len("hidden")+5] ^= 1
+	bad[headerBytes+len(tr.Addr(hs[0], 0))+5] ^= 1
 	v2, _ := e.Get(ctx, []string{tr.Addr(hs[2], 1)})
 	e.Set(ctx, []string{tr.Addr(hs[0], 0), tr.Addr(hs[1], 1)}, [][]byte{bad, v2[0]})
 	dst := dstFor(tr, 3)
@@ -236,6 +265,149 @@ func TestEmbeddedCorruptIsMiss(t *testing.T) {
 	}
 }
 
+// crossCopy puts n blocks through tier a, copies every value under tier
+// b's addresses of the same block hashes through the raw backend (what a
+// misconfigured or hostile writer does), and checks that b serves none of
+// them, reports them corrupt and deleted, and that its Lookup then misses.
+func crossCopy(t *testing.T, a, b *Tier, raw Backend, n int) {
+	t.Helper()
+	ctx := context.Background()
+	hs := hashes(100, n)
+	var blocks []Block
+	for _, h := range hs {
+		blocks = append(blocks, block(a.Namespace(), h))
+	}
+	if _, err := a.Put(ctx, blocks); err != nil {
+		t.Fatal(err)
+	}
+	from, to := a.addrs(hs), b.addrs(hs)
+	vals, errs := raw.Get(ctx, from)
+	for i, err := range errs {
+		if err != nil || vals[i] == nil {
+			t.Fatalf("raw get %s: %v", from[i], err)
+		}
+	}
+	for i, err := range raw.Set(ctx, to, vals) {
+		if err != nil {
+			t.Fatalf("raw set %s: %v", to[i], err)
+		}
+	}
+	if got, err := b.Lookup(ctx, hs); got != n || err != nil {
+		t.Fatalf("Lookup before the fetch: %d, %v; want %d (presence only)", got, err, n)
+	}
+	dst := dstFor(b, n)
+	for j, err := range b.Get(ctx, hs, dst) {
+		if !errors.Is(err, ErrCorrupt) || !errors.Is(err, ErrMiss) {
+			t.Fatalf("block %d copied from model %q: %v, want ErrCorrupt", j, a.Namespace().Model, err)
+		}
+	}
+	st, nv := b.Stats(), int64(n*len(b.ns.Keys))
+	if st.Hits != 0 || st.Corrupt != nv || st.CorruptDeleted != nv {
+		t.Fatalf("stats %+v: want 0 served, %d values corrupt, every one deleted", st, nv)
+	}
+	if got, err := b.Lookup(ctx, hs); got != 0 || err != nil {
+		t.Fatalf("Lookup after the fetch: %d, %v; want 0", got, err)
+	}
+	// a's own values are untouched.
+	dst = dstFor(a, n)
+	errs = a.Get(ctx, hs, dst)
+	if served := checkServed(t, a, hs, dst, errs); served != n {
+		t.Fatalf("tier a serves %d of its %d blocks", served, n)
+	}
+}
+
+// A value copied under another namespace's address (another model, or the
+// same model with another key layout that shares the key) is corrupt there.
+func TestCrossNamespaceCopyIsCorrupt(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ns   Namespace
+	}{
+		{"other model", Namespace{Model: "other-model", BlockSize: testNS.BlockSize, Keys: testNS.Keys}},
+		{"other layout", Namespace{Model: testNS.Model, BlockSize: testNS.BlockSize, Keys: []Key{{"hidden", 32}, {"codes", 8}, {"extra", 8}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := NewEmbedded(0)
+			a := newTier(t, e)
+			b, err := New(e, tc.ns, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "other layout" {
+				// Only the shared key can be copied: give b's third key
+				// a's second key's value too, so every key is "present".
+				b.ns.Keys = b.ns.Keys[:2]
+				b.tmpl = b.tmpl[:2]
+			}
+			crossCopy(t, a, b, e, 6)
+		})
+	}
+}
+
+// With a secret, a value written by anyone without it is corrupt, even at
+// its exact address with a valid crc32c; tiers sharing the secret share
+// values.
+func TestSecretSealsValues(t *testing.T) {
+	ctx := context.Background()
+	e, _ := NewEmbedded(0)
+	secret := []byte("a shared secret, 32 bytes long!!")
+	a, err := New(e, testNS, Options{Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := New(e, testNS, Options{Secret: secret})
+	open, _ := New(e, testNS, Options{})
+	wrong, _ := New(e, testNS, Options{Secret: []byte("another secret of 32 bytes long!")})
+	hs := hashes(0, 4)
+	if _, err := a.Put(ctx, []Block{block(testNS, hs[0]), block(testNS, hs[1])}); err != nil {
+		t.Fatal(err)
+	}
+	dst := dstFor(b, 2)
+	errs := b.Get(ctx, hs[:2], dst)
+	if served := checkServed(t, b, hs[:2], dst, errs); served != 2 {
+		t.Fatalf("a tier with the same secret serves %d of 2 blocks: %v", served, errs)
+	}
+	// A writer without the secret stores blocks 2 and 3 at their exact
+	// addresses; the keyed tiers refuse them.
+	if _, err := open.Put(ctx, []Block{block(testNS, hs[2]), block(testNS, hs[3])}); err != nil {
+		t.Fatal(err)
+	}
+	for j, err := range a.Get(ctx, hs[2:], dstFor(a, 2)) {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("block %d written without the secret: %v, want ErrCorrupt", j+2, err)
+		}
+	}
+	if _, err := wrong.Put(ctx, []Block{block(testNS, hs[0])}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Get(ctx, hs[:1], dstFor(b, 1))[0]; !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a block written under another secret: %v, want ErrCorrupt", err)
+	}
+	if _, err := New(e, testNS, Options{Secret: []byte("short")}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("a 5-byte secret: %v, want ErrConfig", err)
+	}
+}
+
+// Tier.Delete removes every key of the blocks; Lookup misses them after.
+func TestTierDelete(t *testing.T) {
+	ctx := context.Background()
+	e, _ := NewEmbedded(0)
+	tr := newTier(t, e)
+	hs := hashes(0, 3)
+	if _, err := tr.Put(ctx, []Block{block(testNS, hs[0]), block(testNS, hs[1]), block(testNS, hs[2])}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Delete(ctx, hs[1:2]); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := tr.Lookup(ctx, hs); n != 1 {
+		t.Fatalf("Lookup after deleting block 1: %d, want 1", n)
+	}
+	if n, _ := tr.Lookup(ctx, hs[2:]); n != 1 {
+		t.Fatalf("block 2 was deleted too")
+	}
+}
+
 func TestNewValidates(t *testing.T) {
 	e, _ := NewEmbedded(0)
 	bad := []Namespace{
@@ -244,6 +416,10 @@ func TestNewValidates(t *testing.T) {
 		{Model: "m", BlockSize: 4, Keys: []Key{{"a", 1}, {"a", 2}}},
 		{Model: "m", BlockSize: 4, Keys: []Key{{"", 1}}},
 		{Model: "m", BlockSize: 4, Keys: []Key{{"a", 0}}},
+		{Model: "m{x}", BlockSize: 4, Keys: testNS.Keys},
+		{Model: strings.Repeat("m", MaxNameBytes+1), BlockSize: 4, Keys: testNS.Keys},
+		{Model: "m", BlockSize: MaxBlockSize + 1, Keys: testNS.Keys},
+		{Model: "m", BlockSize: 1 << 20, Keys: []Key{{"a", 1 << 12}}},
 	}
 	for _, ns := range bad {
 		if _, err := New(e, ns, Options{}); !errors.Is(err, ErrConfig) {

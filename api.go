@@ -341,4 +341,9 @@ type Stats struct {
 	// stored now (a gauge).
 	TierPublishPending                                int64
 	TierImported, TierImportFailed, TierBytesImported int64
+	// TierCircuitOpens counts the times a tier call ran out of its time
+	// and opened the tier's circuit (tier.ErrCircuitOpen); TierCircuitOpen
+	// is 1 while it is open (every tier call fails at once; a background
+	// probe closes it at the store's first answer), else 0.
+	TierCircuitOpens, TierCircuitOpen int64
 }

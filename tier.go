@@ -24,7 +24,7 @@ import (
 //     time each). A full queue drops the block and counts it
 //     (Stats.TierPublishDropped): the engine goroutine never waits on the
 //     network.
-//   - Cache.Lookup(hashes): how many leading blocks the tier holds, for the
+//   - Cache.Lookup(ctx, hashes): how many leading blocks the tier holds, for the
 //     scheduler to intersect with what its KV connector can load. It is the
 //     one call that asks the network on its caller's goroutine (bounded by
 //     the tier's timeout); Begin, Save, Discard never do.
@@ -240,17 +240,19 @@ func (tl *tierLink) close() {
 
 // Lookup returns how many leading blocks of hashes the tier holds (every
 // key of each): the scheduler intersects it with what its KV connector can
-// load. It asks the tier over the network, on the caller's goroutine
-// (bounded by the tier's timeout); a tier error is returned with the blocks
-// counted before it. ErrConfig without a tier. Any goroutine.
-func (c *Cache) Lookup(hashes []uint64) (int, error) {
+// load. It asks the tier over the network, on the caller's goroutine,
+// bounded by ctx and the tier's timeout; while the tier's circuit is open
+// (a backend timeout, tier.ErrCircuitOpen) it fails at once. A tier error
+// is returned with the blocks counted before it. ErrConfig without a tier.
+// Any goroutine.
+func (c *Cache) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	if c.tl == nil {
 		return 0, fmt.Errorf("%w: Lookup without a tier (Config.Tier)", ErrConfig)
 	}
 	if c.closed.Load() {
 		return 0, ErrClosed
 	}
-	return c.tl.t.Lookup(context.Background(), hashes)
+	return c.tl.t.Lookup(ctx, hashes)
 }
 
 // ---- validation (Begin, before anything is applied) ----
@@ -342,4 +344,9 @@ func (c *Cache) tierStats(s *Stats) {
 	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = tl.pubErrs.Load(), tl.bytesPub.Load(), tl.pending.Load()
 	s.TierPublishRecent = tl.recent.Load()
 	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
+	ts := tl.t.Stats()
+	s.TierCircuitOpens = ts.CircuitOpens
+	if ts.CircuitOpen {
+		s.TierCircuitOpen = 1
+	}
 }

@@ -182,3 +182,64 @@ func TestTierCloseWithDeadTier(t *testing.T) {
 		t.Fatalf("stats %+v: want every one of the 8 blocks failed or dropped, none pending", st)
 	}
 }
+
+// TestTierHungStoreFailsFast stops a Redis server (SIGSTOP: connections
+// open, no answers). The first import runs out of its time and opens the
+// tier's circuit; every later import and Lookup fails with
+// tier.ErrCircuitOpen instead of waiting out its timeout (the engine's
+// steps go on, the importing requests recompute), never a wrong row. Once
+// the server answers again a probe closes the circuit and imports serve
+// exact rows again.
+func TestTierHungStoreFailsFast(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{})
+	b, err := tier.Open("redis://"+s.Addr, tier.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := tier.New(b, tns(), tier.Options{Timeout: 100 * time.Millisecond, ProbeInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	a := newTierCache(t, tr, nil)
+	c := newTierCache(t, tr, func(tc *omnicache.TierConfig) { tc.ImportTimeout = 100 * time.Millisecond })
+	publishPrompt(t, a, 7)
+	table := make([]int32, 8*tstride)
+	for i := 0; i < 8; i++ {
+		copy(table[i*tstride:], []int32{int32(10 + i), 3, 0, 1})
+	}
+	imp := func(id int64, row int32) (*omnicache.Result, error) {
+		table[int(row)*tstride] = int32(8 + row) // a fresh local block per request
+		return tstep(t, c, table, []treq{{id: id, seq: 7, row: row, start: 4, count: 1, arrive: true,
+			hitBlocks: []int32{int32(8 + row)}, tierBlocks: 1}}, nil)
+	}
+	s.Pause(t)
+	res, err := imp(100, 0)
+	if !errors.Is(err, omnicache.ErrTierMiss) || !errors.Is(res.Err(0), tier.ErrUnavailable) {
+		t.Fatalf("the import that meets the hung server: %v (%v); want ErrTierMiss, ErrUnavailable", err, res.Err(0))
+	}
+	if st := c.Stats(); st.TierCircuitOpens != 1 || st.TierCircuitOpen != 1 {
+		t.Fatalf("stats %+v: want the circuit opened once and open", st)
+	}
+	for i := int64(1); i <= 3; i++ {
+		res, err := imp(100+i, int32(i))
+		if !errors.Is(err, omnicache.ErrTierMiss) || !errors.Is(res.Err(0), tier.ErrCircuitOpen) {
+			t.Fatalf("import %d while the server hangs: %v (%v); want ErrTierMiss, ErrCircuitOpen (no wait)", i, err, res.Err(0))
+		}
+	}
+	if _, err := c.Lookup(context.Background(), []uint64{thash(7, 0)}); !errors.Is(err, tier.ErrCircuitOpen) {
+		t.Fatalf("Lookup while the server hangs: %v; want ErrCircuitOpen", err)
+	}
+	s.Resume(t)
+	for i := 0; c.Stats().TierCircuitOpen != 0; i++ { // bounded: a hang detector, not a speed
+		if i == 10000 {
+			t.Fatal("the circuit stayed open 10s after the server answered again")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	res, err = imp(200, 5)
+	if err != nil {
+		t.Fatalf("import after recovery: %v", err)
+	}
+	checkRows(t, res, 0, 7, 0)
+}

@@ -96,16 +96,29 @@ func (j *importJob) Wait() ([][]byte, []error) {
 	left := j.tl.cfg.ImportTimeout + j.tl.cfg.ImportTimeout/2 - time.Since(j.start)
 	t := time.NewTimer(max(left, 0))
 	defer t.Stop()
+	var cause error
 	select {
 	case <-j.done:
 		return j.rows, append([]error(nil), j.fetch...)
 	case <-t.C:
-		why := make([]error, len(j.blocks))
-		for b := range why {
-			why[b] = fmt.Errorf("%w: the fetch did not finish within %v", tier.ErrUnavailable, j.tl.cfg.ImportTimeout)
+		cause = fmt.Errorf("%w: the fetch did not finish within %v", tier.ErrUnavailable, j.tl.cfg.ImportTimeout)
+	case <-j.tl.t.CircuitOpened():
+		// A tier call ran out of its time: the store hangs, and this fetch
+		// with it. Give up now rather than hold every write queued behind
+		// this import on the committer until the timeout (the requests
+		// recompute the blocks).
+		select {
+		case <-j.done:
+			return j.rows, append([]error(nil), j.fetch...)
+		default:
 		}
-		return nil, why
+		cause = fmt.Errorf("the fetch was still waiting: %w", tier.ErrCircuitOpen)
 	}
+	why := make([]error, len(j.blocks))
+	for b := range why {
+		why[b] = cause
+	}
+	return nil, why
 }
 
 // Applied implements writer.Fetch (on the committer).

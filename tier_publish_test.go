@@ -255,7 +255,7 @@ func TestTierPublishBatches(t *testing.T) {
 	held := 0
 	for seq, n := range map[int64]int{1: 1, 2: 1, 3: 5} {
 		for j := 0; j < n; j++ {
-			h, err := c.Lookup([]uint64{thash(seq, j)})
+			h, err := c.Lookup(context.Background(), []uint64{thash(seq, j)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -311,7 +311,7 @@ func TestTierPublishSkipsRecent(t *testing.T) {
 			}
 			// The tier serves the prompt's blocks exactly to a third cache.
 			d := newTierCache(t, tr, nil)
-			if n, err := d.Lookup([]uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
+			if n, err := d.Lookup(context.Background(), []uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
 				t.Fatalf("Lookup = %d, %v; want 3", n, err)
 			}
 			copy(table, []int32{2, 5, 7, 8})

@@ -198,7 +198,7 @@ func TestTierImportAcrossCaches(t *testing.T) {
 		tc.OnImport = func(e omnicache.ImportEvent) { mu.Lock(); events = append(events, e); mu.Unlock() }
 	})
 	publishPrompt(t, a, 7)
-	if n, err := b.Lookup([]uint64{thash(7, 0), thash(7, 1), thash(7, 2), thash(7, 3)}); err != nil || n != 3 {
+	if n, err := b.Lookup(context.Background(), []uint64{thash(7, 0), thash(7, 1), thash(7, 2), thash(7, 3)}); err != nil || n != 3 {
 		t.Fatalf("Lookup = %d, %v; want 3", n, err)
 	}
 	// Cache b first fills blocks 10, 3 and 0 with another prompt's rows:
@@ -250,7 +250,7 @@ func TestTierEvictedBetweenLookupAndImport(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			if n, err := c.Lookup([]uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
+			if n, err := c.Lookup(context.Background(), []uint64{thash(7, 0), thash(7, 1), thash(7, 2)}); err != nil || n != 3 {
 				t.Fatalf("Lookup = %d, %v", n, err)
 			}
 			// Blocks 10, 3, 0 hold an older tenant's rows; then the tier
@@ -342,7 +342,7 @@ func TestTierPlanValidation(t *testing.T) {
 	if err := plain.Begin(base()); !errors.Is(err, omnicache.ErrConfig) {
 		t.Fatalf("tier blocks without a tier: %v, want ErrConfig", err)
 	}
-	if _, err := plain.Lookup([]uint64{1}); !errors.Is(err, omnicache.ErrConfig) {
+	if _, err := plain.Lookup(context.Background(), []uint64{1}); !errors.Is(err, omnicache.ErrConfig) {
 		t.Fatalf("Lookup without a tier: %v", err)
 	}
 	// Nothing was applied: the same request arrives afresh, without tier

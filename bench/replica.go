@@ -4,6 +4,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -55,7 +56,7 @@ func (r *replica) Load(hashes []uint64) int {
 		return 0
 	}
 	t := time.Now()
-	m, err := r.c.Lookup(hashes[:n])
+	m, err := r.c.Lookup(context.Background(), hashes[:n])
 	r.lookupNs += time.Since(t).Nanoseconds()
 	if err != nil {
 		r.lookupErrs++

@@ -198,6 +198,12 @@ var stats = []metric{
 	{"tier_imported_bytes_total", "TierBytesImported", prometheus.CounterValue,
 		"Row bytes imported from the tier into the mirror.",
 		func(s *omnicache.Stats) float64 { return float64(s.TierBytesImported) }},
+	{"tier_circuit_opens_total", "TierCircuitOpens", prometheus.CounterValue,
+		"Times a tier call ran out of its time and opened the tier's circuit (calls then fail at once).",
+		func(s *omnicache.Stats) float64 { return float64(s.TierCircuitOpens) }},
+	{"tier_circuit_open", "TierCircuitOpen", prometheus.GaugeValue,
+		"1 while the tier's circuit is open (the store timed out and has not answered a probe since), else 0.",
+		func(s *omnicache.Stats) float64 { return float64(s.TierCircuitOpen) }},
 }
 
 // New returns a Collector over src. Register it with a prometheus.Registerer.

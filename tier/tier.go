@@ -47,6 +47,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,6 +153,14 @@ type Options struct {
 	// values needs the same secret (a value sealed one way is corrupt to a
 	// tier set the other way). BenchmarkSeal shows its cost per block.
 	Secret []byte
+	// ProbeInterval is how often, while the circuit is open (a batch ran
+	// out of Timeout: see ErrCircuitOpen), a background probe asks the
+	// backend for one key; the first answer closes the circuit. 0:
+	// DefaultProbeInterval.
+	ProbeInterval time.Duration
+	// Logger receives a line when the circuit opens and when it closes
+	// (nil: slog.Default()).
+	Logger *slog.Logger
 }
 
 // DefaultTimeout bounds a batch when Options.Timeout is zero.
@@ -170,6 +179,8 @@ type Stats struct {
 	BytesPut                    int64 // value bytes stored
 	Hits, Misses, Corrupt, Errs int64 // values read: served / absent / failed checks / backend errors
 	CorruptDeleted              int64 // values that failed their checks and were deleted from the backend
+	CircuitOpens                int64 // times a backend timeout opened the circuit (ErrCircuitOpen)
+	CircuitOpen                 bool  // the circuit is open now: calls fail at once
 	BytesGot                    int64 // row bytes served
 	Lookups, LookupBlocks       int64 // Lookup calls / leading blocks they found
 }
@@ -182,6 +193,7 @@ type Tier struct {
 	tmpl    []string // per key: its addresses, hash digits zero (prefix, 16 digits, "}:", name)
 	timeout time.Duration
 	seal    *sealer
+	brk     *breaker
 
 	pools []valuePool // per key: NewValue's buffers, back from PutValues
 
@@ -264,6 +276,15 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 		h.Write([]byte(k.Name))
 		h.Write(n[4:])
 	}
+	if opt.ProbeInterval == 0 {
+		opt.ProbeInterval = DefaultProbeInterval
+	}
+	if opt.ProbeInterval < 0 || opt.ProbeInterval > time.Minute {
+		return nil, fmt.Errorf("%w: probe interval %v not in (0, 1m]", ErrConfig, opt.ProbeInterval)
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
 	if len(opt.Secret) > 0 && len(opt.Secret) < MinSecretBytes {
 		return nil, fmt.Errorf("%w: a secret of %d bytes, at least %d", ErrConfig, len(opt.Secret), MinSecretBytes)
 	}
@@ -282,6 +303,7 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	ns.Keys = append([]Key(nil), ns.Keys...)
 	t := &Tier{
 		b: b, ns: ns, timeout: opt.Timeout, seal: newSealer(opt.Secret),
+		brk: newBreaker(opt.ProbeInterval, opt.Logger),
 		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, binary.BigEndian.Uint64(h.Sum(nil)), ns.BlockSize),
 		pools:  make([]valuePool, len(ns.Keys)),
 		recent: newRecent(opt.RecentWindow),
@@ -304,8 +326,21 @@ func (t *Tier) Backend() Backend { return t.b }
 // String names the backend.
 func (t *Tier) String() string { return t.b.String() }
 
-// Close closes the backend.
-func (t *Tier) Close() error { return t.b.Close() }
+// Close closes the backend (and ends a circuit probe).
+func (t *Tier) Close() error {
+	t.brk.close()
+	return t.b.Close()
+}
+
+// CircuitOpen reports whether the circuit is open: a batch ran out of its
+// time on the backend and no probe got an answer since, so every call
+// fails at once with ErrCircuitOpen.
+func (t *Tier) CircuitOpen() bool { return t.brk.open.Load() }
+
+// CircuitOpened returns a channel that is closed once the circuit opens
+// (at once while it is open): a caller waiting on a fetch can give up
+// with it.
+func (t *Tier) CircuitOpened() <-chan struct{} { return t.brk.Opened() }
 
 // Addr is the address of block hash's value of key k (Namespace.Keys
 // order).
@@ -449,10 +484,15 @@ func (t *Tier) PutValues(ctx context.Context, hashes []uint64, vals [][]byte) (i
 
 // put stores encoded values, block-major.
 func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, error) {
+	if err := t.brk.check(); err != nil {
+		t.putErrs.Add(int64(len(vals)))
+		return 0, err
+	}
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	errs := t.b.Set(ctx, keys, vals)
+	t.brk.observe(ctx, t, firstErr(errs))
 	var stored int64
 	var failed []error
 	for i, err := range errs {
@@ -511,10 +551,19 @@ func (t *Tier) Get(ctx context.Context, hashes []uint64, dst [][]byte) []error {
 // copies), nil where block j was not served (errs[j] says why).
 func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs []error) {
 	nk := len(t.ns.Keys)
+	if err := t.brk.check(); err != nil {
+		t.errs.Add(int64(len(hashes) * nk))
+		errs = make([]error, len(hashes))
+		for j := range errs {
+			errs[j] = err
+		}
+		return make([][]byte, len(hashes)*nk), errs
+	}
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	vals, berrs := t.b.Get(ctx, keys)
+	t.brk.observe(ctx, t, firstErr(berrs))
 	rows = make([][]byte, len(keys))
 	errs = make([]error, len(hashes))
 	var bad []string // values that failed their checks
@@ -611,10 +660,14 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 		}
 		return n, nil
 	}
+	if err := t.brk.check(); err != nil {
+		return 0, fmt.Errorf("tier: lookup %s: %w", t.Addr(hashes[0], 0), err)
+	}
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
 	held, errs := t.b.Exists(ctx, keys)
+	t.brk.observe(ctx, t, firstErr(errs))
 	for i := range keys {
 		if errs[i] != nil || !held[i] {
 			n := i / nk
@@ -634,6 +687,17 @@ func (t *Tier) Stats() Stats {
 	return Stats{
 		Puts: t.puts.Load(), PutErrors: t.putErrs.Load(), BytesPut: t.bytesPut.Load(),
 		Hits: t.hits.Load(), Misses: t.misses.Load(), Corrupt: t.corrupt.Load(), Errs: t.errs.Load(),
-		BytesGot: t.bytesGot.Load(), CorruptDeleted: t.corruptDeleted.Load(), Lookups: t.lookups.Load(), LookupBlocks: t.lookupBlocks.Load(),
+		BytesGot: t.bytesGot.Load(), CorruptDeleted: t.corruptDeleted.Load(),
+		CircuitOpens: t.brk.opens.Load(), CircuitOpen: t.brk.open.Load(), Lookups: t.lookups.Load(), LookupBlocks: t.lookupBlocks.Load(),
 	}
+}
+
+// firstErr is the first non-nil error of errs.
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -173,6 +174,24 @@ func (s *Server) Kill() {
 	select { // the waiter reaps it; bounded
 	case <-s.exited:
 	case <-time.After(10 * time.Second):
+	}
+}
+
+// Pause stops the server (SIGSTOP) without closing its connections: a
+// hung server, whose clients' requests wait until their deadlines.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("redistest: pause: %v", err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }) // Kill needs it running
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("redistest: resume: %v", err)
 	}
 }
 

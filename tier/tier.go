@@ -303,7 +303,7 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	ns.Keys = append([]Key(nil), ns.Keys...)
 	t := &Tier{
 		b: b, ns: ns, timeout: opt.Timeout, seal: newSealer(opt.Secret),
-		brk: newBreaker(opt.ProbeInterval, opt.Logger),
+		brk:    newBreaker(opt.ProbeInterval, opt.Logger),
 		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, binary.BigEndian.Uint64(h.Sum(nil)), ns.BlockSize),
 		pools:  make([]valuePool, len(ns.Keys)),
 		recent: newRecent(opt.RecentWindow),

@@ -5,26 +5,51 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
 // Open builds a backend from a spec:
 //
 //	embedded                                 the in-process store (DefaultEmbeddedBytes)
-//	redis://[user:password@]HOST:PORT        one Redis node
-//	rediss://[user:password@]HOST:PORT       one Redis node over TLS
-//	redis-cluster://[user:password@]H1:P1,H2:P2,...   a Redis Cluster (seed nodes)
+//	redis://[user:password@]HOST[:PORT][/DB] one Redis node (port 6379 by default, database DB)
+//	rediss://[user:password@]HOST[:PORT][/DB] one Redis node over TLS
+//	redis-cluster://[user:password@]H1[:P1],H2[:P2],...   a Redis Cluster (seed nodes)
 //	redis-clusters://...                     a Redis Cluster over TLS
 //
 // A password with no user ("redis://:secret@h:p") authenticates the default
-// user. base supplies what the spec does not (timeouts, a TLS config).
+// user. base supplies what the spec does not (timeouts, a TLS config). A
+// cluster spec against a server that is not a cluster node is ErrConfig, as
+// is a database number other than 0 on a cluster. On an error the backend
+// is nil.
 func Open(spec string, base RedisOptions) (Backend, error) {
 	if spec == "" || spec == "embedded" {
-		return NewEmbedded(0)
+		e, err := NewEmbedded(0)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
 	}
+	opt, err := parseSpec(spec, base)
+	if err != nil {
+		return nil, err
+	}
+	r, err := NewRedis(opt)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// DefaultRedisPort is the port of a spec's address that names none.
+const DefaultRedisPort = "6379"
+
+// parseSpec turns a redis spec into options. Its errors never echo a
+// password (Redact).
+func parseSpec(spec string, base RedisOptions) (RedisOptions, error) {
 	scheme, rest, ok := strings.Cut(spec, "://")
 	if !ok {
-		return nil, fmt.Errorf("%w: tier spec %q: want embedded, redis://HOST:PORT or redis-cluster://H1:P1,...", ErrConfig, spec)
+		return base, fmt.Errorf("%w: tier spec %q: want embedded, redis://HOST:PORT or redis-cluster://H1:P1,...", ErrConfig, Redact(spec))
 	}
 	opt := base
 	switch scheme {
@@ -32,7 +57,7 @@ func Open(spec string, base RedisOptions) (Backend, error) {
 	case "redis-cluster", "redis-clusters":
 		opt.Cluster = true
 	default:
-		return nil, fmt.Errorf("%w: tier spec %q: unknown scheme %q", ErrConfig, spec, scheme)
+		return base, fmt.Errorf("%w: tier spec %q: unknown scheme %q", ErrConfig, Redact(spec), scheme)
 	}
 	if (scheme == "rediss" || scheme == "redis-clusters") && opt.TLS == nil {
 		opt.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -40,22 +65,69 @@ func Open(spec string, base RedisOptions) (Backend, error) {
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
 		ui, err := url.Parse("x://" + rest[:at] + "@h")
 		if err != nil || ui.User == nil {
-			return nil, fmt.Errorf("%w: tier spec: bad credentials", ErrConfig) // never echo a password
+			return base, fmt.Errorf("%w: tier spec: bad credentials", ErrConfig) // never echo a password
 		}
 		opt.Username = ui.User.Username()
 		opt.Password, _ = ui.User.Password()
 		rest = rest[at+1:]
 	}
-	rest = strings.TrimSuffix(rest, "/")
+	if hosts, db, ok := strings.Cut(rest, "/"); ok {
+		rest = hosts
+		if db != "" {
+			n, err := strconv.Atoi(db)
+			if err != nil || n < 0 || n > 1<<16 {
+				return base, fmt.Errorf("%w: tier spec %s://%s/%s: database %q is not a number", ErrConfig, scheme, rest, db, db)
+			}
+			if n != 0 && opt.Cluster {
+				return base, fmt.Errorf("%w: tier spec %s://%s/%s: a Redis Cluster has database 0 only", ErrConfig, scheme, rest, db)
+			}
+			opt.DB = n
+		}
+	}
 	opt.Addrs = nil
 	for _, a := range strings.Split(rest, ",") {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			return nil, fmt.Errorf("%w: tier spec %s://%s: address %q: %w", ErrConfig, scheme, rest, a, err)
+			// No port: the default one (a bare IPv6 address needs brackets).
+			if a == "" || strings.Count(a, ":") > 1 && !strings.HasPrefix(a, "[") {
+				return base, fmt.Errorf("%w: tier spec %s://%s: address %q: %w", ErrConfig, scheme, rest, a, err)
+			}
+			a = net.JoinHostPort(strings.Trim(a, "[]"), DefaultRedisPort)
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return base, fmt.Errorf("%w: tier spec %s://%s: address %q: %w", ErrConfig, scheme, rest, a, err)
+			}
 		}
 		opt.Addrs = append(opt.Addrs, a)
 	}
 	if !opt.Cluster && len(opt.Addrs) != 1 {
-		return nil, fmt.Errorf("%w: %s:// takes one address, got %d (a cluster is redis-cluster://)", ErrConfig, scheme, len(opt.Addrs))
+		return base, fmt.Errorf("%w: %s:// takes one address, got %d (a cluster is redis-cluster://)", ErrConfig, scheme, len(opt.Addrs))
 	}
-	return NewRedis(opt)
+	return opt, nil
+}
+
+// Redact replaces the password of every "user:password@" in s (a tier
+// spec, or a message quoting one) with "xxxxx", so that specs can be
+// printed and logged.
+func Redact(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "://")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i+3])
+		s = s[i+3:]
+		end := strings.IndexAny(s, " \t\n\"'/")
+		if end < 0 {
+			end = len(s)
+		}
+		auth := s[:end]
+		if at := strings.LastIndex(auth, "@"); at >= 0 {
+			if c := strings.Index(auth[:at], ":"); c >= 0 {
+				b.WriteString(auth[:c+1] + "xxxxx@")
+				s = s[at+1:]
+				continue
+			}
+		}
+	}
 }

@@ -25,6 +25,9 @@ type RedisOptions struct {
 	Username, Password string
 	// TLS, when set, connects with TLS.
 	TLS *tls.Config
+	// DB is the database number of a single node (SELECT; a cluster has 0
+	// only).
+	DB int
 	// DialTimeout bounds a connection attempt (0: 2 s); IOTimeout bounds a
 	// connection's wait for answers (0: 5 s), so a node that stops
 	// answering fails the commands sent to it instead of hanging them.
@@ -62,6 +65,7 @@ func NewRedis(opt RedisOptions) (*Redis, error) {
 		TLSConfig:         opt.TLS,
 		DisableCache:      true, // values are read once per import: no client-side cache
 		ForceSingleClient: !opt.Cluster,
+		SelectDB:          opt.DB,
 		Dialer:            net.Dialer{Timeout: opt.DialTimeout, KeepAlive: time.Second},
 		ConnWriteTimeout:  opt.IOTimeout,
 		ClientName:        "omnicache-tier",
@@ -70,18 +74,46 @@ func NewRedis(opt RedisOptions) (*Redis, error) {
 		// backoff up to the batch's timeout.
 		DisableRetry: true,
 	}
+	if opt.Cluster && opt.DB != 0 {
+		return nil, fmt.Errorf("%w: database %d on a Redis Cluster (database 0 only)", ErrConfig, opt.DB)
+	}
+	if opt.DB < 0 {
+		return nil, fmt.Errorf("%w: database %d", ErrConfig, opt.DB)
+	}
 	c, err := rueidis.NewClient(co)
 	if err != nil {
-		return nil, classify(fmt.Sprintf("connect %v", opt.Addrs), err)
+		return nil, connectError(opt, "connect", err)
 	}
 	r := &Redis{c: c, name: spec(opt)}
 	ctx, cancel := context.WithTimeout(context.Background(), opt.DialTimeout+opt.IOTimeout)
 	defer cancel()
 	if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
 		c.Close()
-		return nil, classify(fmt.Sprintf("ping %v", opt.Addrs), err)
+		return nil, connectError(opt, "ping", err)
+	}
+	if opt.Cluster {
+		// rueidis falls back to a single node when the seed is not a
+		// cluster node: refuse that, the keys would not be spread.
+		info, err := c.Do(ctx, c.B().ClusterInfo().Build()).ToString()
+		if err != nil || !strings.Contains(info, "cluster_state:") {
+			c.Close()
+			if err != nil && strings.Contains(err.Error(), "cluster support disabled") {
+				return nil, fmt.Errorf("%w: %v is not a Redis Cluster node (cluster support disabled); use redis://", ErrConfig, opt.Addrs)
+			}
+			return nil, connectError(opt, "cluster info", err)
+		}
 	}
 	return r, nil
+}
+
+// connectError classifies a failure to connect, with a hint when a TLS
+// handshake timed out (a plain server never answers one).
+func connectError(opt RedisOptions, what string, err error) error {
+	err = classify(fmt.Sprintf("%s %v", what, opt.Addrs), err)
+	if opt.TLS != nil && (isTimeout(err) || strings.Contains(err.Error(), "handshake") || strings.Contains(err.Error(), "first record does not look like a TLS handshake")) {
+		return fmt.Errorf("%w (is the server speaking TLS?)", err)
+	}
+	return err
 }
 
 func spec(opt RedisOptions) string {

@@ -328,3 +328,35 @@ func TestRedisTLS(t *testing.T) {
 		}
 	}
 }
+
+// Open refuses a cluster spec against a server that is not a cluster
+// node, selects a database number, and names TLS when a TLS handshake
+// with a plain server times out.
+func TestRedisOpenChecks(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{})
+	if b, err := Open("redis-cluster://"+s.Addr, RedisOptions{}); b != nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "not a Redis Cluster") {
+		t.Fatalf("a cluster spec against a plain server: %v, %v; want nil, ErrConfig naming it", b, err)
+	}
+	b, err := Open("redis://"+s.Addr+"/3", RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(b, testNS, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if _, err := tr.Put(context.Background(), []Block{block(testNS, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Cli(t, "-n", "3", "dbsize"); n != "2" {
+		t.Fatalf("database 3 holds %q keys, want 2", n)
+	}
+	if n := s.Cli(t, "-n", "0", "dbsize"); n != "0" {
+		t.Fatalf("database 0 holds %q keys, want 0", n)
+	}
+	b, err = Open("rediss://"+s.Addr, RedisOptions{DialTimeout: 300 * time.Millisecond, IOTimeout: 300 * time.Millisecond})
+	if b != nil || err == nil || !strings.Contains(err.Error(), "is the server speaking TLS?") {
+		t.Fatalf("TLS against a plain server: %v, %v; want nil and a hint", b, err)
+	}
+}

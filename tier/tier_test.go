@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testNS is a two-key layout: a hidden state and a narrow optional key.
@@ -447,9 +448,36 @@ func TestNewValidates(t *testing.T) {
 }
 
 func TestOpenSpecs(t *testing.T) {
-	for _, s := range []string{"memcached://h:1", "redis://", "redis://h", "redis://a:1,b:2", "nonsense"} {
-		if _, err := Open(s, RedisOptions{}); !errors.Is(err, ErrConfig) {
+	for _, s := range []string{"memcached://h:1", "redis://", "redis://a:1,b:2", "nonsense",
+		"redis://h:1/x", "redis://h:1/-1", "redis-cluster://h:1/2", "redis://u:secret@h:1/x"} {
+		b, err := Open(s, RedisOptions{})
+		if !errors.Is(err, ErrConfig) {
 			t.Errorf("Open(%q): %v, want ErrConfig", s, err)
+		}
+		if b != nil {
+			t.Errorf("Open(%q) returned a backend with its error", s)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("Open(%q): the error %q shows the password", s, err)
+		}
+	}
+	// A backend that fails to connect is nil, not a typed nil in the
+	// interface (Close on it would panic).
+	if b, err := Open("redis://127.0.0.1:1", RedisOptions{DialTimeout: 200 * time.Millisecond}); b != nil || !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Open of a closed port: %v, %v; want nil, ErrUnavailable", b, err)
+	}
+	for spec, want := range map[string]RedisOptions{
+		"redis://h":                   {Addrs: []string{"h:6379"}},
+		"redis://h/":                  {Addrs: []string{"h:6379"}},
+		"redis://h:7000/0":            {Addrs: []string{"h:7000"}},
+		"redis://u:p@h:7000/3":        {Addrs: []string{"h:7000"}, DB: 3, Username: "u", Password: "p"},
+		"redis://[::1]":               {Addrs: []string{"[::1]:6379"}},
+		"redis-cluster://a,b:7001/0":  {Addrs: []string{"a:6379", "b:7001"}, Cluster: true},
+		"redis-cluster://a:1,b:2,c:3": {Addrs: []string{"a:1", "b:2", "c:3"}, Cluster: true},
+	} {
+		got, err := parseSpec(spec, RedisOptions{})
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("parseSpec(%q) = %+v, %v; want %+v", spec, got, err, want)
 		}
 	}
 	b, err := Open("embedded", RedisOptions{})
@@ -512,5 +540,21 @@ func TestAddrFormat(t *testing.T) {
 	}
 	if !strings.HasPrefix(tr.prefix, "oc:{"+testNS.Model+"/") {
 		t.Fatalf("prefix %q", tr.prefix)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://u:pw@h:1":                     "redis://u:xxxxx@h:1",
+		"redis://:pw@h:1/2":                    "redis://:xxxxx@h:1/2",
+		"redis://h:1":                          "redis://h:1",
+		"redis://u@h:1":                        "redis://u@h:1",
+		"tier redis://u:a@b@h:1 failed":        "tier redis://u:xxxxx@h:1 failed",
+		"a redis://:x@h:1, b rediss://:y@g:2.": "a redis://:xxxxx@h:1, b rediss://:xxxxx@g:2.",
+		"embedded":                             "embedded",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -444,6 +444,9 @@ func TestCheckTrace(t *testing.T) {
 	}{
 		{TraceRecord{InputLength: 99999999999999, OutputLength: 4}, "model length"},
 		{TraceRecord{InputLength: 8, OutputLength: 1e12}, "model length"},
+		// A sum that wraps int64 to a small positive number.
+		{TraceRecord{InputLength: math.MaxInt64, OutputLength: math.MaxInt64/2 + 200}, "model length"},
+		{TraceRecord{InputLength: math.MaxInt64, OutputLength: math.MaxInt64}, "model length"},
 		{TraceRecord{InputLength: 600, OutputLength: 10}, "KV pool"},
 		{TraceRecord{InputLength: 0, OutputLength: 10}, "> 0"},
 		{TraceRecord{InputLength: 10, OutputLength: -1}, "> 0"},

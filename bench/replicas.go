@@ -166,7 +166,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 	bo.defaults()
 	o.BlockSize, o.MaxBatchedTokens = bo.BlockSize, bo.MaxBatchedTokens
 	total := KVPool(spec, bo)
-	rep := &ReplicasReport{Name: spec.Name, Replicas: o.Replicas, Tier: o.Tier, Route: o.Route, KVBlocks: total, Verify: o.Verify}
+	rep := &ReplicasReport{Name: spec.Name, Replicas: o.Replicas, Tier: tier.Redact(o.Tier), Route: o.Route, KVBlocks: total, Verify: o.Verify}
 	keys := slices.Clone(spec.Keys)
 	for i := range keys {
 		if keys[i].Deferred && o.Tier != "off" {
@@ -196,7 +196,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 			b, err = tier.Open(o.Tier, o.Redis)
 		}
 		if err != nil {
-			return rep, fmt.Errorf("tier %s: %w", o.Tier, err)
+			return rep, fmt.Errorf("tier %s: %w", tier.Redact(o.Tier), err)
 		}
 		// A namespace of its own per run: a server kept from an earlier
 		// run must not lend this one hits.

@@ -236,8 +236,9 @@ func CheckTrace(recs []TraceRecord, lim TraceLimits) error {
 			return fmt.Errorf("%w: record %d: input_length %d, output_length %d: both must be > 0",
 				ErrTraceRecord, i+1, r.InputLength, r.OutputLength)
 		}
+		// Each length alone first: their sum could wrap past the check.
 		total := int64(r.InputLength) + int64(r.OutputLength)
-		if total > int64(lim.MaxModelLen) {
+		if r.InputLength > lim.MaxModelLen || r.OutputLength > lim.MaxModelLen || total > int64(lim.MaxModelLen) {
 			return fmt.Errorf("%w: record %d: input_length %d + output_length %d = %d tokens, more than the model length %d",
 				ErrTraceRecord, i+1, r.InputLength, r.OutputLength, total, lim.MaxModelLen)
 		}

@@ -251,6 +251,18 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 				return fmt.Errorf("--%s applies to --trace only", name)
 			}
 		}
+	} else {
+		for _, name := range []string{"scale", "full", "workloads", "table", "seed"} {
+			if set[name] {
+				return fmt.Errorf("--%s applies to the workload table, not to --trace", name)
+			}
+		}
+	}
+	if set["full"] && set["scale"] {
+		return fmt.Errorf("--full runs the table at scale 1: not with --scale")
+	}
+	if f.verify && f.cache == "off" {
+		return fmt.Errorf("--verify checks the cache's rows: not with --cache off")
 	}
 	return nil
 }

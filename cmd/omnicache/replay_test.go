@@ -191,6 +191,14 @@ func TestReplayBadFlags(t *testing.T) {
 		{[]string{"--materialize-on", "gpu"}, "--materialize-on"},
 		{[]string{"--json-parser", "fast", "--trace", trace}, "--json-parser"},
 		{[]string{"--limit", "5"}, "--limit"},
+		// Combinations that were silently ignored.
+		{[]string{"--full", "--scale", "0.5"}, "--full"},
+		{[]string{"--trace", trace, "--scale", "0.5"}, "--scale"},
+		{[]string{"--trace", trace, "--full"}, "--full"},
+		{[]string{"--trace", trace, "--workloads", "DEC"}, "--workloads"},
+		{[]string{"--trace", trace, "--table", "t.tsv"}, "--table"},
+		{[]string{"--trace", trace, "--seed", "3"}, "--seed"},
+		{[]string{"--cache", "off", "--verify"}, "--verify"},
 	} {
 		oneLine(t, 2, c.args, c.flag)
 	}

@@ -61,7 +61,7 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 		return fmt.Errorf("--route %q: want auto, %s or %s", f.route, bench.RouteRoundRobin, bench.RouteSession)
 	}
 	if f.tier != "embedded" && f.tier != "off" && !strings.Contains(f.tier, "://") {
-		return fmt.Errorf("--tier %q: want embedded, off, redis://HOST:PORT or redis-cluster://H1:P1,...", f.tier)
+		return fmt.Errorf("--tier %q: want embedded, off, redis://HOST:PORT or redis-cluster://H1:P1,...", tier.Redact(f.tier))
 	}
 	if set["tier-mib"] && f.tier != "embedded" {
 		return fmt.Errorf("--tier-mib applies to --tier embedded only")
@@ -91,7 +91,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 	var reps []*bench.ReplicasReport
 	var failed error
 	for _, s := range specs {
-		fmt.Fprintf(stderr, "%s: %d replicas, tier %s, route %s...\n", s.Name, f.replicas, f.tier, f.route)
+		fmt.Fprintf(stderr, "%s: %d replicas, tier %s, route %s...\n", s.Name, f.replicas, tier.Redact(f.tier), f.route)
 		rep, err := bench.RunReplicas(s, o)
 		if rep != nil && (err == nil || errors.Is(err, bench.ErrVerify)) {
 			reps = append(reps, rep)

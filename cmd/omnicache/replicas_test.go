@@ -79,3 +79,22 @@ func TestReplayReplicasBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayReplicasRedactsPassword: a Redis password given in --tier
+// shows in no output, error or JSON (here the server is unreachable, so
+// the spec reaches an error message).
+func TestReplayReplicasRedactsPassword(t *testing.T) {
+	jf := filepath.Join(t.TempDir(), "r.jsonl")
+	for _, args := range [][]string{
+		{"--replicas", "2", "--tier", "redis://u:hunter2secret@127.0.0.1:1", "--trace", trace, "--limit", "8", "--json", jf},
+		{"--replicas", "2", "--tier", "mem://u:hunter2secret@h"},
+	} {
+		_, out, errs := run(t, args...)
+		js, _ := os.ReadFile(jf)
+		for what, s := range map[string]string{"stdout": out, "stderr": errs, "json": string(js)} {
+			if strings.Contains(s, "hunter2secret") {
+				t.Errorf("%v: the password shows in %s: %s", args, what, s)
+			}
+		}
+	}
+}

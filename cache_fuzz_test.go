@@ -39,7 +39,9 @@ package omnicache_test
 //	            0x40 failing-call byte follows, 0x80 device byte follows
 //	        [failing] bits 0-1 the step's plan made wrong first (badPlan*),
 //	            bits 2-3 its outputs made wrong first (badSave*), 0x10 its
-//	            forward fails after Begin (Abort, then Begin it again)
+//	            forward fails after Begin (Abort, then Begin it again),
+//	            0x20 nil arguments first (Begin(nil), Save(nil), and for a
+//	            step consumed now Materialize into a nil Result)
 //	        [device] 0x80: Close while every unconsumed step is being read
 //	            (the run ends); else the device fails method (b&7)%7
 //	            (gpu.Op) after (b>>3)&7 more calls, from this step on
@@ -350,6 +352,7 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 		b := in.byte()
 		act.badPlan, act.badSave = int(b&3), int(b>>2&3)
 		act.abortRetry = b&0x10 != 0
+		act.nilArgs = b&0x20 != 0
 	}
 	if omit&0x80 != 0 && act.badSave == badSaveNone {
 		act.badSave = badSaveOmitRequired

@@ -403,6 +403,7 @@ func (e *propEngine) next(i int) propAction {
 		act.reqs = ids[:1+rng.IntN(len(ids))]
 	}
 	act.check = i%50 == 49
+	act.nilArgs = i%31 == 7 // nil arguments first: typed errors that change nothing
 	// Every 23rd step's forward fails after Begin: Abort, then the same
 	// step again (a deterministic choice: the schedule's draws stay as
 	// they were).

@@ -184,8 +184,18 @@ func (r *propRun) apply(act propAction) {
 	}
 	r.misuseBefore(act.misuse)
 	r.badPlanFirst(act)
+	if act.nilArgs {
+		before := h.stats()
+		require.ErrorIs(h.t, h.beginPlan(nil), omnicache.ErrPlan, "%sBegin(nil)", h.prefix())
+		r.unchanged("Begin(nil)", before)
+	}
 	err := h.tryBegin(act.st)
 	require.NoError(h.t, err, "%sBegin of step %d", h.prefix(), i)
+	if act.nilArgs {
+		_, err := h.trySave(nil)
+		require.ErrorIs(h.t, err, omnicache.ErrOutputs, "%sSave(nil)", h.prefix())
+		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after Save(nil)", h.prefix(), i)
+	}
 	if r.badSaveFirst(act) {
 		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after its failed Save", h.prefix(), i)
 	}
@@ -222,7 +232,12 @@ func (r *propRun) apply(act propAction) {
 	due := i + min(max(act.delay, 1), max(r.maxDelay, 1))
 	switch act.mode {
 	case matNow:
-		materializeNow(h, sid, reqs)
+		if act.nilArgs {
+			err := h.matCall(sid, reqs, nil)
+			require.ErrorIs(h.t, err, omnicache.ErrOutputs, "%sMaterialize(%v) into a nil Result", h.prefix(), sid)
+		}
+		materializeNow(h, sid, reqs) // still unconsumed: every row checked
+
 	case matLate:
 		r.late = append(r.late, lateMat{id: sid, reqs: reqs, due: due})
 	case matDiscard:

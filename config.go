@@ -26,6 +26,8 @@ const (
 	// MaxTimeout bounds StagingClaimTimeout and WaitTimeout: deadlines
 	// computed from them never wrap.
 	MaxTimeout = 24 * time.Hour
+	// MinWaitTimeout bounds a positive WaitTimeout from below.
+	MinWaitTimeout = time.Millisecond
 )
 
 // mulLE reports whether a×b ≤ limit for non-negative a and b, without
@@ -105,6 +107,9 @@ func validate(cfg *Config) (writer.Config, error) {
 	}
 	if cfg.WaitTimeout > MaxTimeout {
 		return bad("WaitTimeout %v exceeds %v", cfg.WaitTimeout, MaxTimeout)
+	}
+	if cfg.WaitTimeout > 0 && cfg.WaitTimeout < MinWaitTimeout {
+		return bad("WaitTimeout %v under %v: an ordinary scheduling delay would fail the cache", cfg.WaitTimeout, MinWaitTimeout)
 	}
 	if cfg.StagingDepth > MaxStagingDepth {
 		return bad("StagingDepth %d exceeds %d", cfg.StagingDepth, MaxStagingDepth)

@@ -73,8 +73,8 @@ type propAction struct {
 	// Begin the same step again.
 	abortRetry bool
 	nilArgs    bool // Begin(nil), Save(nil) and Materialize into a nil Result first: typed errors that change nothing
-	fault      int // 1 + gpu.Op: the device fails that method from this step on
-	faultN     int // ... after faultN more successful calls
+	fault      int  // 1 + gpu.Op: the device fails that method from this step on
+	faultN     int  // ... after faultN more successful calls
 	closeNow   bool
 }
 

@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/omnicache/omnicache"
 )
@@ -480,5 +482,24 @@ func TestParseTraceErrorsNameRecord(t *testing.T) {
 				t.Errorf("%s: %q: %v, want %q", p, data.text, err, data.want)
 			}
 		}
+	}
+}
+
+// windowCounts counts steps per whole window from the first step; the
+// partial last window is left out; windowRates gives the median and the
+// slowest window per second.
+func TestWindowRates(t *testing.T) {
+	s := int64(time.Second)
+	at := []int64{0, s / 2, s, s + 1, 2*s + 5, 3*s + 1, 3*s + 2} // [0,1): 2, [1,2): 2, [2,3): 1, [3,4): partial
+	counts := windowCounts(at, time.Second)
+	if !slices.Equal(counts, []int64{2, 2, 1}) {
+		t.Fatalf("counts %v, want [2 2 1]", counts)
+	}
+	p50, lo := windowRates(counts, time.Second)
+	if p50 != 2 || lo != 1 {
+		t.Fatalf("p50 %v min %v, want 2 and 1", p50, lo)
+	}
+	if p50, lo := windowRates(windowCounts(at[:2], time.Second), time.Second); p50 != 0 || lo != 0 {
+		t.Fatalf("under two windows: %v %v, want zeros", p50, lo)
 	}
 }

@@ -46,6 +46,7 @@ type replica struct {
 	engineNs, matNs, paceNs, lookupNs, lookupErrs, reqErrs, failedTok int64
 	beginNs, saveNs, discardNs                                        int64
 	stepNs                                                            []int64 // engine time per step
+	stepAt                                                            []int64 // wall clock (unix ns) at the end of each step
 }
 
 // Load implements sim.External: the leading blocks the shared KV store
@@ -75,6 +76,7 @@ func (r *replica) onImport(e omnicache.ImportEvent) {
 func (r *replica) engineStep(ns int64) {
 	r.engineNs += ns
 	r.stepNs = append(r.stepNs, ns)
+	r.stepAt = append(r.stepAt, time.Now().UnixNano())
 }
 
 // step runs one engine step (done when the replica has no work left).
@@ -225,6 +227,8 @@ func (r *replica) finish() (ReplicaReport, error) {
 	r.mu.Unlock()
 	pr.Imports = len(lat)
 	pr.finishRates(lat, slices.Clone(r.stepNs))
+	pr.StepsPerSec = windowCounts(r.stepAt, time.Second)
+	pr.StepsPerSecP50, pr.StepsPerSecMin = windowRates(pr.StepsPerSec, time.Second)
 	return pr, nil
 }
 

@@ -122,6 +122,43 @@ type ReplicaReport struct {
 	RequestErrors  int64 `json:"request_errors"`
 	VerifiedRows   int64 `json:"verified_rows"`
 	VerifyFailures int64 `json:"verify_failures"`
+	// StepsPerSecP50 and StepsPerSecMin are the replica's steps per
+	// second of wall time over the whole one-second windows of its run:
+	// the median window and the slowest one (what a stalled store costs a
+	// replica while it lasts). Zero for a run shorter than two windows;
+	// the totals line holds the smallest over the replicas.
+	StepsPerSecP50 float64 `json:"steps_per_sec_p50"`
+	StepsPerSecMin float64 `json:"steps_per_sec_min"`
+	// StepsPerSec is the timeline behind them: the steps that ended in
+	// each whole second of the replica's run (per replica only).
+	StepsPerSec []int64 `json:"steps_per_sec,omitempty"`
+}
+
+// windowCounts counts the steps that ended in each whole window of width w
+// from the first step on (the last, partial window is left out).
+func windowCounts(at []int64, w time.Duration) []int64 {
+	if len(at) < 2 {
+		return nil
+	}
+	n := int(time.Duration(at[len(at)-1]-at[0]) / w)
+	counts := make([]int64, n)
+	for _, t := range at {
+		if i := int(time.Duration(t-at[0]) / w); i < n {
+			counts[i]++
+		}
+	}
+	return counts
+}
+
+// windowRates returns the median and the smallest of counts (steps per
+// window of width w) as steps per second; zeros under two windows.
+func windowRates(counts []int64, w time.Duration) (p50, lo float64) {
+	if len(counts) < 2 {
+		return 0, 0
+	}
+	sorted := slices.Sorted(slices.Values(counts))
+	per := float64(time.Second) / float64(w)
+	return float64(percentile(sorted, 0.50)) * per, float64(sorted[0]) * per
 }
 
 // ReplicasReport is a replay with replicas: totals over the replicas, each
@@ -315,6 +352,14 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 	}
 	res.Replica = -1
 	res.finishRates(lat, steps)
+	for i, pr := range res.per {
+		if i == 0 || pr.StepsPerSecP50 < res.StepsPerSecP50 {
+			res.StepsPerSecP50 = pr.StepsPerSecP50
+		}
+		if i == 0 || pr.StepsPerSecMin < res.StepsPerSecMin {
+			res.StepsPerSecMin = pr.StepsPerSecMin
+		}
+	}
 	return res, nil
 }
 

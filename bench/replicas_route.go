@@ -115,15 +115,16 @@ func (s routed) Next() (sim.Request, bool, error) {
 // WriteReplicaTable writes the per-replica and total lines of reps.
 func WriteReplicaTable(w interface{ Write([]byte) (int, error) }, reps []*ReplicasReport) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10s %10s %9s %9s %9s %10s %10s %10s %8s\n", "workload", "replica", "tier",
-		"hit", "local", "local tok", "tier tok", "publ", "impt", "imp p50", "imp p99", "eng/step", "mat/step", "verify")
+	fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10s %10s %9s %9s %9s %10s %10s %10s %15s %8s\n", "workload", "replica", "tier",
+		"hit", "local", "local tok", "tier tok", "publ", "impt", "imp p50", "imp p99", "eng/step", "mat/step", "steps/s p50/min", "verify")
 	for _, r := range reps {
 		line := func(name string, x ReplicaReport) {
-			fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10d %10d %9s %9s %9s %10s %10s %10s %8s\n", shortName(r.Name), name, shortTier(r.Tier),
+			fmt.Fprintf(&b, "%-22s %-9s %-28s %8s %8s %10d %10d %9s %9s %9s %10s %10s %10s %15s %8s\n", shortName(r.Name), name, shortTier(r.Tier),
 				pct(x.HitRate, 1), pct(float64(x.LocalHitTokens)/math.Max(1, float64(x.QueriedTokens)), 1),
 				x.LocalHitTokens, x.TierHitTokens, shortBytes(x.TierBytesPublished), shortBytes(x.TierBytesImported),
 				dur(float64(x.ImportP50Ns)), dur(float64(x.ImportP99Ns)), dur(x.EngineNsPerStep),
-				dur(float64(x.MaterializeNs)/math.Max(1, float64(x.Steps))), verifyCol(r.Verify, x.VerifyFailures))
+				dur(float64(x.MaterializeNs)/math.Max(1, float64(x.Steps))),
+				fmt.Sprintf("%.0f/%.0f", x.StepsPerSecP50, x.StepsPerSecMin), verifyCol(r.Verify, x.VerifyFailures))
 		}
 		for _, pr := range r.PerReplica {
 			line(fmt.Sprint(pr.Replica), pr)

@@ -166,8 +166,9 @@ type Config struct {
 	// Materialize's gather of hit rows from it, each counting the goroutine
 	// that asks (the committer, the Materialize caller). The cache starts
 	// CopyWorkers-1 long-lived goroutines (pprof label
-	// omnicache=copy-worker) shared by both; a copy under 256 KiB (a decode
-	// step), or a scatter of rows under 512 bytes, never leaves its
+	// omnicache=copy-worker) shared by both; a copy under 1 MiB
+	// (mirror.DefaultSplitBytes: a decode step of 64 rows of 4 KiB is 256
+	// KiB), or a scatter of rows under 512 bytes, never leaves its
 	// goroutine. 0 means DefaultCopyWorkers(): one less than GOMAXPROCS,
 	// at most 16, so that a scatter never holds every P and the engine
 	// goroutine, woken while it runs, gets one at once (with every P

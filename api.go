@@ -102,13 +102,13 @@ type Config struct {
 	// AllocStagingAtNew makes New allocate every staging page before it
 	// returns (one allocation of StagingDepth pages), failing with an error
 	// wrapping gpu.ErrAlloc when the device refuses it. New then takes the
-	// pinning time (tens of ms for hundreds of MiB of pinned memory on an
-	// H200 host) and no step ever waits for, or runs beside, an allocation
-	// of pinned memory. Off (the default), the first page is
-	// allocated by the first Save that needs one, and each later page in
-	// the background after the Save that took the one before it: nothing
-	// is allocated for a cache that is never used, and the first step pays
-	// for one page.
+	// pinning time (tens of ms for hundreds of MiB of pinned memory;
+	// BenchmarkAllocHost in gpu/ measures it) and no step ever waits for,
+	// or runs beside, an allocation of pinned memory. Off (the default),
+	// the first page is allocated by the first Save that needs one, and
+	// each later page in the background after the Save that took the one
+	// before it: nothing is allocated for a cache that is never used, and
+	// the first step pays for one page.
 	AllocStagingAtNew bool
 	// AllocStagingAhead makes New allocate the first staging page (failing
 	// with an error wrapping gpu.ErrAlloc when the device refuses it) and
@@ -166,12 +166,13 @@ type Config struct {
 	// Materialize's gather of hit rows from it, each counting the goroutine
 	// that asks (the committer, the Materialize caller). The cache starts
 	// CopyWorkers-1 long-lived goroutines (pprof label
-	// omnicache=copy-worker) shared by both; a copy under 256 KiB (a decode
-	// step), or a scatter of rows under 512 bytes, never leaves its
+	// omnicache=copy-worker) shared by both; a copy under 1 MiB
+	// (mirror.DefaultSplitBytes: a decode step of 64 rows of 4 KiB is 256
+	// KiB), or a scatter of rows under 512 bytes, never leaves its
 	// goroutine. 0 means DefaultCopyWorkers(): one less than GOMAXPROCS,
 	// at most 16, so that a scatter never holds every P and the engine
 	// goroutine, woken while it runs, gets one at once (with every P
-	// copying, it waited for a part to finish: 60-80 µs on an H200 host).
+	// copying, it would wait for a part of the copy to finish).
 	// The workers run only while a large copy is in progress, which is
 	// while the engine's forward runs on the device; 1 copies on one
 	// goroutine. At most MaxCopyWorkers.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs redis-server and redis-cli (Debian's redis-server 7.0) when they
-# are missing: the tier tests start real servers on loopback ports. The
-# README's test command (make test) runs this first. Idempotent.
+# are missing: the tier tests start real servers on loopback ports. .ci/run
+# runs this before make test, and `make redis` runs it on demand; make test
+# itself never calls apt-get. Idempotent.
 set -euo pipefail
 if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then exit 0; fi
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then sudo=sudo; else sudo=; fi

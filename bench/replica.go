@@ -33,10 +33,10 @@ type replica struct {
 	// every step (and, without --verify, never written: backed by the
 	// kernel's zero page, then copied on write when the garbage collector
 	// handed their memory out again), they cost the synthetic trace with
-	// the embedded tier ~167k TLB-shootdown interrupts a run on the 2-core
-	// VM, against ~6k with the pool (perf's tlb:tlb_flush: the
-	// copy-on-write faults of the reused memory, whose shootdowns interrupt
-	// every core the process runs on, the engine goroutine's included).
+	// the embedded tier many times the TLB-shootdown interrupts of a run
+	// with the pool (perf's tlb:tlb_flush counts them: the copy-on-write
+	// faults of the reused memory, whose shootdowns interrupt every core
+	// the process runs on, the engine goroutine's included).
 	pool     *bufPool
 	rowBytes []int
 

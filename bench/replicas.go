@@ -59,9 +59,9 @@ type ReplicaOptions struct {
 	// PacePark lets the pacing Sync park after its default spin. By
 	// default it spins through the committer's work (Config.SyncSpin
 	// MaxSyncSpin), as an engine thread waiting on its forward keeps its
-	// core: a parked engine goroutine resumes on another core a third of
-	// the time with a tier's publishing beside it, and its next timed
-	// calls pay for the cold caches (bench/results/h200-2026-12-04g).
+	// core: a parked engine goroutine may resume on another core, more
+	// often with a tier's publishing beside it, and its next timed calls
+	// pay for the cold caches.
 	PacePark bool
 	// AfterRound, when set, is called after every round of the cache-on
 	// run (one step of each replica still running), with the round's index

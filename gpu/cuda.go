@@ -90,8 +90,9 @@ type CUDA struct {
 	host  map[uintptr]pinned   // live pinned host allocations
 	// spare keeps pooled buffers Free gave back, by size, for Alloc to
 	// hand out again without a driver call (a step's clone costs the
-	// engine goroutine two: cuCtxSetCurrent and the pool allocation, about
-	// 10 µs on an H200 host). Every use of the device's memory is issued
+	// engine goroutine two: cuCtxSetCurrent and the pool allocation;
+	// BenchmarkStaging op=cache-staging runs that path). Every use of the
+	// device's memory is issued
 	// on its stream, so a reused buffer's next use runs after its last
 	// one, as with the pool's own stream-ordered reuse. At most spareMax
 	// buffers a size and spareMaxBytes in all (spareBytes is what is held);
@@ -342,8 +343,9 @@ func (d *CUDA) AllocHost(n int) ([]byte, error) {
 }
 
 // regChunk is the size of one cuMemHostRegister call: a registration
-// holds the driver's lock for its whole length (about 5 ms for 96 MiB on
-// an H200 host), so a page registered in background while the engine
+// holds the driver's lock for its whole length (milliseconds for a page
+// of tens of MiB: BenchmarkAllocHost), so a page registered in background
+// while the engine
 // issues copies is registered a chunk at a time, and the engine's calls
 // wait for one chunk at most. Copies into or out of such a page are split
 // at chunk boundaries (a copy stays inside one registration).

@@ -85,7 +85,7 @@ type Collector struct {
 // metric is one exported Stats field.
 type metric struct {
 	name  string // without the namespace
-	field string // the Stats field (for the tests and the README)
+	field string // the Stats field (for the tests and the docs)
 	typ   prometheus.ValueType
 	help  string
 	value func(*omnicache.Stats) float64

@@ -12,10 +12,10 @@ import (
 // workers: below it, waking parked goroutines costs about as much as the
 // copy they would take over, and the committer's split scatters compete
 // with the engine goroutine for the host's caches. A decode step of 64
-// rows of 4 KiB (256 KiB) stays on the calling goroutine: split, on the
-// 16-core H200 host, it made BenchmarkStep decode64 row=4096 no faster
-// (sec/op 54.5 against 51.6 µs unsplit, 4 rounds) and the engine
-// goroutine's time per step 25% longer (bench/results/h200-2026-12-03).
+// rows of 4 KiB (256 KiB) stays on the calling goroutine: split, it makes
+// BenchmarkStep shape=decode64/row=4096 no faster on a many-core host and
+// the engine goroutine's time per step (engine-ns/op) longer, while
+// BenchmarkSplit shows where a lone copy of that size would gain.
 const DefaultSplitBytes = 1 << 20
 
 // partBytes is the least a part of a split copy moves (a work item's size),

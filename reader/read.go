@@ -69,8 +69,9 @@ func (r *Reader) readsSelf(s *Step) bool {
 // the checks of readDirect see. Any request it cannot serve that way
 // (ErrReassigned: the blocks were rewritten after the plan; or absent
 // rows) hands the read back (pfQueued) to the committer, which runs it in
-// order and so still finds the planned rows (see Late reads in the
-// README). done reports that dst was served (or err failed the call).
+// order and so still finds the planned rows (see "Late reads" in
+// docs/design.md). done reports that dst was served (or err failed the
+// call).
 func (r *Reader) readAhead(s *Step, all bool, nq int, dst Dest) (done bool, err error) {
 	if s.pfState.Load() != pfQueued {
 		return false, nil // read, or being read, by the committer

@@ -40,8 +40,8 @@ const (
 // rounded up to a page) cut from regions of 16 frames, each region one
 // mapping advised as transparent huge pages (hostmem.AllocHuge): filling a
 // gigabyte faults 2 MiB at a time, not 4 KiB (the 262,144 page faults a
-// gigabyte cost the publishers' threads become 512; on a 2-core VM that
-// was 8-10 s of CPU in a replay run), and costs 32 mappings, not one per
+// gigabyte cost the publishers' threads become 512, seconds of CPU in a
+// replica replay), and costs 32 mappings, not one per
 // chunk. A value larger than a frame takes a mapping of its own.
 //
 // A freed slot is reused by the next value of its class. The memory held

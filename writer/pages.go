@@ -98,8 +98,8 @@ func (p *Pages) Claim(timeout time.Duration, cold bool) (*Page, error) {
 // goroutine would pay on every page when its steps outrun the committer.
 // The caller asks for no spin when it just woke the committer (Queue.Kick
 // reported it asleep): a goroutine readied by a wake runs next on the
-// waker's P, which a spin would hold (on the H200 host a decode step with
-// a hit stalled 15 µs instead of 4 with a spin after every wake).
+// waker's P, which a spin would hold (BenchmarkStep shape=decode64 hit=50
+// shows the longer stall, stall-ns/op, with a spin after every wake).
 func (p *Pages) ClaimSpin(timeout time.Duration, cold, spin bool) (*Page, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -15,8 +15,8 @@ import (
 // Waking a sleeping consumer is a system call (and, in a VM, an
 // inter-processor interrupt) paid by the goroutine that pushes: several µs
 // of the engine goroutine's time per step; and the woken consumer runs
-// µs later still (on the H200 host's VM, a goroutine readied from a
-// sleep waited 11 µs on average to run). So a consumer that ran out of
+// µs later still (in a VM a goroutine readied from a sleep can wait ten
+// µs or more before it runs). So a consumer that ran out of
 // work first spins for more (Pop: up to consumerSpin, pausing between
 // checks of an atomic push count, and not on one P), which a steady
 // producer's next item reaches without any wake; then it polls for a
@@ -66,14 +66,13 @@ type Queue[T any] struct {
 // the queue has been empty for pollIdle. WaitFor spins up to waitSpin
 // before it sleeps. (Variables for the tests.)
 //
-// consumerSpin, 20 µs, is the wake it saves (a system call for the
-// producer, ~11 µs before the consumer runs) twice over: on the H200 host,
-// with the reader leaving a working committer its hit reads, it took
-// BenchmarkStep's decode steps with hits from 8.7-9.0 µs to 6.2 µs (row
-// 64 B) and 38 µs to 35-37 µs (row 4 KiB), the committer starting almost
-// every hit read before the engine came for it (bench/results/
-// h200-2026-12-04e). An idle consumer pays it once per run of work, on its
-// own core.
+// consumerSpin, 20 µs, is about twice the wake it saves (a system call
+// for the producer, then the consumer's delay before it runs). With the
+// reader leaving a working committer its hit reads, it lets the committer
+// start almost every hit read before the engine comes for it:
+// BenchmarkStep shape=decode64 hit=50 shows it in sec/op and in
+// caller-reads/op (the reads the engine did itself). An idle consumer pays
+// the spin once per run of work, on its own core.
 var (
 	consumerSpin = 20 * time.Microsecond
 	waitSpin     = 50 * time.Microsecond

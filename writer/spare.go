@@ -6,8 +6,8 @@ import (
 )
 
 // Spare allocates staging-page memory off the engine goroutine. Pinned
-// host memory is slow to allocate (cuMemHostAlloc of a 96 MiB page takes
-// 25–50 ms on an H200 host). By default the first page is allocated by the
+// host memory is slow to allocate (tens of ms for a 96 MiB page:
+// BenchmarkAllocHost in gpu/). By default the first page is allocated by the
 // Save that first needs it (the first request pays for it), and once a
 // page was handed out, Ahead (at the end of that Save) starts allocating
 // the next one on a background goroutine, while pages without memory

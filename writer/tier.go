@@ -111,8 +111,8 @@ type Gather interface {
 // block) makes it skip rows the gather reads. Riding on the write costs
 // the engine goroutine no queue entry, no lock and no line of its own (a
 // separate gather task per Save spent most of its push reading the
-// gather's free flag, a line the committer had just written:
-// bench/results/h200-2026-12-05).
+// gather's free flag, a line the committer had just written; BenchmarkTierStep
+// times the engine goroutine's side).
 type Rider interface {
 	Ride(blocks []int32, keys []uint64, own bool) ([]int32, []uint64)
 }

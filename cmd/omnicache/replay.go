@@ -31,7 +31,7 @@ reference's, and the projected throughput change beside the reference's
 step-cost model fitted to the reference (omnicache fit).
 
 Default: the embedded reference table, prompts scaled by --scale so the run
-takes about two minutes on 2 cores; --full runs it at full size. --trace FILE
+takes under a minute on 2 cores; --full runs it at full size. --trace FILE
 replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
 built with the cuda tag: make gpu-replay) stages through the GPU, with the
 forward's outputs in device memory and each forward held for the model step

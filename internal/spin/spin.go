@@ -24,7 +24,8 @@ import (
 
 const (
 	// pausesPerCheck is the hints executed between two checks of a
-	// spin's condition: about 50 ns on CPUs since Skylake, 10 ns before.
+	// spin's condition: a PAUSE takes tens of ns on CPUs since Skylake,
+	// a few before (BenchmarkPause).
 	pausesPerCheck = 2
 	// checksPerClock is the checks between two readings of the clock.
 	checksPerClock = 16

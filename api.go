@@ -326,6 +326,8 @@ type Stats struct {
 	ReadAheadBytes int64
 	// LiveRequests is the number of requests the cache tracks.
 	LiveRequests int
+	// Resets counts the Reset calls that dropped every row.
+	Resets int64
 
 	// With a tier (zero without): full blocks published to it, dropped
 	// because the publish queue was full, skipped because their rows were

@@ -39,6 +39,10 @@ type Cache struct {
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
 	live   atomic.Int64 // requests tracked, for Stats
 	closed atomic.Bool
+	// resetFence is the last step id saved before the latest Reset: those
+	// steps' rows were dropped (Materialize fails them with ErrReset).
+	resetFence atomic.Uint64
+	resets     atomic.Int64
 
 	tl *tierLink // nil without Config.Tier
 	te tierEng   // engine goroutine only
@@ -294,6 +298,10 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		c.drop(rec)
 		return err
 	}
+	if uint64(id) <= c.resetFence.Load() {
+		c.drop(rec)
+		return fmt.Errorf("%w: step %d", ErrReset, id)
+	}
 	all, nq := reqs == nil, len(reqs)
 	if all {
 		nq = len(rec.IDs)
@@ -485,6 +493,7 @@ func (c *Cache) Stats() Stats {
 		PagesAllocating:     c.path.PagesAllocating(),
 		ReadAheadBytes:      c.rd.ReadAheadBytes(),
 		LiveRequests:        int(c.live.Load()),
+		Resets:              c.resets.Load(),
 	}
 	c.tierStats(&s)
 	return s

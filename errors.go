@@ -62,6 +62,10 @@ var (
 	// new tenant's rows. With prefetch (the default) only a step that did
 	// not fit Config.ReadAheadBytes can meet it.
 	ErrReassigned = errs.Reassigned
+	// ErrReset: the step was saved before Cache.Reset dropped every row:
+	// Materialize consumes it (its page and pins go back) and serves
+	// nothing.
+	ErrReset = errs.Reset
 	// ErrBudget: a device reservation cannot be met: it is larger than the
 	// whole device byte budget, or what is still charged after every pending
 	// write was forced out is pinned by steps not consumed yet (a step keeps

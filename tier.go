@@ -138,9 +138,10 @@ type tierLink struct {
 
 	queued                                         atomic.Int64
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
-	recent                                         atomic.Int64 // not gathered: the tier stored them lately
-	pending                                        atomic.Int64 // queued or being stored
-	stopping                                       atomic.Bool  // Close: queued blocks are dropped, not stored
+	recent                                         atomic.Int64  // not gathered: the tier stored them lately
+	pending                                        atomic.Int64  // queued or being stored
+	stopping                                       atomic.Bool   // Close: queued blocks are dropped, not stored
+	epoch                                          atomic.Uint64 // bumped by Reset: batches sent before are dropped
 	imported, importFailed, bytesImp               atomic.Int64
 }
 

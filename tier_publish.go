@@ -78,6 +78,7 @@ type publishGather struct {
 type pubBatch struct {
 	hashes []uint64
 	vals   [][]byte
+	epoch  uint64 // tierLink.epoch when it was sent: older ones are dropped (Reset)
 }
 
 // Rows implements writer.Gather: where the rows of key ki of the block of
@@ -143,6 +144,7 @@ func (g *publishGather) send() {
 		tl.freeBatch(b)
 		return
 	}
+	b.epoch = tl.epoch.Load()
 	tl.pending.Add(n)
 	tl.queued.Add(n)
 	select {
@@ -173,18 +175,28 @@ func (tl *tierLink) publish() {
 	var hashes []uint64
 	var vals [][]byte
 	nk := tl.nkeys
+	// drop discards a batch: the cache is closing, or it was gathered
+	// before a Reset.
+	drop := func(b *pubBatch) {
+		n := int64(len(b.hashes))
+		tl.queued.Add(-n)
+		tl.pending.Add(-n)
+		tl.dropped.Add(n)
+		tl.t.Recycle(b.vals)
+		tl.freeBatch(b)
+	}
 	take := func(b *pubBatch) {
+		if b.epoch != tl.epoch.Load() {
+			drop(b)
+			return
+		}
 		tl.queued.Add(-int64(len(b.hashes)))
 		hashes, vals = append(hashes, b.hashes...), append(vals, b.vals...)
 		tl.freeBatch(b)
 	}
 	for b := range tl.pubQ {
 		if tl.stopping.Load() {
-			n := int64(len(b.hashes))
-			tl.queued.Add(-n)
-			tl.pending.Add(-n)
-			tl.dropped.Add(n)
-			tl.freeBatch(b)
+			drop(b)
 			continue
 		}
 		hashes, vals = hashes[:0], vals[:0]

@@ -180,6 +180,14 @@ func (o *Occupancy) MarkAbsent(slots []int32) (stolen int) {
 // Reset marks slot s Absent (atomic store; used by tests and Close).
 func (o *Occupancy) Reset(s int32) { atomic.StoreUint64(&o.word[s], 0) }
 
+// ResetAll marks every slot Absent (atomic stores): the cache's Reset,
+// once no write is in transit.
+func (o *Occupancy) ResetAll() {
+	for s := range o.word {
+		atomic.StoreUint64(&o.word[s], 0)
+	}
+}
+
 func checkOwner(owner uint64) {
 	if owner-1 >= MaxOwner { // owner == 0 wraps around
 		panic(fmt.Sprintf("soa: owner %d outside [1, 1<<62)", owner))

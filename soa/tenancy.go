@@ -236,6 +236,28 @@ func (t *Tenancy) Absent(ki int, s int32) bool {
 	return atomic.LoadUint32(&t.absent[ki][s>>5])&(1<<(s&31)) != 0
 }
 
+// Reset records that write id dropped every row: every block's owner
+// becomes id (a read planned before it fails: a newer write claimed the
+// block), and every slot reads as never written (a hit over it finds its
+// rows absent), neither stale nor absent. Single writer only; ids must not
+// decrease.
+func (t *Tenancy) Reset(id uint64) {
+	for b := range t.owner {
+		atomic.StoreUint64(&t.owner[b], id)
+	}
+	for w := range t.written {
+		atomic.StoreUint32(&t.written[w], 0)
+		atomic.StoreUint32(&t.stale[w], 0)
+	}
+	t.nstale = 0
+	for ki, col := range t.absent {
+		for w := range col {
+			atomic.StoreUint32(&col[w], 0)
+		}
+		t.nabsent[ki] = 0
+	}
+}
+
 // Owner is the id of the last write into the block of slot s (0: none).
 func (t *Tenancy) Owner(s int32) uint64 { return atomic.LoadUint64(&t.owner[t.block(s)]) }
 

@@ -708,3 +708,28 @@ func (e *Embedded) Delete(_ context.Context, keys []string) []error {
 	}
 	return make([]error, len(keys))
 }
+
+// Purge implements Purger: it removes every value whose key starts with
+// prefix (a walk of the index under the store's lock; counted in Usage's
+// evicted like Delete).
+func (e *Embedded) Purge(_ context.Context, prefix string) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return 0, ErrClosed
+	}
+	var drop []int32
+	for _, head := range e.idx {
+		for i := head; i >= 0; i = e.ents[i].coll {
+			en := &e.ents[i]
+			if k := e.bytesOf(en)[:en.klen]; len(k) >= len(prefix) && string(k[:len(prefix)]) == prefix {
+				drop = append(drop, i)
+			}
+		}
+	}
+	for _, x := range drop {
+		e.remove(x)
+		e.evicts++
+	}
+	return len(drop), nil
+}

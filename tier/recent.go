@@ -91,3 +91,12 @@ func (t *Tier) StoredRecently(hash uint64) bool {
 	}
 	return t.recent.held(hash, nowTick())
 }
+
+// ForgetRecent forgets every block noted as stored lately: StoredRecently
+// answers false until blocks are stored again (a cache's Reset: what was
+// stored before may not be what the store holds after it).
+func (t *Tier) ForgetRecent() {
+	for i := range t.recent.slots {
+		t.recent.slots[i].Store(0)
+	}
+}

@@ -41,9 +41,10 @@ type RedisOptions struct {
 // maxmemory policy (allkeys-lru) evicts them, and an evicted value is a
 // miss.
 type Redis struct {
-	c      rueidis.Client
-	name   string
-	closed atomic.Bool
+	c       rueidis.Client
+	name    string
+	cluster bool
+	closed  atomic.Bool
 }
 
 // NewRedis connects to the server or cluster. A refused password is
@@ -84,7 +85,7 @@ func NewRedis(opt RedisOptions) (*Redis, error) {
 	if err != nil {
 		return nil, connectError(opt, "connect", err)
 	}
-	r := &Redis{c: c, name: spec(opt)}
+	r := &Redis{c: c, name: spec(opt), cluster: opt.Cluster}
 	ctx, cancel := context.WithTimeout(context.Background(), opt.DialTimeout+opt.IOTimeout)
 	defer cancel()
 	if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
@@ -154,6 +155,65 @@ func (r *Redis) closedErrs(n int) []error {
 		errs[i] = ErrClosed
 	}
 	return errs
+}
+
+// Purge implements Purger: on every node (each master of a cluster) it
+// scans for the keys matching prefix (glob characters in it escaped) and
+// deletes them, a scan page at a time.
+func (r *Redis) Purge(ctx context.Context, prefix string) (int, error) {
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
+	pattern := globEscape(prefix) + "*"
+	total := 0
+	for addr, c := range r.c.Nodes() {
+		if r.cluster {
+			role, err := c.Do(ctx, c.B().Role().Build()).ToArray()
+			if err != nil {
+				return total, classify("role "+addr, err)
+			}
+			if s, _ := role[0].ToString(); s != "master" {
+				continue // its master deletes the keys (replicas are read-only)
+			}
+		}
+		var cursor uint64
+		for {
+			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(pattern).Count(1000).Build()).AsScanEntry()
+			if err != nil {
+				return total, classify("scan "+addr, err)
+			}
+			if len(e.Elements) > 0 {
+				cmds := make(rueidis.Commands, len(e.Elements))
+				for i, k := range e.Elements {
+					cmds[i] = c.B().Del().Key(k).Build()
+				}
+				for i, res := range c.DoMulti(ctx, cmds...) {
+					n, err := res.AsInt64()
+					if err != nil {
+						return total, classify("del "+e.Elements[i], err)
+					}
+					total += int(n)
+				}
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+// globEscape escapes the characters SCAN MATCH treats as a pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		switch c {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // Delete implements Deleter: one pipelined DEL per key.

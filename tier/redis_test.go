@@ -360,3 +360,53 @@ func TestRedisOpenChecks(t *testing.T) {
 		t.Fatalf("TLS against a plain server: %v, %v; want nil and a hint", b, err)
 	}
 }
+
+// Purge removes one namespace's values from a Redis node and from every
+// master of a cluster, whatever glob characters the model holds, and
+// leaves other namespaces alone.
+func TestRedisPurge(t *testing.T) {
+	ctx := context.Background()
+	for _, cluster := range []bool{false, true} {
+		var spec string
+		if cluster {
+			spec = redistest.StartCluster(t, redistest.Options{}).Spec()
+		} else {
+			spec = "redis://" + redistest.Start(t, redistest.Options{}).Addr
+		}
+		open := func(model string) *Tier {
+			b, err := Open(spec, RedisOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns := testNS
+			ns.Model = model
+			tr, err := New(b, ns, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tr.Close() })
+			return tr
+		}
+		a, b := open("m*[x]?"), open("m")
+		hs := hashes(0, 40)
+		for _, tr := range []*Tier{a, b} {
+			var blocks []Block
+			for _, h := range hs {
+				blocks = append(blocks, block(tr.Namespace(), h))
+			}
+			if _, err := tr.Put(ctx, blocks); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := a.Purge(ctx)
+		if err != nil || n != len(hs)*len(testNS.Keys) {
+			t.Fatalf("cluster %v: Purge removed %d values, %v; want %d", cluster, n, err, len(hs)*len(testNS.Keys))
+		}
+		if got, _ := a.Lookup(ctx, hs); got != 0 {
+			t.Fatalf("cluster %v: %d blocks left after Purge", cluster, got)
+		}
+		if got, _ := b.Lookup(ctx, hs); got != len(hs) {
+			t.Fatalf("cluster %v: the other namespace holds %d of %d blocks after Purge", cluster, got, len(hs))
+		}
+	}
+}

@@ -127,6 +127,14 @@ type Backend interface {
 	String() string
 }
 
+// Purger is a Backend that can remove every value whose address starts
+// with a prefix (a namespace: Tier.Purge). Both backends here can: the
+// embedded store walks its index, Redis scans each node (SCAN MATCH, DEL).
+type Purger interface {
+	// Purge removes every key starting with prefix and returns how many.
+	Purge(ctx context.Context, prefix string) (int, error)
+}
+
 // Deleter is a Backend that can remove values by address (both backends
 // here can). The tier deletes a value that failed its checks through it,
 // so that Lookup stops reporting the block.
@@ -618,6 +626,27 @@ func (t *Tier) deleteCorrupt(ctx context.Context, keys []string) {
 			t.corruptDeleted.Add(1)
 		}
 	}
+}
+
+// CanPurge reports whether the backend can purge a namespace (Purger).
+func (t *Tier) CanPurge() bool {
+	_, ok := t.b.(Purger)
+	return ok
+}
+
+// Purge removes every value of the tier's namespace from the backend
+// (ErrConfig when it cannot: not a Purger) and forgets the blocks stored
+// lately; it returns how many values it removed. Other namespaces are
+// left alone. Bounded by ctx, not by Options.Timeout (a store of many
+// values takes many round trips).
+func (t *Tier) Purge(ctx context.Context) (int, error) {
+	p, ok := t.b.(Purger)
+	if !ok {
+		return 0, fmt.Errorf("%w: backend %s cannot purge a namespace", ErrConfig, t.b)
+	}
+	n, err := p.Purge(ctx, t.prefix)
+	t.ForgetRecent()
+	return n, err
 }
 
 // Delete removes every key's value of blocks hashes from the backend

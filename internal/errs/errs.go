@@ -23,6 +23,7 @@ var (
 	NotInStep      = errors.New("omnicache: request outside the step's snapshot")
 	AbsentRequired = errors.New("omnicache: hit over absent rows of a required key")
 	Reassigned     = errors.New("omnicache: hit slots reassigned before the read")
+	Reset          = errors.New("omnicache: the step was saved before a Reset dropped its rows")
 	Budget         = errors.New("omnicache: reservation larger than the device byte budget")
 	WriteFailed    = errors.New("omnicache: write failed")
 	DeviceTimeout  = errors.New("omnicache: device work did not complete within the wait bound")

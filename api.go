@@ -225,6 +225,16 @@ type Plan struct {
 	Preempted []int64
 	Resumed   []int64
 
+	// Replaced names live requests whose tokens from ReplacedFrom[i] on
+	// were replaced (streaming input): their rows from that position on
+	// are neither hit nor delivered any more (steps saved before and not
+	// consumed yet leave them out; a hit not served yet is cut to the
+	// blocks before it), and delivery restarts there: the engine
+	// recomputes from that position. A position past the tokens the
+	// request's saved steps cover, or a request not live, is ErrPlan.
+	Replaced     []int64
+	ReplacedFrom []int32
+
 	// With a tier (Config.Tier; see tier.go):
 	//
 	// FullBlocks are the full blocks this step's rows complete, with their
@@ -276,6 +286,16 @@ type Outputs struct {
 	// Tensors holds one tensor per Config.Keys entry, in that order; a
 	// zero Tensor{} for an optional key means the step did not emit it.
 	Tensors []Tensor
+	// Accepted, for speculative decoding, holds per scheduled request (in
+	// batch order) how many of its scheduled tokens were accepted (nil:
+	// all). The rows of the rejected ones are never delivered (Materialize
+	// leaves them out: Result.Tokens counts the accepted rows) and never
+	// become part of a hit: they are written nowhere and their slots read
+	// as reassigned (immediate keys) or absent (deferred keys) until a
+	// later write puts rows there. A decode step of one token a request
+	// (the decode buffer's kind) rejects none. Each count must lie in
+	// [0, Count], else ErrOutputs.
+	Accepted []int32
 }
 
 // StepID names a saved step. Ids are never reused.

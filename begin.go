@@ -23,14 +23,23 @@ type engine struct {
 	nextStep StepID
 
 	// the begun step
-	ids    []int64
-	h      []soa.Handle
-	count  []int32
-	slots  []int32
-	ntok   int
-	pure   bool
-	hitReq []int32      // positions in the batch of requests whose hit prefix is served this step
-	fresh  []soa.Handle // requests this Begin added (removed again if the step fails)
+	ids   []int64
+	h     []soa.Handle
+	count []int32
+	start []int32
+	same  bool // the batch is the previous step's
+
+	// lens are, by handle, the positions each request's saved steps cover
+	// (what a replace may cut back); lenPending decode steps over the
+	// batch lenH are not in them yet (see noteSaved).
+	lens       []int32
+	lenH       []soa.Handle
+	lenPending int32
+	slots      []int32
+	ntok       int
+	pure       bool
+	hitReq     []int32      // positions in the batch of requests whose hit prefix is served this step
+	fresh      []soa.Handle // requests this Begin added (removed again if the step fails)
 
 	prevIDs   []int64
 	prevH     []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)
@@ -90,13 +99,16 @@ func (c *Cache) Begin(p *Plan) error {
 	if err := c.checkTierPlan(p); err != nil {
 		return err
 	}
+	if err := c.checkReplaced(p); err != nil {
+		return err
+	}
 	// Apply. Validation and the request table are the engine's own memory;
 	// a Begin that may write out the decode buffer, finish requests or plan
 	// hits reaches the write path, and registers as a call in flight first
 	// (Close frees nothing under it). Only a decode step over the previous
 	// step's batch (pure and same: it plans no hit and cannot flush) stays
 	// off the gate's atomics: it reads nothing Close releases.
-	if !(pure && same) || len(p.Finished) > 0 || len(p.HitBlocks) > 0 {
+	if !(pure && same) || len(p.Finished) > 0 || len(p.HitBlocks) > 0 || len(p.Replaced) > 0 {
 		if err := c.enter(); err != nil {
 			return err
 		}
@@ -104,6 +116,7 @@ func (c *Cache) Begin(p *Plan) error {
 		if err := c.check(); err != nil {
 			return err // closed or failed since the check above: nothing applied
 		}
+		c.flushLens() // before a request of the counted batch can leave
 	}
 	// Anything but a buffered decode step writes the buffer first, before
 	// hits are registered, finishes escalate or blocks are reused.
@@ -112,6 +125,7 @@ func (c *Cache) Begin(p *Plan) error {
 			return err
 		}
 	}
+	c.applyReplaced(p) // before finishes: a replaced request may finish too
 	for _, id := range p.Finished {
 		if h, ok := e.reqs.Lookup(id); ok {
 			c.path.Finish(h)
@@ -130,6 +144,8 @@ func (c *Cache) Begin(p *Plan) error {
 		if h, fresh := e.reqs.Add(id, ht, blocks); fresh {
 			same = false
 			e.fresh = append(e.fresh, h)
+			e.lens = growLens(e.lens, h)
+			e.lens[h] = 0
 			if ht > 0 {
 				e.reqs.Flags[e.reqs.Pos(h)] |= flagHitPending
 			}
@@ -144,6 +160,7 @@ func (c *Cache) Begin(p *Plan) error {
 	c.startImport() // ahead of the hit read planned below
 	e.ids = append(e.ids[:0], p.IDs...)
 	e.count = append(e.count[:0], p.Count...)
+	e.start = append(e.start[:0], p.Start...)
 	e.hitReq = e.hitReq[:0]
 	if same {
 		e.h = e.prevH // read-only until the ids change
@@ -159,6 +176,8 @@ func (c *Cache) Begin(p *Plan) error {
 				if h, ok = e.reqs.Lookup(id); !ok {
 					h, _ = e.reqs.Add(id, 0, nil)
 					e.fresh = append(e.fresh, h)
+					e.lens = growLens(e.lens, h)
+					e.lens[h] = 0
 				}
 			}
 			e.h = append(e.h, h)
@@ -174,6 +193,7 @@ func (c *Cache) Begin(p *Plan) error {
 	}
 	e.ntok = ntok
 	e.pure = pure
+	e.same = same
 	e.begun = true
 	e.hits = e.hits[:0]
 	c.notePublishes(p)
@@ -274,7 +294,7 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 		return 0, false, false, fmt.Errorf("%w: %d block ids left over after the arrivals' hits", ErrHitBlocks, len(p.HitBlocks)-used)
 	}
 	pure = !c.cfg.DisableDecodeBuffer && n > 0 && len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
-		len(p.Preempted) == 0 && len(p.Resumed) == 0
+		len(p.Preempted) == 0 && len(p.Resumed) == 0 && len(p.Replaced) == 0
 	// slots.Map checks the whole batch (negative starts and counts, rows,
 	// columns, the total against len(dst)) before it writes, so the plan is
 	// walked once here; the error path finds the culprit. The scratch holds

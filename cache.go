@@ -151,6 +151,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	ws := &c.ws
 	ws.Slots, ws.IDs, ws.Handles, ws.Count = e.slots[:e.ntok], rec.IDs, e.h, rec.Count
 	ws.TokOff, ws.Pure, ws.Blocks = nil, e.pure, e.blocks
+	ws.Accepted = nil
+	if o.Accepted != nil && rejects(o.Accepted, rec.Count) {
+		ws.Accepted = o.Accepted
+	}
 	if len(c.lay.Def) > 0 {
 		ws.TokOff = rec.Offsets() // deferred runs start at each request's first row
 	}
@@ -159,6 +163,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		ws.Out[k] = writer.Src{Host: t.Host, Dev: t.Dev, Owned: t.Owned}
 	}
 	err := c.path.Save(ws, &rec.Refs)
+	if err == nil {
+		c.noteSaved(rec, ws.Accepted)
+	}
+	ws.Accepted = nil
 	for k := range ws.Out {
 		ws.Out[k] = writer.Src{} // borrowed for the call (a loop: clear's bulk barrier costs more for a few keys)
 	}
@@ -207,6 +215,24 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 	}
 	if len(o.Tensors) != len(c.cfg.Keys) {
 		return fmt.Errorf("%w: %d tensors for %d keys", ErrOutputs, len(o.Tensors), len(c.cfg.Keys))
+	}
+	if o.Accepted != nil {
+		e := &c.eng
+		ids, count := e.ids, e.count
+		if e.rec != nil { // a hit step's record took them at Begin
+			ids, count = e.rec.IDs, e.rec.Count
+		}
+		if len(o.Accepted) != len(ids) {
+			return fmt.Errorf("%w: %d accepted counts for %d scheduled requests", ErrOutputs, len(o.Accepted), len(ids))
+		}
+		for i, a := range o.Accepted {
+			switch {
+			case a < 0 || a > count[i]:
+				return fmt.Errorf("%w: request %d: %d tokens accepted of %d scheduled", ErrOutputs, ids[i], a, count[i])
+			case a < count[i] && e.pure:
+				return fmt.Errorf("%w: request %d: a decode step's one token cannot be rejected", ErrOutputs, ids[i])
+			}
+		}
 	}
 	for k := range o.Tensors {
 		t := &o.Tensors[k]
@@ -307,19 +333,32 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		nq = len(rec.IDs)
 	}
 	dst.reset(c.lay.RowBytes)
+	trimmed := rec.Trimmed // set under c.mu until take: stable now
+	dst.keep = dst.keep[:0]
 	for qi := 0; qi < nq; qi++ {
 		i := qi
 		if !all {
 			i = int(rec.Qidx[qi])
 		}
 		pre := rec.Prefix(i)
-		dst.add(rec.IDs[i], pre, pre+rec.Count[i])
+		lo := rec.Start[i] - pre
+		dst.add(rec.IDs[i], pre, pre+rec.Count[i], lo)
+		if trimmed {
+			// Rows past End (rejected drafts, a replaced prompt's tail)
+			// are read as laid out, then left out of the result.
+			dst.keep = append(dst.keep, rec.End[i]-lo)
+		}
 	}
 	if !all || !rec.Prefetched() {
 		dst.size() // else the read adopts the prefetched buffers
 	}
 	err = c.rd.Read(rec, all, nq, dest{dst})
 	c.drop(rec)
+	if err == nil && trimmed {
+		for qi, n := range dst.keep {
+			dst.trim(qi, n)
+		}
+	}
 	if err == nil {
 		err = c.check()
 	}

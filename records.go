@@ -38,6 +38,7 @@ func (c *Cache) newRec() *reader.Step {
 	r.ID = uint64(e.nextStep)
 	r.IDs, e.ids = e.ids, r.IDs[:0]
 	r.Count, e.count = e.count, r.Count[:0]
+	r.Start, e.start = e.start, r.Start[:0]
 	return r
 }
 

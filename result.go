@@ -9,11 +9,13 @@ type Result struct {
 	ids      []int64
 	prefix   []int32
 	tokens   []int32
+	from     []int32 // per request: the position of its first row
 	off      []int32 // row offset of request i within every key's buffer
 	rowBytes []int
 	keys     [][]byte
 	errs     []error // per request: why its rows were not served (nil: served)
 	nfail    int
+	keep     []int32 // Materialize's scratch: rows kept per request when its step was trimmed
 }
 
 // Err is nil when request i's rows were served, else why not (its rows
@@ -47,6 +49,11 @@ func (r *Result) Len() int { return len(r.ids) }
 // ID is the i-th request's id.
 func (r *Result) ID(i int) int64 { return r.ids[i] }
 
+// From is the token position of request i's first row: its rows are
+// positions [From(i), From(i)+Tokens(i)) of its sequence (0 with a hit
+// prefix, else the step's first scheduled position).
+func (r *Result) From(i int) int { return int(r.from[i]) }
+
 // Prefix is the number of hit-prefix rows at the start of request i's rows.
 func (r *Result) Prefix(i int) int { return int(r.prefix[i]) }
 
@@ -66,6 +73,7 @@ func (r *Result) reset(rowBytes []int) {
 	r.ids = r.ids[:0]
 	r.prefix = r.prefix[:0]
 	r.tokens = r.tokens[:0]
+	r.from = r.from[:0]
 	r.off = r.off[:0]
 	clear(r.errs)
 	r.errs = r.errs[:0]
@@ -77,8 +85,16 @@ func (r *Result) reset(rowBytes []int) {
 	r.keys = r.keys[:len(rowBytes)]
 }
 
-// add appends request id with prefix and total token counts.
-func (r *Result) add(id int64, prefix, tokens int32) {
+// trim makes request i hold only its first n rows (n ≤ Tokens(i)): the
+// rows after them are not delivered. Views only; the layout is kept.
+func (r *Result) trim(i int, n int32) {
+	r.tokens[i] = max(0, min(n, r.tokens[i]))
+	r.prefix[i] = min(r.prefix[i], r.tokens[i])
+}
+
+// add appends request id with prefix and total token counts, its first
+// row at position from.
+func (r *Result) add(id int64, prefix, tokens, from int32) {
 	off := int32(0)
 	if n := len(r.off); n > 0 {
 		off = r.off[n-1] + r.tokens[n-1]
@@ -86,6 +102,7 @@ func (r *Result) add(id int64, prefix, tokens int32) {
 	r.ids = append(r.ids, id)
 	r.prefix = append(r.prefix, prefix)
 	r.tokens = append(r.tokens, tokens)
+	r.from = append(r.from, from)
 	r.off = append(r.off, off)
 	r.errs = append(r.errs, nil)
 }

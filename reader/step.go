@@ -51,11 +51,18 @@ import (
 // requests, where its own rows are (writer.Refs) and the plan of its hit
 // reads. Reusable through Reset.
 type Step struct {
-	ID     uint64
-	IDs    []int64 // per request, in batch order
-	Count  []int32 // per request: this step's tokens
-	tokOff []int32 // per request: first row in the step (see Offsets)
-	prefix []int32 // per request: hit prefix tokens (empty when no hit)
+	ID    uint64
+	IDs   []int64 // per request, in batch order
+	Count []int32 // per request: this step's tokens
+	Start []int32 // per request: its first scheduled position
+	// End is, per request, the position its delivered rows end at when
+	// that is short of Start+Count (rejected draft tokens, a replaced
+	// prompt); filled only when Trimmed. The cache sets them under its
+	// lock while the step is unconsumed.
+	End     []int32
+	Trimmed bool
+	tokOff  []int32 // per request: first row in the step (see Offsets)
+	prefix  []int32 // per request: hit prefix tokens (empty when no hit)
 	writer.Refs
 
 	// immediate-key hit plan: per hit its block ids; the read joins the
@@ -128,6 +135,9 @@ const (
 func (s *Step) Reset(nkeys int) {
 	s.IDs = s.IDs[:0]
 	s.Count = s.Count[:0]
+	s.Start = s.Start[:0]
+	s.End = s.End[:0]
+	s.Trimmed = false
 	s.tokOff = s.tokOff[:0]
 	s.prefix = s.prefix[:0]
 	s.Refs.Reset(nkeys)
@@ -181,6 +191,19 @@ func (s *Step) Offsets() []int32 {
 		}
 	}
 	return s.tokOff
+}
+
+// Trim makes request i's rows end at position end (not past
+// Start+Count), filling End on first use.
+func (s *Step) Trim(i int, end int32) {
+	if !s.Trimmed {
+		s.End = s.End[:0]
+		for j := range s.Count {
+			s.End = append(s.End, s.Start[j]+s.Count[j])
+		}
+		s.Trimmed = true
+	}
+	s.End[i] = min(s.End[i], end)
 }
 
 // Prefix is request i's hit prefix (0 when the step served none).

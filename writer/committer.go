@@ -320,6 +320,28 @@ func (c *Committer) newerMask(sl []int32) (mask []int32, kept, skipped int) {
 	return c.mask, len(sl) - skipped, skipped
 }
 
+// rejectMask returns mk (a mask of sl from newerMask) with the rows of
+// rejected draft tokens set to -1 too (a copy in the scratch), and how
+// many rows it keeps and skips.
+func (c *Committer) rejectMask(mk, sl []int32, reject []bool) (mask []int32, kept, skipped int) {
+	if len(mk) > 0 && &mk[0] == &sl[0] {
+		c.mask = grow(c.mask, len(sl))
+		copy(c.mask, sl)
+		mk = c.mask
+	}
+	for i, r := range reject {
+		if r {
+			mk[i] = -1
+		}
+	}
+	for _, s := range mk {
+		if s < 0 {
+			skipped++
+		}
+	}
+	return mk, len(mk) - skipped, skipped
+}
+
 // count adds a step's rows written and skipped to the counters: over every
 // immediate key, less those the step omitted (nothing is written for them).
 func (c *Committer) count(w *Write, j, kept, skipped int) {
@@ -401,6 +423,9 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	for j := 0; j < w.Steps; j++ {
 		sl := w.Slots[j*w.N : (j+1)*w.N]
 		mk, kept, skipped := c.newerMask(sl)
+		if len(w.Reject) > 0 {
+			mk, kept, skipped = c.rejectMask(mk, sl, w.Reject)
+		}
 		c.count(w, j, kept, skipped)
 		for ki, k := range c.cfg.Imm {
 			if w.NAbsent > 0 && w.Absent[j*nimm+ki] {

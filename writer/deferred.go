@@ -59,6 +59,9 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 		owners := int32(0)
 		for i, h := range s.Handles {
 			cnt := s.Count[i]
+			if s.Accepted != nil {
+				cnt = s.Accepted[i] // rejected rows are never written (marked absent below)
+			}
 			if cnt == 0 {
 				continue
 			}
@@ -68,6 +71,14 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 		}
 		p.mu.Lock()
 		p.occ[k].Claim(w.Slots, w.ID, 0)
+		if s.Accepted != nil {
+			for i, acc := range s.Accepted {
+				if acc < s.Count[i] {
+					off := s.TokOff[i]
+					p.occ[k].MarkAbsent(w.Slots[off+acc : off+s.Count[i]])
+				}
+			}
+		}
 		w.Owners = owners
 		if owners > 0 {
 			p.clones[w.ID] = w

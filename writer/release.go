@@ -86,8 +86,9 @@ func (p *Path) newWrite(pg *Page, n int) *Write {
 		w = &Write{}
 	}
 	host, dev, staged, absent, slots, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Slots[:0], w.Owned[:0]
-	pub, pubKeys := w.Pub[:0], w.PubKeys[:0]
-	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Slots: slots, Owned: owned, Pub: pub, PubKeys: pubKeys}
+	pub, pubKeys, reject := w.Pub[:0], w.PubKeys[:0], w.Reject[:0]
+	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Slots: slots, Owned: owned,
+		Pub: pub, PubKeys: pubKeys, Reject: reject}
 	return w
 }
 

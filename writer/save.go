@@ -33,8 +33,14 @@ type Step struct {
 	Count   []int32      // per request: scheduled tokens
 	TokOff  []int32      // per request: first row in the step (needed with deferred keys)
 	Pure    bool         // a pure-decode step the decode buffer may park
-	Blocks  []int32      // the blocks the step writes (nil: not known; its slots tell)
-	Out     []Src        // per key
+	// Accepted, when set, is per request how many of its Count tokens
+	// were accepted (speculative decoding); the rows of the others are
+	// rejected: written nowhere, their slots turned stale (immediate keys)
+	// or absent (deferred keys), so no read ever serves them. A pure step
+	// rejects nothing (the caller checks).
+	Accepted []int32
+	Blocks   []int32 // the blocks the step writes (nil: not known; its slots tell)
+	Out      []Src   // per key
 }
 
 // Save hands the step's rows to the write path: immediate rows of the whole
@@ -352,6 +358,9 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 		}
 	}
 	w.Slots = append(w.Slots, s.Slots...)
+	if s.Accepted != nil {
+		w.Reject = rejectRows(w.Reject, s)
+	}
 	p.mu.Lock()
 	for ki, k := range p.lay.Imm {
 		refs.Src[k], refs.SrcOff[k], refs.Omit[k] = w, 0, w.Absent[ki]
@@ -462,4 +471,22 @@ func (p *Path) join(ev gpu.Event) error {
 	prev := p.lastEv[0]
 	p.lastEv[0], p.lastEv[1] = p.lastEv[1], ev
 	return p.WaitDev(prev)
+}
+
+// rejectRows returns, per row of step s, whether its token was rejected
+// (into buf), or nil when every token was accepted.
+func rejectRows(buf []bool, s *Step) []bool {
+	buf = buf[:0]
+	any := false
+	for i, n := range s.Count {
+		acc := s.Accepted[i]
+		for j := int32(0); j < n; j++ {
+			buf = append(buf, j >= acc)
+		}
+		any = any || acc < n
+	}
+	if !any {
+		return buf[:0]
+	}
+	return buf
 }

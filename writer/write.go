@@ -49,7 +49,11 @@ type Write struct {
 	// Slots is the slot of every row: of an immediate write, parked step
 	// j's rows are Slots[j*N : (j+1)*N] (at the same offsets in its staged
 	// rows); of a deferred clone, its rows in clone order.
-	Slots  []int32
+	Slots []int32
+	// Reject marks the rows of rejected draft tokens (Step.Accepted) of
+	// a one-step write: the committer writes them nowhere and their slots
+	// turn stale. Empty: none.
+	Reject []bool
 	Owned  [][]byte // owned host tensors, handed back when the write is released
 	Charge int64    // bytes released with the write
 	// Pub are full blocks (their keys in PubKeys) whose rows are all

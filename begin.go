@@ -13,7 +13,13 @@ import (
 )
 
 // request flags (soa.Requests.Flags)
-const flagHitPending = 1
+const (
+	flagHitPending = 1
+	// flagFloor: the request was preempted and has not yet been saved
+	// past the length it had then (preLen): its steps may recompute rows
+	// it already delivered, which Materialize leaves out.
+	flagFloor = 2
+)
 
 // engine is the engine goroutine's view of the step: the live request
 // table and the begun step. Only Begin, Save, Sync and Close touch it.
@@ -35,11 +41,21 @@ type engine struct {
 	lens       []int32
 	lenH       []soa.Handle
 	lenPending int32
-	slots      []int32
-	ntok       int
-	pure       bool
-	hitReq     []int32      // positions in the batch of requests whose hit prefix is served this step
-	fresh      []soa.Handle // requests this Begin added (removed again if the step fails)
+
+	// dlp is, by handle, the live request's delivery state (delivery.go);
+	// batchD the begun batch's, an array shared by the records of the
+	// steps over this batch (replaced, never reused, when the batch
+	// changes). preLen is, by handle, the length a preempted request had
+	// (flagFloor); nFloor counts those requests.
+	dlp    []*dlState
+	batchD []any
+	preLen []int32
+	nFloor int
+	slots  []int32
+	ntok   int
+	pure   bool
+	hitReq []int32      // positions in the batch of requests whose hit prefix is served this step
+	fresh  []soa.Handle // requests this Begin added (removed again if the step fails)
 
 	prevIDs   []int64
 	prevH     []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)
@@ -126,9 +142,11 @@ func (c *Cache) Begin(p *Plan) error {
 		}
 	}
 	c.applyReplaced(p) // before finishes: a replaced request may finish too
+	c.applyPreempted(p)
 	for _, id := range p.Finished {
 		if h, ok := e.reqs.Lookup(id); ok {
 			c.path.Finish(h)
+			c.dropFloor(h)
 			e.reqs.Remove(h)
 			same = false
 		}
@@ -141,11 +159,19 @@ func (c *Cache) Begin(p *Plan) error {
 		nb := int(ht) / c.cfg.BlockSize
 		blocks := p.HitBlocks[used : used+nb]
 		used += nb
-		if h, fresh := e.reqs.Add(id, ht, blocks); fresh {
+		h, fresh := e.reqs.Add(id, ht, blocks)
+		rehit := !fresh && ht > 0 && slices.Contains(p.Resumed, id)
+		if rehit {
+			// A preempted request resuming with a hit: the hit is served as
+			// an arrival's (delivery leaves out what it already had).
+			e.reqs.SetHit(h, ht, blocks)
+		}
+		if fresh || rehit {
 			same = false
-			e.fresh = append(e.fresh, h)
-			e.lens = growLens(e.lens, h)
-			e.lens[h] = 0
+			if fresh {
+				e.fresh = append(e.fresh, h)
+				c.freshReq(h)
+			}
 			if ht > 0 {
 				e.reqs.Flags[e.reqs.Pos(h)] |= flagHitPending
 			}
@@ -176,8 +202,7 @@ func (c *Cache) Begin(p *Plan) error {
 				if h, ok = e.reqs.Lookup(id); !ok {
 					h, _ = e.reqs.Add(id, 0, nil)
 					e.fresh = append(e.fresh, h)
-					e.lens = growLens(e.lens, h)
-					e.lens[h] = 0
+					c.freshReq(h)
 				}
 			}
 			e.h = append(e.h, h)
@@ -187,6 +212,7 @@ func (c *Cache) Begin(p *Plan) error {
 				e.hitReq = append(e.hitReq, int32(i))
 			}
 		}
+		c.newBatch()
 		e.prevIDs = append(e.prevIDs[:0], p.IDs...)
 		e.hbuf, e.prevH = e.prevH, e.h
 		c.live.Store(int64(e.reqs.Len())) // the table changes only with the ids
@@ -475,7 +501,14 @@ func (c *Cache) checkIDs(p *Plan) error {
 	slices.SortFunc(e.starts, func(a, b idStart) int { return cmp.Compare(a.id, b.id) })
 	for i, id := range p.Arrivals {
 		if _, ok := live(id); ok {
-			continue // a streamed continuation: not a hit
+			if p.HitTokens[i] == 0 || !slices.Contains(p.Resumed, id) {
+				continue // a streamed continuation: not a hit
+			}
+			// A resumed request with a hit: scheduled from its hit length.
+			if j := slices.Index(p.IDs, id); j >= 0 && p.Start[j] != p.HitTokens[i] {
+				return fmt.Errorf("%w: request %d resumes with %d hit tokens but is scheduled from position %d", ErrPlan, id, p.HitTokens[i], p.Start[j])
+			}
+			continue
 		}
 		j, found := slices.BinarySearchFunc(e.starts, id, func(s idStart, id int64) int { return cmp.Compare(s.id, id) })
 		if found && e.starts[j].start != p.HitTokens[i] {

@@ -315,17 +315,29 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if dst == nil {
 		return fmt.Errorf("%w: nil Result (the step stays unconsumed)", ErrOutputs)
 	}
-	rec, err := c.take(id, reqs)
+	c.mu.Lock()
+	rec, err := c.takeLocked(id, reqs)
+	if err == nil {
+		var qidx []int32
+		nq := len(rec.IDs)
+		if reqs != nil {
+			qidx, nq = rec.Qidx, len(reqs)
+		}
+		c.deliverLocked(rec, qidx, nq, dst)
+	}
+	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	imp := c.takeImport(id)
 	if err := c.path.Err(); err != nil {
 		c.drop(rec)
+		c.undeliver(dst, true)
 		return err
 	}
 	if uint64(id) <= c.resetFence.Load() {
 		c.drop(rec)
+		c.undeliver(dst, true)
 		return fmt.Errorf("%w: step %d", ErrReset, id)
 	}
 	all, nq := reqs == nil, len(reqs)
@@ -354,15 +366,23 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	}
 	err = c.rd.Read(rec, all, nq, dest{dst})
 	c.drop(rec)
-	if err == nil && trimmed {
-		for qi, n := range dst.keep {
-			dst.trim(qi, n)
+	if err == nil {
+		for qi, skip := range dst.skip {
+			if skip > 0 {
+				dst.trimFront(qi, skip) // rows the request already had (it resumed)
+			}
+		}
+		if trimmed {
+			for qi, n := range dst.keep {
+				dst.trim(qi, n-dst.skip[qi])
+			}
 		}
 	}
 	if err == nil {
 		err = c.check()
 	}
 	if err != nil {
+		c.undeliver(dst, true)
 		dst.reset(c.lay.RowBytes) // nothing served
 		return err
 	}
@@ -370,6 +390,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		c.failImports(imp, dst)
 	}
 	if dst.nfail > 0 {
+		c.undeliver(dst, false)
 		re := &RequestError{Step: id}
 		for i, e := range dst.errs {
 			if e != nil {

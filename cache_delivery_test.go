@@ -245,3 +245,67 @@ func TestReplacedPrompt(t *testing.T) {
 	require.NoError(t, w.c.Materialize(id, nil, &w.res))
 	require.Equal(t, want(a, 8, ver), w.res.Rows(0, 0)[:8*dRow])
 }
+
+// A preempted request that resumes — with no hit, a hit shorter than what
+// it was delivered, or one longer — receives exactly the rows after what
+// it had: the concatenation of everything Materialize delivered to it is
+// its rows with no gap and no repeat, as in a run without preemption.
+func TestResumeDelivery(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		hitBlocks []int32 // the resumed request's hit (its own blocks)
+		discard   bool    // its last step before the preemption is discarded: delivered 8, computed 12
+	}{
+		{"no hit", nil, false},
+		{"hit shorter than delivered", []int32{0}, false},
+		{"hit as long as delivered", []int32{0, 1, 2}, false},
+		{"hit longer than delivered", []int32{0, 1, 2}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDWorld(t)
+			a := int64(1)
+			id, err := w.step(&omnicache.Plan{}, dreq{id: a, start: 0, n: 8, ver: 1, accepted: -1, arrive: true})
+			require.NoError(t, err)
+			w.mat(id)
+			id, err = w.step(&omnicache.Plan{}, dreq{id: a, start: 8, n: 4, ver: 1, accepted: -1})
+			require.NoError(t, err)
+			if tc.discard {
+				require.NoError(t, w.c.Discard(id)) // rows 8..11 computed, never delivered
+			} else {
+				w.mat(id)
+			}
+			// Preempted (its blocks stay cached), another request runs, then
+			// it resumes: recomputing from its hit, or from 0.
+			id, err = w.step(&omnicache.Plan{Preempted: []int64{a}}, dreq{id: 2, start: 0, n: 4, ver: 1, accepted: -1, arrive: true})
+			require.NoError(t, err)
+			w.mat(id)
+			hit := 4 * len(tc.hitBlocks)
+			p := &omnicache.Plan{Resumed: []int64{a}}
+			r := dreq{id: a, start: hit, n: 14 - hit, ver: 1, accepted: -1}
+			if hit > 0 {
+				r.arrive, r.hitBlocks = true, tc.hitBlocks
+			}
+			id, err = w.step(p, r)
+			require.NoError(t, err)
+			w.mat(id)
+			id, err = w.step(&omnicache.Plan{}, dreq{id: a, start: 14, n: 1, ver: 1, accepted: -1})
+			require.NoError(t, err)
+			w.mat(id)
+			require.Equal(t, want(a, 15, v1), w.got[a], "what request 1 received, in order")
+		})
+	}
+}
+
+// A resumed request's arrival with a hit must be scheduled from its hit
+// length, as any arrival's.
+func TestResumeHitStart(t *testing.T) {
+	w := newDWorld(t)
+	id, err := w.step(&omnicache.Plan{}, dreq{id: 1, start: 0, n: 8, ver: 1, accepted: -1, arrive: true})
+	require.NoError(t, err)
+	w.mat(id)
+	id, err = w.step(&omnicache.Plan{Preempted: []int64{1}}, dreq{id: 2, start: 0, n: 4, ver: 1, accepted: -1, arrive: true})
+	require.NoError(t, err)
+	w.mat(id)
+	_, err = w.step(&omnicache.Plan{Resumed: []int64{1}}, dreq{id: 1, start: 0, n: 4, ver: 1, accepted: -1, arrive: true, hitBlocks: []int32{0}})
+	require.ErrorIs(t, err, omnicache.ErrPlan)
+}

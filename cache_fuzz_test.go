@@ -28,7 +28,8 @@ package omnicache_test
 //	        c3 blocks 4 + c3%13        c4 prefill chunk 1 + c4%8
 //	        c5 initial tensor modes (bit 2k: key k on the device, 2k+1: owned)
 //	step    ev  events: 0x01 arrival, 0x02 arrival hitting cached blocks,
-//	            0x04 abort, 0x08 preempt, 0x10 resume, 0x20 streamed
+//	            0x04 abort, 0x08 preempt, 0x10 resume (a byte follows: a hit
+//	            on b%3 cached blocks), 0x20 streamed
 //	            continuation, 0x40 tweak byte follows, 0x80 misuse byte follows
 //	        [tweak] bits 0-5 toggle tensor modes (as c5), 0x40 hand a cached
 //	            block to the next new tenant, 0x80 arrival hitting
@@ -313,7 +314,7 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 		e.reuseCached(in)
 	}
 	if ev&0x10 != 0 && len(e.preempted) > 0 && len(e.running) < e.lim.maxRunning {
-		e.resume(&act)
+		e.resume(&act, int(in.byte()%3)) // a hit on 0, 1 or 2 cached blocks
 	}
 	budget := e.scheduleRunning(&act)
 	if ev&0x20 != 0 && len(act.st.Sched) > 0 {

@@ -17,7 +17,14 @@ import (
 
 func (h *harness) tryDiscard(id omnicache.StepID) error {
 	h.t.Helper()
-	return guard(h.t, fmt.Sprintf("%sDiscard(%v)", h.prefix(), id), func() error { return h.c.Discard(id) })
+	err := guard(h.t, fmt.Sprintf("%sDiscard(%v)", h.prefix(), id), func() error { return h.c.Discard(id) })
+	if err == nil {
+		h.dmu.Lock()
+		h.discarded[id] = true
+		h.consumed[id] = true
+		h.dmu.Unlock()
+	}
+	return err
 }
 
 func (h *harness) discard(id omnicache.StepID) {

@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,6 +206,10 @@ type reqWant struct {
 	hitSlots []int32
 	hitFrom  []int  // per hit slot: ordinal of the step that last wrote it at Save (0: none)
 	omit     []bool // per key: the step omitted it (its own rows read as zeros)
+	// floor: the request resumed after a preemption and this step may
+	// recompute rows it already had: Materialize leaves out those below
+	// what its older steps deliver (see harness.expectSkip).
+	floor bool
 }
 
 type stepWant struct {
@@ -266,6 +271,23 @@ type harness struct {
 	keepRows   bool
 	rows       map[rowKey][]byte
 	reassigned map[int]bool
+
+	// Delivery model (the cache's delivery positions): lens are the
+	// positions each request's saved steps cover; preLen the length a
+	// preempted request had (until it is saved past it); discarded the
+	// steps consumed by Discard (they deliver nothing); failedReq the
+	// requests a step could not serve.
+	lens      map[int64]int
+	preLen    map[int64]int
+	discarded map[omnicache.StepID]bool
+	failedReq map[omnicache.StepID]map[int64]bool
+	order     []omnicache.StepID // saved step ids, in Save order
+	dmu       sync.Mutex         // the delivery model's maps (verify may run on several goroutines)
+	consumed  map[omnicache.StepID]bool
+	served    map[omnicache.StepID]map[int64]bool
+	// asyncVerify: the result being verified came from an asynchronous
+	// Materialize, whose take ran at a time the harness does not know.
+	asyncVerify bool
 }
 
 // rowKey names the rows of one request and key in one step.
@@ -291,7 +313,10 @@ func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 		ver:    map[int64]int{},
 		live:   map[int64]bool{},
 		wants:  map[omnicache.StepID]*stepWant{},
-		rows:   map[rowKey][]byte{},
+		lens:   map[int64]int{}, preLen: map[int64]int{}, discarded: map[omnicache.StepID]bool{},
+		failedReq: map[omnicache.StepID]map[int64]bool{},
+		consumed:  map[omnicache.StepID]bool{}, served: map[omnicache.StepID]map[int64]bool{},
+		rows: map[rowKey][]byte{},
 
 		reassigned: map[int]bool{},
 	}
@@ -443,15 +468,23 @@ func (h *harness) tryBegin(st step) error {
 		return err
 	}
 	ps := &pendingStep{st: st, slots: map[int64][]int32{}, hits: map[int64][]int32{}, vers: map[int64]int{}}
+	for _, id := range st.Preempted {
+		if h.live[id] {
+			h.preLen[id] = h.lens[id]
+		}
+	}
 	for _, f := range st.Finished {
 		delete(h.live, f)
+		delete(h.preLen, f)
 	}
 	bs := h.cfg.BlockSize
 	for _, a := range st.Arrive {
 		if !h.live[a.ID] {
 			ps.fresh = append(ps.fresh, a.ID)
+			delete(h.lens, a.ID)
 		}
-		if !h.live[a.ID] && a.Hit > 0 {
+		rehit := h.live[a.ID] && containsID(st.Resumed, a.ID) // a preempted request resuming with a hit
+		if (!h.live[a.ID] || rehit) && a.Hit > 0 {
 			bl := h.hitBlocks(a)
 			var hs []int32
 			for j := 0; j < a.Hit && j/bs < len(bl); j++ {
@@ -464,6 +497,7 @@ func (h *harness) tryBegin(st step) error {
 	for _, s := range st.Sched {
 		if !h.live[s.ID] {
 			ps.fresh = append(ps.fresh, s.ID)
+			delete(h.lens, s.ID)
 		}
 		h.live[s.ID] = true
 		sl := make([]int32, s.Count)

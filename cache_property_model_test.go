@@ -39,6 +39,7 @@ type propEngine struct {
 	zeroTokens                int
 	bogus                     int // arrivals hitting never-written blocks (FuzzCache)
 	reuses                    int // cached blocks handed to a new tenant on purpose (FuzzCache)
+	resumeHits                int // resumes with a hit
 
 	// sparse steps (next): each optional key is omitted with probability
 	// 0.3, drawn from omitRng (a stream of its own, so the schedule is the
@@ -192,17 +193,51 @@ func (e *propEngine) preempt(act *propAction, id int64) {
 
 // resume resumes the oldest preempted request (not one preempted in this
 // step) if its blocks fit, with a new content version.
-func (e *propEngine) resume(act *propAction) {
+func (e *propEngine) resume(act *propAction, hitK int) {
 	id := e.preempted[0]
 	if containsID(act.st.Preempted, id) {
 		return
 	}
 	r := e.reqs[id]
-	if bl := e.alloc(e.blocksFor(r.total)); bl != nil {
+	// With hitK > 0 it resumes hitting that many cached full blocks (any
+	// of them, as an arrival may): its delivery then leaves out what it
+	// already had.
+	var hit []int32
+	if hitK > 0 {
+		hb := e.hittable()
+		if k := min(hitK, len(hb), (r.prompt-1)/e.bs); k > 0 {
+			hit = hb[len(hb)-k:]
+		}
+	}
+	freeAfterHit := len(e.free)
+	for _, b := range hit {
+		if e.ref[b] == 0 {
+			freeAfterHit--
+		}
+	}
+	need := e.blocksFor(r.total) - len(hit)
+	if freeAfterHit < need {
+		return
+	}
+	for _, b := range hit {
+		if e.ref[b] == 0 {
+			e.takeFree(b)
+		}
+		e.ref[b]++
+	}
+	if bl := e.alloc(need); bl != nil || need == 0 {
+		bl = append(append([]int32{}, hit...), bl...)
 		r.blocks = bl
+		r.done = len(hit) * e.bs
 		e.preempted = e.preempted[1:]
 		e.running = append(e.running, id)
 		act.st.Resumed = append(act.st.Resumed, id)
+		if len(hit) > 0 {
+			act.st.Arrive = append(act.st.Arrive, A{ID: id, Hit: len(hit) * e.bs})
+			e.resumeHits++
+			e.hits++
+			e.hitTokens += int64(len(hit) * e.bs)
+		}
 		act.assign = append(act.assign, propAssign{id, bl})
 		act.bump = append(act.bump, id)
 		e.resumes++
@@ -233,6 +268,9 @@ func (e *propEngine) scheduleRunning(act *propAction) int {
 // well-formed hit that must be ignored (a streamed continuation).
 func (e *propEngine) continuation(act *propAction, j int) {
 	r := e.reqs[act.st.Sched[j].ID]
+	if containsID(act.st.Resumed, r.id) {
+		return // with a hit, a resumed request's arrival is a hit (its re-hit)
+	}
 	act.st.Arrive = append(act.st.Arrive, A{ID: r.id, Hit: e.bs, Blocks: []int32{r.blocks[0]}})
 	e.continued++
 }
@@ -326,7 +364,7 @@ func (e *propEngine) next(i int) propAction {
 	}
 	// 3. Resume the oldest preempted request if its blocks fit.
 	if len(e.preempted) > 0 && len(e.running) < e.lim.maxRunning && rng.Float64() < 0.3 {
-		e.resume(&act)
+		e.resume(&act, e.resumes%3) // a hit on 0, 1 or 2 cached blocks (no draw: the schedule's draws stay)
 	}
 	// 4. Schedule the running requests: a prefill chunk or one decode token.
 	budget := e.scheduleRunning(&act)

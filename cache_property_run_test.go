@@ -77,6 +77,11 @@ func consume(h *harness, l lateMat) {
 	res := l.res
 	if l.async {
 		err = guard(h.t, fmt.Sprintf("asynchronous Materialize(%v)", l.id), func() error { return <-l.done })
+		h.dmu.Lock()
+		h.consumed[l.id] = true
+		h.dmu.Unlock()
+		h.asyncVerify = true
+		defer func() { h.asyncVerify = false }()
 	} else {
 		res = &h.res
 		err = h.matCall(l.id, l.reqs, res)

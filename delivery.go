@@ -32,12 +32,28 @@ func rejects(accepted, count []int32) bool {
 // the step is published.
 func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 	e := &c.eng
-	if e.pure && e.same && len(e.lenH) > 0 {
+	rec.Dl = e.batchD
+	if e.pure && e.same && len(e.lenH) > 0 && e.nFloor == 0 {
 		e.lenPending++
 		return
 	}
 	c.flushLens()
 	for i, h := range e.h {
+		if e.nFloor > 0 {
+			if pos := e.reqs.Pos(h); e.reqs.Flags[pos]&flagFloor != 0 {
+				lo := rec.Start[i] // its rows start here, or at 0 with a hit prefix
+				for _, hit := range e.hits {
+					if int(hit.Index) == i {
+						lo -= hit.Tokens
+					}
+				}
+				if lo >= e.preLen[h] {
+					c.dropFloor(h) // saved past what it had: nothing to leave out from here on
+				} else {
+					rec.Floor = append(rec.Floor, int32(i))
+				}
+			}
+		}
 		end := rec.Start[i] + rec.Count[i] // the engine's ids, counts and starts moved to the record
 		if accepted != nil {
 			end = rec.Start[i] + accepted[i]
@@ -131,6 +147,16 @@ func (c *Cache) applyReplaced(p *Plan) {
 		}
 	}
 	c.mu.Lock()
+	for i, id := range p.Replaced {
+		at := p.ReplacedFrom[i]
+		h, _ := reqs.Lookup(id)
+		if d := e.dlp[h]; d.pos > at {
+			d.pos = at // delivery restarts there
+		}
+		if int(h) < len(e.preLen) {
+			e.preLen[h] = min(e.preLen[h], at)
+		}
+	}
 	for _, rec := range c.steps {
 		for i, id := range p.Replaced {
 			if j := rec.Find(id); j >= 0 {
@@ -138,6 +164,132 @@ func (c *Cache) applyReplaced(p *Plan) {
 				rec.Trim(j, max(lo, p.ReplacedFrom[i]))
 			}
 		}
+	}
+	c.mu.Unlock()
+}
+
+// ---- delivery positions ----
+//
+// The cache knows, per request, up to which position its rows were
+// delivered: a dlState per request (made when it arrives; saved steps'
+// records point to it, so a step consumed after its request finished
+// still finds it), read and written under c.mu. Materialize advances it
+// (at take, under the lock it holds anyway; rolled back for a request it
+// could not serve) and a Discard delivers nothing. A preempted request
+// (flagFloor) that resumes recomputes rows: Materialize of such a step
+// leaves out every row below the request's delivered position and below
+// what its older steps not consumed yet will deliver, so the
+// concatenation of what it received has no gap and no repeat when a
+// request's steps are consumed in order.
+
+// dlState is one request's delivered position (guarded by Cache.mu).
+type dlState struct{ pos int32 }
+
+// freshReq resets the engine's state of handle h, which names a new
+// request. Engine goroutine.
+func (c *Cache) freshReq(h soa.Handle) {
+	e := &c.eng
+	e.lens = growLens(e.lens, h)
+	e.lens[h] = 0
+	for int(h) >= len(e.dlp) {
+		e.dlp = append(e.dlp, nil)
+	}
+	e.dlp[h] = &dlState{}
+}
+
+// newBatch makes the begun batch's delivery states the array its steps'
+// records point to: a new array, since records of older steps still point
+// to the old one. Engine goroutine.
+func (c *Cache) newBatch() {
+	e := &c.eng
+	e.batchD = make([]any, len(e.h))
+	for i, h := range e.h {
+		e.batchD[i] = e.dlp[h]
+	}
+}
+
+// applyPreempted flags the preempted requests: their later steps may
+// recompute rows they delivered. Engine goroutine (Begin's apply, after
+// flushLens).
+func (c *Cache) applyPreempted(p *Plan) {
+	e := &c.eng
+	for _, id := range p.Preempted {
+		h, ok := e.reqs.Lookup(id)
+		if !ok {
+			continue
+		}
+		pos := e.reqs.Pos(h)
+		if e.reqs.Flags[pos]&flagFloor == 0 {
+			e.reqs.Flags[pos] |= flagFloor
+			e.nFloor++
+		}
+		for int(h) >= len(e.preLen) {
+			e.preLen = append(e.preLen, 0)
+		}
+		e.preLen[h] = c.length(h)
+	}
+}
+
+// dropFloor clears request h's flagFloor (it finished, or caught up).
+func (c *Cache) dropFloor(h soa.Handle) {
+	e := &c.eng
+	if pos := e.reqs.Pos(h); e.reqs.Flags[pos]&flagFloor != 0 {
+		e.reqs.Flags[pos] &^= flagFloor
+		e.nFloor--
+	}
+}
+
+// deliverLocked computes, for each request rec serves (qidx maps result
+// positions to step indices; nil: all), the rows Materialize leaves out at
+// the front (skip) and advances its delivered position, remembering the
+// old one (prev) for a rollback. Caller holds c.mu; rec was just taken.
+func (c *Cache) deliverLocked(rec *reader.Step, qidx []int32, nq int, dst *Result) {
+	dst.skip = dst.skip[:0]
+	dst.dlPrev = dst.dlPrev[:0]
+	dst.dlS = dst.dlS[:0]
+	for qi := 0; qi < nq; qi++ {
+		i := qi
+		if qidx != nil {
+			i = int(qidx[qi])
+		}
+		var skip int32
+		prev := int32(-1) // nothing to roll back
+		var d *dlState
+		if i < len(rec.Dl) {
+			d = rec.Dl[i].(*dlState)
+			lo := rec.Start[i] - rec.Prefix(i)
+			hi := rec.Hi(i)
+			if slices.Contains(rec.Floor, int32(i)) {
+				floor := d.pos
+				for _, o := range c.steps { // older steps not consumed yet will deliver theirs
+					if o.ID < rec.ID {
+						if j := o.Find(rec.IDs[i]); j >= 0 && o.Count[j] > 0 {
+							floor = max(floor, o.Hi(j))
+						}
+					}
+				}
+				skip = max(0, min(floor-lo, hi-lo))
+			}
+			if lo+skip < hi && d.pos < hi {
+				prev = d.pos
+				d.pos = hi
+			}
+		}
+		dst.skip = append(dst.skip, skip)
+		dst.dlPrev = append(dst.dlPrev, prev)
+		dst.dlS = append(dst.dlS, d)
+	}
+}
+
+// undeliver rolls back the delivered position of the requests of dst that
+// failed (all: every one; their rows were not served). Any goroutine.
+func (c *Cache) undeliver(dst *Result, all bool) {
+	c.mu.Lock()
+	for qi, prev := range dst.dlPrev {
+		if prev < 0 || !all && dst.errs[qi] == nil {
+			continue
+		}
+		dst.dlS[qi].pos = min(dst.dlS[qi].pos, prev)
 	}
 	c.mu.Unlock()
 }

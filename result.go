@@ -16,6 +16,19 @@ type Result struct {
 	errs     []error // per request: why its rows were not served (nil: served)
 	nfail    int
 	keep     []int32 // Materialize's scratch: rows kept per request when its step was trimmed
+	skip     []int32 // Materialize's scratch: rows left out at the front per request (delivered already)
+	dlPrev   []int32
+	dlS      []*dlState
+}
+
+// trimFront leaves out request i's first n rows (it had them already):
+// its rows then start n positions later. Views only.
+func (r *Result) trimFront(i int, n int32) {
+	n = min(n, r.tokens[i])
+	r.off[i] += n
+	r.tokens[i] -= n
+	r.from[i] += n
+	r.prefix[i] = max(0, r.prefix[i]-n)
 }
 
 // Err is nil when request i's rows were served, else why not (its rows

@@ -61,8 +61,14 @@ type Step struct {
 	// lock while the step is unconsumed.
 	End     []int32
 	Trimmed bool
-	tokOff  []int32 // per request: first row in the step (see Offsets)
-	prefix  []int32 // per request: hit prefix tokens (empty when no hit)
+	// Dl holds each request's delivery state, the cache's (a shared,
+	// immutable array of the batch); Floor lists the requests (step
+	// indices) that resumed after a preemption and may recompute rows
+	// they already delivered.
+	Dl     []any
+	Floor  []int32
+	tokOff []int32 // per request: first row in the step (see Offsets)
+	prefix []int32 // per request: hit prefix tokens (empty when no hit)
 	writer.Refs
 
 	// immediate-key hit plan: per hit its block ids; the read joins the
@@ -138,6 +144,8 @@ func (s *Step) Reset(nkeys int) {
 	s.Start = s.Start[:0]
 	s.End = s.End[:0]
 	s.Trimmed = false
+	s.Dl = nil
+	s.Floor = s.Floor[:0]
 	s.tokOff = s.tokOff[:0]
 	s.prefix = s.prefix[:0]
 	s.Refs.Reset(nkeys)
@@ -204,6 +212,15 @@ func (s *Step) Trim(i int, end int32) {
 		s.Trimmed = true
 	}
 	s.End[i] = min(s.End[i], end)
+}
+
+// Hi is the position request i's delivered rows end at: Start+Count, or
+// End when trimmed.
+func (s *Step) Hi(i int) int32 {
+	if s.Trimmed {
+		return s.End[i]
+	}
+	return s.Start[i] + s.Count[i]
 }
 
 // Prefix is request i's hit prefix (0 when the step served none).

@@ -102,6 +102,28 @@ func (t *Requests) HitBlocks(h Handle) []int32 {
 	return t.Blocks[off : off+n : off+n]
 }
 
+// SetHit replaces live request h's hit with hitTokens and a copy of
+// blocks (a preempted request that resumes with a hit); its old block ids
+// become garbage in the arena.
+func (t *Requests) SetHit(h Handle, hitTokens int32, blocks []int32) {
+	p := t.pos[h]
+	if p < 0 {
+		panic(fmt.Sprintf("soa: SetHit of free handle %d", h))
+	}
+	if off, n := t.HitOff[p], t.HitN[p]; int(off+n) == len(t.Blocks) {
+		t.Blocks = t.Blocks[:off]
+	} else {
+		t.garbage += int(n)
+	}
+	t.HitTokens[p] = hitTokens
+	t.HitOff[p] = int32(len(t.Blocks))
+	t.HitN[p] = int32(len(blocks))
+	t.Blocks = append(t.Blocks, blocks...)
+	if 2*t.garbage > len(t.Blocks) {
+		t.compact()
+	}
+}
+
 // Remove deletes live request h in O(1): the last request moves into its
 // position; every other handle stays valid. h becomes free for reuse.
 // Removing a free handle panics.

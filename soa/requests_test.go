@@ -221,3 +221,23 @@ func TestRequestsNoAllocs(t *testing.T) {
 	require.Zero(t, testing.AllocsPerRun(1000, func() { _, _ = tab.Lookup(next - 1) }))
 	tab.check(t)
 }
+
+// SetHit replaces a live request's hit; other requests' blocks are kept
+// through the arena's compaction.
+func TestRequestsSetHit(t *testing.T) {
+	tab := NewRequests(4)
+	a, _ := tab.Add(1, 8, []int32{1, 2})
+	b, _ := tab.Add(2, 4, []int32{3})
+	for i := range 20 {
+		tab.SetHit(a, int32(4*i), []int32{int32(10 + i), int32(20 + i)}[:min(i, 2)])
+		if got := tab.HitBlocks(a); len(got) != min(i, 2) || tab.HitTokens[tab.Pos(a)] != int32(4*i) {
+			t.Fatalf("round %d: hit %v of %d tokens", i, got, tab.HitTokens[tab.Pos(a)])
+		}
+		if got := tab.HitBlocks(b); len(got) != 1 || got[0] != 3 {
+			t.Fatalf("round %d: the other request's hit is %v", i, got)
+		}
+	}
+	if len(tab.Blocks) > 8 {
+		t.Fatalf("arena of %d ids for 3 live ones: garbage not compacted", len(tab.Blocks))
+	}
+}

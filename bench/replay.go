@@ -32,6 +32,9 @@ type Spec struct {
 	Cost StepCost
 	// KVBlocks overrides the automatic KV pool size when > 0.
 	KVBlocks int
+	// Downstream: a next stage consumes stage 0's per-token rows, so the
+	// report projects the time to first packet.
+	Downstream bool
 	// Source returns a fresh source of the requests (called once a run).
 	Source func() sim.Source
 }
@@ -181,8 +184,9 @@ type StepSample struct {
 
 // SchemaVersion is Report's JSON schema version: 2 has computed_tokens
 // (was tokens), the step-cost projection (model_*, ref_*, fit_error) and no
-// nested stats object.
-const SchemaVersion = 2
+// nested stats object; 3 adds the projected latencies (ttft_*, e2e_*,
+// ttfp_*, first_request_ttft_ns), new_ns and the process's RSS.
+const SchemaVersion = 3
 
 // Report is one run's result. JSON names are snake_case and stable within a
 // SchemaVersion.
@@ -290,6 +294,41 @@ type Report struct {
 	MirrorResidentBytes int64 `json:"mirror_resident_bytes"`
 	// FirstRequestNs is New plus the first step's Begin and Save.
 	FirstRequestNs int64 `json:"first_request_ns"`
+	// NewNs is the cache's New.
+	NewNs int64 `json:"new_ns"`
+
+	// Projected per-request latency (ns), nearest-rank percentiles over the
+	// run's requests, on the projection's clock: every step takes its
+	// model time t(step), plus with the cache on the engine goroutine's
+	// cache time of the step and the output goroutine's backlog (as
+	// model_req_per_s counts them; the first step's cache time is start-up,
+	// outside the clock). A request arrives when the client sends it (the
+	// end of the step that finished the request before it: a closed loop
+	// of Concurrency clients). Time to first token ends with the step that
+	// samples its first token, end to end with the one that samples its
+	// last. Time to first packet (workloads with a downstream stage, else
+	// 0) ends when the rows of the request's first step reach the next
+	// stage: the end of that step, plus its Materialize when the request
+	// hit. FirstRequestTTFTNs is the first request's time to first token,
+	// with the cache's start-up (first_request_ns) when it is on.
+	TTFTP50            int64 `json:"ttft_p50_ns"`
+	TTFTP90            int64 `json:"ttft_p90_ns"`
+	TTFTP99            int64 `json:"ttft_p99_ns"`
+	E2EP50             int64 `json:"e2e_p50_ns"`
+	E2EP90             int64 `json:"e2e_p90_ns"`
+	E2EP99             int64 `json:"e2e_p99_ns"`
+	TTFPP50            int64 `json:"ttfp_p50_ns"`
+	TTFPP90            int64 `json:"ttfp_p90_ns"`
+	TTFPP99            int64 `json:"ttfp_p99_ns"`
+	FirstRequestTTFTNs int64 `json:"first_request_ttft_ns"`
+	// TTFTs are the requests' projected times to first token, in request
+	// order (for plots).
+	TTFTs []int64 `json:"-"`
+
+	// The process's resident set (VmRSS) at the end of the run, before the
+	// cache is closed, and its peak (VmHWM) so far; 0 where /proc has none.
+	ProcessRSSBytes     int64 `json:"process_rss_bytes"`
+	ProcessPeakRSSBytes int64 `json:"process_peak_rss_bytes"`
 	// FirstStepEngineNs is the first step's engine time (in
 	// EngineNsTotal): start-up, outside the projected throughput.
 	FirstStepEngineNs int64 `json:"first_step_engine_ns"`
@@ -496,6 +535,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		Owned: !o.NotOwned, Keys: FormatWidths(spec.Keys), Prompts: spec.Prompts,
 		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(),
 	}
+
 	r := &runner{spec: spec, o: o, s: s, rep: rep, cost: CostOf(spec, o)}
 	// Start from a clean heap: the previous run's garbage should not be
 	// collected during this one's timed calls.
@@ -509,6 +549,9 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		err = r.runOff()
 	}
 	rep.WallNs = time.Since(wall).Nanoseconds()
+	if !o.Cache {
+		rep.ProcessRSSBytes, rep.ProcessPeakRSSBytes = processRSS()
+	}
 	if err != nil {
 		return rep, fmt.Errorf("%s (cache %s): %w", spec.Name, rep.Cache, err)
 	}
@@ -519,6 +562,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		}
 	}
 	r.finish(off)
+	r.lat.fill(rep, spec.Downstream)
 	if rep.VerifyFailures > 0 {
 		return rep, fmt.Errorf("%s: %w: %d wrong rows, first: %s", spec.Name, ErrVerify, rep.VerifyFailures, rep.Failures[0])
 	}

@@ -379,7 +379,7 @@ func TestPlotAndReport(t *testing.T) {
 	if err := WritePlots(png, []*Report{off, rep}); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{png, StepPlotPath(png)} {
+	for _, f := range []string{png, StepPlotPath(png), TTFTPlotPath(png)} {
 		if st, err := os.Stat(f); err != nil || st.Size() < 1000 {
 			t.Fatalf("plot %s: %v", f, err)
 		}

@@ -146,7 +146,54 @@ func WriteTable(w io.Writer, reps []*Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := WriteLatencyTable(w, reps); err != nil {
+		return err
+	}
 	return WriteSummary(w, reps)
+}
+
+// WriteLatencyTable prints the projected latency per workload, cache off
+// vs on, at most TableWidth columns: time to first token p50 and p99 (off,
+// on, change), and the change of end-to-end p50 and p99 and of time to
+// first packet p50 ("-" without a downstream stage).
+func WriteLatencyTable(w io.Writer, reps []*Report) error {
+	runs := pairRuns(reps)
+	any := false
+	for _, run := range runs {
+		any = any || run.any().TTFTP50 > 0
+	}
+	if !any {
+		return nil
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "projected latency per request (step-cost model), cache off and on: time to first token (ttft),")
+	fmt.Fprintln(w, "end to end (e2e), time to first packet (ttfp: the first step's rows at the next stage; - without one)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tttft p50 off\ton\tchange\tp99 off\ton\tchange\te2e p50\te2e p99\tttfp p50 off\ton\t")
+	for _, run := range runs {
+		cols := make([]string, 0, 11)
+		get := func(r *Report, v func(*Report) int64) string {
+			if r == nil || v(r) == 0 {
+				return "-"
+			}
+			return dur(float64(v(r)))
+		}
+		change := func(v func(*Report) int64) string {
+			if run.off == nil || run.on == nil || v(run.off) == 0 || v(run.on) == 0 {
+				return "-"
+			}
+			return signedPct(float64(v(run.on))/float64(v(run.off))-1, 1)
+		}
+		p50 := func(r *Report) int64 { return r.TTFTP50 }
+		p99 := func(r *Report) int64 { return r.TTFTP99 }
+		e50 := func(r *Report) int64 { return r.E2EP50 }
+		e99 := func(r *Report) int64 { return r.E2EP99 }
+		f50 := func(r *Report) int64 { return r.TTFPP50 }
+		cols = append(cols, get(run.off, p50), get(run.on, p50), change(p50), get(run.off, p99), get(run.on, p99), change(p99),
+			change(e50), change(e99), get(run.off, f50), get(run.on, f50))
+		fmt.Fprintf(tw, "%s\t%s\t\n", shortName(run.name), strings.Join(cols, "\t"))
+	}
+	return tw.Flush()
 }
 
 // refCols are the reference columns of a report ("-" without a reference).
@@ -189,6 +236,28 @@ func WriteWideTable(w io.Writer, reps []*Report) error {
 		return err
 	}
 	return WriteSummary(w, reps)
+}
+
+// writeWideLatency prints every projected latency percentile per
+// workload and mode.
+func writeWideLatency(w io.Writer, reps []*Report) error {
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "projected latency per request (step-cost model):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tcache\tttft p50\tttft p90\tttft p99\te2e p50\te2e p90\te2e p99\tttfp p50\tttfp p90\tttfp p99\tfirst req ttft\t")
+	for _, r := range reps {
+		fmt.Fprintf(tw, "%s\t%s\t", r.Name, r.Cache)
+		for _, v := range []int64{r.TTFTP50, r.TTFTP90, r.TTFTP99, r.E2EP50, r.E2EP90, r.E2EP99, r.TTFPP50, r.TTFPP90, r.TTFPP99,
+			r.FirstRequestTTFTNs} {
+			s := "-"
+			if v > 0 {
+				s = dur(float64(v))
+			}
+			fmt.Fprintf(tw, "%s\t", s)
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
 }
 
 // notJudged is the summary's verdict on a timing target under --verify (see

@@ -27,8 +27,11 @@ off, as the reference measured it) and once driving the real cache, and
 prints per workload the hit rate, the engine goroutine's time in cache calls,
 the mirror's resident bytes, the model's cache-off throughput against the
 reference's, and the projected throughput change beside the reference's
-(--wide: every column, per mode). The projection prices every step with the
-step-cost model fitted to the reference (omnicache fit).
+(--wide: every column, per mode), then the projected latency per request,
+cache off vs on: time to first token and end to end (p50, p99; --wide and
+--json add p90) and, for a workload with a downstream stage, time to first
+packet. The projection prices every step with the step-cost model fitted to
+the reference (omnicache fit); latency is measured on that projected clock.
 
 Default: the embedded reference table, prompts scaled by --scale so the run
 takes under a minute on 2 cores; --full runs it at full size. --trace FILE
@@ -133,7 +136,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.concurrency, "concurrency", 0, "requests in flight (default: the workload's; 32 for a trace)")
 	fs.StringVar(&f.jsonParser, "json-parser", bench.ParserAuto, "trace parser: auto, simd (simdjson-go) or std (encoding/json)")
 	fs.StringVar(&f.jsonOut, "json", "", "write one JSON object per workload and mode (JSON Lines) to FILE")
-	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, and per-step cache time and hit rate to FILE-steps.png")
+	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, the projected time-to-first-token distributions off vs on to FILE-ttft.png, and per-step cache time and hit rate to FILE-steps.png")
 	fs.StringVar(&f.samples, "samples", "", "write every run's per-step engine times (Begin, Save, consume, waits, hold; ns) as CSV to FILE")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.execTrace, "exec-trace", "", "write a Go execution trace to FILE (go tool trace; the engine's Begin, Save and consume calls are regions)")

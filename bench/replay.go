@@ -32,6 +32,9 @@ type Spec struct {
 	Cost StepCost
 	// KVBlocks overrides the automatic KV pool size when > 0.
 	KVBlocks int
+	// KVTokens, when > 0 and KVBlocks is 0, sizes the KV pool in tokens
+	// (whatever the block size): a workload that must keep what it shares.
+	KVTokens int
 	// Downstream: a next stage consumes stage 0's per-token rows, so the
 	// report projects the time to first packet.
 	Downstream bool
@@ -447,6 +450,8 @@ func KVPool(spec Spec, o Options) int {
 		return o.KVBlocks
 	case spec.KVBlocks > 0:
 		return spec.KVBlocks
+	case spec.KVTokens > 0:
+		return (spec.KVTokens + o.BlockSize - 1) / o.BlockSize
 	}
 	return AutoKVBlocks(spec, o)
 }

@@ -33,9 +33,11 @@ cache off vs on: time to first token and end to end (p50, p99; --wide and
 packet. The projection prices every step with the step-cost model fitted to
 the reference (omnicache fit); latency is measured on that projected clock.
 
-Default: the embedded reference table, prompts scaled by --scale so the run
-takes under a minute on 2 cores; --full runs it at full size. --trace FILE
-replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
+Default: the embedded reference table, prompts scaled by --scale, and the
+field's workloads (field/multi_turn, field/long_doc_qa,
+field/prefix_repetition, field/tts: generated at their own sizes), in under
+a minute on 2 cores; --full runs the reference table at full size. --trace
+FILE replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
 built with the cuda tag: make gpu-replay) stages through the GPU, with the
 forward's outputs in device memory and each forward held for the model step
 time (--hold) while the cache's copies run.
@@ -95,8 +97,9 @@ type replayFlags struct {
 	waitPublish   bool          // replicas.go
 
 	// Parsed by checkFlags.
-	dev     deviceSpec
-	holdFor holdSpec
+	scaleSet bool // --scale or --full given
+	dev      deviceSpec
+	holdFor  holdSpec
 }
 
 // newCache creates the cache of the cache-on runs (nil: bench's default,
@@ -113,7 +116,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fs.Float64Var(&f.scale, "scale", 0.125, "scale the table's prompt counts (at least 2×concurrency prompts a workload)")
 	fs.BoolVar(&f.full, "full", false, "run the whole table at full size (scale 1)")
-	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC')")
+	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC'; the field's workloads are field/NAME: field/multi_turn, field/long_doc_qa, field/prefix_repetition, field/tts)")
 	fs.StringVar(&f.table, "table", "", "read the workload table from FILE instead of the embedded reference table")
 	fs.StringVar(&f.cache, "cache", "both", "cache modes to run: off, on or both")
 	fs.BoolVar(&f.verify, "verify", false, "fill rows from the content oracle and check every materialized row and, after Sync, the mirror")
@@ -261,6 +264,7 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 			}
 		}
 	}
+	f.scaleSet = set["scale"] || set["full"]
 	if set["full"] && set["scale"] {
 		return fmt.Errorf("--full runs the table at scale 1: not with --scale")
 	}

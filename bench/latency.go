@@ -4,11 +4,15 @@
 package bench
 
 import (
+	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 
+	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/bench/sim"
 )
 
@@ -116,6 +120,11 @@ func (l *latency) fill(rep *Report, downstream bool) {
 	}
 }
 
+// resetPeakRSS resets the process's VmHWM to its current RSS (Linux 4.0+,
+// clear_refs 5), so that a run's peak is its own; where it cannot, the
+// peak is the process's since it started.
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
 // processRSS is the process's VmRSS and VmHWM in bytes (Linux; 0, 0
 // elsewhere).
 func processRSS() (rss, peak int64) {
@@ -140,4 +149,38 @@ func processRSS() (rss, peak int64) {
 		}
 	}
 	return rss, peak
+}
+
+func keyRowBytesSum(keys []omnicache.Key) int {
+	n := 0
+	for _, k := range keys {
+		n += k.RowBytes
+	}
+	return n
+}
+
+// WriteScaleTable prints start-up and memory per workload: the KV pool,
+// the mirror's address space and what of it is resident, the cache's New
+// and first request (New + the first step's Begin and Save), the first
+// request's projected time to first token off and on, and the process's
+// RSS and peak RSS at the end of the cache-on run.
+func WriteScaleTable(w io.Writer, reps []*Report) error {
+	fmt.Fprintln(w, "start-up and memory (cache on; first req ttft: projected, with the cache's start-up):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tkv pool\tmirror\tresident\tNew\tfirst req\tfirst ttft off\ton\tproc RSS\tpeak\t")
+	for _, run := range pairRuns(reps) {
+		r := run.on
+		if r == nil {
+			continue
+		}
+		off := "-"
+		if run.off != nil {
+			off = dur(float64(run.off.FirstRequestTTFTNs))
+		}
+		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", shortName(run.name), r.KVBlocks, r.BlockSize,
+			bytesStr(r.MirrorReservedBytes), bytesStr(r.MirrorResidentBytes), dur(float64(r.NewNs)),
+			dur(float64(r.FirstRequestNs)), off, dur(float64(r.FirstRequestTTFTNs)), bytesStr(r.ProcessRSSBytes),
+			bytesStr(r.ProcessPeakRSSBytes))
+	}
+	return tw.Flush()
 }

@@ -204,6 +204,10 @@ type Report struct {
 	Prompts       int    `json:"prompts"`
 	Concurrency   int    `json:"concurrency"`
 	KVBlocks      int    `json:"kv_blocks"`
+	BlockSize     int    `json:"block_size"`
+	// MirrorReservedBytes is the mirror's address space: KV slots × the
+	// keys' row bytes (cache on; resident only where rows were written).
+	MirrorReservedBytes int64 `json:"mirror_reserved_bytes"`
 
 	Steps int `json:"steps"`
 	// ComputedTokens are the tokens the engine computed: scheduled, so
@@ -329,7 +333,8 @@ type Report struct {
 	TTFTs []int64 `json:"-"`
 
 	// The process's resident set (VmRSS) at the end of the run, before the
-	// cache is closed, and its peak (VmHWM) so far; 0 where /proc has none.
+	// cache is closed, and its peak (VmHWM) during the run (since the
+	// process started where Linux cannot reset it); 0 where /proc has none.
 	ProcessRSSBytes     int64 `json:"process_rss_bytes"`
 	ProcessPeakRSSBytes int64 `json:"process_peak_rss_bytes"`
 	// FirstStepEngineNs is the first step's engine time (in
@@ -538,7 +543,10 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		SchemaVersion: SchemaVersion,
 		Name:          spec.Name, Model: spec.Model, Cache: "off", Verify: o.Verify && o.Cache,
 		Owned: !o.NotOwned, Keys: FormatWidths(spec.Keys), Prompts: spec.Prompts,
-		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(),
+		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(), BlockSize: o.BlockSize,
+	}
+	if o.Cache {
+		rep.MirrorReservedBytes = int64(s.KV().Len()) * int64(o.BlockSize) * int64(keyRowBytesSum(spec.Keys))
 	}
 
 	r := &runner{spec: spec, o: o, s: s, rep: rep, cost: CostOf(spec, o)}
@@ -546,6 +554,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 	// collected during this one's timed calls.
 	runtime.GC()
 	debug.FreeOSMemory()
+	resetPeakRSS()
 	wall := time.Now()
 	if o.Cache {
 		rep.Cache = "on"

@@ -96,6 +96,9 @@ type replayFlags struct {
 	sharedKV      int           // replicas.go
 	waitPublish   bool          // replicas.go
 
+	realScale bool
+	busy      int
+
 	// Parsed by checkFlags.
 	scaleSet bool // --scale or --full given
 	dev      deviceSpec
@@ -152,6 +155,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.materializeOn, "materialize-on", "output", "where Materialize runs: output (a goroutine overlapping the next forward) or engine (timed as engine time)")
 	fs.StringVar(&f.device, "device", "host", "device the cache stages through: host, or cuda[:ordinal] (the forward's outputs then live in device memory; needs a cuda build: make gpu-replay)")
 	fs.StringVar(&f.hold, "hold", "auto", "hold the engine goroutine in each forward for the model step time while the device's copies run: off, model, or a cap such as 5ms (auto: "+defaultCUDAHoldMax.String()+" with cuda, off on the host)")
+	fs.BoolVar(&f.realScale, "real-scale", false, fmt.Sprintf("run at the scale upstream measured: a KV pool of %d blocks of %d tokens, a 4 KiB hidden row and two 4 KiB layer keys (%s; %.2f GiB of mirror a key, allocated lazily), and print start-up and memory: New, the first request, RSS", realScaleBlocks, realScaleBlockSize, realScaleWidths, float64(realScaleBlocks*realScaleBlockSize*4096)/(1<<30)))
 	replicaFlags(fs, &f)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -188,6 +192,13 @@ const (
 	maxMirrorMiB    = 1 << 20 // 1 TiB
 	maxStepTime     = time.Hour
 	maxModelLen     = 1 << 24
+)
+
+// --real-scale: what upstream measured at 0.92 GiB of pinned mirror a key.
+const (
+	realScaleBlocks    = 15092
+	realScaleBlockSize = 16
+	realScaleWidths    = "hidden=4096,layer_a=4096:opt,layer_b=4096:opt"
 )
 
 // checkFlags checks every flag's range; set names the flags given.
@@ -263,6 +274,14 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 				return fmt.Errorf("--%s applies to the workload table, not to --trace", name)
 			}
 		}
+	}
+	if f.realScale {
+		for _, name := range []string{"kv-blocks", "block-size", "widths", "mirror-budget-mib", "replicas"} {
+			if set[name] {
+				return fmt.Errorf("--real-scale sets the KV pool and keys: not with --%s", name)
+			}
+		}
+		f.kvBlocks, f.blockSize, f.widths = realScaleBlocks, realScaleBlockSize, realScaleWidths
 	}
 	f.scaleSet = set["scale"] || set["full"]
 	if set["full"] && set["scale"] {
@@ -441,6 +460,12 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	}
 	if err := write(stdout, reps); err != nil {
 		return 1, err
+	}
+	if f.realScale {
+		fmt.Fprintln(stdout)
+		if err := bench.WriteScaleTable(stdout, reps); err != nil {
+			return 1, err
+		}
 	}
 	if f.dev.cuda {
 		fmt.Fprintln(stdout)

@@ -121,6 +121,9 @@ type Options struct {
 	Progress func(finished int)
 	// KeepSamples records per-step samples in Report.Samples (for plots).
 	KeepSamples bool
+	// Busy is the number of cores the caller keeps busy beside the engine
+	// (replay --busy), for the report.
+	Busy int
 
 	// Device is the device the cache stages through (Config.Device); nil:
 	// the host device. The replay does not close it.
@@ -365,6 +368,8 @@ type Report struct {
 	Failures       []Failure `json:"failures,omitempty"`
 
 	WallNs int64 `json:"wall_ns"`
+	// BusyCores are the cores kept busy beside the engine (Options.Busy).
+	BusyCores int `json:"busy_cores"`
 	// Stats is the cache's Stats at the end (flattened above for JSON).
 	Stats *omnicache.Stats `json:"-"`
 
@@ -543,7 +548,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		SchemaVersion: SchemaVersion,
 		Name:          spec.Name, Model: spec.Model, Cache: "off", Verify: o.Verify && o.Cache,
 		Owned: !o.NotOwned, Keys: FormatWidths(spec.Keys), Prompts: spec.Prompts,
-		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(), BlockSize: o.BlockSize,
+		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(), BlockSize: o.BlockSize, BusyCores: o.Busy,
 	}
 	if o.Cache {
 		rep.MirrorReservedBytes = int64(s.KV().Len()) * int64(o.BlockSize) * int64(keyRowBytesSum(spec.Keys))

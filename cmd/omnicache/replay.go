@@ -156,6 +156,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.device, "device", "host", "device the cache stages through: host, or cuda[:ordinal] (the forward's outputs then live in device memory; needs a cuda build: make gpu-replay)")
 	fs.StringVar(&f.hold, "hold", "auto", "hold the engine goroutine in each forward for the model step time while the device's copies run: off, model, or a cap such as 5ms (auto: "+defaultCUDAHoldMax.String()+" with cuda, off on the host)")
 	fs.BoolVar(&f.realScale, "real-scale", false, fmt.Sprintf("run at the scale upstream measured: a KV pool of %d blocks of %d tokens, a 4 KiB hidden row and two 4 KiB layer keys (%s; %.2f GiB of mirror a key, allocated lazily), and print start-up and memory: New, the first request, RSS", realScaleBlocks, realScaleBlockSize, realScaleWidths, float64(realScaleBlocks*realScaleBlockSize*4096)/(1<<30)))
+	fs.IntVar(&f.busy, "busy", 0, "keep N cores busy beside the engine (N child processes spinning) for the whole replay, as a colocated stage sharing the machine: what it costs the cache-on runs' measured cache time, and so their projection")
 	replicaFlags(fs, &f)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -222,6 +223,7 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 		intIn("staging-depth", f.stagingDepth, 0, maxStagingDepth),
 		intIn("repeat", f.repeat, 1, maxRepeat),
 		intIn("max-model-len", f.maxModelLen, 1, maxModelLen),
+		intIn("busy", f.busy, 0, maxBusy),
 	} {
 		if err != nil {
 			return err
@@ -282,6 +284,9 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 			}
 		}
 		f.kvBlocks, f.blockSize, f.widths = realScaleBlocks, realScaleBlockSize, realScaleWidths
+	}
+	if f.busy > 0 && f.replicas > 0 {
+		return fmt.Errorf("--busy applies to one engine's replay: not with --replicas")
 	}
 	f.scaleSet = set["scale"] || set["full"]
 	if set["full"] && set["scale"] {
@@ -374,6 +379,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		MaterializeOnEngine: f.materializeOn == "engine",
 		NewCache:            newCache,
 		MirrorBudget:        f.mirrorMiB << 20,
+		Busy:                f.busy,
 	}
 
 	dev, err := openDevice(f.dev, f.holdFor, &opt)
@@ -398,6 +404,13 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 	}
 	load := loadAverage()
+	if f.busy > 0 {
+		busy, err := startBusy(f.busy)
+		if err != nil {
+			return 1, err
+		}
+		defer busy.stop()
+	}
 	bar := newProgress(f.progress, total, stderr)
 
 	var reps []*bench.Report
@@ -473,8 +486,8 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 	}
-	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start; cache-on runs: best of %d\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, repeat)
+	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start%s; cache-on runs: best of %d\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, busyNote(f.busy), repeat)
 	fmt.Fprintf(stdout, "device: %s%s; forward held: %s\n", f.dev, deviceNote(dev), f.holdFor)
 	if f.plot != "" && len(reps) > 0 {
 		if err := bench.WritePlots(f.plot, reps); err != nil {
@@ -505,6 +518,14 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+// busyNote is the machine line's note on --busy.
+func busyNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d cores kept busy beside the engine (--busy)", n)
 }
 
 // doneLine is the progress line of a finished run.

@@ -205,6 +205,9 @@ func TestReplayBadFlags(t *testing.T) {
 		{[]string{"--real-scale", "--widths", "h=8"}, "--widths"},
 		{[]string{"--real-scale", "--mirror-budget-mib", "64"}, "--mirror-budget-mib"},
 		{[]string{"--real-scale", "--replicas", "2"}, "--real-scale"},
+		{[]string{"--busy", "-1"}, "--busy"},
+		{[]string{"--busy", "100000"}, "--busy"},
+		{[]string{"--busy", "1", "--replicas", "2"}, "--busy"},
 		{[]string{"--workloads", "^field/tts", "--full"}, "--full"},
 	} {
 		oneLine(t, 2, c.args, c.flag)
@@ -454,5 +457,25 @@ func TestReplayRealScale(t *testing.T) {
 			m["first_request_ttft_ns"].(float64) <= 0 {
 			t.Fatalf("reserved %v resident %v: %s", reserved, resident, line)
 		}
+	}
+}
+
+// TestReplayBusy: --busy N runs N spinning children beside the replay,
+// says so, records it in the JSON and ends them.
+func TestReplayBusy(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.jsonl")
+	code, out, errs := run(t, "--busy", "1", "--workloads", "^field/tts$", "--repeat", "1", "--progress", "off", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "1 cores kept busy beside the engine") {
+		t.Fatalf("no busy note:\n%s", out)
+	}
+	data, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), `"busy_cores":1`); n != 2 {
+		t.Fatalf("%d runs with busy_cores 1, want 2", n)
 	}
 }

@@ -89,7 +89,31 @@ func TestLatencyHitCutsTTFT(t *testing.T) {
 	if err := WriteTable(&b, []*Report{off, on}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(b.String(), "projected latency") || !strings.Contains(b.String(), "ttft p50 off") {
+	if !strings.Contains(b.String(), "projected latency") || !strings.Contains(b.String(), "ttft p50") {
 		t.Fatalf("no latency table:\n%s", b.String())
+	}
+}
+
+func TestLatencyFormats(t *testing.T) {
+	for _, tc := range []struct {
+		ns   int64
+		want string
+	}{
+		{0, "0µs"}, {999_499, "999µs"}, {1_000_000, "1.0ms"}, {99_940_000, "99.9ms"}, {419_900_000, "420ms"},
+		{3_320_000_000, "3.32s"}, {134_120_000_000, "134s"}, {9_999e9, "9999s"}, {10_000e9, ">9999s"},
+	} {
+		if got := latDur(tc.ns); got != tc.want || len([]rune(got)) > 6 {
+			t.Errorf("latDur(%d) = %q, want %q", tc.ns, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		f    float64
+		want string
+	}{
+		{0, "0"}, {-0.826, "-82.6%"}, {0.999, "+99.9%"}, {1, "+100%"}, {9.99, "+999%"}, {10, ">+999%"}, {-1, "-100.0%"},
+	} {
+		if got := shortChange(tc.f); got != tc.want {
+			t.Errorf("shortChange(%v) = %q, want %q", tc.f, got, tc.want)
+		}
 	}
 }

@@ -154,8 +154,8 @@ func WriteTable(w io.Writer, reps []*Report) error {
 
 // WriteLatencyTable prints the projected latency per workload, cache off
 // vs on, at most TableWidth columns: time to first token p50 and p99 (off,
-// on, change), and the change of end-to-end p50 and p99 and of time to
-// first packet p50 ("-" without a downstream stage).
+// on, change), the change of end-to-end p50 and p99, and time to first
+// packet p50 off and on ("-" without a downstream stage).
 func WriteLatencyTable(w io.Writer, reps []*Report) error {
 	runs := pairRuns(reps)
 	any := false
@@ -169,31 +169,63 @@ func WriteLatencyTable(w io.Writer, reps []*Report) error {
 	fmt.Fprintln(w, "projected latency per request (step-cost model), cache off and on: time to first token (ttft),")
 	fmt.Fprintln(w, "end to end (e2e), time to first packet (ttfp: the first step's rows at the next stage; - without one)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tttft p50 off\ton\tchange\tp99 off\ton\tchange\te2e p50\te2e p99\tttfp p50 off\ton\t")
+	fmt.Fprintln(tw, "\tttft p50\t\t\tttft p99\t\t\te2e\te2e\tttfp p50\t\t")
+	fmt.Fprintln(tw, "workload\toff\ton\tchange\toff\ton\tchange\tp50\tp99\toff\ton\t")
 	for _, run := range runs {
-		cols := make([]string, 0, 11)
 		get := func(r *Report, v func(*Report) int64) string {
 			if r == nil || v(r) == 0 {
 				return "-"
 			}
-			return dur(float64(v(r)))
+			return latDur(v(r))
 		}
 		change := func(v func(*Report) int64) string {
 			if run.off == nil || run.on == nil || v(run.off) == 0 || v(run.on) == 0 {
 				return "-"
 			}
-			return signedPct(float64(v(run.on))/float64(v(run.off))-1, 1)
+			return shortChange(float64(v(run.on))/float64(v(run.off)) - 1)
 		}
 		p50 := func(r *Report) int64 { return r.TTFTP50 }
 		p99 := func(r *Report) int64 { return r.TTFTP99 }
 		e50 := func(r *Report) int64 { return r.E2EP50 }
 		e99 := func(r *Report) int64 { return r.E2EP99 }
 		f50 := func(r *Report) int64 { return r.TTFPP50 }
-		cols = append(cols, get(run.off, p50), get(run.on, p50), change(p50), get(run.off, p99), get(run.on, p99), change(p99),
-			change(e50), change(e99), get(run.off, f50), get(run.on, f50))
+		cols := []string{get(run.off, p50), get(run.on, p50), change(p50), get(run.off, p99), get(run.on, p99), change(p99),
+			change(e50), change(e99), get(run.off, f50), get(run.on, f50)}
 		fmt.Fprintf(tw, "%s\t%s\t\n", shortName(run.name), strings.Join(cols, "\t"))
 	}
 	return tw.Flush()
+}
+
+// latDur is a latency in at most 6 characters: three significant digits
+// from a millisecond on.
+func latDur(ns int64) string {
+	f := float64(ns)
+	switch {
+	case f < 1e6:
+		return fmt.Sprintf("%.0fµs", f/1e3)
+	case f < 100e6:
+		return fmt.Sprintf("%.1fms", f/1e6)
+	case f < 1e9:
+		return fmt.Sprintf("%.0fms", f/1e6)
+	case f < 100e9:
+		return fmt.Sprintf("%.2fs", f/1e9)
+	case f < 10000e9:
+		return fmt.Sprintf("%.0fs", f/1e9)
+	}
+	return ">9999s"
+}
+
+// shortChange is a change in at most 6 characters.
+func shortChange(f float64) string {
+	switch {
+	case f == 0:
+		return "0"
+	case f >= 10:
+		return ">+999%"
+	case f >= 1:
+		return fmt.Sprintf("%+.0f%%", 100*f)
+	}
+	return signedPct(f, 1)
 }
 
 // refCols are the reference columns of a report ("-" without a reference).

@@ -92,6 +92,13 @@ func TestLatencyHitCutsTTFT(t *testing.T) {
 	if !strings.Contains(b.String(), "projected latency") || !strings.Contains(b.String(), "ttft p50") {
 		t.Fatalf("no latency table:\n%s", b.String())
 	}
+	b.Reset()
+	if err := WriteWideTable(&b, []*Report{off, on}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "ttft p90") || !strings.Contains(b.String(), "first req ttft") {
+		t.Fatalf("no latency percentiles in the wide table:\n%s", b.String())
+	}
 }
 
 func TestLatencyFormats(t *testing.T) {

@@ -267,6 +267,9 @@ func WriteWideTable(w io.Writer, reps []*Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeWideLatency(w, reps); err != nil {
+		return err
+	}
 	return WriteSummary(w, reps)
 }
 

@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"math"
 	"os"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -30,19 +31,103 @@ func WritePlots(path string, reps []*Report) error {
 	if err := WriteChangePlot(path, reps); err != nil {
 		return err
 	}
+	if err := WriteTTFTPlot(TTFTPlotPath(path), reps); err != nil {
+		return err
+	}
 	if countSampled(reps) == 0 {
 		return nil
 	}
 	return WriteStepPlot(StepPlotPath(path), reps)
 }
 
+// TTFTPlotPath is where WritePlots draws the time-to-first-token
+// distributions: "x.png" → "x-ttft.png".
+func TTFTPlotPath(path string) string { return suffixed(path, "-ttft") }
+
 // StepPlotPath is where WritePlots draws the per-step plot: "x.png" →
 // "x-steps.png".
-func StepPlotPath(path string) string {
+func StepPlotPath(path string) string { return suffixed(path, "-steps") }
+
+func suffixed(path, suffix string) string {
 	if i := strings.LastIndexByte(path, '.'); i > strings.LastIndexByte(path, '/') {
-		return path[:i] + "-steps" + path[i:]
+		return path[:i] + suffix + path[i:]
 	}
-	return path + "-steps"
+	return path + suffix
+}
+
+// WriteTTFTPlot draws, per workload, the distribution (empirical CDF) of
+// the requests' projected time to first token with the cache off and on,
+// one panel per workload titled with its p50 and p99 change.
+func WriteTTFTPlot(path string, reps []*Report) error {
+	var panels []*plot.Plot
+	for _, run := range pairRuns(reps) {
+		p := plot.New()
+		p.Title.Text = shortName(run.name)
+		if run.off != nil && run.on != nil && run.off.TTFTP50 > 0 {
+			p.Title.Text += fmt.Sprintf(": p50 %s, p99 %s", signedPct(float64(run.on.TTFTP50)/float64(run.off.TTFTP50)-1, 1),
+				signedPct(float64(run.on.TTFTP99)/float64(run.off.TTFTP99)-1, 1))
+		}
+		p.Title.TextStyle.Font.Size = vg.Points(8)
+		p.X.Label.Text = "projected time to first token (ms)"
+		p.Y.Label.Text = "fraction of requests"
+		p.Add(plotter.NewGrid())
+		n := 0
+		for k, r := range []*Report{run.off, run.on} {
+			if r == nil || len(r.TTFTs) == 0 {
+				continue
+			}
+			v := slices.Clone(r.TTFTs)
+			slices.Sort(v)
+			step := max(1, len(v)/maxPlotPoints)
+			var xys plotter.XYs
+			for i := 0; i < len(v); i += step {
+				xys = append(xys, plotter.XY{X: float64(v[i]) / 1e6, Y: float64(i+1) / float64(len(v))})
+			}
+			xys = append(xys, plotter.XY{X: float64(v[len(v)-1]) / 1e6, Y: 1})
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return err
+			}
+			l.Color = plotutil.Color(k)
+			l.Dashes = plotutil.Dashes(k)
+			l.Width = vg.Points(1.5)
+			p.Add(l)
+			p.Legend.Add("cache "+r.Cache, l)
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		p.Legend.Top, p.Legend.Left = false, false
+		p.X.Min = 0
+		panels = append(panels, p)
+	}
+	if len(panels) == 0 {
+		return fmt.Errorf("plot: no run with projected times to first token")
+	}
+	return drawPanels(path, panels)
+}
+
+// drawPanels draws panels as small multiples, stepPlotCols a row.
+func drawPanels(path string, panels []*plot.Plot) error {
+	cols := min(stepPlotCols, len(panels))
+	rows := (len(panels) + cols - 1) / cols
+	grid := make([][]*plot.Plot, rows)
+	for i := range grid {
+		grid[i] = make([]*plot.Plot, cols)
+	}
+	for i, p := range panels {
+		grid[i/cols][i%cols] = p
+	}
+	w, h := vg.Length(cols)*9*vg.Centimeter, vg.Length(rows)*6*vg.Centimeter
+	return savePNG(path, w, h, func(dc draw.Canvas) {
+		tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Centimeter / 2, PadY: vg.Centimeter / 2,
+			PadTop: vg.Centimeter / 4, PadBottom: vg.Centimeter / 4, PadLeft: vg.Centimeter / 4, PadRight: vg.Centimeter / 4}
+		canvases := plot.Align(grid, tiles, dc)
+		for i, p := range panels {
+			p.Draw(canvases[i/cols][i%cols])
+		}
+	})
 }
 
 // WriteChangePlot draws, per workload with a cache-on run, three labelled
@@ -174,24 +259,7 @@ func WriteStepPlot(path string, reps []*Report) error {
 	if len(panels) == 0 {
 		return fmt.Errorf("plot: no run with per-step samples (cache on)")
 	}
-	cols := min(stepPlotCols, len(panels))
-	rows := (len(panels) + cols - 1) / cols
-	grid := make([][]*plot.Plot, rows)
-	for i := range grid {
-		grid[i] = make([]*plot.Plot, cols)
-	}
-	for i, p := range panels {
-		grid[i/cols][i%cols] = p
-	}
-	w, h := vg.Length(cols)*9*vg.Centimeter, vg.Length(rows)*6*vg.Centimeter
-	return savePNG(path, w, h, func(dc draw.Canvas) {
-		tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Centimeter / 2, PadY: vg.Centimeter / 2,
-			PadTop: vg.Centimeter / 4, PadBottom: vg.Centimeter / 4, PadLeft: vg.Centimeter / 4, PadRight: vg.Centimeter / 4}
-		canvases := plot.Align(grid, tiles, dc)
-		for i, p := range panels {
-			p.Draw(canvases[i/cols][i%cols])
-		}
-	})
+	return drawPanels(path, panels)
 }
 
 func savePNG(path string, w, h vg.Length, drawFn func(draw.Canvas)) error {

@@ -32,6 +32,12 @@ type Spec struct {
 	Cost StepCost
 	// KVBlocks overrides the automatic KV pool size when > 0.
 	KVBlocks int
+	// KVTokens, when > 0 and KVBlocks is 0, sizes the KV pool in tokens
+	// (whatever the block size): a workload that must keep what it shares.
+	KVTokens int
+	// Downstream: a next stage consumes stage 0's per-token rows, so the
+	// report projects the time to first packet.
+	Downstream bool
 	// Source returns a fresh source of the requests (called once a run).
 	Source func() sim.Source
 }
@@ -115,6 +121,9 @@ type Options struct {
 	Progress func(finished int)
 	// KeepSamples records per-step samples in Report.Samples (for plots).
 	KeepSamples bool
+	// Busy is the number of cores the caller keeps busy beside the engine
+	// (replay --busy), for the report.
+	Busy int
 
 	// Device is the device the cache stages through (Config.Device); nil:
 	// the host device. The replay does not close it.
@@ -181,8 +190,9 @@ type StepSample struct {
 
 // SchemaVersion is Report's JSON schema version: 2 has computed_tokens
 // (was tokens), the step-cost projection (model_*, ref_*, fit_error) and no
-// nested stats object.
-const SchemaVersion = 2
+// nested stats object; 3 adds the projected latencies (ttft_*, e2e_*,
+// ttfp_*, first_request_ttft_ns), new_ns and the process's RSS.
+const SchemaVersion = 3
 
 // Report is one run's result. JSON names are snake_case and stable within a
 // SchemaVersion.
@@ -197,6 +207,10 @@ type Report struct {
 	Prompts       int    `json:"prompts"`
 	Concurrency   int    `json:"concurrency"`
 	KVBlocks      int    `json:"kv_blocks"`
+	BlockSize     int    `json:"block_size"`
+	// MirrorReservedBytes is the mirror's address space: KV slots × the
+	// keys' row bytes (cache on; resident only where rows were written).
+	MirrorReservedBytes int64 `json:"mirror_reserved_bytes"`
 
 	Steps int `json:"steps"`
 	// ComputedTokens are the tokens the engine computed: scheduled, so
@@ -290,6 +304,42 @@ type Report struct {
 	MirrorResidentBytes int64 `json:"mirror_resident_bytes"`
 	// FirstRequestNs is New plus the first step's Begin and Save.
 	FirstRequestNs int64 `json:"first_request_ns"`
+	// NewNs is the cache's New.
+	NewNs int64 `json:"new_ns"`
+
+	// Projected per-request latency (ns), nearest-rank percentiles over the
+	// run's requests, on the projection's clock: every step takes its
+	// model time t(step), plus with the cache on the engine goroutine's
+	// cache time of the step and the output goroutine's backlog (as
+	// model_req_per_s counts them; the first step's cache time is start-up,
+	// outside the clock). A request arrives when the client sends it (the
+	// end of the step that finished the request before it: a closed loop
+	// of Concurrency clients). Time to first token ends with the step that
+	// samples its first token, end to end with the one that samples its
+	// last. Time to first packet (workloads with a downstream stage, else
+	// 0) ends when the rows of the request's first step reach the next
+	// stage: the end of that step, plus its Materialize when the request
+	// hit. FirstRequestTTFTNs is the first request's time to first token,
+	// with the cache's start-up (first_request_ns) when it is on.
+	TTFTP50            int64 `json:"ttft_p50_ns"`
+	TTFTP90            int64 `json:"ttft_p90_ns"`
+	TTFTP99            int64 `json:"ttft_p99_ns"`
+	E2EP50             int64 `json:"e2e_p50_ns"`
+	E2EP90             int64 `json:"e2e_p90_ns"`
+	E2EP99             int64 `json:"e2e_p99_ns"`
+	TTFPP50            int64 `json:"ttfp_p50_ns"`
+	TTFPP90            int64 `json:"ttfp_p90_ns"`
+	TTFPP99            int64 `json:"ttfp_p99_ns"`
+	FirstRequestTTFTNs int64 `json:"first_request_ttft_ns"`
+	// TTFTs are the requests' projected times to first token, in request
+	// order (for plots).
+	TTFTs []int64 `json:"-"`
+
+	// The process's resident set (VmRSS) at the end of the run, before the
+	// cache is closed, and its peak (VmHWM) during the run (since the
+	// process started where Linux cannot reset it); 0 where /proc has none.
+	ProcessRSSBytes     int64 `json:"process_rss_bytes"`
+	ProcessPeakRSSBytes int64 `json:"process_peak_rss_bytes"`
 	// FirstStepEngineNs is the first step's engine time (in
 	// EngineNsTotal): start-up, outside the projected throughput.
 	FirstStepEngineNs int64 `json:"first_step_engine_ns"`
@@ -318,6 +368,8 @@ type Report struct {
 	Failures       []Failure `json:"failures,omitempty"`
 
 	WallNs int64 `json:"wall_ns"`
+	// BusyCores are the cores kept busy beside the engine (Options.Busy).
+	BusyCores int `json:"busy_cores"`
 	// Stats is the cache's Stats at the end (flattened above for JSON).
 	Stats *omnicache.Stats `json:"-"`
 
@@ -408,6 +460,8 @@ func KVPool(spec Spec, o Options) int {
 		return o.KVBlocks
 	case spec.KVBlocks > 0:
 		return spec.KVBlocks
+	case spec.KVTokens > 0:
+		return (spec.KVTokens + o.BlockSize - 1) / o.BlockSize
 	}
 	return AutoKVBlocks(spec, o)
 }
@@ -494,13 +548,18 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		SchemaVersion: SchemaVersion,
 		Name:          spec.Name, Model: spec.Model, Cache: "off", Verify: o.Verify && o.Cache,
 		Owned: !o.NotOwned, Keys: FormatWidths(spec.Keys), Prompts: spec.Prompts,
-		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(),
+		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(), BlockSize: o.BlockSize, BusyCores: o.Busy,
 	}
+	if o.Cache {
+		rep.MirrorReservedBytes = int64(s.KV().Len()) * int64(o.BlockSize) * int64(keyRowBytesSum(spec.Keys))
+	}
+
 	r := &runner{spec: spec, o: o, s: s, rep: rep, cost: CostOf(spec, o)}
 	// Start from a clean heap: the previous run's garbage should not be
 	// collected during this one's timed calls.
 	runtime.GC()
 	debug.FreeOSMemory()
+	resetPeakRSS()
 	wall := time.Now()
 	if o.Cache {
 		rep.Cache = "on"
@@ -509,6 +568,9 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		err = r.runOff()
 	}
 	rep.WallNs = time.Since(wall).Nanoseconds()
+	if !o.Cache {
+		rep.ProcessRSSBytes, rep.ProcessPeakRSSBytes = processRSS()
+	}
 	if err != nil {
 		return rep, fmt.Errorf("%s (cache %s): %w", spec.Name, rep.Cache, err)
 	}
@@ -519,6 +581,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		}
 	}
 	r.finish(off)
+	r.lat.fill(rep, spec.Downstream)
 	if rep.VerifyFailures > 0 {
 		return rep, fmt.Errorf("%s: %w: %d wrong rows, first: %s", spec.Name, ErrVerify, rep.VerifyFailures, rep.Failures[0])
 	}

@@ -39,12 +39,19 @@ func small() Workload {
 
 func TestDefaultTable(t *testing.T) {
 	ws := DefaultWorkloads()
-	if len(ws) != 19 {
-		t.Fatalf("%d workloads, want 19", len(ws))
-	}
 	byName := map[string]Workload{}
+	fields := 0
 	for _, w := range ws {
 		byName[w.FullName()] = w
+		if w.Field != nil {
+			fields++
+			if w.Ref.ReqPerSecOff != 0 || w.Scaled(0.125).Prompts != w.Prompts || !strings.HasPrefix(w.FullName(), "field/") {
+				t.Errorf("field workload %s: %+v", w.FullName(), w)
+			}
+		}
+	}
+	if len(ws)-fields != 19 || fields != len(FieldGenerators()) {
+		t.Fatalf("%d reference and %d field workloads, want 19 and %d", len(ws)-fields, fields, len(FieldGenerators()))
 	}
 	q := byName["Qwen3-Omni/DECV_c64"]
 	if q.InputLen != 100 || q.OutputLen != 100 || q.RangeRatio != 0.5 || q.Concurrency != 64 || q.Prompts != 512 || q.Ref.ReqPerSecOff != 22.41 {
@@ -379,7 +386,7 @@ func TestPlotAndReport(t *testing.T) {
 	if err := WritePlots(png, []*Report{off, rep}); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{png, StepPlotPath(png)} {
+	for _, f := range []string{png, StepPlotPath(png), TTFTPlotPath(png)} {
 		if st, err := os.Stat(f); err != nil || st.Size() < 1000 {
 			t.Fatalf("plot %s: %v", f, err)
 		}

@@ -146,7 +146,86 @@ func WriteTable(w io.Writer, reps []*Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := WriteLatencyTable(w, reps); err != nil {
+		return err
+	}
 	return WriteSummary(w, reps)
+}
+
+// WriteLatencyTable prints the projected latency per workload, cache off
+// vs on, at most TableWidth columns: time to first token p50 and p99 (off,
+// on, change), the change of end-to-end p50 and p99, and time to first
+// packet p50 off and on ("-" without a downstream stage).
+func WriteLatencyTable(w io.Writer, reps []*Report) error {
+	runs := pairRuns(reps)
+	any := false
+	for _, run := range runs {
+		any = any || run.any().TTFTP50 > 0
+	}
+	if !any {
+		return nil
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "projected latency per request (step-cost model), cache off and on: time to first token (ttft),")
+	fmt.Fprintln(w, "end to end (e2e), time to first packet (ttfp: the first step's rows at the next stage; - without one)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tttft p50\t\t\tttft p99\t\t\te2e\te2e\tttfp p50\t\t")
+	fmt.Fprintln(tw, "workload\toff\ton\tchange\toff\ton\tchange\tp50\tp99\toff\ton\t")
+	for _, run := range runs {
+		get := func(r *Report, v func(*Report) int64) string {
+			if r == nil || v(r) == 0 {
+				return "-"
+			}
+			return latDur(v(r))
+		}
+		change := func(v func(*Report) int64) string {
+			if run.off == nil || run.on == nil || v(run.off) == 0 || v(run.on) == 0 {
+				return "-"
+			}
+			return shortChange(float64(v(run.on))/float64(v(run.off)) - 1)
+		}
+		p50 := func(r *Report) int64 { return r.TTFTP50 }
+		p99 := func(r *Report) int64 { return r.TTFTP99 }
+		e50 := func(r *Report) int64 { return r.E2EP50 }
+		e99 := func(r *Report) int64 { return r.E2EP99 }
+		f50 := func(r *Report) int64 { return r.TTFPP50 }
+		cols := []string{get(run.off, p50), get(run.on, p50), change(p50), get(run.off, p99), get(run.on, p99), change(p99),
+			change(e50), change(e99), get(run.off, f50), get(run.on, f50)}
+		fmt.Fprintf(tw, "%s\t%s\t\n", shortName(run.name), strings.Join(cols, "\t"))
+	}
+	return tw.Flush()
+}
+
+// latDur is a latency in at most 6 characters: three significant digits
+// from a millisecond on.
+func latDur(ns int64) string {
+	f := float64(ns)
+	switch {
+	case f < 1e6:
+		return fmt.Sprintf("%.0fµs", f/1e3)
+	case f < 100e6:
+		return fmt.Sprintf("%.1fms", f/1e6)
+	case f < 1e9:
+		return fmt.Sprintf("%.0fms", f/1e6)
+	case f < 100e9:
+		return fmt.Sprintf("%.2fs", f/1e9)
+	case f < 10000e9:
+		return fmt.Sprintf("%.0fs", f/1e9)
+	}
+	return ">9999s"
+}
+
+// shortChange is a change in at most 6 characters.
+func shortChange(f float64) string {
+	switch {
+	case f == 0:
+		return "0"
+	case f >= 10:
+		return ">+999%"
+	case f >= 1:
+		return fmt.Sprintf("%+.0f%%", 100*f)
+	}
+	return signedPct(f, 1)
 }
 
 // refCols are the reference columns of a report ("-" without a reference).
@@ -188,7 +267,32 @@ func WriteWideTable(w io.Writer, reps []*Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeWideLatency(w, reps); err != nil {
+		return err
+	}
 	return WriteSummary(w, reps)
+}
+
+// writeWideLatency prints every projected latency percentile per
+// workload and mode.
+func writeWideLatency(w io.Writer, reps []*Report) error {
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "projected latency per request (step-cost model):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tcache\tttft p50\tttft p90\tttft p99\te2e p50\te2e p90\te2e p99\tttfp p50\tttfp p90\tttfp p99\tfirst req ttft\t")
+	for _, r := range reps {
+		fmt.Fprintf(tw, "%s\t%s\t", r.Name, r.Cache)
+		for _, v := range []int64{r.TTFTP50, r.TTFTP90, r.TTFTP99, r.E2EP50, r.E2EP90, r.E2EP99, r.TTFPP50, r.TTFPP90, r.TTFPP99,
+			r.FirstRequestTTFTNs} {
+			s := "-"
+			if v > 0 {
+				s = dur(float64(v))
+			}
+			fmt.Fprintf(tw, "%s\t", s)
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
 }
 
 // notJudged is the summary's verdict on a timing target under --verify (see

@@ -24,6 +24,7 @@ type runner struct {
 	// materialize are the Materialize calls' times.
 	materialize []int64
 	clock       int64 // cost of one timed empty interval, subtracted from each call
+	lat         latency
 }
 
 // clockOverhead measures what timing an empty interval costs (the least of
@@ -51,6 +52,16 @@ func (r *runner) account(st *sim.Step, smp StepSample) {
 	r.rep.ForwardHoldNs += smp.HoldNs
 	r.rep.BacklogNs += max(0, smp.StallNs-t)
 	r.rep.OutputBacklogNs += max(0, smp.OutputWaitNs-t)
+	// The projected clock: as the throughput projection counts steps (the
+	// first step's cache time is start-up, outside it).
+	ns := r.cost.Ns(st.Cost)
+	if r.rep.Cache == "on" {
+		if len(r.engine) > 1 {
+			ns += float64(smp.EngineNs)
+		}
+		ns += float64(max(0, smp.OutputWaitNs-t))
+	}
+	r.lat.step(st, ns)
 	if st.PureDecode {
 		r.rep.PureDecode++
 	} else if r.rep.Cache == "on" {
@@ -157,6 +168,7 @@ func (g *outputGoroutine) wait(ver *verifier) (waited, took int64, err error) {
 	rep.Materialized++
 	rep.MaterializeNsTotal += d.ns
 	g.r.materialize = append(g.r.materialize, d.ns)
+	g.r.lat.materialized(j.rec.index, d.ns)
 	if d.err != nil {
 		return waited, d.ns, fmt.Errorf("step %d: materialize: %w", j.rec.index, d.err)
 	}

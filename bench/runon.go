@@ -78,6 +78,7 @@ func (r *runner) runOn() error {
 	t0 := time.Now()
 	c, err := o.NewCache(cfg)
 	newNs := time.Since(t0).Nanoseconds()
+	rep.NewNs = newNs
 	if err != nil {
 		return fmt.Errorf("new cache: %w", err)
 	}
@@ -269,6 +270,7 @@ func (r *runner) runOn() error {
 	}
 	st := c.Stats()
 	rep.Stats = &st
+	rep.ProcessRSSBytes, rep.ProcessPeakRSSBytes = processRSS()
 	closed = true
 	out2.stop()
 	if err := c.Close(); err != nil {

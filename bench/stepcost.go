@@ -132,6 +132,9 @@ func Fit(ws []Workload, o Options) ([]ModelFit, error) {
 	var fits []ModelFit
 	index := map[string]int{}
 	for _, w := range ws {
+		if w.Field != nil {
+			continue // generated, no reference to fit
+		}
 		i, ok := index[w.Model]
 		if !ok {
 			i = len(fits)

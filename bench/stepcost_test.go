@@ -209,7 +209,8 @@ func TestTableWidth(t *testing.T) {
 			reps = append(reps, &Report{Name: w.FullName() + "_long_suffix", Cache: mode, HitRate: 1, HitTokens: 1,
 				EngineNsPerStep: 999.9e6, EngineNsP99: 999.9e6, MirrorResidentBytes: 1023 << 30, ModelReqPerSecOff: 99.99,
 				RefReqPerSecOff: 99.99, FitError: -0.999, ProjectedChange: -0.9999, RefChangeAfter: -0.999,
-				RefChangeAfterLo: -0.999, RefChangeAfterHi: -0.999})
+				RefChangeAfterLo: -0.999, RefChangeAfterHi: -0.999, TTFTP50: 999.99e9, TTFTP99: 999.99e9, E2EP50: 1,
+				E2EP99: 1, TTFPP50: 999.99e9})
 			reps = append(reps, &Report{Name: w.FullName() + "_no_hit", Cache: mode, ProjectedChange: -0.9999})
 		}
 	}

@@ -47,6 +47,10 @@ type Workload struct {
 	// Cost is the model's fitted step cost (zero when the table has no
 	// `cost` line for the model).
 	Cost StepCost
+	// Field, for a field workload (a `field` line), generates its requests;
+	// Model then names the model whose keys and step cost it uses, and it
+	// has no reference.
+	Field *Field
 }
 
 // Reference is what the reference measured for a workload. Changes are
@@ -62,8 +66,8 @@ type Reference struct {
 	Before, After, AfterLo, AfterHi float64
 }
 
-// FullName is "model/name".
-func (w Workload) FullName() string { return w.Model + "/" + w.Name }
+// FullName is "model/name", or "field/name" for a field workload.
+func (w Workload) FullName() string { return w.FullNameOf(w.Field) }
 
 // DefaultWorkloads parses the embedded table.
 func DefaultWorkloads() []Workload {
@@ -77,9 +81,10 @@ func DefaultWorkloads() []Workload {
 // ParseWorkloads reads a workload table: one workload a line
 // (`model name shared_prefix input_len output_len range_ratio concurrency
 // prompts dataset_seed | ref_hit ref_req_per_s_off ref_before% ref_after%
-// ref_after_lo% ref_after_hi%`), one `keys model key=bytes,...` line per
-// model and at most one `cost model a_ns b_ns c_ns d_ns` line per model (see
-// StepCost). '#' starts a comment.
+// ref_after_lo% ref_after_hi%`), field workloads (`field name model
+// param=value ... [keys=...]`, see Field), one `keys model key=bytes,...`
+// line per model and at most one `cost model a_ns b_ns c_ns d_ns` line per
+// model (see StepCost). '#' starts a comment.
 func ParseWorkloads(text string) ([]Workload, error) {
 	var ws []Workload
 	keys := map[string][]omnicache.Key{}
@@ -113,6 +118,13 @@ func ParseWorkloads(text string) ([]Workload, error) {
 			}
 			costs[c.Model] = c
 			continue
+		case "field":
+			w, err := parseField(f, keys)
+			if err != nil {
+				return nil, fmt.Errorf("line %d: %w", ln+1, err)
+			}
+			ws = append(ws, w)
+			continue
 		}
 		w, err := parseWorkload(f)
 		if err != nil {
@@ -120,8 +132,17 @@ func ParseWorkloads(text string) ([]Workload, error) {
 		}
 		ws = append(ws, w)
 	}
+	seen := map[string]bool{}
 	for i := range ws {
-		k, ok := keys[ws[i].Model]
+		if name := ws[i].FullName(); seen[name] {
+			return nil, fmt.Errorf("two workloads named %s", name)
+		} else {
+			seen[name] = true
+		}
+		k, ok := keys[ws[i].FullName()]
+		if !ok || ws[i].Field == nil {
+			k, ok = keys[ws[i].Model]
+		}
 		if !ok {
 			return nil, fmt.Errorf("no `keys %s ...` line", ws[i].Model)
 		}
@@ -239,8 +260,9 @@ func FormatWidths(keys []omnicache.Key) string {
 
 // Scaled returns w with its prompt count scaled: ceil(Prompts*scale), at
 // least 2*Concurrency, at most Prompts.
+// A field workload is generated at its own size: Scaled returns it as is.
 func (w Workload) Scaled(scale float64) Workload {
-	if scale >= 1 {
+	if scale >= 1 || w.Field != nil {
 		return w
 	}
 	n := int(math.Ceil(float64(w.Prompts) * scale))
@@ -258,6 +280,9 @@ func lengthRange(n int, r float64) (lo, hi int) {
 
 // MaxModelLen is the longest request the workload can produce.
 func (w Workload) MaxModelLen() int {
+	if w.Field != nil {
+		return w.Field.maxModelLen()
+	}
 	_, in := lengthRange(w.InputLen, w.RangeRatio)
 	if w.InputLen == 0 {
 		in = 0
@@ -271,6 +296,22 @@ func (w Workload) MaxModelLen() int {
 func (w Workload) Spec(seed uint64) Spec {
 	if seed == 0 {
 		seed = w.Seed
+	}
+	if w.Field != nil {
+		return Spec{
+			Name:        w.FullName(),
+			Model:       w.Model,
+			Keys:        w.Keys,
+			Concurrency: w.Concurrency,
+			Prompts:     w.Prompts,
+			MaxModelLen: w.MaxModelLen(),
+			Cost:        w.Cost,
+			KVTokens:    w.Field.kvTokens(w.MaxModelLen(), w.Concurrency),
+			Downstream:  w.Field.Downstream,
+			Source: func() sim.Source {
+				return newFieldSource(w, seed)
+			},
+		}
 	}
 	return Spec{
 		Name:        w.FullName(),

@@ -93,6 +93,9 @@ type Req struct {
 	H []uint64
 	// ArrivalHit is the prefix hit (tokens) at the request's first step.
 	ArrivalHit int
+	// Sent is the number of steps the engine had run when the client sent
+	// the request (it arrives at the end of step Sent-1, or at the start).
+	Sent int
 
 	computed  int
 	generated int
@@ -373,6 +376,7 @@ func (s *Sim) topUp() error {
 			Tokens:    rq.Prompt,
 			H:         make([]uint64, len(rq.Prompt), total),
 			row:       -1,
+			Sent:      s.Steps,
 		}
 		h := RootHash
 		for p, t := range rq.Prompt {

@@ -31,6 +31,8 @@ func main() {
 		os.Exit(replayMain(os.Args[2:], os.Stdout, os.Stderr))
 	case "fit":
 		os.Exit(fitMain(os.Args[2:], os.Stdout, os.Stderr))
+	case busyCommand: // replay --busy's children
+		os.Exit(busyMain())
 	case "help", "-h", "-help", "--help":
 		fmt.Print(usage)
 	default:

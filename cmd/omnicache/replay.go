@@ -27,12 +27,17 @@ off, as the reference measured it) and once driving the real cache, and
 prints per workload the hit rate, the engine goroutine's time in cache calls,
 the mirror's resident bytes, the model's cache-off throughput against the
 reference's, and the projected throughput change beside the reference's
-(--wide: every column, per mode). The projection prices every step with the
-step-cost model fitted to the reference (omnicache fit).
+(--wide: every column, per mode), then the projected latency per request,
+cache off vs on: time to first token and end to end (p50, p99; --wide and
+--json add p90) and, for a workload with a downstream stage, time to first
+packet. The projection prices every step with the step-cost model fitted to
+the reference (omnicache fit); latency is measured on that projected clock.
 
-Default: the embedded reference table, prompts scaled by --scale so the run
-takes under a minute on 2 cores; --full runs it at full size. --trace FILE
-replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
+Default: the embedded reference table, prompts scaled by --scale, and the
+field's workloads (field/multi_turn, field/long_doc_qa,
+field/prefix_repetition, field/tts: generated at their own sizes), in under
+a minute on 2 cores; --full runs the reference table at full size. --trace
+FILE replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
 built with the cuda tag: make gpu-replay) stages through the GPU, with the
 forward's outputs in device memory and each forward held for the model step
 time (--hold) while the cache's copies run.
@@ -91,9 +96,13 @@ type replayFlags struct {
 	sharedKV      int           // replicas.go
 	waitPublish   bool          // replicas.go
 
+	realScale bool
+	busy      int
+
 	// Parsed by checkFlags.
-	dev     deviceSpec
-	holdFor holdSpec
+	scaleSet bool // --scale or --full given
+	dev      deviceSpec
+	holdFor  holdSpec
 }
 
 // newCache creates the cache of the cache-on runs (nil: bench's default,
@@ -110,7 +119,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fs.Float64Var(&f.scale, "scale", 0.125, "scale the table's prompt counts (at least 2×concurrency prompts a workload)")
 	fs.BoolVar(&f.full, "full", false, "run the whole table at full size (scale 1)")
-	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC')")
+	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC'; the field's workloads are field/NAME: field/multi_turn, field/long_doc_qa, field/prefix_repetition, field/tts)")
 	fs.StringVar(&f.table, "table", "", "read the workload table from FILE instead of the embedded reference table")
 	fs.StringVar(&f.cache, "cache", "both", "cache modes to run: off, on or both")
 	fs.BoolVar(&f.verify, "verify", false, "fill rows from the content oracle and check every materialized row and, after Sync, the mirror")
@@ -133,7 +142,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.concurrency, "concurrency", 0, "requests in flight (default: the workload's; 32 for a trace)")
 	fs.StringVar(&f.jsonParser, "json-parser", bench.ParserAuto, "trace parser: auto, simd (simdjson-go) or std (encoding/json)")
 	fs.StringVar(&f.jsonOut, "json", "", "write one JSON object per workload and mode (JSON Lines) to FILE")
-	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, and per-step cache time and hit rate to FILE-steps.png")
+	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, the projected time-to-first-token distributions off vs on to FILE-ttft.png, and per-step cache time and hit rate to FILE-steps.png")
 	fs.StringVar(&f.samples, "samples", "", "write every run's per-step engine times (Begin, Save, consume, waits, hold; ns) as CSV to FILE")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile to FILE")
 	fs.StringVar(&f.execTrace, "exec-trace", "", "write a Go execution trace to FILE (go tool trace; the engine's Begin, Save and consume calls are regions)")
@@ -146,6 +155,8 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.materializeOn, "materialize-on", "output", "where Materialize runs: output (a goroutine overlapping the next forward) or engine (timed as engine time)")
 	fs.StringVar(&f.device, "device", "host", "device the cache stages through: host, or cuda[:ordinal] (the forward's outputs then live in device memory; needs a cuda build: make gpu-replay)")
 	fs.StringVar(&f.hold, "hold", "auto", "hold the engine goroutine in each forward for the model step time while the device's copies run: off, model, or a cap such as 5ms (auto: "+defaultCUDAHoldMax.String()+" with cuda, off on the host)")
+	fs.BoolVar(&f.realScale, "real-scale", false, fmt.Sprintf("run at the scale upstream measured: a KV pool of %d blocks of %d tokens, a 4 KiB hidden row and two 4 KiB layer keys (%s; %.2f GiB of mirror a key, allocated lazily), and print start-up and memory: New, the first request, RSS", realScaleBlocks, realScaleBlockSize, realScaleWidths, float64(realScaleBlocks*realScaleBlockSize*4096)/(1<<30)))
+	fs.IntVar(&f.busy, "busy", 0, "keep N cores busy beside the engine (N child processes spinning) for the whole replay, as a colocated stage sharing the machine: what it costs the cache-on runs' measured cache time, and so their projection")
 	replicaFlags(fs, &f)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -184,6 +195,13 @@ const (
 	maxModelLen     = 1 << 24
 )
 
+// --real-scale: what upstream measured at 0.92 GiB of pinned mirror a key.
+const (
+	realScaleBlocks    = 15092
+	realScaleBlockSize = 16
+	realScaleWidths    = "hidden=4096,layer_a=4096:opt,layer_b=4096:opt"
+)
+
 // checkFlags checks every flag's range; set names the flags given.
 func checkFlags(f *replayFlags, set map[string]bool) error {
 	intIn := func(name string, v, lo, hi int) error {
@@ -205,6 +223,7 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 		intIn("staging-depth", f.stagingDepth, 0, maxStagingDepth),
 		intIn("repeat", f.repeat, 1, maxRepeat),
 		intIn("max-model-len", f.maxModelLen, 1, maxModelLen),
+		intIn("busy", f.busy, 0, maxBusy),
 	} {
 		if err != nil {
 			return err
@@ -258,6 +277,18 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 			}
 		}
 	}
+	if f.realScale {
+		for _, name := range []string{"kv-blocks", "block-size", "widths", "mirror-budget-mib", "replicas"} {
+			if set[name] {
+				return fmt.Errorf("--real-scale sets the KV pool and keys: not with --%s", name)
+			}
+		}
+		f.kvBlocks, f.blockSize, f.widths = realScaleBlocks, realScaleBlockSize, realScaleWidths
+	}
+	if f.busy > 0 && f.replicas > 0 {
+		return fmt.Errorf("--busy applies to one engine's replay: not with --replicas")
+	}
+	f.scaleSet = set["scale"] || set["full"]
 	if set["full"] && set["scale"] {
 		return fmt.Errorf("--full runs the table at scale 1: not with --scale")
 	}
@@ -348,6 +379,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		MaterializeOnEngine: f.materializeOn == "engine",
 		NewCache:            newCache,
 		MirrorBudget:        f.mirrorMiB << 20,
+		Busy:                f.busy,
 	}
 
 	dev, err := openDevice(f.dev, f.holdFor, &opt)
@@ -372,6 +404,13 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 	}
 	load := loadAverage()
+	if f.busy > 0 {
+		busy, err := startBusy(f.busy)
+		if err != nil {
+			return 1, err
+		}
+		defer busy.stop()
+	}
 	bar := newProgress(f.progress, total, stderr)
 
 	var reps []*bench.Report
@@ -435,14 +474,20 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	if err := write(stdout, reps); err != nil {
 		return 1, err
 	}
+	if f.realScale {
+		fmt.Fprintln(stdout)
+		if err := bench.WriteScaleTable(stdout, reps); err != nil {
+			return 1, err
+		}
+	}
 	if f.dev.cuda {
 		fmt.Fprintln(stdout)
 		if err := bench.WriteDeviceTable(stdout, reps); err != nil {
 			return 1, err
 		}
 	}
-	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start; cache-on runs: best of %d\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, repeat)
+	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start%s; cache-on runs: best of %d\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, busyNote(f.busy), repeat)
 	fmt.Fprintf(stdout, "device: %s%s; forward held: %s\n", f.dev, deviceNote(dev), f.holdFor)
 	if f.plot != "" && len(reps) > 0 {
 		if err := bench.WritePlots(f.plot, reps); err != nil {
@@ -473,6 +518,14 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+// busyNote is the machine line's note on --busy.
+func busyNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d cores kept busy beside the engine (--busy)", n)
 }
 
 // doneLine is the progress line of a finished run.

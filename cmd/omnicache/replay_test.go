@@ -199,6 +199,16 @@ func TestReplayBadFlags(t *testing.T) {
 		{[]string{"--trace", trace, "--table", "t.tsv"}, "--table"},
 		{[]string{"--trace", trace, "--seed", "3"}, "--seed"},
 		{[]string{"--cache", "off", "--verify"}, "--verify"},
+		{[]string{"--workloads", "^field/", "--scale", "0.5"}, "--scale"},
+		{[]string{"--real-scale", "--kv-blocks", "64"}, "--kv-blocks"},
+		{[]string{"--real-scale", "--block-size", "32"}, "--block-size"},
+		{[]string{"--real-scale", "--widths", "h=8"}, "--widths"},
+		{[]string{"--real-scale", "--mirror-budget-mib", "64"}, "--mirror-budget-mib"},
+		{[]string{"--real-scale", "--replicas", "2"}, "--real-scale"},
+		{[]string{"--busy", "-1"}, "--busy"},
+		{[]string{"--busy", "100000"}, "--busy"},
+		{[]string{"--busy", "1", "--replicas", "2"}, "--busy"},
+		{[]string{"--workloads", "^field/tts", "--full"}, "--full"},
 	} {
 		oneLine(t, 2, c.args, c.flag)
 	}
@@ -330,6 +340,9 @@ func TestFitCommand(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	for _, w := range bench.DefaultWorkloads() {
+		if w.Field != nil {
+			continue // no reference: not fitted
+		}
 		if !strings.Contains(out.String(), w.FullName()) || !strings.Contains(out.String(), w.Cost.String()) {
 			t.Fatalf("fit output lacks %s or %q:\n%s", w.FullName(), w.Cost, out.String())
 		}
@@ -409,5 +422,60 @@ func TestReplayExecTrace(t *testing.T) {
 		if !bytes.Contains(b, append([]byte{byte(len(r))}, r...)) {
 			t.Errorf("no %q region in the trace", r)
 		}
+	}
+}
+
+// TestReplayRealScale: --real-scale runs upstream's pool (15,092 blocks of
+// 16 tokens, three 4 KiB keys: 2.76 GiB of mirror) and prints start-up and
+// memory; the mirror stays lazy (resident only where rows were written).
+func TestReplayRealScale(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.jsonl")
+	code, out, errs := run(t, "--real-scale", "--workloads", "^field/tts$", "--repeat", "1", "--progress", "off", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "start-up and memory") || !strings.Contains(out, "15092×16") || !strings.Contains(out, "2.76GiB") {
+		t.Fatalf("no scale table:\n%s", out)
+	}
+	data, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatal(err)
+		}
+		if m["kv_blocks"].(float64) != 15092 || m["block_size"].(float64) != 16 || m["keys"] != "hidden=4096,layer_a=4096:opt,layer_b=4096:opt" {
+			t.Fatalf("not at real scale: %s", line)
+		}
+		if m["cache"] != "on" {
+			continue
+		}
+		reserved, resident := m["mirror_reserved_bytes"].(float64), m["mirror_resident_bytes"].(float64)
+		if reserved != 15092*16*3*4096 || resident <= 0 || resident >= reserved/2 || m["new_ns"].(float64) <= 0 ||
+			m["first_request_ttft_ns"].(float64) <= 0 {
+			t.Fatalf("reserved %v resident %v: %s", reserved, resident, line)
+		}
+	}
+}
+
+// TestReplayBusy: --busy N runs N spinning children beside the replay,
+// says so, records it in the JSON and ends them.
+func TestReplayBusy(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.jsonl")
+	code, out, errs := run(t, "--busy", "1", "--workloads", "^field/tts$", "--repeat", "1", "--progress", "off", "--json", js)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "1 cores kept busy beside the engine") {
+		t.Fatalf("no busy note:\n%s", out)
+	}
+	data, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), `"busy_cores":1`); n != 2 {
+		t.Fatalf("%d runs with busy_cores 1, want 2", n)
 	}
 }

@@ -73,10 +73,12 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		scale = 1
 	}
 	var specs []bench.Spec
+	scaled := false
 	for _, w := range ws {
 		if re != nil && !re.MatchString(w.FullName()) {
 			continue
 		}
+		scaled = scaled || w.Field == nil
 		if f.widths != "" {
 			keys, err := bench.ParseWidths(f.widths)
 			if err != nil {
@@ -91,6 +93,9 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 	}
 	if len(specs) == 0 {
 		return nil, fmt.Errorf("no workload matches %q", f.workloads)
+	}
+	if f.scaleSet && !scaled {
+		return nil, fmt.Errorf("--scale and --full scale the reference table's workloads; the field's workloads selected are generated at their own sizes")
 	}
 	return specs, nil
 }

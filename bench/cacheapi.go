@@ -24,6 +24,7 @@ type Rows interface {
 	ID(i int) int64
 	Prefix(i int) int
 	Tokens(i int) int
+	From(i int) int // the position of request i's first row
 	Rows(i, k int) []byte
 }
 

@@ -22,6 +22,10 @@ type fakeCache struct {
 	stats  omnicache.Stats
 	res    fakeRows
 	closed bool
+	// delivered is, per request, the position its rows were delivered up
+	// to: as the real cache, a request that recomputes rows (after a
+	// preemption) gets none of them again.
+	delivered map[int64]int
 
 	// Faults for testing the verifier.
 	corruptStep int  // flip a byte in this step's materialized rows (-1: never)
@@ -31,6 +35,7 @@ type fakeCache struct {
 
 type fakePlan struct {
 	ids    []int64
+	start  []int32
 	slots  [][]int32 // per scheduled request, its slots
 	hitIDs map[int64][]int32
 }
@@ -38,6 +43,7 @@ type fakePlan struct {
 type fakeStep struct {
 	index  int
 	ids    []int64
+	start  map[int64]int
 	prefix map[int64][][]byte // per request per key
 	rows   map[int64][][]byte // this step's rows per request per key
 }
@@ -46,7 +52,7 @@ func newFakeCache(cfg omnicache.Config) (*fakeCache, error) {
 	if cfg.NumBlocks <= 0 || cfg.BlockSize <= 0 || len(cfg.Keys) == 0 {
 		return nil, fmt.Errorf("fake: %w", omnicache.ErrConfig)
 	}
-	f := &fakeCache{cfg: cfg, steps: map[omnicache.StepID]*fakeStep{}, corruptStep: -1}
+	f := &fakeCache{cfg: cfg, steps: map[omnicache.StepID]*fakeStep{}, corruptStep: -1, delivered: map[int64]int{}}
 	for _, k := range cfg.Keys {
 		f.mirror = append(f.mirror, make([]byte, cfg.NumBlocks*cfg.BlockSize*k.RowBytes))
 	}
@@ -92,6 +98,7 @@ func (f *fakeCache) Begin(p *omnicache.Plan) error {
 			sl = append(sl, b*int32(bs)+pos%int32(bs))
 		}
 		f.plan.ids = append(f.plan.ids, id)
+		f.plan.start = append(f.plan.start, p.Start[i])
 		f.plan.slots = append(f.plan.slots, sl)
 	}
 	f.begun = true
@@ -110,7 +117,7 @@ func (f *fakeCache) Save(o *omnicache.Outputs) (omnicache.StepID, error) {
 	if o.Tokens != n {
 		return 0, omnicache.ErrTokenCount
 	}
-	st := &fakeStep{index: int(f.next), prefix: map[int64][][]byte{}, rows: map[int64][][]byte{}}
+	st := &fakeStep{index: int(f.next), start: map[int64]int{}, prefix: map[int64][][]byte{}, rows: map[int64][][]byte{}}
 	j := 0
 	for i, id := range f.plan.ids {
 		st.ids = append(st.ids, id)
@@ -128,6 +135,7 @@ func (f *fakeCache) Save(o *omnicache.Outputs) (omnicache.StepID, error) {
 			f.stats.BytesWritten += int64(len(src))
 		}
 		st.rows[id] = per
+		st.start[id] = int(f.plan.start[i])
 		j += len(f.plan.slots[i])
 	}
 	for id, sl := range f.plan.hitIDs {
@@ -185,9 +193,18 @@ func (f *fakeCache) Materialize(id omnicache.StepID, reqs []int64) (Rows, error)
 		if st.index == f.corruptStep && len(keys[0]) > 0 {
 			keys[0][len(keys[0])-1] ^= 1
 		}
+		lo := st.start[r] - p
+		skip := max(0, min(f.delivered[r]-lo, p+n))
+		for k := range keys {
+			keys[k] = keys[k][skip*f.cfg.Keys[k].RowBytes:]
+		}
+		if p+n-skip > 0 {
+			f.delivered[r] = max(f.delivered[r], st.start[r]+n)
+		}
 		f.res.ids = append(f.res.ids, r)
-		f.res.prefix = append(f.res.prefix, p)
-		f.res.tokens = append(f.res.tokens, p+n)
+		f.res.prefix = append(f.res.prefix, max(0, p-skip))
+		f.res.tokens = append(f.res.tokens, p+n-skip)
+		f.res.from = append(f.res.from, lo+skip)
 		f.res.keys = append(f.res.keys, keys)
 	}
 	return &f.res, nil
@@ -226,6 +243,7 @@ type fakeRows struct {
 	ids    []int64
 	prefix []int
 	tokens []int
+	from   []int
 	keys   [][][]byte
 }
 
@@ -233,4 +251,10 @@ func (r *fakeRows) Len() int             { return len(r.ids) }
 func (r *fakeRows) ID(i int) int64       { return r.ids[i] }
 func (r *fakeRows) Prefix(i int) int     { return r.prefix[i] }
 func (r *fakeRows) Tokens(i int) int     { return r.tokens[i] }
+func (r *fakeRows) From(i int) int {
+	if r.from == nil {
+		return 0
+	}
+	return r.from[i]
+}
 func (r *fakeRows) Rows(i, k int) []byte { return r.keys[i][k] }

@@ -365,6 +365,10 @@ type Report struct {
 
 	VerifiedRows   int64     `json:"verified_rows"`
 	VerifyFailures int64     `json:"verify_failures"`
+	// VerifyRepeated and VerifyMissing are rows a request was delivered a
+	// second time, or never (delivery positions; part of the failures).
+	VerifyRepeated int64     `json:"verify_repeated_rows"`
+	VerifyMissing  int64     `json:"verify_missing_rows"`
 	Failures       []Failure `json:"failures,omitempty"`
 
 	WallNs int64 `json:"wall_ns"`

@@ -268,4 +268,5 @@ func (s servedRows) Len() int             { return len(s.served) }
 func (s servedRows) ID(i int) int64       { return s.res.ID(s.idx(i)) }
 func (s servedRows) Prefix(i int) int     { return s.res.Prefix(s.idx(i)) }
 func (s servedRows) Tokens(i int) int     { return s.res.Tokens(s.idx(i)) }
+func (s servedRows) From(i int) int       { return s.res.From(s.idx(i)) }
 func (s servedRows) Rows(i, k int) []byte { return s.res.Rows(s.idx(i), k) }

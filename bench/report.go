@@ -354,7 +354,7 @@ func WriteSummary(w io.Writer, reps []*Report) error {
 	}
 	for _, r := range reps {
 		if r.Verify {
-			fmt.Fprintf(w, "verify %s: %d rows checked, %d wrong\n", r.Name, r.VerifiedRows, r.VerifyFailures)
+			fmt.Fprintf(w, "verify %s: %d rows checked, %d wrong, %d repeated, %d missing\n", r.Name, r.VerifiedRows, r.VerifyFailures, r.VerifyRepeated, r.VerifyMissing)
 			for _, f := range r.Failures {
 				fmt.Fprintf(w, "  %s\n", f)
 			}

@@ -266,6 +266,7 @@ func (r *runner) runOn() error {
 		}
 		rep.VerifiedRows = ver.rows
 		rep.VerifyFailures = ver.failures
+		rep.VerifyRepeated, rep.VerifyMissing = ver.repeated, ver.missing
 		rep.Failures = ver.kept
 	}
 	st := c.Stats()

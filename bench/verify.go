@@ -95,6 +95,12 @@ type verifier struct {
 	rows     int64
 	failures int64
 	kept     []Failure
+	// delivered is, per request, the position its rows were delivered up
+	// to: a step's rows must start there (a request that recomputes rows
+	// after a preemption gets none of them again); repeated and missing
+	// count the rows a result started below or above it.
+	delivered         map[int64]int
+	repeated, missing int64
 }
 
 func newVerifier(keys []omnicache.Key, numSlots, bs int) *verifier {
@@ -105,6 +111,8 @@ func newVerifier(keys []omnicache.Key, numSlots, bs int) *verifier {
 		slotReq: make([]int64, numSlots),
 		slotPos: make([]int32, numSlots),
 		set:     make([]bool, numSlots),
+
+		delivered: map[int64]int{},
 	}
 	for _, k := range keys {
 		v.salts = append(v.salts, keySalt(k.Name))
@@ -187,25 +195,47 @@ func (v *verifier) check(rec *stepRecord, asked []int64, res Rows) {
 		}
 		r := rec.reqs[j]
 		prefix, start, n := int(rec.prefix[j]), int(rec.start[j]), int(rec.count[j])
-		if res.ID(i) != id || res.Prefix(i) != prefix || res.Tokens(i) != prefix+n {
-			v.fail(Failure{Step: rec.index, Request: id, Slot: -1, What: fmt.Sprintf(
-				"result shape: id %d prefix %d tokens %d, want id %d prefix %d tokens %d",
-				res.ID(i), res.Prefix(i), res.Tokens(i), id, prefix, prefix+n)})
+		lo, hi := start-prefix, start+n
+		from := lo
+		if d, ok := v.delivered[id]; ok && d > lo {
+			from = min(d, hi) // rows it was delivered already are not delivered again
+		}
+		got := res.From(i)
+		switch {
+		case res.ID(i) != id:
+			v.fail(Failure{Step: rec.index, Request: id, Slot: -1, What: fmt.Sprintf("result id %d, want %d", res.ID(i), id)})
 			continue
+		case got < from && res.Tokens(i) > 0:
+			v.repeated += int64(min(from, got+res.Tokens(i)) - got)
+			v.fail(Failure{Step: rec.index, Request: id, Position: got, Slot: -1, What: fmt.Sprintf(
+				"rows from %d delivered again (delivered up to %d)", got, from)})
+			continue
+		case got > from:
+			v.missing += int64(got - from)
+			v.fail(Failure{Step: rec.index, Request: id, Position: from, Slot: -1, What: fmt.Sprintf(
+				"rows %d..%d never delivered (this step's start at %d)", from, got, got)})
+			continue
+		case res.Tokens(i) != hi-from && !(res.Tokens(i) == 0 && from == hi) || res.Prefix(i) != max(0, lo+prefix-from):
+			v.fail(Failure{Step: rec.index, Request: id, Slot: -1, What: fmt.Sprintf(
+				"result shape: from %d prefix %d tokens %d, want from %d prefix %d tokens %d",
+				got, res.Prefix(i), res.Tokens(i), from, max(0, lo+prefix-from), hi-from)})
+			continue
+		}
+		if res.Tokens(i) > 0 {
+			v.delivered[id] = max(v.delivered[id], hi)
 		}
 		for k, kk := range v.keys {
 			rb := kk.RowBytes
 			data := res.Rows(i, k)
-			if len(data) != (prefix+n)*rb {
-				v.fail(Failure{Step: rec.index, Request: id, Key: kk.Name, Slot: -1, What: fmt.Sprintf("%d bytes, want %d", len(data), (prefix+n)*rb)})
+			if len(data) != res.Tokens(i)*rb {
+				v.fail(Failure{Step: rec.index, Request: id, Key: kk.Name, Slot: -1, What: fmt.Sprintf("%d bytes, want %d", len(data), res.Tokens(i)*rb)})
 				continue
 			}
-			for row := range prefix + n {
-				pos := row
-				what := "prefix row"
-				if row >= prefix {
-					pos = start + row - prefix
-					what = "step row"
+			for row := range res.Tokens(i) {
+				pos := from + row
+				what := "step row"
+				if pos < start {
+					what = "prefix row"
 				}
 				v.rows++
 				if off := rowMismatch(data[row*rb:(row+1)*rb], OracleWord(v.salts[k], r.H[pos])); off >= 0 {

@@ -6,13 +6,43 @@ FUZZPKGS ?= ./fuzz/ . ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
+.PHONY: help test test-go test-python python python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-test: redis ## run the tests (the README's test command; what CI runs)
+test: test-go test-python ## run the Go and the Python tests (the README's test command; what CI runs)
+
+test-go: redis ## run the Go tests
 	$(GO) test -race -count=1 $(PKGS)
+
+# The C ABI (capi/) as a shared library inside the Python package. Only
+# omnicache_* symbols are exported (capi/omnicache.map).
+PYTHON  ?= /usr/bin/python3
+PYLIB   := python/omnicache/_lib
+CAPI_SRC := $(wildcard capi/*.go capi/*.c capi/*.h capi/*.map) $(filter-out %_test.go,$(wildcard *.go */*.go */*/*.go))
+
+python: $(PYLIB)/libomnicache.so $(PYLIB)/omnicache.h ## build libomnicache.so and its header into the Python package (python/omnicache/_lib)
+
+$(PYLIB)/libomnicache.so: $(CAPI_SRC) go.mod
+	@mkdir -p $(PYLIB)
+	$(GO) build -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o $@ ./capi
+	@rm -f $(PYLIB)/libomnicache.h # cgo's generated header; the public one is capi/omnicache.h
+	@if nm -D --defined-only $@ | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; rm -f $@; exit 1; fi
+
+$(PYLIB)/omnicache.h: capi/omnicache.h
+	@mkdir -p $(PYLIB)
+	cp $< $@
+
+test-python: python ## run the Python package's tests (Debian's python3: make sure .ci/python.sh ran)
+	cd python && $(PYTHON) -m pytest -q tests
+
+bench-python: python ## per-step cost from Python vs the same step from Go, and numpy's slot mapping
+	$(GO) test -run='^$$' -bench='BenchmarkCAPIStep' -benchtime=20000x -count=5 ./capi/ > .bench-capi.txt
+	cd python && $(PYTHON) -m omnicache._bench --go ../.bench-capi.txt
+
+python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools, no network
+	cd python && $(PYTHON) -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
 
 redis: ## install redis-server when missing (the tier tests start real servers)
 	@bash .ci/redis.sh

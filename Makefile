@@ -38,7 +38,7 @@ test-python: python ## run the Python package's tests (Debian's python3: make su
 	cd python && $(PYTHON) -m pytest -q tests
 
 bench-python: python ## per-step cost from Python vs the same step from Go, and numpy's slot mapping
-	$(GO) test -run='^$$' -bench='BenchmarkCAPIStep' -benchtime=20000x -count=5 ./capi/ > .bench-capi.txt
+	$(GO) test -run='^$$' -bench='BenchmarkCAPIStep' -benchtime=5000x -count=5 ./capi/ > .bench-capi.txt
 	cd python && $(PYTHON) -m omnicache._bench --go ../.bench-capi.txt
 
 python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools, no network

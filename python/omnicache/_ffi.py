@@ -145,3 +145,45 @@ def last_error():
         buf = _msg.buf = ctypes.create_string_buffer(4096)
     L.omnicache_last_error(buf, len(buf))
     return buf.value.decode("utf-8", "replace")
+
+
+class _Hot:
+    """The per-step entry points (begin, save, discard) through cffi when it
+    is importable (about 100 ns less per call than ctypes), else ctypes.
+    Both release the GIL during the call. ptr(address) makes the pointer
+    argument each backend takes."""
+
+    def __init__(self):
+        L = lib()
+        try:
+            import cffi
+        except ImportError:
+            cffi = None
+        if cffi is None or os.environ.get("OMNICACHE_CTYPES"):
+            self.backend = "ctypes"
+            self.begin, self.save, self.discard = L.omnicache_begin, L.omnicache_save, L.omnicache_discard
+            self.ptr = int
+            return
+        ffi = cffi.FFI()
+        ffi.cdef("int omnicache_begin(uint64_t, void *);"
+                 "int omnicache_save(uint64_t, void *, void *);"
+                 "int omnicache_discard(uint64_t, uint64_t);")
+        C = ffi.dlopen(lib_path())
+        self.backend = "cffi"
+        self.begin, self.save, self.discard = C.omnicache_begin, C.omnicache_save, C.omnicache_discard
+        self._keep = (ffi, C)
+        cast = ffi.cast
+        self.ptr = lambda addr: cast("void *", addr)
+
+
+_hot = None
+
+
+def hot():
+    global _hot
+    if _hot is None:
+        with _lock:
+            if _hot is None:
+                h = _Hot()
+                _hot = h
+    return _hot

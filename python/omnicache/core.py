@@ -112,9 +112,10 @@ class Plan:
                  preempted=None, resumed=None, full_blocks=None, full_hashes=None,
                  tier_blocks=None, tier_hashes=None):
         self._c = _ffi.Plan()
-        self._ref = ctypes.addressof(self._c)
+        self._ref = _ffi.hot().ptr(ctypes.addressof(self._c))
         self._keep = {}
         self.hit_total = 0
+        self._n = 0
         if ids is not None or rows is not None or start is not None or count is not None:
             self.set_batch(ids, rows, start, count)
         if table is not None:
@@ -143,6 +144,7 @@ class Plan:
                 raise ValueError("omnicache: batch arrays disagree: %d ids, %d %s" % (n, m, name))
         c = self._c
         c.ids, c.rows, c.start, c.count, c.n = a[0][0], a[1][0], a[2][0], a[3][0], n
+        self._n = n
         k = self._keep
         k["ids"], k["rows"], k["start"], k["count"] = a[0][2], a[1][2], a[2][2], a[3][2]
         return self
@@ -229,7 +231,8 @@ class Plan:
 
     @property
     def n(self):
-        return self._c.n
+        """The number of scheduled requests."""
+        return self._n
 
     def __getattr__(self, name):
         if name in _PLAN_FIELDS:
@@ -248,7 +251,8 @@ class Outputs:
         nk = len(self._keys)
         self._arr = (_ffi.Tensor * nk)()
         self._c = _ffi.Outputs(0, 0, self._arr, nk)
-        self._ref = ctypes.addressof(self._c)
+        self._ref = _ffi.hot().ptr(ctypes.addressof(self._c))
+        self._tokens = 0
         self._keep = [None] * nk
         self._index = {k.name: i for i, k in enumerate(self._keys)}
         if tensors is not None:
@@ -287,11 +291,11 @@ class Outputs:
 
     @property
     def tokens(self):
-        return self._c.tokens
+        return self._tokens
 
     @tokens.setter
     def tokens(self, n):
-        self._c.tokens = n
+        self._c.tokens = self._tokens = n
 
     @property
     def padded(self):
@@ -408,10 +412,11 @@ class Cache:
         self._closed = False
         # cached entry points and argument objects: a step's calls convert
         # nothing but the handle and the step id
-        self._begin, self._save, self._discard = L.omnicache_begin, L.omnicache_save, L.omnicache_discard
+        hot = _ffi.hot()
+        self._begin, self._save, self._discard = hot.begin, hot.save, hot.discard
         self._materialize = L.omnicache_materialize
         self._stepv = _ffi.c_u64()
-        self._stepref = ctypes.addressof(self._stepv)
+        self._stepref = hot.ptr(ctypes.addressof(self._stepv))
         self._plan = None
         self._outs = None
         self._steps = {}  # step id -> (requests, rows estimate) for materialize's buffers
@@ -441,18 +446,17 @@ class Cache:
             if tokens is None:
                 plan = self._plan
                 tokens = int(np.asarray(plan.count).sum()) if plan is not None and plan.n else 0
-        c = outputs._c
         if tokens is not None:
-            c.tokens = tokens
-            c.padded = tokens if padded is None else padded
+            outputs.tokens = tokens
+            outputs.padded = padded
         elif padded is not None:
-            c.padded = padded
+            outputs.padded = padded
         rc = self._save(self._h, outputs._ref, self._stepref)
         if rc:
             _raise(rc)
         sid = self._stepv.value
         plan = self._plan
-        self._steps[sid] = (plan._c.n, c.tokens + plan.hit_total) if plan is not None else (0, c.tokens)
+        self._steps[sid] = (plan._n, outputs._tokens + plan.hit_total)
         return sid
 
     def abort(self):

@@ -1,0 +1,158 @@
+"""make bench-python: the per-step cost of the engine contract seen from
+Python through this package, beside the same step called from Go
+(capi/bench_test.go, BenchmarkCAPIStep: its output is passed with --go)
+and beside a vectorized numpy slot mapping, the floor of what a pure-Python
+manager spends on every step before it copies anything.
+
+A step is begin(plan) + save(outputs, a non-owned host array of 64-byte
+rows) + discard(the step before), timed around the package calls only
+(the engine's own in-place plan update is outside the timer), with an
+untimed 50 µs spin between steps standing for the forward (the committer
+writes the step meanwhile; capi/bench_test.go does the same). Each figure
+is the median of ROUNDS rounds of STEPS steps.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from . import Cache, Key, Plan
+
+SHAPES = [("decode16", 16, 1), ("decode64", 64, 1), ("prefill2048", 1, 2048)]  # capi/bench_test.go
+BS, ROW, STRIDE = 16, 64, 128
+FORWARD_NS = 50_000  # the untimed "forward" between steps (capi/bench_test.go)
+
+
+def bench_step(reqs, tokens, steps, rounds):
+    ntok = reqs * tokens
+    c = Cache([Key("hidden", ROW)], num_blocks=reqs * STRIDE, block_size=BS,
+              staging_capacity_tokens=max(1024, ntok))
+    table = np.arange(reqs * STRIDE, dtype=np.int32).reshape(reqs, STRIDE)
+    ids = np.arange(1, reqs + 1, dtype=np.int64)
+    rows = np.arange(reqs, dtype=np.int32)
+    start = np.zeros(reqs, np.int32)
+    count = np.full(reqs, tokens, np.int32)
+    plan = Plan(ids=ids, rows=rows, start=start, count=count, table=table,
+                arrivals=ids.copy(), hit_tokens=np.zeros(reqs, np.int32))
+    hidden = np.zeros((ntok, ROW), np.uint8)
+    from .core import Outputs
+    outs = Outputs(c, [hidden], tokens=ntok)
+    limit = STRIDE * BS
+    prefill = tokens > 1
+    nxt = [reqs]
+    arr, fin, zero = np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int32)
+
+    def advance():
+        if prefill:
+            fin[0] = ids[0]
+            nxt[0] += 1
+            ids[0] = nxt[0]
+            arr[0] = nxt[0]
+            plan.set_finished(fin)
+            plan.set_arrivals(arr, zero)
+            return
+        if plan.n_arrivals_set:
+            plan.clear_events()
+            plan.n_arrivals_set = False
+        np.add(start, 1, out=start)
+        if start[0] >= limit:
+            start[:] = limit // 2
+
+    plan.n_arrivals_set = True
+    begin, save, discard = c.begin, c.save, c.discard
+    prev = 0
+    clock = time.perf_counter_ns
+    forward = FORWARD_NS
+    for i in range(2 * limit + 1):
+        if i:
+            advance()
+        begin(plan)
+        sid = save(outs)
+        if prev:
+            discard(prev)
+        prev = sid
+    per_round = []
+    for _ in range(rounds):
+        acc = 0
+        for _ in range(steps):
+            advance()
+            t0 = clock()
+            while clock() - t0 < forward:
+                pass
+            t0 = clock()
+            begin(plan)
+            sid = save(outs)
+            discard(prev)
+            acc += clock() - t0
+            prev = sid
+        per_round.append(acc / steps)
+    c.close()
+    return statistics.median(per_round)
+
+
+def slot_mapping(reqs, tokens, steps, rounds):
+    """The vectorized numpy slot mapping of one step (the reference's fix)."""
+    table = np.arange(reqs * STRIDE, dtype=np.int32).reshape(reqs, STRIDE)
+    start = np.full(reqs, 0 if tokens > 1 else 100, np.int64)
+    count = np.full(reqs, tokens, np.int64)
+    rows = np.arange(reqs)
+    clock = time.perf_counter_ns
+    per_round = []
+    for _ in range(rounds):
+        t0 = clock()
+        for _ in range(steps):
+            total = int(count.sum())
+            req = np.repeat(rows, count)
+            first = np.cumsum(count) - count
+            pos = np.repeat(start, count) + (np.arange(total) - np.repeat(first, count))
+            slots = table[req, pos // BS].astype(np.int64) * BS + pos % BS
+        per_round.append((clock() - t0) / steps)
+    assert len(slots) == reqs * tokens
+    return statistics.median(per_round)
+
+
+def go_figures(path):
+    """Median ns/op per shape from `go test -bench BenchmarkCAPIStep` output."""
+    got = {}
+    if not path:
+        return got
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"BenchmarkCAPIStep/shape=(\w+)-\d+\s.*?\s([\d.]+) step-ns", line)
+            if m:
+                got.setdefault(m.group(1), []).append(float(m.group(2)))
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m omnicache._bench")
+    ap.add_argument("--go", help="go test -bench output of BenchmarkCAPIStep")
+    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args(argv)
+    go = go_figures(a.go)
+    la = os.getloadavg()
+    print("load average: %.2f %.2f %.2f (%d CPUs)" % (la[0], la[1], la[2], os.cpu_count()))
+    print("step = begin + save (64-byte rows, copied) + discard; median of %d rounds of %d steps"
+          % (a.rounds, a.steps))
+    print("%-12s %12s %12s %12s %18s" % ("shape", "python µs", "go µs", "python-go", "numpy slots µs"))
+    for name, reqs, tokens in SHAPES:
+        steps = a.steps if tokens == 1 else max(1, a.steps // 10)
+        py = bench_step(reqs, tokens, steps, a.rounds) / 1e3
+        sm = slot_mapping(reqs, tokens, max(1, steps // 4), a.rounds) / 1e3
+        g = go.get(name)
+        gs = "%12.2f" % (g / 1e3) if g is not None else "%12s" % "-"
+        ds = "%+12.2f" % (py - g / 1e3) if g is not None else "%12s" % "-"
+        print("%-12s %12.2f %s %s %18.2f" % (name, py, gs, ds, sm))
+    la = os.getloadavg()
+    print("load average after: %.2f %.2f %.2f" % la)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

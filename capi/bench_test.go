@@ -42,8 +42,8 @@ var BenchShapes = []BenchShape{{"decode16", 16, 1}, {"decode64", 64, 1}, {"prefi
 const (
 	benchForward = 50 * time.Microsecond
 	benchBS      = 16
-	benchRow    = 64
-	benchStride = 128
+	benchRow     = 64
+	benchStride  = 128
 )
 
 func benchCAPIStep(b *testing.B, s BenchShape) {

@@ -6,7 +6,7 @@ FUZZPKGS ?= ./fuzz/ . ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test test-go test-python python python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
+.PHONY: help test test-go test-python python python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -34,15 +34,25 @@ $(PYLIB)/omnicache.h: capi/omnicache.h
 	@mkdir -p $(PYLIB)
 	cp $< $@
 
-test-python: python ## run the Python package's tests (Debian's python3: make sure .ci/python.sh ran)
+python-deps: ## install Debian's python3 packages the Python tests need when missing (.ci/python.sh)
+	@bash .ci/python.sh
+
+test-python: python-deps python ## run the Python package's tests (pytest, Debian's /usr/bin/python3)
 	cd python && $(PYTHON) -m pytest -q tests
 
 bench-python: python ## per-step cost from Python vs the same step from Go, and numpy's slot mapping
 	$(GO) test -run='^$$' -bench='BenchmarkCAPIStep' -benchtime=5000x -count=5 ./capi/ > .bench-capi.txt
 	cd python && $(PYTHON) -m omnicache._bench --go ../.bench-capi.txt
 
-python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools, no network
+python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools and install it into a fresh venv, no network
+	rm -rf python/dist python/build
 	cd python && $(PYTHON) -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
+	@v=$$(mktemp -d); trap 'rm -rf $$v' EXIT; \
+	$(PYTHON) -m venv --system-site-packages $$v && $$v/bin/pip install -q --no-index python/dist/omnicache-*.whl && \
+	cd / && $$v/bin/python -c "import numpy as np, omnicache as oc; c = oc.Cache([oc.Key('h', 8)], num_blocks=8, block_size=4); \
+	c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1]); \
+	r = c.materialize(c.save([np.arange(16, dtype=np.uint8).reshape(2, 8)])); assert r.rows(0, 'h').ravel().tolist() == list(range(16)); \
+	c.close(); print('wheel installed in a fresh venv:', oc.__file__, oc.version())"
 
 redis: ## install redis-server when missing (the tier tests start real servers)
 	@bash .ci/redis.sh

@@ -142,6 +142,7 @@ var codes = []struct {
 	{tier.ErrConfig, C.OMNICACHE_ERR_TIER_CONFIG},
 	{tier.ErrClosed, C.OMNICACHE_ERR_TIER_CLOSED},
 	{tier.ErrMiss, C.OMNICACHE_ERR_TIER_MISS},
+	{tier.ErrCorrupt, C.OMNICACHE_ERR_TIER_MISS}, // a corrupt value is a miss
 	{errArgument, C.OMNICACHE_ERR_ARGUMENT},
 	{errBadHandle, C.OMNICACHE_ERR_BAD_HANDLE},
 	{errShortBuffer, C.OMNICACHE_ERR_SHORT_BUFFER},

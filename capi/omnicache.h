@@ -63,7 +63,7 @@ enum {
 	OMNICACHE_ERR_BUDGET = 15,         /* ErrBudget */
 	OMNICACHE_ERR_WRITE_FAILED = 16,   /* ErrWriteFailed (sticky) */
 	OMNICACHE_ERR_DEVICE_TIMEOUT = 17, /* ErrDeviceTimeout */
-	OMNICACHE_ERR_TIER_MISS = 18,      /* ErrTierMiss */
+	OMNICACHE_ERR_TIER_MISS = 18,      /* ErrTierMiss, tier.ErrMiss, tier.ErrCorrupt */
 	/* the tier package's errors (tier.Err*), reachable through a tier */
 	OMNICACHE_ERR_TIER_UNAVAILABLE = 19, /* tier.ErrUnavailable */
 	OMNICACHE_ERR_TIER_AUTH = 20,        /* tier.ErrAuth */

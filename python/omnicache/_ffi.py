@@ -164,7 +164,7 @@ class _Hot:
             self.begin, self.save, self.discard = L.omnicache_begin, L.omnicache_save, L.omnicache_discard
             self.ptr = int
             return
-        ffi = cffi.FFI()
+        self._ffi = ffi = cffi.FFI()
         ffi.cdef("int omnicache_begin(uint64_t, void *);"
                  "int omnicache_save(uint64_t, void *, void *);"
                  "int omnicache_discard(uint64_t, uint64_t);")
@@ -174,6 +174,14 @@ class _Hot:
         self._keep = (ffi, C)
         cast = ffi.cast
         self.ptr = lambda addr: cast("void *", addr)
+
+    def u64(self):
+        """A uint64 out-parameter: (cell, argument); cell[0] reads it."""
+        if self.backend == "ctypes":
+            cell = (c_u64 * 1)()
+            return cell, ctypes.addressof(cell)
+        cell = self._ffi.new("uint64_t *")
+        return cell, cell
 
 
 _hot = None

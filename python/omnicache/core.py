@@ -114,7 +114,6 @@ class Plan:
         self._c = _ffi.Plan()
         self._ref = _ffi.hot().ptr(ctypes.addressof(self._c))
         self._keep = {}
-        self.hit_total = 0
         self._n = 0
         if ids is not None or rows is not None or start is not None or count is not None:
             self.set_batch(ids, rows, start, count)
@@ -176,7 +175,6 @@ class Plan:
         c.hit_blocks, c.n_hit_blocks = b[0], b[1]
         k = self._keep
         k["arrivals"], k["hit_tokens"], k["hit_blocks"] = a[2], h[2], b[2]
-        self.hit_total = int(np.asarray(h[2]).sum()) if h[1] else 0
         return self
 
     def set_finished(self, ids):
@@ -226,7 +224,6 @@ class Plan:
         for f in ("arrivals", "hit_tokens", "hit_blocks", "finished", "preempted", "resumed",
                   "full_blocks", "full_hashes", "tier_blocks", "tier_hashes"):
             self._keep.pop(f, None)
-        self.hit_total = 0
         return self
 
     @property
@@ -415,11 +412,12 @@ class Cache:
         hot = _ffi.hot()
         self._begin, self._save, self._discard = hot.begin, hot.save, hot.discard
         self._materialize = L.omnicache_materialize
-        self._stepv = _ffi.c_u64()
-        self._stepref = hot.ptr(ctypes.addressof(self._stepv))
+        self._stepv, self._stepref = hot.u64()
         self._plan = None
         self._outs = None
-        self._steps = {}  # step id -> (requests, rows estimate) for materialize's buffers
+        # materialize sizes its buffers from the last step it read (a
+        # short guess costs a second call, never a wrong result)
+        self._hint = (0, 0)
 
     # -- the engine thread --
 
@@ -454,10 +452,7 @@ class Cache:
         rc = self._save(self._h, outputs._ref, self._stepref)
         if rc:
             _raise(rc)
-        sid = self._stepv.value
-        plan = self._plan
-        self._steps[sid] = (plan._n, outputs._tokens + plan.hit_total)
-        return sid
+        return self._stepv[0]
 
     def abort(self):
         """The forward failed after begin: forget the begun step."""
@@ -475,7 +470,6 @@ class Cache:
 
     def discard(self, step):
         """Consume step without reading it."""
-        self._steps.pop(step, None)
         rc = self._discard(self._h, step)
         if rc:
             _raise(rc)
@@ -486,7 +480,7 @@ class Cache:
         requests could not be served (AbsentRequiredError, ReassignedError,
         TierMissError) the exception carries ``result`` (their rows zero,
         Result.error(i) naming each) and ``failed`` (their ids)."""
-        n, rows = self._steps.pop(step, (0, 0))
+        n, rows = self._hint
         rp, rn, keep = None, -1, None
         if reqs is not None:
             rp, rn, keep = _ints(reqs, "i64", "reqs")
@@ -516,6 +510,7 @@ class Cache:
         if rc and rc not in _PER_REQUEST:
             _raise(rc)
         n, rows = res.n_reqs, res.total_rows
+        self._hint = (n, rows)
         out = Result(keys, ids[:n], prefix[:n], tokens[:n], errs[:n], [b[:rows] for b in bufs])
         if rc:
             e = error(rc, _ffi.last_error())

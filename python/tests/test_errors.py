@@ -279,7 +279,7 @@ def test_materialize_retries_short_buffers():
     c.sync()
     sid = step(c, ids=(2,), rows=[0], start=[8], count=[1], arrivals=[2], hit_tokens=[8], hit_blocks=[0, 1],
                finished=[1])
-    c._steps.clear()  # no estimate at all
+    c._hint = (0, 0)  # no estimate at all
     r = c.materialize(sid, [2])
     assert list(r.prefix) == [8] and list(r.tokens) == [9]
     c.close()

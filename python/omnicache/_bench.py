@@ -7,8 +7,10 @@ manager spends on every step before it copies anything.
 A step is begin(plan) + save(outputs, a non-owned host array of 64-byte
 rows) + discard(the step before), timed around the package calls only
 (the engine's own in-place plan update is outside the timer), with an
-untimed 50 µs spin between steps standing for the forward (the committer
-writes the step meanwhile; capi/bench_test.go does the same). Each figure
+untimed spin between steps standing for the forward (50 µs for decode,
+1 ms for prefill: the committer writes the step meanwhile;
+capi/bench_test.go does the same). "stall" is the part of a step Save
+waited for a staging page. Each figure
 is the median of ROUNDS rounds of STEPS steps.
 """
 
@@ -23,12 +25,12 @@ import numpy as np
 
 from . import Cache, Key, Plan
 
-SHAPES = [("decode16", 16, 1), ("decode64", 64, 1), ("prefill2048", 1, 2048)]  # capi/bench_test.go
+# name, requests, tokens each, untimed forward (ns): capi/bench_test.go's BenchShapes
+SHAPES = [("decode16", 16, 1, 50_000), ("decode64", 64, 1, 50_000), ("prefill2048", 1, 2048, 1_000_000)]
 BS, ROW, STRIDE = 16, 64, 128
-FORWARD_NS = 50_000  # the untimed "forward" between steps (capi/bench_test.go)
 
 
-def bench_step(reqs, tokens, steps, rounds):
+def bench_step(reqs, tokens, forward, steps, rounds):
     ntok = reqs * tokens
     c = Cache([Key("hidden", ROW)], num_blocks=reqs * STRIDE, block_size=BS,
               staging_capacity_tokens=max(1024, ntok))
@@ -67,7 +69,6 @@ def bench_step(reqs, tokens, steps, rounds):
     begin, save, discard = c.begin, c.save, c.discard
     prev = 0
     clock = time.perf_counter_ns
-    forward = FORWARD_NS
     for i in range(2 * limit + 1):
         if i:
             advance()
@@ -76,7 +77,7 @@ def bench_step(reqs, tokens, steps, rounds):
         if prev:
             discard(prev)
         prev = sid
-    per_round = []
+    per_round, stall0 = [], c.stats()["StallNanos"]
     for _ in range(rounds):
         acc = 0
         for _ in range(steps):
@@ -91,8 +92,9 @@ def bench_step(reqs, tokens, steps, rounds):
             acc += clock() - t0
             prev = sid
         per_round.append(acc / steps)
+    stall = (c.stats()["StallNanos"] - stall0) / (steps * rounds)
     c.close()
-    return statistics.median(per_round)
+    return statistics.median(per_round), stall
 
 
 def slot_mapping(reqs, tokens, steps, rounds):
@@ -117,22 +119,24 @@ def slot_mapping(reqs, tokens, steps, rounds):
 
 
 def go_figures(path):
-    """Median ns/op per shape from `go test -bench BenchmarkCAPIStep` output."""
+    """Median step-ns and stall-ns per shape from `go test -bench
+    BenchmarkCAPIStep` output."""
     got = {}
     if not path:
         return got
     with open(path) as f:
         for line in f:
-            m = re.match(r"BenchmarkCAPIStep/shape=(\w+)-\d+\s.*?\s([\d.]+) step-ns", line)
-            if m:
-                got.setdefault(m.group(1), []).append(float(m.group(2)))
-    return {k: statistics.median(v) for k, v in got.items()}
+            m = re.match(r"BenchmarkCAPIStep/shape=(\w+)-\d+\s", line)
+            st, sl = re.search(r"([\d.]+) step-ns", line), re.search(r"([\d.]+) stall-ns", line)
+            if m and st and sl:
+                got.setdefault(m.group(1), []).append((float(st.group(1)), float(sl.group(1))))
+    return {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in got.items()}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m omnicache._bench")
     ap.add_argument("--go", help="go test -bench output of BenchmarkCAPIStep")
-    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args(argv)
     go = go_figures(a.go)
@@ -140,15 +144,17 @@ def main(argv=None):
     print("load average: %.2f %.2f %.2f (%d CPUs)" % (la[0], la[1], la[2], os.cpu_count()))
     print("step = begin + save (64-byte rows, copied) + discard; median of %d rounds of %d steps"
           % (a.rounds, a.steps))
-    print("%-12s %12s %12s %12s %18s" % ("shape", "python µs", "go µs", "python-go", "numpy slots µs"))
-    for name, reqs, tokens in SHAPES:
+    print("%-12s %10s %10s %10s %14s %14s %15s" % ("shape", "python µs", "go µs", "python-go", "python stall", "go stall",
+                                                  "numpy slots µs"))
+    for name, reqs, tokens, forward in SHAPES:
         steps = a.steps if tokens == 1 else max(1, a.steps // 10)
-        py = bench_step(reqs, tokens, steps, a.rounds) / 1e3
+        py, pst = bench_step(reqs, tokens, forward, steps, a.rounds)
         sm = slot_mapping(reqs, tokens, max(1, steps // 4), a.rounds) / 1e3
-        g = go.get(name)
-        gs = "%12.2f" % (g / 1e3) if g is not None else "%12s" % "-"
-        ds = "%+12.2f" % (py - g / 1e3) if g is not None else "%12s" % "-"
-        print("%-12s %12.2f %s %s %18.2f" % (name, py, gs, ds, sm))
+        g, gst = go.get(name, (None, None))
+        gs = "%10.2f" % (g / 1e3) if g is not None else "%10s" % "-"
+        ds = "%+10.2f" % ((py - g) / 1e3) if g is not None else "%10s" % "-"
+        gsts = "%14.2f" % (gst / 1e3) if gst is not None else "%14s" % "-"
+        print("%-12s %10.2f %s %s %14.2f %s %15.2f" % (name, py / 1e3, gs, ds, pst / 1e3, gsts, sm))
     la = os.getloadavg()
     print("load average after: %.2f %.2f %.2f" % la)
     return 0

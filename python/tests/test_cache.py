@@ -133,3 +133,14 @@ def test_plan_keywords_and_lists():
     sid = c.save([np.ones((2, 16), np.uint8), None])
     c.discard(sid)
     c.close()
+
+
+def test_backends():
+    assert oc._ffi.hot().backend == "cffi"  # python3-cffi is installed: the per-step calls use it
+    code = ("import numpy as np, omnicache as oc; c = oc.Cache([oc.Key('h', 8)], num_blocks=8, block_size=4); "
+            "c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1]); "
+            "r = c.materialize(c.save([np.full((2, 8), 3, np.uint8)])); "
+            "assert oc._ffi.hot().backend == 'ctypes' and r.rows(0, 'h').min() == 3; print('ok')")
+    env = dict(os.environ, OMNICACHE_CTYPES="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

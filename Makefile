@@ -41,8 +41,8 @@ test-python: python-deps python ## run the Python package's tests (pytest, Debia
 	cd python && $(PYTHON) -m pytest -q tests
 
 bench-python: python ## per-step cost from Python vs the same step from Go, and numpy's slot mapping
-	$(GO) test -run='^$$' -bench='BenchmarkCAPIStep' -benchtime=2000x -count=5 ./capi/ > .bench-capi.txt
-	cd python && $(PYTHON) -m omnicache._bench --go ../.bench-capi.txt
+	$(GO) test -c -o .bench-capi.test ./capi/
+	cd python && $(PYTHON) -m omnicache._bench --go-bin ../.bench-capi.test
 
 python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools and install it into a fresh venv, no network
 	rm -rf python/dist python/build

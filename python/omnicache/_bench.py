@@ -4,6 +4,9 @@ Python through this package, beside the same step called from Go
 and beside a vectorized numpy slot mapping, the floor of what a pure-Python
 manager spends on every step before it copies anything.
 
+Go and Python rounds alternate (the Go side runs the compiled capi test
+binary once per round), so a change in the machine's load reaches both.
+
 A step is begin(plan) + save(outputs, a non-owned host array of 64-byte
 rows) + discard(the step before), timed around the package calls only
 (the engine's own in-place plan update is outside the timer), with an
@@ -18,6 +21,7 @@ import argparse
 import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 
@@ -118,43 +122,46 @@ def slot_mapping(reqs, tokens, steps, rounds):
     return statistics.median(per_round)
 
 
-def go_figures(path):
-    """Median step-ns and stall-ns per shape from `go test -bench
-    BenchmarkCAPIStep` output."""
-    got = {}
-    if not path:
-        return got
-    with open(path) as f:
-        for line in f:
-            m = re.match(r"BenchmarkCAPIStep/shape=(\w+)-\d+\s", line)
-            st, sl = re.search(r"([\d.]+) step-ns", line), re.search(r"([\d.]+) stall-ns", line)
-            if m and st and sl:
-                got.setdefault(m.group(1), []).append((float(st.group(1)), float(sl.group(1))))
-    return {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in got.items()}
+def go_round(go_bin, name, steps):
+    """One round of BenchmarkCAPIStep/shape=name from the compiled capi test
+    binary: (step ns, stall ns)."""
+    out = subprocess.run([go_bin, "-test.run=^$", "-test.bench=^BenchmarkCAPIStep$/^shape=%s$" % name,
+                          "-test.benchtime=%dx" % steps, "-test.count=1"],
+                         capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        st, sl = re.search(r"([\d.]+) step-ns", line), re.search(r"([\d.]+) stall-ns", line)
+        if line.startswith("BenchmarkCAPIStep/shape=%s" % name) and st and sl:
+            return float(st.group(1)), float(sl.group(1))
+    raise RuntimeError("no BenchmarkCAPIStep/shape=%s line in:\n%s" % (name, out))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m omnicache._bench")
-    ap.add_argument("--go", help="go test -bench output of BenchmarkCAPIStep")
+    ap.add_argument("--go-bin", help="the capi test binary (go test -c ./capi/): Go rounds interleaved with Python's")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args(argv)
-    go = go_figures(a.go)
     la = os.getloadavg()
     print("load average: %.2f %.2f %.2f (%d CPUs)" % (la[0], la[1], la[2], os.cpu_count()))
-    print("step = begin + save (64-byte rows, copied) + discard; median of %d rounds of %d steps"
-          % (a.rounds, a.steps))
-    print("%-12s %10s %10s %10s %14s %14s %15s" % ("shape", "python µs", "go µs", "python-go", "python stall", "go stall",
-                                                  "numpy slots µs"))
+    print("step = begin + save (64-byte rows, copied) + discard; median of %d rounds, Go and Python rounds interleaved"
+          % a.rounds)
+    print("%-12s %10s %10s %10s %13s %10s %15s" % ("shape", "python µs", "go µs", "python-go", "python stall",
+                                                  "go stall", "numpy slots µs"))
     for name, reqs, tokens, forward in SHAPES:
         steps = a.steps if tokens == 1 else max(1, a.steps // 10)
-        py, pst = bench_step(reqs, tokens, forward, steps, a.rounds)
+        py, go = [], []
+        for _ in range(a.rounds):
+            if a.go_bin:
+                go.append(go_round(a.go_bin, name, steps))
+            py.append(bench_step(reqs, tokens, forward, steps, 1))
+        p, pst = statistics.median(x for x, _ in py), statistics.median(x for _, x in py)
         sm = slot_mapping(reqs, tokens, max(1, steps // 4), a.rounds) / 1e3
-        g, gst = go.get(name, (None, None))
-        gs = "%10.2f" % (g / 1e3) if g is not None else "%10s" % "-"
-        ds = "%+10.2f" % ((py - g) / 1e3) if g is not None else "%10s" % "-"
-        gsts = "%14.2f" % (gst / 1e3) if gst is not None else "%14s" % "-"
-        print("%-12s %10.2f %s %s %14.2f %s %15.2f" % (name, py / 1e3, gs, ds, pst / 1e3, gsts, sm))
+        if go:
+            g, gst = statistics.median(x for x, _ in go), statistics.median(x for _, x in go)
+            gs, ds, gsts = "%10.2f" % (g / 1e3), "%+10.2f" % ((p - g) / 1e3), "%10.2f" % (gst / 1e3)
+        else:
+            gs = ds = gsts = "%10s" % "-"
+        print("%-12s %10.2f %s %s %13.2f %s %15.2f" % (name, p / 1e3, gs, ds, pst / 1e3, gsts, sm))
     la = os.getloadavg()
     print("load average after: %.2f %.2f %.2f" % la)
     return 0

@@ -6,7 +6,7 @@ FUZZPKGS ?= ./fuzz/ . ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test test-go test-python python python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
+.PHONY: help test test-go test-python python python-cuda python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -29,6 +29,13 @@ $(PYLIB)/libomnicache.so: $(CAPI_SRC) go.mod
 	$(GO) build -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o $@ ./capi
 	@rm -f $(PYLIB)/libomnicache.h # cgo's generated header; the public one is capi/omnicache.h
 	@if nm -D --defined-only $@ | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; rm -f $@; exit 1; fi
+
+python-cuda: ## build the library with the CUDA device into .gpu/libomnicache-cuda.so (same CGO flags as gpu-test; load it with OMNICACHE_LIB)
+	$(GO) vet -tags cuda ./gpu/ ./capi/
+	$(GO) build -tags cuda -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o .gpu/libomnicache-cuda.so ./capi
+	@rm -f .gpu/libomnicache-cuda.h
+	cp capi/omnicache.h .gpu/omnicache.h
+	@if nm -D --defined-only .gpu/libomnicache-cuda.so | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; exit 1; fi
 
 $(PYLIB)/omnicache.h: capi/omnicache.h
 	@mkdir -p $(PYLIB)

@@ -62,6 +62,7 @@ type entry struct {
 	parked map[uint64]*parkedResult
 	tier   *tier.Tier
 	back   tier.Backend
+	dev    gpu.Device // nil: the host device
 }
 
 type parkedResult struct {
@@ -245,7 +246,7 @@ func ocgo_new(cc *C.omnicache_config, out *C.uint64_t, mp *C.char, mcap C.int64_
 }
 
 func newEntry(cc *C.omnicache_config) (*entry, error) {
-	if cc.flags&^(C.OMNICACHE_DISABLE_DECODE_BUFFER|C.OMNICACHE_DISABLE_PREFETCH|C.OMNICACHE_ALLOC_STAGING_AT_NEW|C.OMNICACHE_ALLOC_STAGING_AHEAD) != 0 || cc.reserved != 0 {
+	if cc.flags&^(C.OMNICACHE_DISABLE_DECODE_BUFFER|C.OMNICACHE_DISABLE_PREFETCH|C.OMNICACHE_ALLOC_STAGING_AT_NEW|C.OMNICACHE_ALLOC_STAGING_AHEAD|C.OMNICACHE_DEVICE_CUDA) != 0 {
 		return nil, fmt.Errorf("%w: unknown config flags %#x", errArgument, uint32(cc.flags))
 	}
 	ck, err := view[C.omnicache_key](cc.keys, cc.nkeys, "keys")
@@ -314,6 +315,14 @@ func newEntry(cc *C.omnicache_config) (*entry, error) {
 		e.tier, e.back = t, back
 		cfg.Tier = &omnicache.TierConfig{Tier: t}
 	}
+	if cc.flags&C.OMNICACHE_DEVICE_CUDA != 0 {
+		dev, err := gpu.NewCUDA(int(cc.cuda_device))
+		if err != nil {
+			e.closeTier()
+			return nil, fmt.Errorf("CUDA device %d: %w", int(cc.cuda_device), err)
+		}
+		e.dev, cfg.Device = dev, dev
+	}
 	c, err := omnicache.New(cfg)
 	if err != nil {
 		e.closeTier()
@@ -329,11 +338,19 @@ func newEntry(cc *C.omnicache_config) (*entry, error) {
 	return e, nil
 }
 
+// closeTier closes what New opened besides the cache: the tier's backend
+// and the CUDA device.
 func (e *entry) closeTier() {
 	if e.back != nil {
 		e.back.Close()
 	}
+	if e.dev != nil {
+		e.dev.Close()
+	}
 }
+
+// waiter is the CUDA device's WaitExternal (gpu/cuda_wait.go).
+type waiter interface{ WaitExternal(ev uintptr) error }
 
 //export ocgo_close
 func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
@@ -438,9 +455,9 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 	for k := range ts {
 		t := &ts[k]
 		switch {
-		case t.flags&C.OMNICACHE_TENSOR_CUDA != 0:
-			return m.fail(fmt.Errorf("%w: key %q: a CUDA tensor (this library is built without CUDA)", errUnsupported, e.keys[k].Name))
-		case t.flags != 0 || t.reserved != 0:
+		case t.flags&C.OMNICACHE_TENSOR_CUDA != 0 && e.dev == nil:
+			return m.fail(fmt.Errorf("%w: key %q: a CUDA tensor for a cache on the host device (OMNICACHE_DEVICE_CUDA, a cuda build)", errUnsupported, e.keys[k].Name))
+		case t.flags&^C.OMNICACHE_TENSOR_CUDA != 0 || t.reserved != 0:
 			return m.fail(fmt.Errorf("%w: key %q: unknown tensor flags %#x", errArgument, e.keys[k].Name, uint32(t.flags)))
 		case t.nbytes < 0 || t.rows < 0:
 			return m.fail(fmt.Errorf("%w: key %q: negative size", errArgument, e.keys[k].Name))
@@ -448,8 +465,28 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 			o.Tensors[k] = omnicache.Tensor{} // omitted
 		case t.data == nil:
 			return m.fail(fmt.Errorf("%w: key %q: NULL data with %d bytes", errArgument, e.keys[k].Name, int64(t.nbytes)))
+		case t.event != 0 && t.flags&C.OMNICACHE_TENSOR_CUDA == 0:
+			return m.fail(fmt.Errorf("%w: key %q: an event with a host tensor", errArgument, e.keys[k].Name))
+		case t.flags&C.OMNICACHE_TENSOR_CUDA != 0:
+			o.Tensors[k] = omnicache.Tensor{Dev: gpu.Buffer{Ptr: uintptr(t.data), Size: int(t.nbytes)}, Rows: int(t.rows)}
 		default:
 			o.Tensors[k] = omnicache.Tensor{Host: unsafe.Slice((*byte)(t.data), int(t.nbytes)), Rows: int(t.rows)}
+		}
+	}
+	// The producers' events first: the clones Save issues on the device's
+	// stream start once they completed (a wait enqueued for a Save that
+	// then fails delays nothing but the stream).
+	for k := range ts {
+		if ev := uintptr(ts[k].event); ev != 0 {
+			w, ok := e.dev.(waiter)
+			if !ok {
+				clear(o.Tensors)
+				return m.fail(fmt.Errorf("%w: key %q: the device cannot wait for an event", errUnsupported, e.keys[k].Name))
+			}
+			if err := w.WaitExternal(ev); err != nil {
+				clear(o.Tensors)
+				return m.fail(fmt.Errorf("%w: key %q: %w", omnicache.ErrOutputs, e.keys[k].Name, err))
+			}
 		}
 	}
 	id, err := e.c.Save(o)

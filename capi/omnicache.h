@@ -95,6 +95,7 @@ typedef struct {
 #define OMNICACHE_DISABLE_PREFETCH 2u
 #define OMNICACHE_ALLOC_STAGING_AT_NEW 4u
 #define OMNICACHE_ALLOC_STAGING_AHEAD 8u
+#define OMNICACHE_DEVICE_CUDA 16u /* stage through CUDA device cuda_device (cuda builds) */
 
 /* Config; zero fields take the Go defaults (omnicache.Config). Durations in
  * seconds: 0 default; staging_claim_timeout_s < 0 means fail at once
@@ -113,7 +114,7 @@ typedef struct {
 	int64_t read_ahead_bytes;
 	int64_t copy_workers;
 	uint32_t flags;
-	uint32_t reserved; /* 0 */
+	int32_t cuda_device; /* the CUDA device ordinal, with OMNICACHE_DEVICE_CUDA */
 	/* a shared tier: NULL for none; "embedded" or redis://HOST:PORT ... */
 	const char *tier_spec;
 	const char *tier_model; /* the tier namespace's model name */
@@ -152,16 +153,22 @@ typedef struct {
 } omnicache_plan;
 
 /* omnicache_tensor.flags */
-#define OMNICACHE_TENSOR_CUDA 1u /* data is a CUDA device pointer (cuda builds) */
+#define OMNICACHE_TENSOR_CUDA 1u /* data is a CUDA device pointer (a cache with OMNICACHE_DEVICE_CUDA) */
 
 /* One key's rows; data NULL and nbytes 0 omit an optional key. Host rows
- * are copied before omnicache_save returns. */
+ * are copied before omnicache_save returns; CUDA rows are cloned on the
+ * cache's stream before it returns (the caller may overwrite them at once
+ * on any stream ordered after the clone, e.g. after a device sync), and
+ * the clone starts once `event` completed: a CUevent the caller recorded
+ * on the producing stream after the rows were written (0: none, the rows
+ * are complete already). */
 typedef struct {
 	const void *data;
 	int64_t nbytes;
 	int64_t rows;
 	uint32_t flags;
 	uint32_t reserved; /* 0 */
+	uint64_t event;    /* CUevent, with OMNICACHE_TENSOR_CUDA */
 } omnicache_tensor;
 
 typedef struct {

@@ -37,7 +37,7 @@ class Config(ctypes.Structure):
         ("read_ahead_bytes", c_i64),
         ("copy_workers", c_i64),
         ("flags", c_u32),
-        ("reserved", c_u32),
+        ("cuda_device", c_i32),
         ("tier_spec", ctypes.c_char_p),
         ("tier_model", ctypes.c_char_p),
     ]
@@ -59,7 +59,8 @@ class Plan(ctypes.Structure):
 
 
 class Tensor(ctypes.Structure):
-    _fields_ = [("data", c_ptr), ("nbytes", c_i64), ("rows", c_i64), ("flags", c_u32), ("reserved", c_u32)]
+    _fields_ = [("data", c_ptr), ("nbytes", c_i64), ("rows", c_i64), ("flags", c_u32), ("reserved", c_u32),
+                ("event", c_u64)]
 
 
 class Outputs(ctypes.Structure):
@@ -81,6 +82,7 @@ DISABLE_DECODE_BUFFER = 1
 DISABLE_PREFETCH = 2
 ALLOC_STAGING_AT_NEW = 4
 ALLOC_STAGING_AHEAD = 8
+DEVICE_CUDA = 16
 TENSOR_CUDA = 1
 
 _lib = None

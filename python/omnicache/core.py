@@ -54,17 +54,24 @@ def _ints(x, kind, name, ndim=1):
     raise TypeError("omnicache: %s: a %s; want a numpy array, a torch tensor or a list" % (name, type(x).__name__))
 
 
-def _rows(x, row_bytes, name):
-    """(pointer, nbytes, rows, keep-alive) of one key's output rows: a
-    C-contiguous numpy array or CPU torch tensor of any dtype whose rows
-    (first dimension) are row_bytes each."""
+def _rows(x, row_bytes, name, cuda=None):
+    """(pointer, nbytes, rows, keep-alive, on CUDA) of one key's output
+    rows: a C-contiguous numpy array or torch tensor of any dtype whose rows
+    (first dimension) are row_bytes each; CUDA tensors (of device cuda)
+    only for a cache on that CUDA device."""
+    dev = False
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
             raise ValueError("omnicache: key %r: not C-contiguous (pass np.ascontiguousarray(...))" % name)
         nbytes, shape, ptr = x.nbytes, x.shape, x.ctypes.data
     elif _torch_tensor(x):
-        if x.device.type != "cpu":
-            raise TypeError("omnicache: key %r: a %s tensor; this library is built for host tensors" % (name, x.device.type))
+        if x.device.type == "cuda" and cuda is not None:
+            if x.device.index != cuda:
+                raise TypeError("omnicache: key %r: a tensor on %s for a cache on cuda:%d" % (name, x.device, cuda))
+            dev = True
+        elif x.device.type != "cpu":
+            raise TypeError("omnicache: key %r: a %s tensor for a cache on the host device (Cache(cuda_device=...) "
+                            "needs a cuda build of the library)" % (name, x.device.type))
         if not x.is_contiguous():
             raise ValueError("omnicache: key %r: not contiguous (pass .contiguous())" % name)
         nbytes, shape, ptr = x.numel() * x.element_size(), tuple(x.shape), x.data_ptr()
@@ -76,7 +83,7 @@ def _rows(x, row_bytes, name):
     if rows and nbytes != rows * row_bytes:
         raise ValueError("omnicache: key %r: rows of %d bytes (shape %s, %d bytes), the key's rows are %d bytes"
                          % (name, nbytes // rows, shape, nbytes, row_bytes))
-    return ptr, nbytes, rows, x
+    return ptr, nbytes, rows, x, dev
 
 
 class Key:
@@ -252,6 +259,9 @@ class Outputs:
         self._tokens = 0
         self._keep = [None] * nk
         self._index = {k.name: i for i, k in enumerate(self._keys)}
+        self._cuda_dev = cache.cuda_device
+        self._on_cuda = set()  # keys set to CUDA tensors
+        self._event = None
         if tensors is not None:
             self.update(tensors)
         self.tokens = tokens
@@ -277,14 +287,30 @@ class Outputs:
         i = self._index[key] if isinstance(key, str) else key
         k = self._keys[i]
         t = self._arr[i]
+        self._on_cuda.discard(i)
         if tensor is None:
-            t.data, t.nbytes, t.rows = None, 0, 0
+            t.data, t.nbytes, t.rows, t.flags, t.event = None, 0, 0, 0, 0
             self._keep[i] = None
             return self
-        ptr, nbytes, rows, keep = _rows(tensor, k.row_bytes, k.name)
+        ptr, nbytes, rows, keep, dev = _rows(tensor, k.row_bytes, k.name, self._cuda_dev)
         t.data, t.nbytes, t.rows = ptr, nbytes, rows
+        t.flags, t.event = (_ffi.TENSOR_CUDA if dev else 0), 0
+        if dev:
+            self._on_cuda.add(i)
         self._keep[i] = keep
         return self
+
+    def _record(self):
+        """Records an event on the current CUDA stream after the engine's
+        work so far (the producer of the CUDA tensors): the cache's clones
+        of them start once it completed."""
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self._cuda_dev))
+        for i in self._on_cuda:
+            self._arr[i].event = ev.cuda_event
+        self._event = ev  # alive until the next save
 
     @property
     def tokens(self):
@@ -373,7 +399,7 @@ class Cache:
     def __init__(self, keys, num_blocks, block_size, *, staging_depth=0, staging_capacity_tokens=0,
                  staging_claim_timeout_s=0.0, device_budget_bytes=0, deferred_chunk_bytes=0,
                  wait_timeout_s=0.0, read_ahead_bytes=0, copy_workers=0, decode_buffer=True,
-                 prefetch=True, alloc_staging=None, tier=None, tier_model=""):
+                 prefetch=True, alloc_staging=None, tier=None, tier_model="", cuda_device=None):
         self.keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
         L = _ffi.lib()
         ck = (_ffi.Key * len(self.keys))()
@@ -393,19 +419,23 @@ class Cache:
             flags |= _ffi.ALLOC_STAGING_AHEAD
         elif alloc_staging is not None:
             raise ValueError("omnicache: alloc_staging %r: want None, 'new' or 'ahead'" % (alloc_staging,))
+        if cuda_device is not None:
+            flags |= _ffi.DEVICE_CUDA
         cfg = _ffi.Config(
             num_blocks=num_blocks, block_size=block_size, keys=ck, nkeys=len(self.keys),
             staging_depth=staging_depth, staging_capacity_tokens=staging_capacity_tokens,
             staging_claim_timeout_s=staging_claim_timeout_s, device_budget_bytes=device_budget_bytes,
             deferred_chunk_bytes=deferred_chunk_bytes, wait_timeout_s=wait_timeout_s,
             read_ahead_bytes=read_ahead_bytes, copy_workers=copy_workers, flags=flags,
-            tier_spec=None if tier is None else tier.encode(), tier_model=tier_model.encode())
+            tier_spec=None if tier is None else tier.encode(), tier_model=tier_model.encode(),
+            cuda_device=cuda_device or 0)
         h = _ffi.c_u64()
         rc = L.omnicache_new(ctypes.byref(cfg), ctypes.byref(h))
         if rc:
             _raise(rc)
         self._h = h.value
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.cuda_device = cuda_device
         self._closed = False
         # cached entry points and argument objects: a step's calls convert
         # nothing but the handle and the step id
@@ -449,6 +479,8 @@ class Cache:
             outputs.padded = padded
         elif padded is not None:
             outputs.padded = padded
+        if outputs._on_cuda:
+            outputs._record()
         rc = self._save(self._h, outputs._ref, self._stepref)
         if rc:
             _raise(rc)

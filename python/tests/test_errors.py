@@ -283,3 +283,8 @@ def test_materialize_retries_short_buffers():
     r = c.materialize(sid, [2])
     assert list(r.prefix) == [8] and list(r.tokens) == [9]
     c.close()
+
+
+def test_cuda_device_needs_a_cuda_build():
+    with pytest.raises(oc.UnsupportedError, match="CUDA device 0: gpu: built without the cuda tag"):
+        oc.Cache(KEYS, num_blocks=64, block_size=BS, cuda_device=0)

@@ -6,12 +6,14 @@ FUZZPKGS ?= ./fuzz/ . ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
+.PHONY: help test test-go test-python python python-cuda python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-test: ## run the tests with -race (what CI runs); without redis-server the Redis tests are skipped and listed
+test: test-go test-python ## run the Go and the Python tests (the README's test command; what CI runs)
+
+test-go: ## run the Go tests with -race; without redis-server the Redis tests are skipped and listed
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then \
 		echo "make test: redis-server not installed: the Redis tier tests will be skipped."; \
 		echo "make test: install it with 'sudo apt-get install redis-server' (or 'make redis') to run them."; fi
@@ -21,6 +23,51 @@ test: ## run the tests with -race (what CI runs); without redis-server the Redis
 		echo "make test: $$(wc -l < $$skips) tests SKIPPED, redis-server not installed (sudo apt-get install redis-server, or make redis):"; \
 		sort $$skips | sed 's/^/  /'; fi; \
 	rm -f $$skips; exit $$rc
+
+# The C ABI (capi/) as a shared library inside the Python package. Only
+# omnicache_* symbols are exported (capi/omnicache.map).
+PYTHON  ?= /usr/bin/python3
+PYLIB   := python/omnicache/_lib
+CAPI_SRC := $(wildcard capi/*.go capi/*.c capi/*.h capi/*.map) $(filter-out %_test.go,$(wildcard *.go */*.go */*/*.go))
+
+python: $(PYLIB)/libomnicache.so $(PYLIB)/omnicache.h ## build libomnicache.so and its header into the Python package (python/omnicache/_lib)
+
+$(PYLIB)/libomnicache.so: $(CAPI_SRC) go.mod
+	@mkdir -p $(PYLIB)
+	$(GO) build -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o $@ ./capi
+	@rm -f $(PYLIB)/libomnicache.h # cgo's generated header; the public one is capi/omnicache.h
+	@if nm -D --defined-only $@ | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; rm -f $@; exit 1; fi
+
+python-cuda: ## build the library with the CUDA device into .gpu/libomnicache-cuda.so (same CGO flags as gpu-test; load it with OMNICACHE_LIB)
+	$(GO) vet -tags cuda ./gpu/ ./capi/
+	$(GO) build -tags cuda -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o .gpu/libomnicache-cuda.so ./capi
+	@rm -f .gpu/libomnicache-cuda.h
+	cp capi/omnicache.h .gpu/omnicache.h
+	@if nm -D --defined-only .gpu/libomnicache-cuda.so | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; exit 1; fi
+
+$(PYLIB)/omnicache.h: capi/omnicache.h
+	@mkdir -p $(PYLIB)
+	cp $< $@
+
+python-deps: ## install Debian's python3 packages the Python tests need when missing (.ci/python.sh)
+	@bash .ci/python.sh
+
+test-python: python-deps python ## run the Python package's tests (pytest, Debian's /usr/bin/python3)
+	cd python && $(PYTHON) -m pytest -q tests
+
+bench-python: python ## per-step cost from Python vs the same step from Go, and numpy's slot mapping
+	$(GO) test -c -o .bench-capi.test ./capi/
+	cd python && $(PYTHON) -m omnicache._bench --go-bin ../.bench-capi.test
+
+python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools and install it into a fresh venv, no network
+	rm -rf python/dist python/build
+	cd python && $(PYTHON) -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
+	@v=$$(mktemp -d); trap 'rm -rf $$v' EXIT; \
+	$(PYTHON) -m venv --system-site-packages $$v && $$v/bin/pip install -q --no-index python/dist/omnicache-*.whl && \
+	cd / && $$v/bin/python -c "import numpy as np, omnicache as oc; c = oc.Cache([oc.Key('h', 8)], num_blocks=8, block_size=4); \
+	c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1]); \
+	r = c.materialize(c.save([np.arange(16, dtype=np.uint8).reshape(2, 8)])); assert r.rows(0, 'h').ravel().tolist() == list(range(16)); \
+	c.close(); print('wheel installed in a fresh venv:', oc.__file__, oc.version())"
 
 redis: ## install redis-server with apt-get when missing (.ci/redis.sh; the tier tests start real servers)
 	@bash .ci/redis.sh

@@ -1,0 +1,139 @@
+// The exported C entry points. Each checks, in C, that the process was not
+// forked after the library was loaded (a forked child that enters the Go
+// runtime hangs: only the forking thread survives a fork) and then calls
+// the Go side (capi.go) with the calling thread's error-message buffer.
+
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "omnicache.h"
+#include "_cgo_export.h"
+
+#include <stdlib.h>
+
+static volatile int omnicache_forked;
+
+// The calling thread's last error message. Only a pointer is thread-local:
+// the library's TLS is static TLS (the Go runtime's model), which a
+// dlopen'ed library must keep to a few bytes.
+#define MSG_CAP 4096
+static __thread char *omnicache_msgp;
+static __thread int64_t omnicache_msglen;
+static char omnicache_nomem[MSG_CAP]; // when malloc fails: shared, may mix threads
+
+static pthread_key_t omnicache_msgkey; // frees a thread's buffer at its exit
+
+static char *omnicache_msg(void) {
+	if (omnicache_msgp == NULL) {
+		omnicache_msgp = malloc(MSG_CAP);
+		if (omnicache_msgp == NULL) return omnicache_nomem;
+		omnicache_msgp[0] = 0;
+		pthread_setspecific(omnicache_msgkey, omnicache_msgp);
+	}
+	return omnicache_msgp;
+}
+
+static void omnicache_in_child(void) { omnicache_forked = 1; }
+
+__attribute__((constructor)) static void omnicache_at_load(void) {
+	pthread_key_create(&omnicache_msgkey, free);
+	pthread_atfork(NULL, NULL, omnicache_in_child);
+}
+
+static const char forked_msg[] =
+	"omnicache: called in a process forked after the library was loaded "
+	"(the Go runtime does not survive a fork): load it in the child, or "
+	"start children with spawn";
+
+static int omnicache_refuse_fork(void) {
+	size_t n = sizeof forked_msg - 1;
+	memcpy(omnicache_msg(), forked_msg, n + 1);
+	omnicache_msglen = (int64_t)n;
+	return OMNICACHE_ERR_FORKED;
+}
+
+#define ENTER                                                                  \
+	do {                                                                   \
+		if (omnicache_forked) return omnicache_refuse_fork();          \
+	} while (0)
+#define MSG omnicache_msg(), (int64_t)MSG_CAP, &omnicache_msglen
+
+const char *omnicache_version(void) { return "omnicache " OMNICACHE_VERSION_STRING " (abi 1)"; }
+
+int omnicache_abi_version(void) { return OMNICACHE_ABI_VERSION; }
+
+int64_t omnicache_last_error(char *buf, int64_t cap) {
+	int64_t n = omnicache_msglen;
+	if (n > MSG_CAP - 1) n = MSG_CAP - 1; // the stored message is truncated
+	if (buf != NULL && cap > 0) {
+		int64_t c = n < cap - 1 ? n : cap - 1;
+		memcpy(buf, omnicache_msg(), (size_t)c);
+		buf[c] = 0;
+	}
+	return n;
+}
+
+int omnicache_new(const omnicache_config *cfg, uint64_t *handle) {
+	ENTER;
+	return ocgo_new((omnicache_config *)cfg, handle, MSG);
+}
+
+int omnicache_close(uint64_t h) {
+	ENTER;
+	return ocgo_close(h, MSG);
+}
+
+int omnicache_begin(uint64_t h, const omnicache_plan *plan) {
+	ENTER;
+	return ocgo_begin(h, (omnicache_plan *)plan, MSG);
+}
+
+int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step) {
+	ENTER;
+	return ocgo_save(h, (omnicache_outputs *)out, step, MSG);
+}
+
+int omnicache_abort(uint64_t h) {
+	ENTER;
+	return ocgo_abort(h, MSG);
+}
+
+int omnicache_sync(uint64_t h) {
+	ENTER;
+	return ocgo_sync(h, MSG);
+}
+
+int omnicache_reset(uint64_t h, int purge_tier) {
+	ENTER;
+	return ocgo_reset(h, purge_tier, MSG);
+}
+
+int omnicache_discard(uint64_t h, uint64_t step) {
+	ENTER;
+	return ocgo_discard(h, step, MSG);
+}
+
+int omnicache_materialize(uint64_t h, uint64_t step, const int64_t *reqs, int64_t nreqs,
+			  omnicache_result *res) {
+	ENTER;
+	return ocgo_materialize(h, step, (int64_t *)reqs, nreqs, res, MSG);
+}
+
+int omnicache_lookup(uint64_t h, const uint64_t *hashes, int64_t n, int64_t *held) {
+	ENTER;
+	return ocgo_lookup(h, (uint64_t *)hashes, n, held, MSG);
+}
+
+int omnicache_stats(uint64_t h, int64_t *out, int64_t cap, int64_t *n_out) {
+	ENTER;
+	return ocgo_stats(h, out, cap, n_out, MSG);
+}
+
+int64_t omnicache_stat_names(char *buf, int64_t cap) {
+	if (omnicache_forked) {
+		omnicache_refuse_fork();
+		return -OMNICACHE_ERR_FORKED;
+	}
+	return ocgo_stat_names(buf, cap);
+}

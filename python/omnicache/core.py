@@ -1,0 +1,607 @@
+"""Cache, plans, outputs and results over the C ABI (see _ffi)."""
+
+import ctypes
+import sys
+
+import numpy as np
+
+from . import _ffi
+from .errors import OmnicacheError, error
+
+_NP = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32), "u64": np.dtype(np.uint64)}
+_TORCH_NAMES = {"i64": "int64", "i32": "int32", "u64": "uint64"}
+_ERR_SHORT_BUFFER = 102
+_PER_REQUEST = (13, 14, 18)  # AbsentRequired, Reassigned, TierMiss: a partial result
+
+
+def _raise(rc):
+    raise error(rc, _ffi.last_error())
+
+
+def _torch_tensor(x):
+    t = sys.modules.get("torch")
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _ints(x, kind, name, ndim=1):
+    """(pointer, length, keep-alive) of an integer array for the plan:
+    a C-contiguous numpy array or CPU torch tensor of exactly the dtype
+    (no silent conversion), or a list/tuple/range (converted)."""
+    if x is None:
+        return None, 0, None
+    if isinstance(x, np.ndarray):
+        if x.dtype != _NP[kind]:
+            raise TypeError("omnicache: %s: dtype %s, want %s" % (name, x.dtype, _NP[kind]))
+        if x.ndim > ndim:
+            raise ValueError("omnicache: %s: %d dimensions, want at most %d" % (name, x.ndim, ndim))
+        if not x.flags.c_contiguous:
+            raise ValueError("omnicache: %s: not C-contiguous (pass np.ascontiguousarray(...))" % name)
+        return (x.ctypes.data if x.size else None), x.size, x
+    if _torch_tensor(x):
+        if x.device.type != "cpu":
+            raise TypeError("omnicache: %s: a %s tensor; plans are host memory" % (name, x.device.type))
+        if str(x.dtype) != "torch." + _TORCH_NAMES[kind]:
+            raise TypeError("omnicache: %s: dtype %s, want torch.%s" % (name, x.dtype, _TORCH_NAMES[kind]))
+        if x.dim() > ndim:
+            raise ValueError("omnicache: %s: %d dimensions, want at most %d" % (name, x.dim(), ndim))
+        if not x.is_contiguous():
+            raise ValueError("omnicache: %s: not contiguous (pass .contiguous())" % name)
+        n = x.numel()
+        return (x.data_ptr() if n else None), n, x
+    if isinstance(x, (list, tuple, range)):
+        a = np.array(x, dtype=_NP[kind])
+        return (a.ctypes.data if a.size else None), a.size, a
+    raise TypeError("omnicache: %s: a %s; want a numpy array, a torch tensor or a list" % (name, type(x).__name__))
+
+
+def _rows(x, row_bytes, name, cuda=None):
+    """(pointer, nbytes, rows, keep-alive, on CUDA) of one key's output
+    rows: a C-contiguous numpy array or torch tensor of any dtype whose rows
+    (first dimension) are row_bytes each; CUDA tensors (of device cuda)
+    only for a cache on that CUDA device."""
+    dev = False
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous:
+            raise ValueError("omnicache: key %r: not C-contiguous (pass np.ascontiguousarray(...))" % name)
+        nbytes, shape, ptr = x.nbytes, x.shape, x.ctypes.data
+    elif _torch_tensor(x):
+        if x.device.type == "cuda" and cuda is not None:
+            if x.device.index != cuda:
+                raise TypeError("omnicache: key %r: a tensor on %s for a cache on cuda:%d" % (name, x.device, cuda))
+            dev = True
+        elif x.device.type != "cpu":
+            raise TypeError("omnicache: key %r: a %s tensor for a cache on the host device (Cache(cuda_device=...) "
+                            "needs a cuda build of the library)" % (name, x.device.type))
+        if not x.is_contiguous():
+            raise ValueError("omnicache: key %r: not contiguous (pass .contiguous())" % name)
+        nbytes, shape, ptr = x.numel() * x.element_size(), tuple(x.shape), x.data_ptr()
+    else:
+        raise TypeError("omnicache: key %r: a %s; want a numpy array or a torch tensor" % (name, type(x).__name__))
+    if len(shape) == 0:
+        raise ValueError("omnicache: key %r: a scalar; want rows" % name)
+    rows = shape[0]
+    if rows and nbytes != rows * row_bytes:
+        raise ValueError("omnicache: key %r: rows of %d bytes (shape %s, %d bytes), the key's rows are %d bytes"
+                         % (name, nbytes // rows, shape, nbytes, row_bytes))
+    return ptr, nbytes, rows, x, dev
+
+
+class Key:
+    """One per-token output: name, row size in bytes, optional (absent rows
+    read as zeros; else required: a hit over absent rows is an error),
+    deferred (written when its request finishes)."""
+
+    __slots__ = ("name", "row_bytes", "optional", "deferred")
+
+    def __init__(self, name, row_bytes, optional=False, deferred=False):
+        self.name, self.row_bytes = str(name), int(row_bytes)
+        self.optional, self.deferred = bool(optional), bool(deferred)
+
+    def __repr__(self):
+        return "Key(%r, %d, optional=%s, deferred=%s)" % (self.name, self.row_bytes, self.optional, self.deferred)
+
+
+_PLAN_FIELDS = ("ids", "rows", "start", "count", "table", "arrivals", "hit_tokens", "hit_blocks",
+                "finished", "preempted", "resumed", "full_blocks", "full_hashes", "tier_blocks", "tier_hashes")
+
+
+class Plan:
+    """One real step's plan, struct-of-arrays (omnicache.Plan), passed to
+    Cache.begin. Arrays are int64 (ids), int32 (rows, positions, counts,
+    blocks) or uint64 (hashes): numpy arrays or CPU torch tensors of exactly
+    that dtype, C-contiguous; lists are converted. The plan keeps references
+    to the arrays it was given: an engine that updates them in place (e.g.
+    ``plan_start += 1`` each decode step) calls begin(plan) again with no
+    setter, and the step costs one call into the library."""
+
+    def __init__(self, ids=None, rows=None, start=None, count=None, table=None, stride=None,
+                 arrivals=None, hit_tokens=None, hit_blocks=None, finished=None,
+                 preempted=None, resumed=None, full_blocks=None, full_hashes=None,
+                 tier_blocks=None, tier_hashes=None):
+        self._c = _ffi.Plan()
+        self._ref = _ffi.hot().ptr(ctypes.addressof(self._c))
+        self._keep = {}
+        self._n = 0
+        if ids is not None or rows is not None or start is not None or count is not None:
+            self.set_batch(ids, rows, start, count)
+        if table is not None:
+            self.set_table(table, stride)
+        if arrivals is not None or hit_tokens is not None or hit_blocks is not None:
+            self.set_arrivals(arrivals, hit_tokens, hit_blocks)
+        if finished is not None:
+            self.set_finished(finished)
+        if preempted is not None:
+            self.set_preempted(preempted)
+        if resumed is not None:
+            self.set_resumed(resumed)
+        if full_blocks is not None or full_hashes is not None:
+            self.set_full(full_blocks, full_hashes)
+        if tier_blocks is not None or tier_hashes is not None:
+            self.set_tier(tier_blocks, tier_hashes)
+
+    def set_batch(self, ids, rows, start, count):
+        """The batch in token order: request ids, block-table rows, first
+        scheduled positions, scheduled token counts."""
+        a = [_ints(ids, "i64", "ids"), _ints(rows, "i32", "rows"),
+             _ints(start, "i32", "start"), _ints(count, "i32", "count")]
+        n = a[0][1]
+        for (_, m, _), name in zip(a, ("ids", "rows", "start", "count")):
+            if m != n:
+                raise ValueError("omnicache: batch arrays disagree: %d ids, %d %s" % (n, m, name))
+        c = self._c
+        c.ids, c.rows, c.start, c.count, c.n = a[0][0], a[1][0], a[2][0], a[3][0], n
+        self._n = n
+        k = self._keep
+        k["ids"], k["rows"], k["start"], k["count"] = a[0][2], a[1][2], a[2][2], a[3][2]
+        return self
+
+    def set_table(self, table, stride=None):
+        """The engine's block table, int32 [rows][stride] (a 2-D array gives
+        its stride)."""
+        p, n, keep = _ints(table, "i32", "table", ndim=2)
+        if stride is None:
+            shape = getattr(keep, "shape", None)
+            if shape is None or len(shape) != 2:
+                raise ValueError("omnicache: table: a 1-D table needs its stride")
+            stride = shape[1]
+        c = self._c
+        c.table, c.table_len, c.stride = p, n, int(stride)
+        self._keep["table"] = keep
+        return self
+
+    def set_arrivals(self, ids=None, hit_tokens=None, hit_blocks=None):
+        """Requests seen for the first time, their hit lengths (block
+        aligned) and the hits' block ids, concatenated in arrival order."""
+        a = _ints(ids, "i64", "arrivals")
+        h = _ints(hit_tokens if hit_tokens is not None else [0] * a[1], "i32", "hit_tokens")
+        b = _ints(hit_blocks, "i32", "hit_blocks")
+        if a[1] != h[1]:
+            raise ValueError("omnicache: %d arrivals, %d hit_tokens" % (a[1], h[1]))
+        c = self._c
+        c.arrivals, c.hit_tokens, c.n_arrivals = a[0], h[0], a[1]
+        c.hit_blocks, c.n_hit_blocks = b[0], b[1]
+        k = self._keep
+        k["arrivals"], k["hit_tokens"], k["hit_blocks"] = a[2], h[2], b[2]
+        return self
+
+    def set_finished(self, ids):
+        """Finished and aborted request ids (their open writes still land)."""
+        p, n, keep = _ints(ids, "i64", "finished")
+        self._c.finished, self._c.n_finished = p, n
+        self._keep["finished"] = keep
+        return self
+
+    def set_preempted(self, ids):
+        p, n, keep = _ints(ids, "i64", "preempted")
+        self._c.preempted, self._c.n_preempted = p, n
+        self._keep["preempted"] = keep
+        return self
+
+    def set_resumed(self, ids):
+        p, n, keep = _ints(ids, "i64", "resumed")
+        self._c.resumed, self._c.n_resumed = p, n
+        self._keep["resumed"] = keep
+        return self
+
+    def set_full(self, blocks, hashes):
+        """With a tier: the full blocks this step completes and their
+        chained hashes."""
+        b, h = _ints(blocks, "i32", "full_blocks"), _ints(hashes, "u64", "full_hashes")
+        if b[1] != h[1]:
+            raise ValueError("omnicache: %d full blocks, %d full hashes" % (b[1], h[1]))
+        self._c.full_blocks, self._c.full_hashes, self._c.n_full = b[0], h[0], b[1]
+        self._keep["full_blocks"], self._keep["full_hashes"] = b[2], h[2]
+        return self
+
+    def set_tier(self, blocks, hashes):
+        """With a tier: per arrival how many trailing hit blocks are imported
+        from the tier, and their chained hashes."""
+        b, h = _ints(blocks, "i32", "tier_blocks"), _ints(hashes, "u64", "tier_hashes")
+        c = self._c
+        c.tier_blocks, c.n_tier_blocks, c.tier_hashes, c.n_tier_hashes = b[0], b[1], h[0], h[1]
+        self._keep["tier_blocks"], self._keep["tier_hashes"] = b[2], h[2]
+        return self
+
+    def clear_events(self):
+        """Drops arrivals, finished, preempted, resumed, full and tier blocks
+        (a plain step again)."""
+        c = self._c
+        c.n_arrivals = c.n_hit_blocks = c.n_finished = c.n_preempted = c.n_resumed = 0
+        c.n_full = c.n_tier_blocks = c.n_tier_hashes = 0
+        for f in ("arrivals", "hit_tokens", "hit_blocks", "finished", "preempted", "resumed",
+                  "full_blocks", "full_hashes", "tier_blocks", "tier_hashes"):
+            self._keep.pop(f, None)
+        return self
+
+    @property
+    def n(self):
+        """The number of scheduled requests."""
+        return self._n
+
+    def __getattr__(self, name):
+        if name in _PLAN_FIELDS:
+            return self._keep.get(name)
+        raise AttributeError(name)
+
+
+class Outputs:
+    """One step's outputs, one tensor per key (Cache.keys order), reusable:
+    set a key once when the engine writes the same buffer every step. A key
+    set to None is omitted (optional keys only). Host rows are copied
+    before Cache.save returns."""
+
+    def __init__(self, cache, tensors=None, tokens=0, padded=None):
+        self._keys = cache.keys
+        nk = len(self._keys)
+        self._arr = (_ffi.Tensor * nk)()
+        self._c = _ffi.Outputs(0, 0, self._arr, nk)
+        self._ref = _ffi.hot().ptr(ctypes.addressof(self._c))
+        self._tokens = 0
+        self._keep = [None] * nk
+        self._index = {k.name: i for i, k in enumerate(self._keys)}
+        self._cuda_dev = cache.cuda_device
+        self._on_cuda = set()  # keys set to CUDA tensors
+        self._event = None
+        if tensors is not None:
+            self.update(tensors)
+        self.tokens = tokens
+        self.padded = padded
+
+    def update(self, tensors):
+        """Sets keys from a {name: tensor} mapping or a sequence in key order."""
+        if isinstance(tensors, dict):
+            for name in tensors:
+                if name not in self._index:
+                    raise KeyError("omnicache: no key %r (keys: %s)" % (name, list(self._index)))
+            for i, k in enumerate(self._keys):
+                self.set(i, tensors.get(k.name))
+        else:
+            tensors = list(tensors)
+            if len(tensors) != len(self._keys):
+                raise ValueError("omnicache: %d tensors for %d keys" % (len(tensors), len(self._keys)))
+            for i, t in enumerate(tensors):
+                self.set(i, t)
+        return self
+
+    def set(self, key, tensor):
+        i = self._index[key] if isinstance(key, str) else key
+        k = self._keys[i]
+        t = self._arr[i]
+        self._on_cuda.discard(i)
+        if tensor is None:
+            t.data, t.nbytes, t.rows, t.flags, t.event = None, 0, 0, 0, 0
+            self._keep[i] = None
+            return self
+        ptr, nbytes, rows, keep, dev = _rows(tensor, k.row_bytes, k.name, self._cuda_dev)
+        t.data, t.nbytes, t.rows = ptr, nbytes, rows
+        t.flags, t.event = (_ffi.TENSOR_CUDA if dev else 0), 0
+        if dev:
+            self._on_cuda.add(i)
+        self._keep[i] = keep
+        return self
+
+    def _record(self):
+        """Records an event on the current CUDA stream after the engine's
+        work so far (the producer of the CUDA tensors): the cache's clones
+        of them start once it completed."""
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self._cuda_dev))
+        for i in self._on_cuda:
+            self._arr[i].event = ev.cuda_event
+        self._event = ev  # alive until the next save
+
+    @property
+    def tokens(self):
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, n):
+        self._c.tokens = self._tokens = n
+
+    @property
+    def padded(self):
+        return self._c.padded
+
+    @padded.setter
+    def padded(self, n):
+        self._c.padded = self._c.tokens if n is None else n
+
+
+class Result:
+    """What materialize returns: per request (in the order asked) its id,
+    hit prefix rows and total rows; per key one uint8 array [total_rows,
+    row_bytes] with the requests' rows one after another. rows(i, key)
+    gives request i's ``[hit prefix | this step]`` rows."""
+
+    def __init__(self, keys, ids, prefix, tokens, errs, bufs):
+        self.ids, self.prefix, self.tokens, self.errors = ids, prefix, tokens, errs
+        self.offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(tokens, out=self.offsets[1:])
+        self._keys = keys
+        self._index = {k.name: i for i, k in enumerate(keys)}
+        self.keys = {k.name: b for k, b in zip(keys, bufs)}
+
+    def __len__(self):
+        return len(self.ids)
+
+    def rows(self, i, key, dtype=None):
+        """Request i's rows of key (name or index) as a [tokens, row_bytes]
+        uint8 view (or viewed as dtype)."""
+        name = key if isinstance(key, str) else self._keys[key].name
+        lo, hi = self.offsets[i], self.offsets[i + 1]
+        r = self.keys[name][lo:hi]
+        return r if dtype is None else r.view(dtype)
+
+    def error(self, i):
+        """None when request i was served, else its exception."""
+        c = int(self.errors[i])
+        return None if c == 0 else error(c, "omnicache: request %d not served" % int(self.ids[i]))
+
+
+_stat_names = None
+
+
+def stat_names():
+    global _stat_names
+    if _stat_names is None:
+        L = _ffi.lib()
+        n = L.omnicache_stat_names(None, 0)
+        if n < 0:
+            _raise(-n)
+        buf = ctypes.create_string_buffer(n + 1)
+        L.omnicache_stat_names(buf, n + 1)
+        _stat_names = buf.value.decode().split(",")
+    return _stat_names
+
+
+def version():
+    """The library's version string (loads the library)."""
+    return _ffi.lib().omnicache_version().decode()
+
+
+class Cache:
+    """The prefix-cache core (omnicache.Cache) in this process.
+
+    The engine contract, once per real step::
+
+        cache.begin(plan)               # before the engine drops finished requests
+        ... forward ...
+        step = cache.save(outputs)      # after the forward
+        cache.materialize(step, reqs)   # or cache.discard(step): exactly once
+
+    begin, save, abort and sync are called by one thread (the engine's);
+    materialize, discard, stats, lookup and close by any thread, at any
+    moment. Every call releases the GIL while it runs in the library.
+    """
+
+    def __init__(self, keys, num_blocks, block_size, *, staging_depth=0, staging_capacity_tokens=0,
+                 staging_claim_timeout_s=0.0, device_budget_bytes=0, deferred_chunk_bytes=0,
+                 wait_timeout_s=0.0, read_ahead_bytes=0, copy_workers=0, decode_buffer=True,
+                 prefetch=True, alloc_staging=None, tier=None, tier_model="", cuda_device=None):
+        self.keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+        L = _ffi.lib()
+        ck = (_ffi.Key * len(self.keys))()
+        names = []
+        for i, k in enumerate(self.keys):
+            names.append(k.name.encode())
+            ck[i].name, ck[i].row_bytes = names[-1], k.row_bytes
+            ck[i].flags = (_ffi.KEY_OPTIONAL if k.optional else 0) | (_ffi.KEY_DEFERRED if k.deferred else 0)
+        flags = 0
+        if not decode_buffer:
+            flags |= _ffi.DISABLE_DECODE_BUFFER
+        if not prefetch:
+            flags |= _ffi.DISABLE_PREFETCH
+        if alloc_staging == "new":
+            flags |= _ffi.ALLOC_STAGING_AT_NEW
+        elif alloc_staging == "ahead":
+            flags |= _ffi.ALLOC_STAGING_AHEAD
+        elif alloc_staging is not None:
+            raise ValueError("omnicache: alloc_staging %r: want None, 'new' or 'ahead'" % (alloc_staging,))
+        if cuda_device is not None:
+            flags |= _ffi.DEVICE_CUDA
+        cfg = _ffi.Config(
+            num_blocks=num_blocks, block_size=block_size, keys=ck, nkeys=len(self.keys),
+            staging_depth=staging_depth, staging_capacity_tokens=staging_capacity_tokens,
+            staging_claim_timeout_s=staging_claim_timeout_s, device_budget_bytes=device_budget_bytes,
+            deferred_chunk_bytes=deferred_chunk_bytes, wait_timeout_s=wait_timeout_s,
+            read_ahead_bytes=read_ahead_bytes, copy_workers=copy_workers, flags=flags,
+            tier_spec=None if tier is None else tier.encode(), tier_model=tier_model.encode(),
+            cuda_device=cuda_device or 0)
+        h = _ffi.c_u64()
+        rc = L.omnicache_new(ctypes.byref(cfg), ctypes.byref(h))
+        if rc:
+            _raise(rc)
+        self._h = h.value
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.cuda_device = cuda_device
+        self._closed = False
+        # cached entry points and argument objects: a step's calls convert
+        # nothing but the handle and the step id
+        hot = _ffi.hot()
+        self._begin, self._save, self._discard = hot.begin, hot.save, hot.discard
+        self._materialize = L.omnicache_materialize
+        self._stepv, self._stepref = hot.u64()
+        self._plan = None
+        self._outs = None
+        # materialize sizes its buffers from the last step it read (a
+        # short guess costs a second call, never a wrong result)
+        self._hint = (0, 0)
+
+    # -- the engine thread --
+
+    def begin(self, plan=None, **fields):
+        """Begin a real step with plan (a Plan), or with Plan's fields as
+        keywords."""
+        if plan is None:
+            plan = Plan(**fields)
+        elif fields:
+            raise TypeError("omnicache: begin takes a Plan or keywords, not both")
+        rc = self._begin(self._h, plan._ref)
+        if rc:
+            _raise(rc)
+        self._plan = plan
+
+    def save(self, outputs, tokens=None, padded=None):
+        """Save the begun step's outputs (an Outputs, a {key: tensor} dict or
+        a sequence in key order; tokens defaults to the plan's scheduled
+        tokens) and return its step id."""
+        if type(outputs) is not Outputs:
+            if self._outs is None:
+                self._outs = Outputs(self)
+            outputs = self._outs.update(outputs)
+            if tokens is None:
+                plan = self._plan
+                tokens = int(np.asarray(plan.count).sum()) if plan is not None and plan.n else 0
+        if tokens is not None:
+            outputs.tokens = tokens
+            outputs.padded = padded
+        elif padded is not None:
+            outputs.padded = padded
+        if outputs._on_cuda:
+            outputs._record()
+        rc = self._save(self._h, outputs._ref, self._stepref)
+        if rc:
+            _raise(rc)
+        return self._stepv[0]
+
+    def abort(self):
+        """The forward failed after begin: forget the begun step."""
+        rc = _ffi.lib().omnicache_abort(self._h)
+        if rc:
+            _raise(rc)
+
+    def sync(self):
+        """Write the decode buffer out and wait until every write landed."""
+        rc = _ffi.lib().omnicache_sync(self._h)
+        if rc:
+            _raise(rc)
+
+    def reset(self, purge_tier=False):
+        """Drop every cached row (after a weight update; every request
+        gone): steps saved before raise ResetError at materialize. With
+        purge_tier the tier namespace's values are removed too."""
+        rc = _ffi.lib().omnicache_reset(self._h, 1 if purge_tier else 0)
+        if rc:
+            _raise(rc)
+
+    # -- any thread --
+
+    def discard(self, step):
+        """Consume step without reading it."""
+        rc = self._discard(self._h, step)
+        if rc:
+            _raise(rc)
+
+    def materialize(self, step, reqs=None):
+        """Consume step and return its rows (a Result) for reqs (request
+        ids; None: every request of the step, in batch order). When some
+        requests could not be served (AbsentRequiredError, ReassignedError,
+        TierMissError) the exception carries ``result`` (their rows zero,
+        Result.error(i) naming each) and ``failed`` (their ids)."""
+        n, rows = self._hint
+        rp, rn, keep = None, -1, None
+        if reqs is not None:
+            rp, rn, keep = _ints(reqs, "i64", "reqs")
+            n = rn
+            if rp is None:
+                rp = ctypes.addressof(_EMPTY)  # an empty list, not every request
+        keys = self.keys
+        nk = len(keys)
+        res = _ffi.Result()
+        kd = (_ffi.c_ptr * nk)()
+        kc = (_ffi.c_i64 * nk)()
+        res.key_data, res.key_cap, res.nkeys = kd, kc, nk
+        for _ in range(3):
+            ids = np.empty(n, np.int64)
+            prefix = np.empty(n, np.int32)
+            tokens = np.empty(n, np.int32)
+            errs = np.zeros(n, np.int32)
+            bufs = [np.empty((rows, k.row_bytes), np.uint8) for k in keys]
+            res.cap_reqs = n
+            res.ids, res.prefix, res.tokens, res.errs = ids.ctypes.data, prefix.ctypes.data, tokens.ctypes.data, errs.ctypes.data
+            for i, b in enumerate(bufs):
+                kd[i], kc[i] = b.ctypes.data, b.nbytes
+            rc = self._materialize(self._h, step, rp, rn, ctypes.addressof(res))
+            if rc != _ERR_SHORT_BUFFER:
+                break
+            n, rows = res.n_reqs, res.total_rows
+        if rc and rc not in _PER_REQUEST:
+            _raise(rc)
+        n, rows = res.n_reqs, res.total_rows
+        self._hint = (n, rows)
+        out = Result(keys, ids[:n], prefix[:n], tokens[:n], errs[:n], [b[:rows] for b in bufs])
+        if rc:
+            e = error(rc, _ffi.last_error())
+            e.result = out
+            e.failed = [int(i) for i, c in zip(out.ids, out.errors) if c]
+            raise e
+        return out
+
+    def lookup(self, hashes):
+        """How many leading blocks of hashes (uint64 chained block hashes)
+        the tier holds (ConfigError without a tier)."""
+        p, n, keep = _ints(hashes, "u64", "hashes")
+        held = _ffi.c_i64()
+        rc = _ffi.lib().omnicache_lookup(self._h, p, n, ctypes.byref(held))
+        if rc:
+            _raise(rc)
+        return held.value
+
+    def stats(self):
+        """The cache's counters (omnicache.Stats) as a dict."""
+        names = stat_names()
+        out = (_ffi.c_i64 * len(names))()
+        n = _ffi.c_i64()
+        rc = _ffi.lib().omnicache_stats(self._h, out, len(names), ctypes.byref(n))
+        if rc:
+            _raise(rc)
+        return dict(zip(names, out[:n.value]))
+
+    def close(self):
+        """Close the cache: calls in flight complete or fail with
+        ClosedError; later calls fail with ClosedError. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        rc = _ffi.lib().omnicache_close(self._h)
+        if rc:
+            _raise(rc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_closed", True):
+            return
+        try:
+            self.close()
+        except OmnicacheError:
+            pass  # e.g. in a forked child
+
+
+_EMPTY = _ffi.c_i64(0)

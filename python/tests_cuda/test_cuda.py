@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+import torch
+
+import omnicache as oc
+
+BS = 4
+
+
+def cache(**kw):
+    return oc.Cache([oc.Key("hidden", 16), oc.Key("mm", 8, optional=True)], num_blocks=64, block_size=BS,
+                    cuda_device=0, **kw)
+
+
+def test_cuda_rows_ordered_after_the_producer_stream():
+    """The engine writes its outputs on its own stream after a long kernel
+    and saves at once: the cache's clone waits for the event save records,
+    and the engine may overwrite the tensor as soon as save returns."""
+    assert torch.cuda.is_available()
+    c = cache()
+    table = torch.arange(16, dtype=torch.int32).reshape(2, 8)
+    s = torch.cuda.Stream()
+    hidden = torch.zeros(6, 8, dtype=torch.bfloat16, device="cuda")
+    mm = torch.zeros(6, 2, dtype=torch.float32, device="cuda")
+    src_h = torch.randn(6, 8).to(torch.bfloat16)
+    src_mm = torch.randn(6, 2)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of device time before the rows are written
+        hidden.copy_(src_h.cuda(non_blocking=True))
+        mm.copy_(src_mm.cuda(non_blocking=True))
+        c.begin(ids=[1, 2], rows=[0, 1], start=[0, 0], count=[4, 2], table=table, arrivals=[1, 2])
+        sid = c.save({"hidden": hidden, "mm": mm})  # event recorded on s, the current stream
+        hidden.fill_(7)  # the clone is done: overwriting is safe
+        mm.fill_(7)
+    r = c.materialize(sid)
+    got = torch.from_numpy(r.keys["hidden"].copy()).view(torch.bfloat16).reshape(6, 8)
+    assert torch.equal(got, src_h)
+    assert np.array_equal(r.keys["mm"].view(np.float32).reshape(6, 2), src_mm.numpy())
+    # a hit over request 1's first block, read back from the mirror
+    c.begin(ids=[3], rows=[0], start=[4], count=[1], table=table, arrivals=[3], hit_tokens=[4], hit_blocks=[0],
+            finished=[1, 2])
+    h3 = torch.randn(1, 8).to(torch.bfloat16).cuda()
+    sid = c.save({"hidden": h3, "mm": None})
+    r = c.materialize(sid)
+    got = torch.from_numpy(r.rows(0, "hidden").copy()).view(torch.bfloat16)
+    assert torch.equal(got, torch.cat([src_h[:4], h3.cpu()]))
+    assert not r.rows(0, "mm")[4:].any()
+    st = c.stats()
+    assert st["HitRequests"] == 1 and st["ClonedBytes"] > 0
+    c.close()
+
+
+def test_decode_steps_on_cuda():
+    c = cache()
+    n = 3
+    table = np.arange(n * 8, dtype=np.int32).reshape(n, 8)
+    ids = np.array([10, 11, 12], np.int64)
+    start = np.zeros(n, np.int32)
+    plan = oc.Plan(ids=ids, rows=np.arange(n, dtype=np.int32), start=start, count=np.ones(n, np.int32),
+                   table=table, arrivals=ids.copy())
+    out = torch.empty(n, 4, dtype=torch.float32, device="cuda")
+    outs = oc.Outputs(c, {"hidden": out, "mm": None}, tokens=n)
+    for step in range(20):
+        c.begin(plan)
+        want = torch.randn(n, 4)
+        out.copy_(want.cuda())
+        sid = c.save(outs)
+        r = c.materialize(sid)
+        assert np.array_equal(r.keys["hidden"].view(np.float32).reshape(n, 4), want.numpy())
+        if step == 0:
+            plan.clear_events()
+        start += 1
+    c.sync()
+    assert c.stats()["BufferedSteps"] > 0
+    c.close()
+
+
+def test_cuda_refusals():
+    c = cache()
+    c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1])
+    with pytest.raises(ValueError, match="not contiguous"):
+        c.save([torch.zeros(8, 2, device="cuda").t(), None], tokens=2)
+    h = oc.Cache([oc.Key("hidden", 16)], num_blocks=8, block_size=BS)
+    h.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1])
+    with pytest.raises(TypeError, match="cache on the host device"):
+        h.save([torch.zeros(2, 4, device="cuda")], tokens=2)
+    c.close()
+    h.close()

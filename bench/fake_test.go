@@ -247,10 +247,10 @@ type fakeRows struct {
 	keys   [][][]byte
 }
 
-func (r *fakeRows) Len() int             { return len(r.ids) }
-func (r *fakeRows) ID(i int) int64       { return r.ids[i] }
-func (r *fakeRows) Prefix(i int) int     { return r.prefix[i] }
-func (r *fakeRows) Tokens(i int) int     { return r.tokens[i] }
+func (r *fakeRows) Len() int         { return len(r.ids) }
+func (r *fakeRows) ID(i int) int64   { return r.ids[i] }
+func (r *fakeRows) Prefix(i int) int { return r.prefix[i] }
+func (r *fakeRows) Tokens(i int) int { return r.tokens[i] }
 func (r *fakeRows) From(i int) int {
 	if r.from == nil {
 		return 0

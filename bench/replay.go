@@ -363,8 +363,8 @@ type Report struct {
 	ForwardHoldNs  int64  `json:"forward_hold_ns"`
 	ForwardHoldMax int64  `json:"forward_hold_max_ns"`
 
-	VerifiedRows   int64     `json:"verified_rows"`
-	VerifyFailures int64     `json:"verify_failures"`
+	VerifiedRows   int64 `json:"verified_rows"`
+	VerifyFailures int64 `json:"verify_failures"`
 	// VerifyRepeated and VerifyMissing are rows a request was delivered a
 	// second time, or never (delivery positions; part of the failures).
 	VerifyRepeated int64     `json:"verify_repeated_rows"`

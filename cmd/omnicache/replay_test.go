@@ -267,7 +267,7 @@ func (r corruptRows) Len() int         { return r.inner.Len() }
 func (r corruptRows) ID(i int) int64   { return r.inner.ID(i) }
 func (r corruptRows) Prefix(i int) int { return r.inner.Prefix(i) }
 func (r corruptRows) Tokens(i int) int { return r.inner.Tokens(i) }
-func (r corruptRows) From(i int) int { return r.inner.From(i) }
+func (r corruptRows) From(i int) int   { return r.inner.From(i) }
 
 func (r corruptRows) Rows(i, k int) []byte {
 	b := append([]byte(nil), r.inner.Rows(i, k)...)

@@ -38,11 +38,16 @@ package omnicache_test
 //	            0x08 Materialize a request outside the step, 0x10 consume
 //	            twice, 0x20 Sync and compare the mirror with the model,
 //	            0x40 failing-call byte follows, 0x80 device byte follows
-//	        [failing] bits 0-1 the step's plan made wrong first (badPlan*),
-//	            bits 2-3 its outputs made wrong first (badSave*), 0x10 its
-//	            forward fails after Begin (Abort, then Begin it again),
-//	            0x20 nil arguments first (Begin(nil), Save(nil), and for a
-//	            step consumed now Materialize into a nil Result)
+//	        [failing] (right after the misuse byte) bits 0-1 the step's
+//	            plan made wrong first (badPlan*), bits 2-3 its outputs made
+//	            wrong first (badSave*), 0x10 its forward fails after Begin
+//	            (Abort, then Begin it again), 0x20 nil arguments first
+//	            (Begin(nil), Save(nil), and for a step consumed now
+//	            Materialize into a nil Result), 0x40 a running request's
+//	            prompt is replaced from a position it computed (a byte
+//	            follows: which request, which position), 0x80 decoding
+//	            requests schedule drafts (a byte follows: how many, how many
+//	            accepted)
 //	        [device] 0x80: Close while every unconsumed step is being read
 //	            (the run ends); else the device fails method (b&7)%7
 //	            (gpu.Op) after (b>>3)&7 more calls, from this step on
@@ -292,8 +297,12 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 	if ev&0x40 != 0 {
 		tweak = in.byte()
 	}
+	var failing byte
 	if ev&0x80 != 0 {
 		misuse = in.byte()
+		if misuse&0x40 != 0 {
+			failing = in.byte()
+		}
 	}
 	cons := in.byte()
 	var omit byte
@@ -316,7 +325,18 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 	if ev&0x10 != 0 && len(e.preempted) > 0 && len(e.running) < e.lim.maxRunning {
 		e.resume(&act, int(in.byte()%3)) // a hit on 0, 1 or 2 cached blocks
 	}
+	if failing&0x40 != 0 && len(e.running) > 0 {
+		b := int(in.byte())
+		e.replace(&act, e.running[b%len(e.running)], b>>2)
+	}
+	if failing&0x80 != 0 {
+		b := int(in.byte())
+		for j, id := range e.running {
+			e.spec[id] = [2]int{1 + (b+j)%3, (b>>2 + j) % 4}
+		}
+	}
 	budget := e.scheduleRunning(&act)
+	clear(e.spec)
 	if ev&0x20 != 0 && len(act.st.Sched) > 0 {
 		e.continuation(&act, in.intn(len(act.st.Sched)))
 	}
@@ -350,7 +370,7 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 	act.twice = misuse&0x10 != 0
 	act.check = misuse&0x20 != 0
 	if misuse&0x40 != 0 {
-		b := in.byte()
+		b := failing
 		act.badPlan, act.badSave = int(b&3), int(b>>2&3)
 		act.abortRetry = b&0x10 != 0
 		act.nilArgs = b&0x20 != 0
@@ -381,6 +401,10 @@ func FuzzCache(f *testing.F) {
 	// codes on prefill, decode and hit steps, and a required key omitted.
 	f.Add([]byte{0x04, 0x1b, 0, 11, 7, 0x15, 0x01, 0x01, 0x02, 12, 5, 0x00, 0x00, 0x04, 0x00, 0x00, 0x06, 0x00, 0x00, 0x82,
 		0x02, 0x00, 0x02, 18, 4, 0, 0x00, 0x00, 0x80, 0x00, 0x00, 0x06, 0x40, 0x40, 0x00, 0x01, 0x02, 30, 30, 0, 0x00, 0x00, 0x04})
+	// Replaced prompts and drafts (failing byte 0x40 and 0x80, after the
+	// misuse byte 0x40), among arrivals and decode steps.
+	f.Add([]byte{0x04, 3, 0, 11, 7, 0x15, 0x01, 0x01, 12, 5, 0x01, 0x00, 0x80, 0x40, 0xc0, 0x07, 0x1d, 0x00, 0x80, 0x40, 0x80, 0x33, 0x00,
+		0x80, 0x40, 0x40, 0x05, 0x00, 0x80, 0x40, 0xc0, 0x0b, 0x2e, 0x00, 0x00, 0x00, 0x00, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &fuzzIn{b: data}
 		s := fuzzConfig(in)
@@ -405,9 +429,9 @@ func FuzzCache(f *testing.F) {
 		run.finish()
 
 		st := h.stats()
-		t.Logf("config: %d blocks of %d, depth %d, keys %d, buffer off %v, budget %d; schedule: %d steps, %d requests, %d hits (%d bogus), %d pure decode steps, %d preemptions, %d resumes, %d aborts, %d continuations, %d reuses, %d step aborts; cache: %d buffered steps, %d flushes, %d budget flushes, %d deferred writes, %d rows skipped",
+		t.Logf("config: %d blocks of %d, depth %d, keys %d, buffer off %v, budget %d; schedule: %d steps, %d requests, %d hits (%d bogus), %d pure decode steps, %d preemptions, %d resumes (%d with a hit), %d replaces, %d rejected drafts, %d aborts, %d continuations, %d reuses, %d step aborts; cache: %d buffered steps, %d flushes, %d budget flushes, %d deferred writes, %d rows skipped",
 			s.cfg.NumBlocks, s.cfg.BlockSize, s.cfg.StagingDepth, len(s.cfg.Keys), s.cfg.DisableDecodeBuffer, st.BudgetLimit,
-			e.steps, e.nextID-1, e.hits, e.bogus, e.pureSteps, e.preempts, e.resumes, e.aborts, e.continued, e.reuses, run.stepAborts,
+			e.steps, e.nextID-1, e.hits, e.bogus, e.pureSteps, e.preempts, e.resumes, e.resumeHits, e.replaces, e.drafts, e.aborts, e.continued, e.reuses, run.stepAborts,
 			st.BufferedSteps, st.BufferFlushes, st.BudgetFlushes, st.DeferredWrites, st.RowsSkipped)
 		assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged once every request finished")
 		assert.Zero(t, st.PagesInUse, "Stats.PagesInUse once every step is consumed")

@@ -18,7 +18,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -65,6 +67,9 @@ func testConfig(keys ...omnicache.Key) omnicache.Config {
 // tag names one row: key, request, position and content version. 0 means
 // "absent" (never written): such rows read as zeros.
 type tag uint64
+
+// rejectedVer is the content version of a rejected draft's rows.
+const rejectedVer = 0xfe
 
 func mkTag(k int, id int64, pos, ver int) tag {
 	return tag(uint64(k+1)<<60 | uint64(ver&0xff)<<52 | uint64(id&0xfffffff)<<24 | uint64(pos&0xffffff))
@@ -194,6 +199,11 @@ type step struct {
 	Sched                        []S
 	Arrive                       []A
 	Finished, Preempted, Resumed []int64
+	// Replaced: live requests whose tokens from the given position on were
+	// replaced; Accepted: per scheduled request, how many of its tokens
+	// were accepted (speculative decoding; absent: all).
+	Replaced map[int64]int
+	Accepted map[int64]int
 }
 
 // reqWant is what Materialize must return for one request of a step.
@@ -206,6 +216,12 @@ type reqWant struct {
 	hitSlots []int32
 	hitFrom  []int  // per hit slot: ordinal of the step that last wrote it at Save (0: none)
 	omit     []bool // per key: the step omitted it (its own rows read as zeros)
+	acc      int    // tokens accepted of count (speculative decoding)
+	// end: the position its delivered rows end at (start+acc, less when a
+	// replace cut them); loose: a replace cut them while an asynchronous
+	// Materialize may already have taken the step (either is right).
+	end   int
+	loose bool
 	// floor: the request resumed after a preemption and this step may
 	// recompute rows it already had: Materialize leaves out those below
 	// what its older steps deliver (see harness.expectSkip).
@@ -259,6 +275,8 @@ type harness struct {
 	// unknown marks slots whose content the model does not know (a failed
 	// Save may or may not have written them); checkMirror skips them.
 	unknown []bool
+	// rejected marks the slots of rejected drafts not written since.
+	rejected map[int32]bool
 
 	pending *pendingStep
 	nsteps  int
@@ -288,6 +306,37 @@ type harness struct {
 	// asyncVerify: the result being verified came from an asynchronous
 	// Materialize, whose take ran at a time the harness does not know.
 	asyncVerify bool
+	// asyncOpen: steps an asynchronous Materialize was started for and not
+	// yet checked (it may have taken its step at any time).
+	asyncOpen map[omnicache.StepID]bool
+}
+
+// replaced models a replace of request id from position at: its length
+// becomes at, and steps saved before and not consumed yet deliver none of
+// its rows from at on.
+func (h *harness) replaced(id int64, at int) {
+	h.dmu.Lock()
+	defer h.dmu.Unlock()
+	h.lens[id] = at
+	if pl, ok := h.preLen[id]; ok && pl > at {
+		h.preLen[id] = at
+	}
+	for _, sid := range h.order {
+		if h.consumed[sid] {
+			continue
+		}
+		sw := h.wants[sid]
+		j, ok := sw.byID[id]
+		if !ok {
+			continue
+		}
+		rw := &sw.reqs[j]
+		lo := rw.start - len(rw.hitSlots)
+		if e := max(lo, min(rw.end, at)); e < rw.end {
+			rw.end = e
+			rw.loose = rw.loose || h.asyncOpen[sid]
+		}
+	}
 }
 
 // rowKey names the rows of one request and key in one step.
@@ -316,7 +365,8 @@ func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 		lens:   map[int64]int{}, preLen: map[int64]int{}, discarded: map[omnicache.StepID]bool{},
 		failedReq: map[omnicache.StepID]map[int64]bool{},
 		consumed:  map[omnicache.StepID]bool{}, served: map[omnicache.StepID]map[int64]bool{},
-		rows: map[rowKey][]byte{},
+		asyncOpen: map[omnicache.StepID]bool{},
+		rows:      map[rowKey][]byte{},
 
 		reassigned: map[int]bool{},
 	}
@@ -328,6 +378,7 @@ func newHarness(t testing.TB, cfg omnicache.Config) *harness {
 	h.writtenAt = make([]int, nslots)
 	h.tokensAt = []int{0}
 	h.unknown = make([]bool, nslots)
+	h.rejected = map[int32]bool{}
 	t.Cleanup(h.close)
 	return h
 }
@@ -424,6 +475,10 @@ func (h *harness) plan(st step) *omnicache.Plan {
 		p.Start = append(p.Start, int32(s.Start))
 		p.Count = append(p.Count, int32(s.Count))
 	}
+	for _, id := range slices.Sorted(maps.Keys(st.Replaced)) {
+		p.Replaced = append(p.Replaced, id)
+		p.ReplacedFrom = append(p.ReplacedFrom, int32(st.Replaced[id]))
+	}
 	for _, a := range st.Arrive {
 		p.Arrivals = append(p.Arrivals, a.ID)
 		p.HitTokens = append(p.HitTokens, int32(a.Hit))
@@ -468,6 +523,9 @@ func (h *harness) tryBegin(st step) error {
 		return err
 	}
 	ps := &pendingStep{st: st, slots: map[int64][]int32{}, hits: map[int64][]int32{}, vers: map[int64]int{}}
+	for id, at := range st.Replaced {
+		h.replaced(id, at)
+	}
 	for _, id := range st.Preempted {
 		if h.live[id] {
 			h.preLen[id] = h.lens[id]

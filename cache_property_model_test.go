@@ -40,6 +40,9 @@ type propEngine struct {
 	bogus                     int // arrivals hitting never-written blocks (FuzzCache)
 	reuses                    int // cached blocks handed to a new tenant on purpose (FuzzCache)
 	resumeHits                int // resumes with a hit
+	replaces, drafts          int // replaced prompts; rejected draft tokens
+	// spec: requests to schedule with drafts this step: {k drafts, accepted}
+	spec map[int64][2]int
 
 	// sparse steps (next): each optional key is omitted with probability
 	// 0.3, drawn from omitRng (a stream of its own, so the schedule is the
@@ -64,6 +67,7 @@ func newEngine(lim engineLimits, nkeys int) *propEngine {
 		filled:  make([]int, lim.blocks),
 		written: make([]bool, lim.blocks),
 		reqs:    map[int64]*propReq{},
+		spec:    map[int64][2]int{},
 		nextID:  1,
 	}
 	for b := 0; b < lim.blocks; b++ {
@@ -244,12 +248,63 @@ func (e *propEngine) resume(act *propAction, hitK int) {
 	}
 }
 
+// replace replaces request id's tokens from a position in [0, done] (by
+// pick) on: the plan says so, it recomputes from there with new content.
+func (e *propEngine) replace(act *propAction, id int64, pick int) {
+	r := e.reqs[id]
+	if r.done == 0 || containsID(act.st.Resumed, id) {
+		return
+	}
+	at := pick % (r.done + 1)
+	for pos := at; pos < r.done; pos++ {
+		e.filled[r.blocks[pos/e.bs]]--
+	}
+	r.done = at
+	if act.st.Replaced == nil {
+		act.st.Replaced = map[int64]int{}
+	}
+	act.st.Replaced[id] = at
+	act.bump = append(act.bump, id)
+	e.replaces++
+}
+
+// scheduleSpec schedules a decoding request 1+k tokens (its token and k
+// drafts) of which acc are accepted: only those advance it and fill its
+// blocks; the others' rows must never be delivered or hit.
+func (e *propEngine) scheduleSpec(act *propAction, r *propReq, k, acc, budget int) int {
+	n := min(1+k, budget, r.total-r.done)
+	if n <= 1 {
+		return 0
+	}
+	acc = min(acc, n)
+	act.st.Sched = append(act.st.Sched, S{r.id, r.done, n})
+	for p := r.done; p < r.done+acc; p++ {
+		b := r.blocks[p/e.bs]
+		e.filled[b]++
+		e.written[b] = true
+	}
+	if act.st.Accepted == nil {
+		act.st.Accepted = map[int64]int{}
+	}
+	act.st.Accepted[r.id] = acc
+	r.done += acc
+	e.drafts += n - acc
+	return n
+}
+
 // scheduleRunning schedules the running requests, a prefill chunk or one
 // decode token each, and returns the step's token budget left.
 func (e *propEngine) scheduleRunning(act *propAction) int {
 	budget := e.lim.tokenBudget
 	for _, id := range e.running {
 		r := e.reqs[id]
+		if sp, ok := e.spec[id]; ok && r.done >= r.prompt && r.done < r.total {
+			delete(e.spec, id)
+			if n := e.scheduleSpec(act, r, sp[0], sp[1], budget); n > 0 {
+				budget -= n
+				continue
+			}
+		}
 		n := 1
 		if r.done < r.prompt {
 			n = min(r.prompt-r.done, e.lim.chunk)
@@ -366,8 +421,20 @@ func (e *propEngine) next(i int) propAction {
 	if len(e.preempted) > 0 && len(e.running) < e.lim.maxRunning && rng.Float64() < 0.3 {
 		e.resume(&act, e.resumes%3) // a hit on 0, 1 or 2 cached blocks (no draw: the schedule's draws stay)
 	}
+	// 3b. Every 17th step a running request's prompt is replaced from a
+	// position it computed; every 5th, decoding requests schedule drafts
+	// (no draws: the schedule's draws stay as they were).
+	if i%17 == 9 && len(e.running) > 0 {
+		e.replace(&act, e.running[i%len(e.running)], i)
+	}
+	if i%5 == 2 {
+		for j, id := range e.running {
+			e.spec[id] = [2]int{1 + (i+j)%3, (i + 2*j) % 4}
+		}
+	}
 	// 4. Schedule the running requests: a prefill chunk or one decode token.
 	budget := e.scheduleRunning(&act)
+	clear(e.spec)
 	// 5. A streamed continuation.
 	if len(act.st.Sched) > 0 && rng.Float64() < 0.05 {
 		e.continuation(&act, rng.IntN(len(act.st.Sched)))

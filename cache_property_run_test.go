@@ -79,6 +79,7 @@ func consume(h *harness, l lateMat) {
 		err = guard(h.t, fmt.Sprintf("asynchronous Materialize(%v)", l.id), func() error { return <-l.done })
 		h.dmu.Lock()
 		h.consumed[l.id] = true
+		delete(h.asyncOpen, l.id)
 		h.dmu.Unlock()
 		h.asyncVerify = true
 		defer func() { h.asyncVerify = false }()
@@ -249,6 +250,9 @@ func (r *propRun) apply(act propAction) {
 		h.discard(sid)
 	case matAsync:
 		l := lateMat{id: sid, reqs: reqs, async: true, done: make(chan error, 1), res: new(omnicache.Result), due: due}
+		h.dmu.Lock()
+		h.asyncOpen[sid] = true
+		h.dmu.Unlock()
 		go func(c *omnicache.Cache) { l.done <- c.Materialize(l.id, l.reqs, l.res) }(h.c)
 		r.late = append(r.late, l)
 	}

@@ -194,8 +194,11 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			if last := e.drainAll(); len(last.st.Finished) > 0 {
 				acts = append(acts, last)
 			}
-			t.Logf("schedule: %d steps, %d requests, %d hits (%d tokens), %d pure decode steps, %d preemptions, %d resumes, %d aborts, %d continuations, %d implicit arrivals, %d zero-token steps",
-				e.steps, e.nextID-1, e.hits, e.hitTokens, e.pureSteps, e.preempts, e.resumes, e.aborts, e.continued, e.implicit, e.zeroTokens)
+			t.Logf("schedule: %d steps, %d requests, %d hits (%d tokens), %d pure decode steps, %d preemptions, %d resumes (%d with a hit), %d replaces, %d rejected drafts, %d aborts, %d continuations, %d implicit arrivals, %d zero-token steps",
+				e.steps, e.nextID-1, e.hits, e.hitTokens, e.pureSteps, e.preempts, e.resumes, e.resumeHits, e.replaces, e.drafts, e.aborts, e.continued, e.implicit, e.zeroTokens)
+			require.Positive(t, e.replaces, "the schedule must replace prompts")
+			require.Positive(t, e.drafts, "the schedule must reject drafts")
+			require.Positive(t, e.resumeHits, "the schedule must resume requests with a hit")
 			require.Positive(t, e.hits, "the schedule must contain hits")
 			require.Positive(t, e.pureSteps, "the schedule must contain pure decode steps")
 			require.Positive(t, e.abortedHits, "the schedule must abort hit steps (%d aborts)", e.abortRetries)

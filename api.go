@@ -213,14 +213,22 @@ type Plan struct {
 	// hit length (= num_computed at arrival, block aligned) and the hit's
 	// block ids: HitBlocks concatenates HitTokens[i]/BlockSize ids per
 	// arrival, in arrival order. A live id arriving again is a streamed
-	// continuation, not a hit.
+	// continuation, not a hit, unless it is also in Resumed: a preempted
+	// request resuming with a hit (scheduled from its hit length).
 	Arrivals  []int64
 	HitTokens []int32
 	HitBlocks []int32
 
 	// Finished holds finished and aborted request ids: their open writes
 	// still land. Preempted and Resumed name requests preempted (their
-	// blocks may be freed) and resumed this step.
+	// blocks may be freed) and resumed this step. The cache knows up to
+	// which position each request's rows were delivered (a Materialize
+	// that returned them; a Discard delivers nothing): a resumed request
+	// recomputes rows, and Materialize leaves out those below that
+	// position and below what its older steps not consumed yet will
+	// deliver, so what it receives has no gap and no repeat when a
+	// request's steps are consumed in order (Result.From says where its
+	// rows start).
 	Finished  []int64
 	Preempted []int64
 	Resumed   []int64

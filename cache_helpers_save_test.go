@@ -376,7 +376,7 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 				h.failedReq[id] = map[int64]bool{}
 			}
 			h.failedReq[id][rid] = true
-		} else {
+		} else if res.Tokens(i) > 0 { // rows delivered: its delivery advanced
 			if h.served[id] == nil {
 				h.served[id] = map[int64]bool{}
 			}
@@ -444,7 +444,8 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 
 // expectSkip is how many of the n rows from position lo of request rid in
 // step id Materialize leaves out, the request having resumed after a
-// preemption: those below what it was delivered and what its older steps
+// preemption: those below its delivered position (the end of every step
+// of it served so far, in whatever order) and below what its older steps
 // not consumed yet will deliver (the cache counts those). An older step
 // consumed by Discard, or whose Materialize did not serve rid, delivered
 // nothing. got (the cache's skip) is returned when it lies between the
@@ -452,9 +453,11 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 // took its step at a time the harness does not know); else the most.
 func (h *harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int {
 	least, most := lo, lo
+	older := true
 	for _, sid := range h.order {
 		if sid == id {
-			break
+			older = false
+			continue
 		}
 		sw := h.wants[sid]
 		j, ok := sw.byID[rid]
@@ -462,10 +465,10 @@ func (h *harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int
 			continue
 		}
 		hi := sw.reqs[j].end
-		if h.served[sid][rid] {
-			least = max(least, hi)
-		}
-		if h.served[sid][rid] || !h.consumed[sid] || h.asyncVerify {
+		switch {
+		case h.served[sid][rid]:
+			least, most = max(least, hi), max(most, hi)
+		case older && !h.consumed[sid], h.asyncOpen[sid], h.asyncVerify:
 			most = max(most, hi)
 		}
 	}

@@ -189,7 +189,7 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 			if s.Start-len(ps.hits[s.ID]) >= pl { // its rows start at 0 with a hit prefix
 				delete(h.preLen, s.ID) // saved past what it had
 			} else {
-				rw.floor = true
+				rw.floor, rw.floorMax = true, pl
 			}
 		}
 		h.lens[s.ID] = max(h.lens[s.ID], rw.end)
@@ -389,7 +389,7 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 		}
 		skip := 0
 		if rw.floor && res.Err(i) == nil {
-			skip = h.expectSkip(id, rid, lo, total, res.From(i)-lo)
+			skip = h.expectSkip(id, rid, lo, min(total, max(0, rw.floorMax-lo)), res.From(i)-lo)
 		}
 		h.dmu.Unlock()
 		if res.From(i) != lo+skip || res.Prefix(i) != max(0, min(npre, total)-skip) || res.Tokens(i) != total-skip {

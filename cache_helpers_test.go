@@ -225,7 +225,8 @@ type reqWant struct {
 	// floor: the request resumed after a preemption and this step may
 	// recompute rows it already had: Materialize leaves out those below
 	// what its older steps deliver (see harness.expectSkip).
-	floor bool
+	floor    bool
+	floorMax int // the length the request had when it was preempted
 }
 
 type stepWant struct {

@@ -278,10 +278,12 @@ func (e *propEngine) scheduleSpec(act *propAction, r *propReq, k, acc, budget in
 	}
 	acc = min(acc, n)
 	act.st.Sched = append(act.st.Sched, S{r.id, r.done, n})
-	for p := r.done; p < r.done+acc; p++ {
+	for p := r.done; p < r.done+n; p++ {
 		b := r.blocks[p/e.bs]
-		e.filled[b]++
-		e.written[b] = true
+		if p < r.done+acc {
+			e.filled[b]++
+		}
+		e.written[b] = true // claimed by a write: a hit over a rejected slot fails as reassigned, not absent
 	}
 	if act.st.Accepted == nil {
 		act.st.Accepted = map[int64]int{}

@@ -51,6 +51,7 @@ func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 					c.dropFloor(h) // saved past what it had: nothing to leave out from here on
 				} else {
 					rec.Floor = append(rec.Floor, int32(i))
+					rec.FloorMax = append(rec.FloorMax, e.preLen[h])
 				}
 			}
 		}
@@ -259,7 +260,9 @@ func (c *Cache) deliverLocked(rec *reader.Step, qidx []int32, nq int, dst *Resul
 			d = rec.Dl[i].(*dlState)
 			lo := rec.Start[i] - rec.Prefix(i)
 			hi := rec.Hi(i)
-			if slices.Contains(rec.Floor, int32(i)) {
+			if f := slices.Index(rec.Floor, int32(i)); f >= 0 {
+				// Rows below what it was delivered, or will be by its older
+				// steps, and that it had before its preemption.
 				floor := d.pos
 				for _, o := range c.steps { // older steps not consumed yet will deliver theirs
 					if o.ID < rec.ID {
@@ -268,7 +271,7 @@ func (c *Cache) deliverLocked(rec *reader.Step, qidx []int32, nq int, dst *Resul
 						}
 					}
 				}
-				skip = max(0, min(floor-lo, hi-lo))
+				skip = max(0, min(floor, rec.FloorMax[f], hi)-lo)
 			}
 			if lo+skip < hi && d.pos < hi {
 				prev = d.pos

@@ -65,10 +65,13 @@ type Step struct {
 	// immutable array of the batch); Floor lists the requests (step
 	// indices) that resumed after a preemption and may recompute rows
 	// they already delivered.
-	Dl     []any
-	Floor  []int32
-	tokOff []int32 // per request: first row in the step (see Offsets)
-	prefix []int32 // per request: hit prefix tokens (empty when no hit)
+	Dl    []any
+	Floor []int32
+	// FloorMax is, parallel to Floor, the length the request had when it
+	// was preempted: rows past it are new to it, never left out.
+	FloorMax []int32
+	tokOff   []int32 // per request: first row in the step (see Offsets)
+	prefix   []int32 // per request: hit prefix tokens (empty when no hit)
 	writer.Refs
 
 	// immediate-key hit plan: per hit its block ids; the read joins the
@@ -146,6 +149,7 @@ func (s *Step) Reset(nkeys int) {
 	s.Trimmed = false
 	s.Dl = nil
 	s.Floor = s.Floor[:0]
+	s.FloorMax = s.FloorMax[:0]
 	s.tokOff = s.tokOff[:0]
 	s.prefix = s.prefix[:0]
 	s.Refs.Reset(nkeys)

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/reader"
 	"github.com/omnicache/omnicache/soa"
 	"github.com/omnicache/omnicache/writer"
@@ -40,8 +41,9 @@ type Cache struct {
 	live   atomic.Int64 // requests tracked, for Stats
 	closed atomic.Bool
 
-	tl *tierLink // nil without Config.Tier
-	te tierEng   // engine goroutine only
+	tl      *tierLink // nil without Config.Tier
+	hitWait *hist.H   // Materialize's hit reads (Config.Histograms; nil: off)
+	te      tierEng   // engine goroutine only
 
 	// gate is 2×(calls in flight) | 1 once Close began (see enter); Close
 	// waits until the last call left (idle is closed by it) before
@@ -65,6 +67,9 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, idle: make(chan struct{}), tl: tl}
+	if cfg.Histograms {
+		c.hitWait = hist.NewDur()
+	}
 	if tl != nil {
 		wc.Rider, wc.Gather = pubRider{c}, &publishGather{tl: tl}
 	}
@@ -310,7 +315,13 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if !all || !rec.Prefetched() {
 		dst.size() // else the read adopts the prefetched buffers
 	}
-	err = c.rd.Read(rec, all, nq, dest{dst})
+	if c.hitWait != nil && rec.HasHits() {
+		t0 := time.Now()
+		err = c.rd.Read(rec, all, nq, dest{dst})
+		c.hitWait.Observe(int64(time.Since(t0)))
+	} else {
+		err = c.rd.Read(rec, all, nq, dest{dst})
+	}
 	c.drop(rec)
 	if err == nil {
 		err = c.check()
@@ -485,6 +496,8 @@ func (c *Cache) Stats() Stats {
 		PagesAllocating:     c.path.PagesAllocating(),
 		ReadAheadBytes:      c.rd.ReadAheadBytes(),
 		LiveRequests:        int(c.live.Load()),
+		PrefetchUsed:        st.PrefetchUsed.Load(),
+		PrefetchDropped:     st.PrefetchDropped.Load(),
 	}
 	c.tierStats(&s)
 	return s

@@ -161,6 +161,10 @@ type Options struct {
 	// Logger receives a line when the circuit opens and when it closes
 	// (nil: slog.Default()).
 	Logger *slog.Logger
+	// Histograms records every batch's latency and bytes into lock-free
+	// histograms (Tier.Histograms): a clock read and a few atomic adds per
+	// batch.
+	Histograms bool
 }
 
 // DefaultTimeout bounds a batch when Options.Timeout is zero.
@@ -197,7 +201,8 @@ type Tier struct {
 
 	pools []valuePool // per key: NewValue's buffers, back from PutValues
 
-	recent recent // blocks stored lately (StoredRecently)
+	recent recent     // blocks stored lately (StoredRecently)
+	h      *tierHists // nil: Options.Histograms off
 
 	// The counters, each writer's on lines of their own: the publishers
 	// bump puts on every batch, the importers hits, the scheduler's Lookup
@@ -307,6 +312,9 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, binary.BigEndian.Uint64(h.Sum(nil)), ns.BlockSize),
 		pools:  make([]valuePool, len(ns.Keys)),
 		recent: newRecent(opt.RecentWindow),
+	}
+	if opt.Histograms {
+		t.h = newTierHists()
 	}
 	for _, key := range ns.Keys {
 		t.tmpl = append(t.tmpl, t.prefix+"0000000000000000}:"+key.Name)
@@ -491,7 +499,11 @@ func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, 
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
+	t0 := t.start()
 	errs := t.b.Set(ctx, keys, vals)
+	if t.h != nil {
+		since(t.h.set, t0)
+	}
 	t.brk.observe(ctx, t, firstErr(errs))
 	var stored int64
 	var failed []error
@@ -507,6 +519,9 @@ func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, 
 		t.puts.Add(1)
 	}
 	t.bytesPut.Add(stored)
+	if t.h != nil {
+		t.h.setBytes.Observe(stored)
+	}
 	if t.recent.window > 0 {
 		nk, now := len(t.ns.Keys), nowTick()
 	blocks:
@@ -562,7 +577,16 @@ func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs 
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
+	t0 := t.start()
 	vals, berrs := t.b.Get(ctx, keys)
+	if t.h != nil {
+		since(t.h.get, t0)
+		var n int64
+		for _, v := range vals {
+			n += int64(len(v))
+		}
+		t.h.getBytes.Observe(n)
+	}
 	t.brk.observe(ctx, t, firstErr(berrs))
 	rows = make([][]byte, len(keys))
 	errs = make([]error, len(hashes))
@@ -652,6 +676,9 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 		return 0, nil
 	}
 	nk := len(t.ns.Keys)
+	if t.h != nil {
+		defer since(t.h.lookup, time.Now())
+	}
 	if e, ok := t.b.(*Embedded); ok {
 		n, err := e.leading(t, hashes)
 		t.lookupBlocks.Add(int64(n))

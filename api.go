@@ -349,8 +349,11 @@ type Stats struct {
 	// TierPublishRecent counts full blocks not gathered because the tier
 	// stored them within its recent window (tier.Tier.StoredRecently):
 	// another replica, or this cache, published them moments ago.
-	TierPublishRecent  int64
-	TierBytesPublished int64
+	TierPublishRecent int64
+	// TierPublishUnadmitted counts full blocks not published because they
+	// were seen fewer than TierConfig.AdmitAfter times.
+	TierPublishUnadmitted int64
+	TierBytesPublished    int64
 	// TierPublishPending is the blocks in the publish queue or being
 	// stored now (a gauge).
 	TierPublishPending                                int64

@@ -136,6 +136,23 @@ type Deleter interface {
 	Delete(ctx context.Context, keys []string) (errs []error)
 }
 
+// Pinner is a Backend that can keep values from eviction (both backends
+// here can): the embedded store never evicts a pinned value; Redis
+// stores it without an expiry (RedisOptions.TTL), so that a server whose
+// maxmemory-policy is volatile-lru or volatile-ttl never evicts it either.
+type Pinner interface {
+	// Pin keeps keys; errs[i] where it failed (ErrMiss: key i is not
+	// held). The embedded store pins nothing when any key fails.
+	Pin(ctx context.Context, keys []string) (errs []error)
+	// Unpin makes keys evictable again; a key not held or not pinned is
+	// no error.
+	Unpin(ctx context.Context, keys []string) (errs []error)
+}
+
+// ErrUnsupported: the backend lacks the capability a call needs (Pin and
+// Unpin need a Pinner, Delete a Deleter).
+var ErrUnsupported = errors.New("tier: the backend cannot do that")
+
 // Options configures a Tier.
 type Options struct {
 	// Timeout bounds one batch (Put, Get, Lookup) on the backend; 0:
@@ -165,6 +182,11 @@ type Options struct {
 	// histograms (Tier.Histograms): a clock read and a few atomic adds per
 	// batch.
 	Histograms bool
+	// SightingCounters sizes the sketch of block sightings admission uses
+	// (Tier.Sightings; made on first use): counters per row, rounded up to
+	// a power of two, 16 bytes each (4 rows); 0: DefaultSightingCounters
+	// (4 MiB). At most MaxSightingCounters.
+	SightingCounters int
 }
 
 // DefaultTimeout bounds a batch when Options.Timeout is zero.
@@ -203,6 +225,10 @@ type Tier struct {
 
 	recent recent     // blocks stored lately (StoredRecently)
 	h      *tierHists // nil: Options.Histograms off
+
+	sightOnce sync.Once
+	sight     *Sightings
+	sightW    int
 
 	// The counters, each writer's on lines of their own: the publishers
 	// bump puts on every batch, the importers hits, the scheduler's Lookup
@@ -302,6 +328,9 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	if opt.RecentWindow == 0 {
 		opt.RecentWindow = DefaultRecentWindow
 	}
+	if opt.SightingCounters < 0 || opt.SightingCounters > MaxSightingCounters {
+		return nil, fmt.Errorf("%w: %d sighting counters, want 0..%d", ErrConfig, opt.SightingCounters, MaxSightingCounters)
+	}
 	if opt.RecentWindow > MaxRecentWindow {
 		return nil, fmt.Errorf("%w: recent window %v over %v", ErrConfig, opt.RecentWindow, MaxRecentWindow)
 	}
@@ -315,6 +344,9 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	}
 	if opt.Histograms {
 		t.h = newTierHists()
+	}
+	if t.sightW = opt.SightingCounters; t.sightW == 0 {
+		t.sightW = DefaultSightingCounters
 	}
 	for _, key := range ns.Keys {
 		t.tmpl = append(t.tmpl, t.prefix+"0000000000000000}:"+key.Name)
@@ -645,12 +677,13 @@ func (t *Tier) deleteCorrupt(ctx context.Context, keys []string) {
 }
 
 // Delete removes every key's value of blocks hashes from the backend
-// (ErrConfig when it cannot delete: not a Deleter). The error joins the
+// (ErrUnsupported, which matches ErrConfig too, when it cannot delete: not
+// a Deleter). Pinned values are deleted too. The error joins the
 // failures.
 func (t *Tier) Delete(ctx context.Context, hashes []uint64) error {
 	d, ok := t.b.(Deleter)
 	if !ok {
-		return fmt.Errorf("%w: backend %s cannot delete", ErrConfig, t.b)
+		return fmt.Errorf("%w: %w: backend %s cannot delete", ErrUnsupported, ErrConfig, t.b)
 	}
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
@@ -659,6 +692,51 @@ func (t *Tier) Delete(ctx context.Context, hashes []uint64) error {
 	for i, err := range d.Delete(ctx, keys) {
 		if err != nil && len(failed) < 4 {
 			failed = append(failed, fmt.Errorf("tier: delete %s: %w", keys[i], err))
+		}
+	}
+	return errors.Join(failed...)
+}
+
+// Pin keeps every key's value of blocks hashes from eviction (see
+// Pinner) until Unpin or Delete. A block the tier does not hold (every key
+// of it) fails with ErrMiss naming it; the embedded store then pins
+// nothing, Redis checks every value first (one pipelined EXISTS) and pins
+// nothing when one is missing (a value evicted between the check and the
+// pin fails alone). ErrUnsupported when the backend is not a Pinner. The
+// error joins the failures.
+func (t *Tier) Pin(ctx context.Context, hashes []uint64) error {
+	return t.pin(ctx, hashes, true)
+}
+
+// Unpin makes blocks hashes evictable again (on Redis: they get
+// RedisOptions.TTL again, when set). A block not held or not pinned is no
+// error. ErrUnsupported when the backend is not a Pinner.
+func (t *Tier) Unpin(ctx context.Context, hashes []uint64) error {
+	return t.pin(ctx, hashes, false)
+}
+
+func (t *Tier) pin(ctx context.Context, hashes []uint64, pin bool) error {
+	p, ok := t.b.(Pinner)
+	if !ok {
+		return fmt.Errorf("%w: backend %s cannot pin", ErrUnsupported, t.b)
+	}
+	if err := t.brk.check(); err != nil {
+		return err
+	}
+	keys := t.addrs(hashes)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	var errs []error
+	if pin {
+		errs = p.Pin(ctx, keys)
+	} else {
+		errs = p.Unpin(ctx, keys)
+	}
+	t.brk.observe(ctx, t, firstErr(errs))
+	var failed []error
+	for i, err := range errs {
+		if err != nil && len(failed) < 4 {
+			failed = append(failed, fmt.Errorf("tier: pin %v %s: %w", pin, keys[i], err))
 		}
 	}
 	return errors.Join(failed...)

@@ -757,7 +757,7 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	if t.h != nil {
 		defer since(t.h.lookup, time.Now())
 	}
-	if e, ok := t.b.(*Embedded); ok {
+	if e, ok := t.b.(leader); ok {
 		n, err := e.leading(t, hashes)
 		t.lookupBlocks.Add(int64(n))
 		if err != nil {
@@ -785,6 +785,12 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	}
 	t.lookupBlocks.Add(int64(len(hashes)))
 	return len(hashes), nil
+}
+
+// leader is a backend that answers Lookup itself, with no allocation
+// (Embedded.leading).
+type leader interface {
+	leading(t *Tier, hashes []uint64) (int, error)
 }
 
 // Stats returns the tier's counters.

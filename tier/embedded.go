@@ -453,6 +453,7 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 	for _, r := range res {
 		k, h := keys[r.i], hs[r.i]
 		if x := e.find(h, k); x >= 0 { // a Set of the same key linked it meanwhile
+			r.kept = r.kept || e.ents[x].kept // and it was pinned since: so is this value
 			e.remove(x)
 		}
 		x := e.newEnt()

@@ -317,3 +317,35 @@ func (b bareBackend) Exists(ctx context.Context, keys []string) ([]bool, []error
 }
 func (b bareBackend) Close() error   { return nil }
 func (b bareBackend) String() string { return "bare" }
+
+// TestEmbeddedPinDuringSet: a value pinned while another Set of its key
+// copies outside the lock stays pinned when that Set links its value.
+func TestEmbeddedPinDuringSet(t *testing.T) {
+	ctx := context.Background()
+	for _, pol := range []Policy{PolicyLRU, PolicyS3FIFO} {
+		e, _ := NewEmbeddedPolicy(1<<20, pol)
+		once := false
+		e.copied = func() { // runs outside the lock, v2 copied, not linked yet
+			if once {
+				return
+			}
+			once = true
+			if err := e.Set(ctx, []string{"k"}, [][]byte{fillVal("k", 300)})[0]; err != nil {
+				t.Error(err)
+			}
+			if err := e.Pin(ctx, []string{"k"})[0]; err != nil {
+				t.Error(err)
+			}
+		}
+		v2 := fillVal("k", 200)
+		if err := e.Set(ctx, []string{"k"}, [][]byte{v2})[0]; err != nil {
+			t.Fatal(err)
+		}
+		got, _ := e.Get(ctx, []string{"k"})
+		if !bytes.Equal(got[0], v2) || e.Pinned() != 1+200 {
+			t.Fatalf("%s: k holds %d bytes, %d pinned; want the last value linked (200 bytes), pinned", pol, len(got[0]), e.Pinned())
+		}
+		checkQueues(t, e)
+		e.Close()
+	}
+}

@@ -19,8 +19,9 @@ func newWriterHists(on bool) *writer.Hists {
 // Histograms returns the cache's histograms, nil unless
 // Config.Histograms (names without the "omnicache_" namespace):
 //
-//	hit_read_wait_seconds         Materialize's read of a step with hits: its wait for
-//	                              the prefetched rows (or the joined writes) and the copy
+//	hit_read_wait_seconds         Materialize's read of a step with hits: 0 when its rows
+//	                              were ready (the prefetch done, the writes it joins
+//	                              landed; no clock read), else the read, wait included
 //	staging_page_wait_seconds     a Save's wait for a free staging page (0 when one was free)
 //	committer_wait_seconds        the engine goroutine's waits for the committer
 //	                              (Sync, device byte budget pressure)
@@ -41,7 +42,7 @@ func (c *Cache) Histograms() []Histogram {
 	}
 	h := c.path.Hists()
 	out := []Histogram{
-		tier.NewHistogram("hit_read_wait_seconds", "Time Materialize spent reading a step with hits: its wait for the prefetched rows or the writes it joins, and the copy.", c.hitWait, 1e9),
+		tier.NewHistogram("hit_read_wait_seconds", "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).", c.hitWait, 1e9),
 		tier.NewHistogram("staging_page_wait_seconds", "Time a Save waited for a free staging page (0 when one was free).", h.PageWait, 1e9),
 		tier.NewHistogram("committer_wait_seconds", "Time the engine goroutine waited for the committer (Sync, device byte budget pressure).", h.CommitterWait, 1e9),
 		tier.NewHistogram("device_to_host_copy_seconds", "Time of a write's device-to-host copies, from their issue to the committer seeing them complete.", h.CopyTime, 1e9),

@@ -56,7 +56,7 @@ var Histograms = []string{
 }
 
 var histHelp = map[string]string{
-	"hit_read_wait_seconds":       "Time Materialize spent reading a step with hits: its wait for the prefetched rows or the writes it joins, and the copy.",
+	"hit_read_wait_seconds":       "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).",
 	"staging_page_wait_seconds":   "Time a Save waited for a free staging page (0 when one was free).",
 	"committer_wait_seconds":      "Time the engine goroutine waited for the committer (Sync, device byte budget pressure).",
 	"device_to_host_copy_seconds": "Time of a write's device-to-host copies, from their issue to the committer seeing them complete.",

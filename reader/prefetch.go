@@ -170,9 +170,19 @@ func (r *Reader) queue(s *Step) {
 // committer; PrefetchSeq is the queue sequence to wait for.
 func (s *Step) Prefetched() bool { return s.pfSeq != 0 }
 
-// HasHits reports whether the step serves a hit prefix to any request.
-func (s *Step) HasHits() bool       { return len(s.prefix) > 0 }
 func (s *Step) PrefetchSeq() uint64 { return s.pfSeq }
+
+// HasHits reports whether the step serves a hit prefix to any request.
+func (s *Step) HasHits() bool { return len(s.prefix) > 0 }
+
+// WaitSeq is the committer queue item a read of the step may wait for:
+// its prefetch, else the writes its hit plan joins (0: none).
+func (s *Step) WaitSeq() uint64 {
+	if s.pfSeq != 0 {
+		return s.pfSeq
+	}
+	return s.joinSeq
+}
 
 // RunInOrder is the prefetch read, on the committer goroutine in queue
 // order (writer.InOrder).

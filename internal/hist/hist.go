@@ -48,7 +48,10 @@ func (h *H) Observe(v int64) {
 	if h == nil {
 		return
 	}
-	v = max(v, 0)
+	if v <= 0 { // a wait that did not happen: one add
+		h.counts[0].Add(1)
+		return
+	}
 	h.counts[h.Bucket(v)].Add(1)
 	h.sum.Add(v)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/internal/redistest"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -392,7 +393,32 @@ func TestTierPublishBeforeBlockReuse(t *testing.T) {
 // the second time a cache (any cache of the tier: sightings are the
 // tier's) computes them, not the first; a config out of range is refused.
 func TestTierAdmitAfter(t *testing.T) {
-	tr, _ := embeddedTier(t)
+	for _, backend := range []string{"embedded", "redis", "redis-cluster"} {
+		t.Run("backend="+backend, func(t *testing.T) { testAdmitAfter(t, backend) })
+	}
+}
+
+func testAdmitAfter(t *testing.T, backend string) {
+	var tr *tier.Tier
+	switch backend {
+	case "embedded":
+		tr, _ = embeddedTier(t)
+	default:
+		spec := ""
+		if backend == "redis" {
+			spec = "redis://" + redistest.Start(t, redistest.Options{}).Addr
+		} else {
+			spec = redistest.StartCluster(t, redistest.Options{}).Spec()
+		}
+		b, err := tier.Open(spec, tier.RedisOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr, err = tier.New(b, tns(), tier.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+	}
 	admit2 := func(tc *omnicache.TierConfig) { tc.AdmitAfter = 2 }
 	a := newTierCache(t, tr, admit2)
 	b := newTierCache(t, tr, admit2)

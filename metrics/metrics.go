@@ -15,6 +15,12 @@
 // QuerySource.QueryTokens. Nothing runs on the engine goroutine except
 // QueryCounter.AddQueries, one atomic add.
 //
+// Histograms: a Source that is also a HistogramSource (*omnicache.Cache
+// with Config.Histograms) has its latency and size histograms exported
+// too (the names in Histograms), each read from the cache's lock-free
+// counters at scrape time and sent as a const histogram: nothing is
+// recorded through this package on the engine goroutine.
+//
 // Names follow the Prometheus conventions: the omnicache_ namespace,
 // counters end in _total, units are base units in the name (_bytes,
 // _seconds). Prefix-cache queries and hits count tokens, as vLLM's

@@ -31,12 +31,22 @@
 //
 // # Backends
 //
-// Embedded (NewEmbedded): an in-process store bounded in bytes, least
-// recently used first out; the default. Redis (NewRedis): a single node or
+// Embedded (NewEmbedded): an in-process store bounded in bytes, evicting
+// by S3-FIFO or LRU (Policy); the default. Redis (NewRedis): a single node or
 // a Redis Cluster through github.com/redis/rueidis, every batch one
 // pipelined DoMulti, with ACL user/password and TLS options. Open builds
 // either from a spec string ("embedded", "redis://...", "rediss://...",
 // "redis-cluster://...").
+//
+// # Operator controls
+//
+// Options.Histograms records every batch's latency and bytes
+// (Histograms); Pin, Unpin and Delete keep or drop blocks by hash
+// (optional backend interfaces Pinner and Deleter; ErrUnsupported
+// without them); RedisOptions.TTL expires unpinned values on Redis;
+// Sightings counts how often blocks were seen, for the cache's
+// admission (omnicache.TierConfig.AdmitAfter). docs/tier.md has the
+// operator's view.
 //
 // A Tier is safe for concurrent use by any number of goroutines.
 package tier

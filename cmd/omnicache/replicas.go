@@ -22,7 +22,7 @@ func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
 	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
 	fs.BoolVar(&f.waitPublish, "wait-publish", false, "with --replicas: pace each forward until the blocks gathered so far are stored in the tier (tier hits then do not depend on the publishers' CPU time; costs wall time)")
-	fs.IntVar(&f.tierMiB, "tier-mib", 0, "with --replicas --tier embedded: the embedded tier's bound in MiB, least recently used out first (0: "+fmt.Sprint(tier.DefaultEmbeddedBytes>>20)+")")
+	fs.IntVar(&f.tierMiB, "tier-mib", 0, "with --replicas --tier embedded: the embedded tier's bound in MiB, evicted by --tier-policy (0: "+fmt.Sprint(tier.DefaultEmbeddedBytes>>20)+")")
 	fs.BoolVar(&f.pacePark, "pace-park", false, "with --replicas: let the pacing Sync park after 50µs (default: it spins through the committer's work, Config.SyncSpin, as an engine thread waiting on its forward keeps its core)")
 	fs.DurationVar(&f.tierRecent, "tier-recent", 0, "with --replicas: skip publishing a full block the tier stored within this window (0: "+tier.DefaultRecentWindow.String()+", negative: publish every block)")
 	fs.StringVar(&f.tierPolicy, "tier-policy", string(tier.DefaultPolicy), "with --replicas --tier embedded: the embedded tier's eviction policy: "+string(tier.PolicyLRU)+" or "+string(tier.PolicyS3FIFO)+" (scan-resistant)")

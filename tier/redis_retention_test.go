@@ -102,6 +102,22 @@ func checkRetention(t *testing.T, spec string) {
 	if n, _ := tr.Lookup(ctx, hs[2:3]); n != 0 {
 		t.Fatal("a deleted pinned block is still held")
 	}
+	// Histograms over this backend (a second tier on it; the first one's
+	// cleanup closes the backend).
+	ht, err := New(b, testNS, Options{Histograms: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ht.Put(ctx, blocks[10:12]); err != nil {
+		t.Fatal(err)
+	}
+	ht.Get(ctx, hs[10:12], dstFor(ht, 2))
+	ht.Lookup(ctx, hs[10:12])
+	for _, h := range ht.Histograms() {
+		if h.Count != 1 || (h.Name == "tier_get_bytes" || h.Name == "tier_set_bytes") && h.Sum == 0 {
+			t.Errorf("%s: %d observations (sum %v), want 1", h.Name, h.Count, h.Sum)
+		}
+	}
 }
 
 func TestRedisRetention(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/reader"
 	"github.com/omnicache/omnicache/soa"
 	"github.com/omnicache/omnicache/writer"
@@ -44,8 +45,9 @@ type Cache struct {
 	resetFence atomic.Uint64
 	resets     atomic.Int64
 
-	tl *tierLink // nil without Config.Tier
-	te tierEng   // engine goroutine only
+	tl      *tierLink // nil without Config.Tier
+	hitWait *hist.H   // Materialize's hit reads (Config.Histograms; nil: off)
+	te      tierEng   // engine goroutine only
 
 	// gate is 2×(calls in flight) | 1 once Close began (see enter); Close
 	// waits until the last call left (idle is closed by it) before
@@ -69,6 +71,9 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, idle: make(chan struct{}), tl: tl}
+	if cfg.Histograms {
+		c.hitWait = hist.NewDur()
+	}
 	if tl != nil {
 		wc.Rider, wc.Gather = pubRider{c}, &publishGather{tl: tl}
 	}
@@ -364,17 +369,33 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if !all || !rec.Prefetched() {
 		dst.size() // else the read adopts the prefetched buffers
 	}
-	err = c.rd.Read(rec, all, nq, dest{dst})
+	switch {
+	case c.hitWait == nil || !rec.HasHits():
+		err = c.rd.Read(rec, all, nq, dest{dst})
+	case c.path.Reached(rec.WaitSeq()):
+		// Nothing to wait for (the usual case: the prefetch ran during
+		// the forward): observed as no wait, with no clock read.
+		c.hitWait.Observe(0)
+		err = c.rd.Read(rec, all, nq, dest{dst})
+	default:
+		t0 := time.Now()
+		err = c.rd.Read(rec, all, nq, dest{dst})
+		c.hitWait.Observe(int64(time.Since(t0)))
+	}
 	c.drop(rec)
 	if err == nil {
+		// A request whose rows could not be served keeps its whole shape
+		// (zeros, Result.Err set): nothing of it was delivered.
 		for qi, skip := range dst.skip {
-			if skip > 0 {
+			if skip > 0 && dst.errs[qi] == nil {
 				dst.trimFront(qi, skip) // rows the request already had (it resumed)
 			}
 		}
 		if trimmed {
 			for qi, n := range dst.keep {
-				dst.trim(qi, n-dst.skip[qi])
+				if dst.errs[qi] == nil {
+					dst.trim(qi, n-dst.skip[qi])
+				}
 			}
 		}
 	}
@@ -554,6 +575,8 @@ func (c *Cache) Stats() Stats {
 		ReadAheadBytes:      c.rd.ReadAheadBytes(),
 		LiveRequests:        int(c.live.Load()),
 		Resets:              c.resets.Load(),
+		PrefetchUsed:        st.PrefetchUsed.Load(),
+		PrefetchDropped:     st.PrefetchDropped.Load(),
 	}
 	c.tierStats(&s)
 	return s

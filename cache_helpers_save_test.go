@@ -384,6 +384,9 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 		}
 		lo := rw.start - npre
 		total := rw.end - lo // rows delivered at most: up to the accepted (or replaced) end
+		if res.Err(i) != nil {
+			total = npre + rw.count // not served: its whole shape, zeros
+		}
 		if rw.loose && res.Tokens(i) == rw.start+rw.acc-lo-(res.From(i)-lo) {
 			total = rw.start + rw.acc - lo // the replace came after the asynchronous take
 		}

@@ -150,6 +150,6 @@ func validate(cfg *Config) (writer.Config, error) {
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
 		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, SyncSpin: cfg.SyncSpin, ReleaseHost: cfg.ReleaseHost,
-		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes,
+		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes, Hists: newWriterHists(cfg.Histograms),
 	}, nil
 }

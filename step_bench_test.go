@@ -2,9 +2,15 @@ package omnicache_test
 
 import (
 	"fmt"
+	"io"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/metrics"
 )
 
 // stepEngine drives the cache like an engine: a fixed set of requests, each
@@ -25,12 +31,13 @@ type stepEngine struct {
 
 const benchBS = 16
 
-func newStepEngine(b *testing.B, reqs, stride, tokens, rb int, buffer bool, cap int) *stepEngine {
+func newStepEngine(b *testing.B, reqs, stride, tokens, rb int, buffer bool, cap int, histograms ...bool) *stepEngine {
 	c, err := omnicache.New(omnicache.Config{
 		NumBlocks: reqs*stride + 1, BlockSize: benchBS,
 		Keys:                  []omnicache.Key{{Name: "hidden", RowBytes: rb}},
 		StagingCapacityTokens: cap,
 		DisableDecodeBuffer:   !buffer,
+		Histograms:            len(histograms) > 0 && histograms[0],
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -83,32 +90,82 @@ func (e *stepEngine) step(b *testing.B, i int, owned bool, materialize []int64) 
 	}
 }
 
+// BenchmarkStep is the engine goroutine's cost of a step. collector=off
+// runs the cache bare; collector=hist with Config.Histograms (the
+// recording alone); collector=on with Config.Histograms and a
+// metrics.Collector over the cache registered and gathered (text-encoded)
+// by another goroutine every scrapeEvery, as a Prometheus server scraping
+// promhttp would (on a machine of few cores the scraping goroutine and
+// its garbage compete with the engine and the committer for them).
 func BenchmarkStep(b *testing.B) {
 	for _, shape := range []string{"decode64", "prefill8192"} {
 		for _, rb := range []int{64, 4096} {
 			for _, hit := range []int{0, 50} {
 				for _, buffer := range []bool{true, false} {
-					name := fmt.Sprintf("shape=%s/row=%d/hit=%d/buffer=%s", shape, rb, hit, map[bool]string{true: "on", false: "off"}[buffer])
-					b.Run(name, func(b *testing.B) { benchStep(b, shape, rb, hit, buffer) })
+					for _, col := range []string{"off", "hist", "on"} {
+						name := fmt.Sprintf("shape=%s/row=%d/hit=%d/buffer=%s/collector=%s", shape, rb, hit, onOff[buffer], col)
+						b.Run(name, func(b *testing.B) { benchStep(b, shape, rb, hit, buffer, col) })
+					}
 				}
 			}
 		}
 	}
 }
 
-func benchStep(b *testing.B, shape string, rb, hit int, buffer bool) {
+var onOff = map[bool]string{true: "on", false: "off"}
+
+// scrapeEvery is far more often than a Prometheus server scrapes (15 s is
+// usual), so that a cost would show.
+const scrapeEvery = 2 * time.Millisecond
+
+// scrapeLoop gathers reg into io.Discard every scrapeEvery until the
+// returned stop is called.
+func scrapeLoop(b *testing.B, c *omnicache.Cache) (stop func()) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.New(c, metrics.Options{}))
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(scrapeEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			fams, err := reg.Gather()
+			if err != nil {
+				panic(err)
+			}
+			enc := expfmt.NewEncoder(io.Discard, expfmt.NewFormat(expfmt.TypeTextPlain))
+			for _, f := range fams {
+				if err := enc.Encode(f); err != nil {
+					panic(err)
+				}
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+func benchStep(b *testing.B, shape string, rb, hit int, buffer bool, collector string) {
 	var e *stepEngine
+	hists := collector != "off"
 	switch shape {
 	case "decode64":
-		e = newStepEngine(b, 64, 64, 64, rb, buffer, 1024)
+		e = newStepEngine(b, 64, 64, 64, rb, buffer, 1024, hists)
 		for i := range e.plan.Count {
 			e.plan.Count[i] = 1
 			e.plan.Start[i] = -1 // the first advance schedules position 0
 		}
 	case "prefill8192":
-		e = newStepEngine(b, 1, 1024, 8192, rb, buffer, 8192)
+		e = newStepEngine(b, 1, 1024, 8192, rb, buffer, 8192, hists)
 	}
 	defer e.c.Close()
+	if collector == "on" {
+		defer scrapeLoop(b, e.c)()
+	}
 	limit := int32(e.stride * e.bs)
 	var hitIDs []int64
 	hitBuf := make([]int64, 1)

@@ -61,6 +61,7 @@ const (
 	MaxPublishQueue  = 1 << 20   // PublishQueue, in blocks
 	MaxPublishBatch  = 1 << 16   // PublishBatch, in blocks
 	MaxTierWorkers   = 256       // Importers, Publishers
+	MaxAdmitAfter    = 1 << 16   // AdmitAfter
 )
 
 // TierConfig attaches a shared tier to a cache.
@@ -76,6 +77,17 @@ type TierConfig struct {
 	// PublishQueue bounds the blocks waiting to be published; past it
 	// blocks are dropped and counted. PublishBatch bounds one store.
 	PublishQueue, PublishBatch int
+	// AdmitAfter publishes a full block only once it has been seen (its
+	// rows committed by a step that computed it) that many times: 0 or 1
+	// publishes every block, 2 only blocks computed again (a prefix some
+	// later prompt repeated), so that one-off prompts do not push reused
+	// blocks out of the store. Sightings are counted in the tier's sketch
+	// (tier.Tier.Sightings: count-min, bounded memory, 4 MiB by default,
+	// see tier.Options.SightingCounters), shared by every cache of the
+	// Tier value: replicas in one process count together, replicas in
+	// separate processes each count their own. A block not yet admitted
+	// is counted in Stats.TierPublishUnadmitted. At most MaxAdmitAfter.
+	AdmitAfter int
 	// Importers is the number of goroutines fetching imports (an import
 	// that finds them all busy and their queue full fails at once);
 	// Publishers the number storing published blocks.
@@ -139,6 +151,7 @@ type tierLink struct {
 	queued                                         atomic.Int64
 	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
 	recent                                         atomic.Int64  // not gathered: the tier stored them lately
+	unadmitted                                     atomic.Int64  // not gathered: seen fewer than AdmitAfter times
 	pending                                        atomic.Int64  // queued or being stored
 	stopping                                       atomic.Bool   // Close: queued blocks are dropped, not stored
 	epoch                                          atomic.Uint64 // bumped by Reset: batches sent before are dropped
@@ -197,6 +210,8 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 		return bad("Importers %d not in [0, %d]", c.Importers, MaxTierWorkers)
 	case c.Publishers < 0 || c.Publishers > MaxTierWorkers:
 		return bad("Publishers %d not in [0, %d]", c.Publishers, MaxTierWorkers)
+	case c.AdmitAfter < 0 || c.AdmitAfter > MaxAdmitAfter:
+		return bad("AdmitAfter %d not in [0, %d]", c.AdmitAfter, MaxAdmitAfter)
 	}
 	// ImportTimeout ≤ MaxImportTimeout: 4× (and the import waits' 1.5× and
 	// 2×) cannot wrap.
@@ -343,7 +358,7 @@ func (c *Cache) tierStats(s *Stats) {
 	}
 	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = tl.published.Load(), tl.dropped.Load(), tl.skipped.Load()
 	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = tl.pubErrs.Load(), tl.bytesPub.Load(), tl.pending.Load()
-	s.TierPublishRecent = tl.recent.Load()
+	s.TierPublishRecent, s.TierPublishUnadmitted = tl.recent.Load(), tl.unadmitted.Load()
 	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
 	ts := tl.t.Stats()
 	s.TierCircuitOpens = ts.CircuitOpens

@@ -83,7 +83,8 @@ type pubBatch struct {
 
 // Rows implements writer.Gather: where the rows of key ki of the block of
 // hash h go, or nil: the tier stored the block within its recent window
-// (not gathered, counted), or the publish queue holds PublishQueue blocks
+// (not gathered, counted), the block was seen fewer than AdmitAfter times
+// (counted), or the publish queue holds PublishQueue blocks
 // (dropped, counted). Only the committer adds to the queue, so a block
 // given room here fits it.
 func (g *publishGather) Rows(h uint64, ki int) []byte {
@@ -91,6 +92,10 @@ func (g *publishGather) Rows(h uint64, ki int) []byte {
 	if ki == 0 {
 		if tl.t.StoredRecently(h) {
 			tl.recent.Add(1)
+			return nil
+		}
+		if tl.cfg.AdmitAfter > 1 && tl.t.Sightings().See(h) < tl.cfg.AdmitAfter {
+			tl.unadmitted.Add(1)
 			return nil
 		}
 		n := 0

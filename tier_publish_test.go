@@ -4,12 +4,14 @@ package omnicache_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/internal/redistest"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -385,4 +387,82 @@ func TestTierPublishBeforeBlockReuse(t *testing.T) {
 	d.open()
 	waitPublished(t, c, 1)
 	checkTierBlock(t, tr, 1, 0)
+}
+
+// TestTierAdmitAfter: with AdmitAfter 2 a prompt's blocks are published
+// the second time a cache (any cache of the tier: sightings are the
+// tier's) computes them, not the first; a config out of range is refused.
+func TestTierAdmitAfter(t *testing.T) {
+	for _, backend := range []string{"embedded", "redis", "redis-cluster"} {
+		t.Run("backend="+backend, func(t *testing.T) { testAdmitAfter(t, backend) })
+	}
+}
+
+func testAdmitAfter(t *testing.T, backend string) {
+	var tr *tier.Tier
+	switch backend {
+	case "embedded":
+		tr, _ = embeddedTier(t)
+	default:
+		spec := ""
+		if backend == "redis" {
+			spec = "redis://" + redistest.Start(t, redistest.Options{}).Addr
+		} else {
+			spec = redistest.StartCluster(t, redistest.Options{}).Spec()
+		}
+		b, err := tier.Open(spec, tier.RedisOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr, err = tier.New(b, tns(), tier.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() })
+	}
+	admit2 := func(tc *omnicache.TierConfig) { tc.AdmitAfter = 2 }
+	a := newTierCache(t, tr, admit2)
+	b := newTierCache(t, tr, admit2)
+	run := func(c *omnicache.Cache, seq int64) {
+		t.Helper()
+		table := make([]int32, tstride)
+		copy(table, []int32{2, 5, 7})
+		res, err := tstep(t, c, table, []treq{{id: seq, seq: seq, row: 0, start: 0, count: 12, arrive: true}},
+			map[int32]uint64{2: thash(seq, 0), 5: thash(seq, 1), 7: thash(seq, 2)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRows(t, res, 0, seq, 0)
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lookup := func(seq int64) int {
+		n, err := tr.Lookup(context.Background(), []uint64{thash(seq, 0), thash(seq, 1), thash(seq, 2)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	run(a, 7)
+	if st := a.Stats(); st.TierPublishUnadmitted != 3 || st.TierPublished != 0 || st.TierPublishPending != 0 {
+		t.Fatalf("first sighting: %+v; want 3 unadmitted, none published", st)
+	}
+	if n := lookup(7); n != 0 {
+		t.Fatalf("tier holds %d blocks after one sighting, want 0", n)
+	}
+	run(b, 7) // the second sighting, by another cache of the tier
+	waitPublished(t, b, 3)
+	if n := lookup(7); n != 3 {
+		t.Fatalf("tier holds %d blocks after two sightings, want 3", n)
+	}
+	if got := tr.Sightings().Count(thash(7, 0)); got != 2 {
+		t.Fatalf("sketch counts %d sightings, want 2", got)
+	}
+	for _, bad := range []int{-1, omnicache.MaxAdmitAfter + 1} {
+		_, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys,
+			Tier: &omnicache.TierConfig{Tier: tr, AdmitAfter: bad}})
+		if !errors.Is(err, omnicache.ErrConfig) {
+			t.Fatalf("AdmitAfter %d: %v, want ErrConfig", bad, err)
+		}
+	}
 }

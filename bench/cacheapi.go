@@ -61,3 +61,6 @@ func (r *RealCache) Peek(k int, slots []int32, dst []byte) error {
 }
 func (r *RealCache) Stats() omnicache.Stats { return r.C.Stats() }
 func (r *RealCache) Close() error           { return r.C.Close() }
+
+// Histograms is the cache's (metrics.HistogramSource).
+func (r *RealCache) Histograms() []omnicache.Histogram { return r.C.Histograms() }

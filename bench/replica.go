@@ -220,6 +220,7 @@ func (r *replica) finish() (ReplicaReport, error) {
 		}
 		pr.TierBytesPublished, pr.TierBytesImported, pr.TierPublishDropped = st.TierBytesPublished, st.TierBytesImported, st.TierPublishDropped
 		pr.TierPublishRecent = st.TierPublishRecent
+		pr.TierPublishUnadmitted = st.TierPublishUnadmitted
 		pr.StallNs = st.StallNanos
 	}
 	r.mu.Lock()

@@ -34,6 +34,17 @@ type ReplicaOptions struct {
 	// TierRecent is the tier's tier.Options.RecentWindow (0: its default,
 	// negative: every full block is published).
 	TierRecent time.Duration
+	// TierPolicy is the embedded tier's eviction policy ("":
+	// tier.DefaultPolicy).
+	TierPolicy tier.Policy
+	// AdmitAfter is TierConfig.AdmitAfter (0: every full block is
+	// published).
+	AdmitAfter int
+	// Histograms turns on Config.Histograms and tier.Options.Histograms.
+	Histograms bool
+	// OnCache, when set, is called with each replica's cache of the
+	// cache-on run once it is made (a metrics collector registers it).
+	OnCache func(replica int, c *omnicache.Cache)
 	// Route is RouteRoundRobin (default) or RouteSession.
 	Route string
 	// Verify checks every row Materialize returns on every replica, and
@@ -89,9 +100,12 @@ type ReplicaReport struct {
 	// TierPublishRecent are full blocks not published because the tier
 	// stored them within its recent window (Stats.TierPublishRecent).
 	TierPublishRecent int64 `json:"tier_publish_recent"`
-	Imports           int   `json:"imports"`
-	ImportP50Ns       int64 `json:"import_latency_p50_ns"`
-	ImportP99Ns       int64 `json:"import_latency_p99_ns"`
+	// TierPublishUnadmitted are full blocks not published because they
+	// were seen fewer than AdmitAfter times.
+	TierPublishUnadmitted int64 `json:"tier_publish_unadmitted"`
+	Imports               int   `json:"imports"`
+	ImportP50Ns           int64 `json:"import_latency_p50_ns"`
+	ImportP99Ns           int64 `json:"import_latency_p99_ns"`
 	// EngineNs is the engine goroutine's time in Begin + Save + Discard;
 	// MaterializeNs the time in Materialize (called right after Save here,
 	// so it includes waiting for the step's imports and prefetch; an
@@ -182,6 +196,14 @@ type ReplicasReport struct {
 	// Note says what the run changed about the spec (deferred keys run
 	// immediate: a tier keeps immediate keys only).
 	Note string `json:"note,omitempty"`
+	// With the embedded tier: its policy, AdmitAfter, and at the end of
+	// the run the key and value bytes it held (TierStoredBytes, of
+	// TierBoundBytes) and the values it evicted.
+	TierPolicy      string `json:"tier_policy,omitempty"`
+	AdmitAfter      int    `json:"tier_admit_after,omitempty"`
+	TierStoredBytes int64  `json:"tier_stored_bytes,omitempty"`
+	TierBoundBytes  int64  `json:"tier_bound_bytes,omitempty"`
+	TierEvicted     int64  `json:"tier_evicted,omitempty"`
 }
 
 // RunReplicas replays spec on o.Replicas engines. It returns ErrVerify
@@ -225,10 +247,16 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 	rep.LocalOnlyHitRate = local.HitRate
 
 	var tr *tier.Tier
+	var emb *tier.Embedded
+	rep.AdmitAfter = o.AdmitAfter
 	if o.Tier != "off" {
 		var b tier.Backend
 		if o.Tier == "embedded" {
-			b, err = tier.NewEmbedded(o.TierBytes)
+			emb, err = tier.NewEmbeddedPolicy(o.TierBytes, o.TierPolicy)
+			b = emb
+			if emb != nil {
+				rep.TierPolicy = string(emb.Policy())
+			}
 		} else {
 			b, err = tier.Open(o.Tier, o.Redis)
 		}
@@ -241,7 +269,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 		for _, k := range spec.Keys {
 			ns.Keys = append(ns.Keys, tier.Key{Name: k.Name, RowBytes: k.RowBytes})
 		}
-		if tr, err = tier.New(b, ns, tier.Options{RecentWindow: o.TierRecent}); err != nil {
+		if tr, err = tier.New(b, ns, tier.Options{RecentWindow: o.TierRecent, Histograms: o.Histograms}); err != nil {
 			b.Close()
 			return rep, err
 		}
@@ -250,6 +278,9 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 	wall := time.Now()
 	res, err := runReplicas(spec, o, total, tr, true)
 	rep.WallNs = time.Since(wall).Nanoseconds()
+	if emb != nil {
+		rep.TierStoredBytes, rep.TierBoundBytes, rep.TierEvicted = emb.Usage()
+	}
 	if res != nil {
 		rep.ReplicaReport = res.ReplicaReport
 		rep.PerReplica = res.per
@@ -312,10 +343,14 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 		r.pool = newBufPool(r.rowBytes, o.MaxBatchedTokens, true)
 		cfg.ReleaseHost = r.pool.release
 		if tr != nil {
-			cfg.Tier = &omnicache.TierConfig{Tier: tr, ImportTimeout: o.ImportTimeout, OnImport: r.onImport}
+			cfg.Tier = &omnicache.TierConfig{Tier: tr, ImportTimeout: o.ImportTimeout, OnImport: r.onImport, AdmitAfter: o.AdmitAfter}
 		}
+		cfg.Histograms = o.Histograms
 		if r.c, err = omnicache.New(cfg); err != nil {
 			return nil, fmt.Errorf("replica %d: %w", i, err)
+		}
+		if o.OnCache != nil {
+			o.OnCache(i, r.c)
 		}
 		if o.Verify {
 			r.ver = newVerifier(spec.Keys, per*o.BlockSize, o.BlockSize)
@@ -375,6 +410,7 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 	t.TierBytesImported += pr.TierBytesImported
 	t.TierPublishDropped += pr.TierPublishDropped
 	t.TierPublishRecent += pr.TierPublishRecent
+	t.TierPublishUnadmitted += pr.TierPublishUnadmitted
 	t.Imports += pr.Imports
 	t.EngineNs += pr.EngineNs
 	t.BeginNs += pr.BeginNs

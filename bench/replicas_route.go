@@ -132,6 +132,14 @@ func WriteReplicaTable(w interface{ Write([]byte) (int, error) }, reps []*Replic
 		line(fmt.Sprintf("all %d", r.Replicas), r.ReplicaReport)
 		fmt.Fprintf(&b, "%-22s one engine with the whole pool: hit %s; these %d replicas without a tier: hit %s\n",
 			"", pct(r.SingleHitRate, 1), r.Replicas, pct(r.LocalOnlyHitRate, 1))
+		if r.TierBoundBytes > 0 || r.AdmitAfter > 1 {
+			policy := r.TierPolicy
+			if policy == "" {
+				policy = "the server's"
+			}
+			fmt.Fprintf(&b, "%-22s tier: policy %s, admit after %d sightings: holds %s of %s, %d values evicted, %d blocks not admitted\n",
+				"", policy, max(1, r.AdmitAfter), shortBytes(r.TierStoredBytes), shortBytes(r.TierBoundBytes), r.TierEvicted, r.TierPublishUnadmitted)
+		}
 		if r.Note != "" {
 			fmt.Fprintf(&b, "%-22s note: %s\n", "", r.Note)
 		}

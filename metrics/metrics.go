@@ -15,6 +15,12 @@
 // QuerySource.QueryTokens. Nothing runs on the engine goroutine except
 // QueryCounter.AddQueries, one atomic add.
 //
+// Histograms: a Source that is also a HistogramSource (*omnicache.Cache
+// with Config.Histograms) has its latency and size histograms exported
+// too (the names in Histograms), each read from the cache's lock-free
+// counters at scrape time and sent as a const histogram: nothing is
+// recorded through this package on the engine goroutine.
+//
 // Names follow the Prometheus conventions: the omnicache_ namespace,
 // counters end in _total, units are base units in the name (_bytes,
 // _seconds). Prefix-cache queries and hits count tokens, as vLLM's
@@ -38,6 +44,34 @@ const Namespace = "omnicache"
 // must be safe to call from any goroutine.
 type Source interface {
 	Stats() omnicache.Stats
+}
+
+// HistogramSource is a Source that also has histograms (*omnicache.Cache
+// does, with Config.Histograms): the Collector exports each one it knows
+// (Histograms) as a Prometheus histogram, read at scrape time.
+type HistogramSource interface {
+	Histograms() []omnicache.Histogram
+}
+
+// Histograms names the histograms the Collector exports (without the
+// namespace), in exposition order: the cache's, then its tier's.
+var Histograms = []string{
+	"hit_read_wait_seconds", "staging_page_wait_seconds", "committer_wait_seconds",
+	"device_to_host_copy_seconds", "device_to_host_copy_bytes",
+	"tier_lookup_seconds", "tier_get_seconds", "tier_set_seconds", "tier_get_bytes", "tier_set_bytes",
+}
+
+var histHelp = map[string]string{
+	"hit_read_wait_seconds":       "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).",
+	"staging_page_wait_seconds":   "Time a Save waited for a free staging page (0 when one was free).",
+	"committer_wait_seconds":      "Time the engine goroutine waited for the committer (Sync, device byte budget pressure).",
+	"device_to_host_copy_seconds": "Time of a write's device-to-host copies, from their issue to the committer seeing them complete.",
+	"device_to_host_copy_bytes":   "Bytes of a write's device-to-host copies.",
+	"tier_lookup_seconds":         "Time of one tier Lookup (the scheduler's query of leading blocks).",
+	"tier_get_seconds":            "Time of one tier get batch (an import's fetch) on the backend.",
+	"tier_set_seconds":            "Time of one tier set batch (a publisher's store) on the backend.",
+	"tier_get_bytes":              "Value bytes one tier get batch read.",
+	"tier_set_bytes":              "Value bytes one tier set batch stored.",
 }
 
 // QuerySource yields the prefix-cache query count in tokens; QueryCounter
@@ -78,8 +112,10 @@ type Options struct {
 type Collector struct {
 	src     Source
 	queries QuerySource
-	descs   []*prometheus.Desc // parallel to stats
-	qdesc   *prometheus.Desc   // nil without Options.Queries
+	descs   []*prometheus.Desc          // parallel to stats
+	qdesc   *prometheus.Desc            // nil without Options.Queries
+	hsrc    HistogramSource             // nil: src has none
+	hdescs  map[string]*prometheus.Desc // by histogram name; read-only after New
 }
 
 // metric is one exported Stats field.
@@ -167,6 +203,15 @@ var stats = []metric{
 	{"live_requests", "LiveRequests", prometheus.GaugeValue,
 		"Requests the cache tracks now.",
 		func(s *omnicache.Stats) float64 { return float64(s.LiveRequests) }},
+	{"prefetch_used_steps_total", "PrefetchUsed", prometheus.CounterValue,
+		"Steps whose hit prefixes were read ahead and served by Materialize.",
+		func(s *omnicache.Stats) float64 { return float64(s.PrefetchUsed) }},
+	{"prefetch_dropped_steps_total", "PrefetchDropped", prometheus.CounterValue,
+		"Steps whose hit prefixes were read ahead (or queued to be) and then discarded or aborted.",
+		func(s *omnicache.Stats) float64 { return float64(s.PrefetchDropped) }},
+	{"resets_total", "Resets", prometheus.CounterValue,
+		"Cache.Reset calls that dropped every row (after a weight update).",
+		func(s *omnicache.Stats) float64 { return float64(s.Resets) }},
 	// With a tier (Config.Tier); zero without.
 	{"tier_published_blocks_total", "TierPublished", prometheus.CounterValue,
 		"Full blocks published to the tier.",
@@ -180,6 +225,9 @@ var stats = []metric{
 	{"tier_publish_recent_blocks_total", "TierPublishRecent", prometheus.CounterValue,
 		"Full blocks not published because the tier stored them within its recent window.",
 		func(s *omnicache.Stats) float64 { return float64(s.TierPublishRecent) }},
+	{"tier_publish_unadmitted_blocks_total", "TierPublishUnadmitted", prometheus.CounterValue,
+		"Full blocks not published because they were seen fewer than TierConfig.AdmitAfter times.",
+		func(s *omnicache.Stats) float64 { return float64(s.TierPublishUnadmitted) }},
 	{"tier_publish_failed_blocks_total", "TierPublishErrors", prometheus.CounterValue,
 		"Full blocks whose store in the tier failed.",
 		func(s *omnicache.Stats) float64 { return float64(s.TierPublishErrors) }},
@@ -212,6 +260,12 @@ func New(src Source, o Options) *Collector {
 	for i, m := range stats {
 		c.descs[i] = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", m.name), m.help, nil, o.ConstLabels)
 	}
+	if hs, ok := src.(HistogramSource); ok {
+		c.hsrc, c.hdescs = hs, map[string]*prometheus.Desc{}
+		for _, name := range Histograms {
+			c.hdescs[name] = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), histHelp[name], nil, o.ConstLabels)
+		}
+	}
 	if o.Queries != nil {
 		c.qdesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "prefix_cache_queries_total"),
 			"Prompt tokens looked up in the prefix cache at arrival, hits and misses (as vLLM's prefix_cache_queries).",
@@ -228,6 +282,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		ch <- d
 	}
+	if c.hsrc != nil {
+		for _, name := range Histograms {
+			ch <- c.hdescs[name]
+		}
+	}
 }
 
 // Collect reads Stats once and sends every metric from that snapshot. The
@@ -240,5 +299,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for i, m := range stats {
 		ch <- prometheus.MustNewConstMetric(c.descs[i], m.typ, m.value(&s))
+	}
+	if c.hsrc == nil {
+		return
+	}
+	for _, h := range c.hsrc.Histograms() {
+		d := c.hdescs[h.Name]
+		if d == nil {
+			continue // not one Describe announced
+		}
+		buckets := make(map[float64]uint64, len(h.Bounds))
+		for i, b := range h.Bounds {
+			buckets[b] = h.Counts[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(d, h.Count, h.Sum, buckets)
 	}
 }

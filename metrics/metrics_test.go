@@ -120,11 +120,12 @@ type engine struct {
 	has     bool
 }
 
-func newEngine(t *testing.T, buffer bool) *engine {
+func newEngine(t *testing.T, buffer bool, histograms ...bool) *engine {
 	c, err := omnicache.New(omnicache.Config{
 		NumBlocks: 16, BlockSize: 4,
 		Keys:                []omnicache.Key{{Name: "hidden", RowBytes: 8}, {Name: "codes", RowBytes: 4, Deferred: true}},
 		DisableDecodeBuffer: !buffer,
+		Histograms:          len(histograms) > 0 && histograms[0],
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -321,5 +322,57 @@ func TestSecondsExact(t *testing.T) {
 	}
 	if got := value(t, fams, "omnicache_committer_busy_seconds_total", dto.MetricType_COUNTER, nil); got != float64(math.MaxInt32)/1e9 {
 		t.Errorf("committer %v", got)
+	}
+}
+
+// TestScrapeHistograms scrapes a real cache with Config.Histograms: every
+// cache histogram is exported with buckets from 1µs, the hit read counted
+// once, a page claim per step; without the option none is exported.
+func TestScrapeHistograms(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		e := newEngine(t, false, on)
+		url := serve(t, New(e.c, Options{Queries: e.q}))
+		e.step(1, 0, 0, 8, 8, 0)
+		e.step(2, 1, 8, 4, 12, 8, 1)
+		var res omnicache.Result
+		if err := e.c.Materialize(e.pending, []int64{2}, &res); err != nil {
+			t.Fatal(err)
+		}
+		e.has = false
+		if err := e.c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		fams := scrape(t, url)
+		if !on {
+			for _, name := range Histograms {
+				if _, ok := fams[Namespace+"_"+name]; ok {
+					t.Errorf("%s exported without Config.Histograms", name)
+				}
+			}
+			continue
+		}
+		count := map[string]uint64{}
+		for _, name := range Histograms[:5] {
+			f, ok := fams[Namespace+"_"+name]
+			if !ok || f.GetType() != dto.MetricType_HISTOGRAM || len(f.GetMetric()) != 1 {
+				t.Fatalf("%s: not one histogram: %v", name, f)
+			}
+			h := f.GetMetric()[0].GetHistogram()
+			b := h.GetBucket()
+			want := 1e-6
+			if strings.HasSuffix(name, "_bytes") {
+				want = 256
+			}
+			if len(b) < 20 || b[0].GetUpperBound() != want {
+				t.Errorf("%s: %d buckets from %v", name, len(b), b[0].GetUpperBound())
+			}
+			count[name] = h.GetSampleCount()
+		}
+		if count["hit_read_wait_seconds"] != 1 || count["staging_page_wait_seconds"] != 2 {
+			t.Errorf("counts %v: want 1 hit read, 2 page claims", count)
+		}
+		if _, ok := fams[Namespace+"_tier_get_seconds"]; ok {
+			t.Errorf("tier histograms exported without a tier")
+		}
 	}
 }

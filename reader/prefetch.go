@@ -169,8 +169,21 @@ func (r *Reader) queue(s *Step) {
 
 // Prefetched reports whether s's hits were read (or are being read) by the
 // committer; PrefetchSeq is the queue sequence to wait for.
-func (s *Step) Prefetched() bool    { return s.pfSeq != 0 }
+func (s *Step) Prefetched() bool { return s.pfSeq != 0 }
+
 func (s *Step) PrefetchSeq() uint64 { return s.pfSeq }
+
+// HasHits reports whether the step serves a hit prefix to any request.
+func (s *Step) HasHits() bool { return len(s.prefix) > 0 }
+
+// WaitSeq is the committer queue item a read of the step may wait for:
+// its prefetch, else the writes its hit plan joins (0: none).
+func (s *Step) WaitSeq() uint64 {
+	if s.pfSeq != 0 {
+		return s.pfSeq
+	}
+	return s.joinSeq
+}
 
 // RunInOrder is the prefetch read, on the committer goroutine in queue
 // order (writer.InOrder).
@@ -287,8 +300,11 @@ func (r *Reader) Cancel(s *Step) {
 // whether the consumer's reference was the last, and then leaves s to the
 // caller (Options.Free is not called). The consumer's goroutine.
 func (r *Reader) CancelKept(s *Step) bool {
-	if s.pfSeq != 0 && s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
-		r.uncharge(s)
+	if s.pfSeq != 0 {
+		r.st.PrefetchDropped.Add(1)
+		if s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
+			r.uncharge(s)
+		}
 	}
 	return r.drop(s, true)
 }
@@ -306,6 +322,7 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 		}
 		return fmt.Errorf("%w: the prefetch of step %d was skipped", errs.WriteFailed, s.ID)
 	}
+	r.st.PrefetchUsed.Add(1)
 	if all {
 		for k := range s.pf {
 			r.pool.put(dst.Adopt(k, s.pf[k]))

@@ -105,13 +105,14 @@ func (b *breaker) probe(t *Tier) {
 		cancel()
 		if errs[0] == nil && !late {
 			b.mu.Lock()
+			// The line goes out before calls resume: whoever sees the circuit
+			// closed finds it logged.
+			b.log.Info("omnicache tier: backend answers again; tier calls resume",
+				"backend", t.b.String(), "open_for", time.Since(b.since).Round(time.Millisecond))
 			b.open.Store(false)
 			b.opened = make(chan struct{})
 			b.probing = false
-			since := b.since
 			b.mu.Unlock()
-			b.log.Info("omnicache tier: backend answers again; tier calls resume",
-				"backend", t.b.String(), "open_for", time.Since(since).Round(time.Millisecond))
 			return
 		}
 		if errors.Is(errs[0], ErrClosed) {

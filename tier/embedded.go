@@ -22,7 +22,8 @@ const (
 )
 
 // Embedded is the in-process backend: values held in this process, bounded in
-// bytes (key and value lengths), least recently used out first. It is the
+// bytes (key and value lengths), evicted by its Policy (PolicyS3FIFO by
+// default, or PolicyLRU); pinned values (Pin) are never evicted. It is the
 // default tier: one process's caches (replicas in one replay) share it.
 //
 // A store of a million values must not cost the garbage collector a million
@@ -48,24 +49,36 @@ const (
 // is at most the bound plus 1/16 plus 8 MiB: when a value finds no free
 // slot of its class and a new chunk would pass that, chunks left empty are
 // released (a frame's pages go back to the OS on Linux, the frame waits
-// for the next chunk; a value's own mapping is unmapped), then the least
-// recently used values are evicted until a slot or the room for a chunk
-// frees up.
+// for the next chunk; a value's own mapping is unmapped), then values are
+// evicted (evictOne) until a slot or the room for a chunk frees up.
+//
+// Memory besides the slabs: per value a 48-byte entry and its index slot;
+// with PolicyS3FIFO two ghost queues of at most as many 8-byte hashes (and
+// a map entry each) as the main queue holds values.
 //
 // Set copies: the caller may reuse its keys and values once Set returns.
 // Get returns copies as well.
 type Embedded struct {
-	mu     sync.Mutex
-	max    int64 // bound on key+value bytes held
-	used   int64
-	limit  int64 // bound on slab bytes
-	held   int64 // slab bytes allocated
-	seed   maphash.Seed
-	idx    map[uint64]int32 // key hash → first entry of that hash (coll chains the rest)
-	ents   []ent
-	free   int32 // free entries, linked through next; -1: none
-	head   int32 // most recently used; -1: empty
-	tail   int32 // least recently used
+	mu    sync.Mutex
+	max   int64 // bound on key+value bytes held
+	used  int64
+	limit int64 // bound on slab bytes
+	held  int64 // slab bytes allocated
+	seed  maphash.Seed
+	idx   map[uint64]int32 // key hash → first entry of that hash (coll chains the rest)
+	ents  []ent
+	free  int32 // free entries, linked through next; -1: none
+	// q are the eviction queues (qSmall, qMain; q[qNone] unused): with
+	// PolicyLRU every value is in qMain, most recently used at the head;
+	// with PolicyS3FIFO new values enter qSmall (or qMain when their key
+	// hash is in the ghost queue) and the tails are evicted as S3-FIFO
+	// says (evictOne). Pinned values are in neither.
+	q      [3]fifo
+	policy Policy
+	ghost  ghostQueue
+	ghostM ghostQueue // key hashes evicted from the main queue
+	smallT int64      // the small queue's target bytes (adapts)
+	pinned int64      // bytes of pinned values (in used)
 	chunks []chunk
 	gone   []int32 // released chunk ids, reused first
 	// frame is a frame's bytes; regions the mappings frames are cut from
@@ -102,7 +115,57 @@ type ent struct {
 	// used) and its slot is freed by the last unpin.
 	pins int32
 	dead bool
+	// q is the queue the entry is in (qNone: pinned, or not linked); freq
+	// its S3-FIFO access count (0..3); kept marks a value pinned by Pin:
+	// out of every queue, never evicted.
+	q    uint8
+	freq uint8
+	kept bool
 }
+
+// Queues of Embedded.q.
+const (
+	qNone = iota
+	qSmall
+	qMain
+)
+
+// fifo is an eviction queue of entries, linked through ent.prev/next.
+type fifo struct {
+	head, tail int32 // -1: empty
+	bytes      int64 // key+value bytes of its entries
+	n          int
+}
+
+// Policy is the embedded store's eviction policy.
+type Policy string
+
+// Eviction policies (EmbeddedOptions.Policy).
+const (
+	// PolicyLRU evicts the least recently stored or read value.
+	PolicyLRU Policy = "lru"
+	// PolicyS3FIFO is S3-FIFO (Yang et al., SOSP 2023) with an adaptive
+	// small queue: a value enters a small FIFO queue; one read again
+	// before it reaches the small queue's tail moves to the main FIFO
+	// queue, one not read is evicted and its key hash remembered in a
+	// ghost queue, so that a value stored again soon after enters the
+	// main queue at once. The main queue's tail goes back to its head
+	// while read since it last passed (up to 3 reads counted), else it is
+	// evicted, its hash remembered in a second ghost queue. One-off values
+	// leave quickly without pushing reused ones out: scan resistance.
+	// The small queue's share starts at a tenth of the bytes and adapts
+	// as ARC's does: a value stored again whose hash is in the small
+	// queue's ghost raises it (the small queue let it go too soon), one
+	// in the main queue's ghost lowers it (between 1/50 and 9/10). Each
+	// ghost queue holds as many hashes as the main queue holds values.
+	PolicyS3FIFO Policy = "s3fifo"
+)
+
+// DefaultPolicy is the embedded store's policy when none is named.
+const DefaultPolicy = PolicyS3FIFO
+
+// smallShare is S3-FIFO's small queue's first share of the bytes (1/10).
+const smallShare = 10
 
 type chunk struct {
 	buf    []byte // nil: released
@@ -125,15 +188,28 @@ type slabClass struct {
 }
 
 // NewEmbedded returns an embedded store of at most maxBytes (0:
-// DefaultEmbeddedBytes).
+// DefaultEmbeddedBytes) evicting by DefaultPolicy.
 func NewEmbedded(maxBytes int64) (*Embedded, error) {
+	return NewEmbeddedPolicy(maxBytes, DefaultPolicy)
+}
+
+// NewEmbeddedPolicy is NewEmbedded with an eviction policy ("": the
+// default); an unknown one is ErrConfig.
+func NewEmbeddedPolicy(maxBytes int64, policy Policy) (*Embedded, error) {
 	if maxBytes == 0 {
 		maxBytes = DefaultEmbeddedBytes
 	}
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: embedded store of %d bytes", ErrConfig, maxBytes)
 	}
-	e := &Embedded{max: maxBytes, limit: maxBytes + maxBytes/16 + slackBytes, seed: maphash.MakeSeed()}
+	switch policy {
+	case "":
+		policy = DefaultPolicy
+	case PolicyLRU, PolicyS3FIFO:
+	default:
+		return nil, fmt.Errorf("%w: eviction policy %q: want %s or %s", ErrConfig, policy, PolicyLRU, PolicyS3FIFO)
+	}
+	e := &Embedded{max: maxBytes, limit: maxBytes + maxBytes/16 + slackBytes, seed: maphash.MakeSeed(), policy: policy}
 	e.idle.L = &e.mu
 	page := int64(os.Getpagesize())
 	e.frame = int(min(frameMax, (maxBytes/16+page-1)/page*page))
@@ -152,14 +228,22 @@ func (e *Embedded) reset() {
 		_ = hostmem.Free(r)
 	}
 	e.regions, e.carved, e.cold = nil, 0, nil
-	e.used, e.held, e.empty = 0, 0, 0
+	e.used, e.held, e.empty, e.pinned = 0, 0, 0, 0
 	e.idx = map[uint64]int32{}
 	e.ents, e.chunks, e.gone = nil, nil, nil
-	e.free, e.head, e.tail = -1, -1, -1
+	e.free = -1
+	for i := range e.q {
+		e.q[i] = fifo{head: -1, tail: -1}
+	}
+	e.ghost, e.ghostM = ghostQueue{}, ghostQueue{}
+	e.smallT = e.max / smallShare
 	e.cls = map[int]*slabClass{}
 }
 
 func (e *Embedded) String() string { return "embedded" }
+
+// Policy is the store's eviction policy.
+func (e *Embedded) Policy() Policy { return e.policy }
 
 func (e *Embedded) hash(k string) uint64 {
 	if e.hashFn != nil {
@@ -299,6 +383,7 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 		i           int
 		chunk, slot int32
 		dst         []byte
+		kept        bool // the value it replaces was pinned: so is it
 	}
 	res := make([]reserved, 0, len(keys))
 	e.mu.Lock()
@@ -312,23 +397,30 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 			errs[i] = fmt.Errorf("%w: %d bytes, the store holds %d", ErrTooLarge, size, e.max)
 			continue
 		}
-		if e.reserved+size > e.max { // checked before anything is evicted
-			errs[i] = fmt.Errorf("%w: %d bytes, %d of the store's %d reserved by values being stored", ErrNoRoom, size, e.reserved, e.max)
+		kept := false
+		old := e.find(hs[i], k)
+		var oldPinned int64
+		if old >= 0 && e.ents[old].kept {
+			kept, oldPinned = true, int64(e.ents[old].klen)+int64(e.ents[old].vlen)
+		}
+		if e.reserved+e.pinned-oldPinned+size > e.max { // checked before anything is evicted
+			errs[i] = fmt.Errorf("%w: %d bytes, %d of the store's %d reserved by values being stored, %d pinned", ErrNoRoom, size, e.reserved, e.max, e.pinned)
 			continue
 		}
-		if x := e.find(hs[i], k); x >= 0 {
-			e.remove(x)
+		if old >= 0 {
+			e.remove(old)
 		}
-		for e.used+size > e.max { // the linked values cover it: used-reserved of them
-			e.remove(e.tail)
-			e.evicts++
+		for e.used+size > e.max { // the queued values cover it: used-reserved-pinned of them
+			if !e.evictOne() {
+				break // unreachable: see the check above
+			}
 		}
 		ci, si, ok := e.alloc(int(size))
 		if !ok {
-			errs[i] = fmt.Errorf("%w: no slot of %d bytes: the slabs are held by values being stored", ErrNoRoom, size)
+			errs[i] = fmt.Errorf("%w: no slot of %d bytes: the slabs are held by values being stored or pinned", ErrNoRoom, size)
 			continue
 		}
-		res = append(res, reserved{i, ci, si, e.slotBytes(ci, si, int(size))})
+		res = append(res, reserved{i, ci, si, e.slotBytes(ci, si, int(size)), kept})
 		e.used += size
 		e.reserved += size
 	}
@@ -361,21 +453,31 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 	for _, r := range res {
 		k, h := keys[r.i], hs[r.i]
 		if x := e.find(h, k); x >= 0 { // a Set of the same key linked it meanwhile
+			r.kept = r.kept || e.ents[x].kept // and it was pinned since: so is this value
 			e.remove(x)
 		}
 		x := e.newEnt()
 		en := &e.ents[x]
-		*en = ent{hash: h, prev: -1, next: e.head, coll: -1, chunk: r.chunk, slot: r.slot, klen: int32(len(k)), vlen: int32(len(vals[r.i]))}
+		*en = ent{hash: h, prev: -1, next: -1, coll: -1, chunk: r.chunk, slot: r.slot, klen: int32(len(k)), vlen: int32(len(vals[r.i]))}
 		if first, ok := e.idx[h]; ok {
 			en.coll = first
 		}
 		e.idx[h] = x
-		if e.head >= 0 {
-			e.ents[e.head].prev = x
-		} else {
-			e.tail = x
+		switch {
+		case r.kept:
+			en.kept = true
+			e.pinned += int64(len(r.dst))
+		case e.policy == PolicyS3FIFO && e.ghost.has(h):
+			e.smallT = min(e.max*9/10, e.smallT+int64(len(r.dst))*max(1, int64(e.ghostM.len())/max(1, int64(e.ghost.len()))))
+			e.push(x, qMain)
+		case e.policy == PolicyS3FIFO && e.ghostM.has(h):
+			e.smallT = max(e.max/50, e.smallT-int64(len(r.dst))*max(1, int64(e.ghost.len())/max(1, int64(e.ghostM.len()))))
+			e.push(x, qMain)
+		case e.policy == PolicyS3FIFO && !e.ghost.has(h):
+			e.push(x, qSmall)
+		default:
+			e.push(x, qMain)
 		}
-		e.head = x
 	}
 	return errs
 }
@@ -426,9 +528,7 @@ func (e *Embedded) alloc(n int) (int32, int32, bool) {
 			e.newChunk(cl)
 		case e.empty > 0:
 			e.releaseEmpty()
-		case e.tail >= 0:
-			e.remove(e.tail)
-			e.evicts++
+		case e.evictOne():
 		default:
 			return 0, 0, false
 		}
@@ -521,30 +621,129 @@ func (e *Embedded) newEnt() int32 {
 	return int32(len(e.ents) - 1)
 }
 
-// touch makes entry x the most recently used.
+// touch records a read of entry x: with PolicyLRU it becomes the most
+// recently used, with PolicyS3FIFO its access count goes up (at most 3).
 func (e *Embedded) touch(x int32) {
-	if e.head == x {
+	en := &e.ents[x]
+	if e.policy == PolicyS3FIFO {
+		en.freq = min(en.freq+1, 3)
+		return
+	}
+	if en.q != qMain || e.q[qMain].head == x {
 		return
 	}
 	e.unlink(x)
-	en := &e.ents[x]
-	en.prev, en.next = -1, e.head
-	e.ents[e.head].prev = x
-	e.head = x
+	e.push(x, qMain)
 }
 
-// unlink takes entry x out of the LRU list (the list keeps another entry).
+// push links entry x (in no queue) at the head of queue q.
+func (e *Embedded) push(x int32, q uint8) {
+	en := &e.ents[x]
+	l := &e.q[q]
+	en.q, en.prev, en.next = q, -1, l.head
+	if l.head >= 0 {
+		e.ents[l.head].prev = x
+	} else {
+		l.tail = x
+	}
+	l.head = x
+	l.bytes += int64(en.klen) + int64(en.vlen)
+	l.n++
+}
+
+// unlink takes entry x out of its queue (none: nothing to do).
 func (e *Embedded) unlink(x int32) {
 	en := &e.ents[x]
+	if en.q == qNone {
+		return
+	}
+	l := &e.q[en.q]
 	if en.prev >= 0 {
 		e.ents[en.prev].next = en.next
 	} else {
-		e.head = en.next
+		l.head = en.next
 	}
 	if en.next >= 0 {
 		e.ents[en.next].prev = en.prev
 	} else {
-		e.tail = en.prev
+		l.tail = en.prev
+	}
+	l.bytes -= int64(en.klen) + int64(en.vlen)
+	l.n--
+	en.q, en.prev, en.next = qNone, -1, -1
+}
+
+// evictOne evicts one value as the policy says (counted in evicts); false
+// when every value held is pinned or being stored (no queue holds one).
+// S3-FIFO: while the small queue holds over its target bytes (or
+// the main queue is empty), its tail moves to the main queue when it was
+// read since it entered, else it is evicted and its key hash enters the
+// ghost queue; otherwise the main queue's tail goes back to the head when
+// read since it last passed (its count down by one), else it is evicted.
+// Every step either evicts or lowers a count or moves a value from the
+// small queue to the main one: the loop ends.
+func (e *Embedded) evictOne() bool {
+	small, main := &e.q[qSmall], &e.q[qMain]
+	for {
+		var x int32
+		switch {
+		case small.tail >= 0 && (small.bytes > e.smallT || main.tail < 0):
+			x = small.tail
+			en := &e.ents[x]
+			if en.freq > 0 {
+				e.unlink(x)
+				en.freq = 0
+				e.push(x, qMain)
+				continue
+			}
+			e.ghost.add(en.hash, max(main.n, 64))
+		case main.tail >= 0:
+			x = main.tail
+			if en := &e.ents[x]; en.freq > 0 {
+				en.freq--
+				e.unlink(x)
+				e.push(x, qMain)
+				continue
+			}
+			e.ghostM.add(e.ents[x].hash, max(main.n, 64))
+		default:
+			return false
+		}
+		e.remove(x)
+		e.evicts++
+		return true
+	}
+}
+
+// ghostQueue remembers the key hashes of values S3-FIFO evicted from its
+// small queue (Embedded.ghost) or its main queue (ghostM), oldest out
+// first, at most as many as the main queue holds values (and 64).
+type ghostQueue struct {
+	ring []uint64
+	head int
+	set  map[uint64]int32 // hash → times in ring
+}
+
+func (g *ghostQueue) has(h uint64) bool { return g.set[h] > 0 }
+
+func (g *ghostQueue) len() int { return len(g.ring) - g.head }
+
+func (g *ghostQueue) add(h uint64, limit int) {
+	if g.set == nil {
+		g.set = map[uint64]int32{}
+	}
+	g.ring = append(g.ring, h)
+	g.set[h]++
+	for len(g.ring)-g.head > limit {
+		old := g.ring[g.head]
+		if g.set[old]--; g.set[old] == 0 {
+			delete(g.set, old)
+		}
+		g.head++
+	}
+	if g.head > 1024 && g.head > len(g.ring)/2 {
+		g.ring = g.ring[:copy(g.ring, g.ring[g.head:])]
+		g.head = 0
 	}
 }
 
@@ -564,6 +763,10 @@ func (e *Embedded) unreserve(ci, si int32) {
 func (e *Embedded) remove(x int32) {
 	e.unlink(x)
 	en := &e.ents[x]
+	if en.kept {
+		e.pinned -= int64(en.klen) + int64(en.vlen)
+		en.kept = false
+	}
 	first := e.idx[en.hash]
 	if first == x {
 		if en.coll >= 0 {
@@ -732,4 +935,73 @@ func (e *Embedded) Purge(_ context.Context, prefix string) (int, error) {
 		e.evicts++
 	}
 	return len(drop), nil
+}
+
+// Pin implements Pinner: every key's value is kept (out of the eviction
+// queues, never evicted) until Unpin or Delete; a Set of a pinned key
+// keeps the new value pinned. A key not held is ErrMiss and then nothing
+// is pinned (every key is checked first). Pinned bytes count in the
+// bound: a Set that finds no room beside them fails with ErrNoRoom.
+func (e *Embedded) Pin(_ context.Context, keys []string) []error {
+	errs := make([]error, len(keys))
+	hs := e.hashKeys(keys)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	xs := make([]int32, len(keys))
+	failed := false
+	for i, k := range keys {
+		if xs[i] = e.find(hs[i], k); xs[i] < 0 {
+			errs[i] = fmt.Errorf("%w: %s", ErrMiss, k)
+			failed = true
+		}
+	}
+	if failed {
+		return errs
+	}
+	for _, x := range xs {
+		if en := &e.ents[x]; !en.kept {
+			e.unlink(x)
+			en.kept = true
+			e.pinned += int64(en.klen) + int64(en.vlen)
+		}
+	}
+	return errs
+}
+
+// Unpin implements Pinner: the values go back to the eviction queues (the
+// main one's head: they were kept for a reason). A key not held, or not
+// pinned, is no error.
+func (e *Embedded) Unpin(_ context.Context, keys []string) []error {
+	errs := make([]error, len(keys))
+	hs := e.hashKeys(keys)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	for i, k := range keys {
+		if x := e.find(hs[i], k); x >= 0 && e.ents[x].kept {
+			en := &e.ents[x]
+			en.kept = false
+			e.pinned -= int64(en.klen) + int64(en.vlen)
+			e.push(x, qMain)
+		}
+	}
+	return errs
+}
+
+// Pinned reports the bytes of pinned values (in Usage's used).
+func (e *Embedded) Pinned() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pinned
 }

@@ -85,7 +85,7 @@ func TestEmbeddedModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
-			e, _ := NewEmbedded(tc.max)
+			e, _ := NewEmbeddedPolicy(tc.max, PolicyLRU) // the reference is exact LRU
 			if tc.collide {
 				e.hashFn = func(k string) uint64 { return uint64(len(k) % 3) }
 			}
@@ -521,8 +521,10 @@ func TestEmbeddedGetOutsideLock(t *testing.T) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	linked, live := 0, 0
-	for x := e.head; x >= 0; x = e.ents[x].next {
-		linked++
+	for _, q := range []uint8{qSmall, qMain} {
+		for x := e.q[q].head; x >= 0; x = e.ents[x].next {
+			linked++
+		}
 	}
 	for _, c := range e.chunks {
 		live += c.live

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Open builds a backend from a spec:
@@ -16,6 +17,9 @@ import (
 //	rediss://[user:password@]HOST[:PORT][/DB] one Redis node over TLS
 //	redis-cluster://[user:password@]H1[:P1],H2[:P2],...   a Redis Cluster (seed nodes)
 //	redis-clusters://...                     a Redis Cluster over TLS
+//
+// A Redis spec may end in "?ttl=DURATION" (a Go duration, "6h"): every
+// value is stored with that expiry (RedisOptions.TTL).
 //
 // A password with no user ("redis://:secret@h:p") authenticates the default
 // user. base supplies what the spec does not (timeouts, a TLS config). A
@@ -70,6 +74,20 @@ func parseSpec(spec string, base RedisOptions) (RedisOptions, error) {
 		opt.Username = ui.User.Username()
 		opt.Password, _ = ui.User.Password()
 		rest = rest[at+1:]
+	}
+	if hosts, query, ok := strings.Cut(rest, "?"); ok {
+		rest = hosts
+		for _, kv := range strings.Split(query, "&") {
+			k, v, _ := strings.Cut(kv, "=")
+			if k != "ttl" {
+				return base, fmt.Errorf("%w: tier spec %s://%s: unknown option %q (want ttl=DURATION)", ErrConfig, scheme, rest, k)
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return base, fmt.Errorf("%w: tier spec %s://%s: ttl %q is not a positive duration", ErrConfig, scheme, rest, v)
+			}
+			opt.TTL = d
+		}
 	}
 	if hosts, db, ok := strings.Cut(rest, "/"); ok {
 		rest = hosts

@@ -2,10 +2,12 @@ package tier
 
 import (
 	"context"
+	"crypto/sha1"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,20 +34,41 @@ type RedisOptions struct {
 	// connection's wait for answers (0: 5 s), so a node that stops
 	// answering fails the commands sent to it instead of hanging them.
 	DialTimeout, IOTimeout time.Duration
+	// TTL, when positive, stores every value with that expiry (a value
+	// stored again gets it afresh), except a pinned one (Pin: no expiry,
+	// kept by a store again). With the server's maxmemory-policy
+	// volatile-lru (or volatile-ttl, volatile-lfu) only values with an
+	// expiry are evicted: pinned values never are. 0: no expiry (the
+	// server's policy, e.g. allkeys-lru, evicts any value). At most
+	// MaxRedisTTL; at least a millisecond.
+	TTL time.Duration
 }
+
+// MaxRedisTTL bounds RedisOptions.TTL (a year).
+const MaxRedisTTL = 365 * 24 * time.Hour
 
 // Redis is the Redis backend (one node or a cluster) over rueidis: each
 // Get, Set or Exists of many keys is one DoMulti, pipelined on the
 // connection of every node it touches (rueidis splits a cluster batch by
-// slot). Values are stored with plain SET, no expiry: the server's
-// maxmemory policy (allkeys-lru) evicts them, and an evicted value is a
-// miss.
+// slot). Without a TTL values are stored with plain SET, no expiry: the
+// server's maxmemory policy (allkeys-lru) evicts them, and an evicted
+// value is a miss. With RedisOptions.TTL each value is stored by a short
+// Lua script (one EVALSHA a value, pipelined) that keeps a pinned value
+// (one with no expiry) unexpiring and gives any other the TTL.
 type Redis struct {
 	c       rueidis.Client
 	name    string
 	cluster bool
+	ttl     string // milliseconds, "" without a TTL
 	closed  atomic.Bool
 }
+
+// setTTL stores ARGV[1] under KEYS[1] with ARGV[2] ms of expiry, keeping
+// no expiry on a key that exists without one (pinned).
+const setTTL = `if redis.call('PTTL', KEYS[1]) == -1 then return redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL') end
+return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`
+
+var setTTLSha = fmt.Sprintf("%x", sha1.Sum([]byte(setTTL)))
 
 // NewRedis connects to the server or cluster. A refused password is
 // ErrAuth; an unreachable server ErrUnavailable.
@@ -81,11 +104,17 @@ func NewRedis(opt RedisOptions) (*Redis, error) {
 	if opt.DB < 0 {
 		return nil, fmt.Errorf("%w: database %d", ErrConfig, opt.DB)
 	}
+	if opt.TTL < 0 || opt.TTL > MaxRedisTTL || (opt.TTL > 0 && opt.TTL < time.Millisecond) {
+		return nil, fmt.Errorf("%w: TTL %v not 0 or in [1ms, %v]", ErrConfig, opt.TTL, MaxRedisTTL)
+	}
 	c, err := rueidis.NewClient(co)
 	if err != nil {
 		return nil, connectError(opt, "connect", err)
 	}
 	r := &Redis{c: c, name: spec(opt), cluster: opt.Cluster}
+	if opt.TTL > 0 {
+		r.ttl = strconv.FormatInt(opt.TTL.Milliseconds(), 10)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), opt.DialTimeout+opt.IOTimeout)
 	defer cancel()
 	if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
@@ -264,11 +293,91 @@ func (r *Redis) Set(ctx context.Context, keys []string, vals [][]byte) []error {
 	errs := make([]error, len(keys))
 	cmds := make(rueidis.Commands, len(keys))
 	for i, k := range keys {
-		cmds[i] = r.c.B().Set().Key(k).Value(rueidis.BinaryString(vals[i])).Build()
+		if r.ttl == "" {
+			cmds[i] = r.c.B().Set().Key(k).Value(rueidis.BinaryString(vals[i])).Build()
+		} else {
+			cmds[i] = r.c.B().Evalsha().Sha1(setTTLSha).Numkeys(1).Key(k).Arg(rueidis.BinaryString(vals[i]), r.ttl).Build()
+		}
+	}
+	var again []int // values whose node lacked the script: sent with EVAL
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			if re, ok := rueidis.IsRedisErr(err); ok && re.IsNoScript() {
+				again = append(again, i)
+				continue
+			}
+			errs[i] = classify("set "+keys[i], err)
+		}
+	}
+	if len(again) > 0 {
+		cmds = cmds[:0]
+		for _, i := range again {
+			cmds = append(cmds, r.c.B().Eval().Script(setTTL).Numkeys(1).Key(keys[i]).Arg(rueidis.BinaryString(vals[i]), r.ttl).Build())
+		}
+		for j, res := range r.c.DoMulti(ctx, cmds...) {
+			if err := res.Error(); err != nil {
+				errs[again[j]] = classify("set "+keys[again[j]], err)
+			}
+		}
+	}
+	return errs
+}
+
+// Pin implements Pinner: every key is checked first (one pipelined
+// EXISTS; a key not held is ErrMiss and nothing is pinned), then its
+// expiry removed (PERSIST). A value evicted between the two fails alone
+// (ErrMiss).
+func (r *Redis) Pin(ctx context.Context, keys []string) []error {
+	held, errs := r.Exists(ctx, keys)
+	failed := false
+	for i := range keys {
+		if errs[i] == nil && !held[i] {
+			errs[i] = fmt.Errorf("%w: %s", ErrMiss, keys[i])
+		}
+		failed = failed || errs[i] != nil
+	}
+	if failed {
+		return errs
+	}
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Persist().Key(k).Build()
 	}
 	for i, res := range r.c.DoMulti(ctx, cmds...) {
 		if err := res.Error(); err != nil {
-			errs[i] = classify("set "+keys[i], err)
+			errs[i] = classify("persist "+keys[i], err)
+		}
+	}
+	// PERSIST answers 0 for a key with no expiry (pinned already, or
+	// stored without a TTL) and for one that is gone: tell them apart.
+	held, herrs := r.Exists(ctx, keys)
+	for i := range keys {
+		if errs[i] == nil && herrs[i] == nil && !held[i] {
+			errs[i] = fmt.Errorf("%w: %s (evicted while being pinned)", ErrMiss, keys[i])
+		}
+	}
+	return errs
+}
+
+// Unpin implements Pinner: with a TTL, every key with no expiry gets it
+// (PEXPIRE NX); without one, values have no expiry anyway and Unpin
+// changes nothing.
+func (r *Redis) Unpin(ctx context.Context, keys []string) []error {
+	if r.closed.Load() {
+		return r.closedErrs(len(keys))
+	}
+	errs := make([]error, len(keys))
+	if r.ttl == "" {
+		return errs
+	}
+	ms, _ := strconv.ParseInt(r.ttl, 10, 64)
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = r.c.B().Pexpire().Key(k).Milliseconds(ms).Nx().Build()
+	}
+	for i, res := range r.c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			errs[i] = classify("pexpire "+keys[i], err)
 		}
 	}
 	return errs

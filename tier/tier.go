@@ -31,12 +31,22 @@
 //
 // # Backends
 //
-// Embedded (NewEmbedded): an in-process store bounded in bytes, least
-// recently used first out; the default. Redis (NewRedis): a single node or
+// Embedded (NewEmbedded): an in-process store bounded in bytes, evicting
+// by S3-FIFO or LRU (Policy); the default. Redis (NewRedis): a single node or
 // a Redis Cluster through github.com/redis/rueidis, every batch one
 // pipelined DoMulti, with ACL user/password and TLS options. Open builds
 // either from a spec string ("embedded", "redis://...", "rediss://...",
 // "redis-cluster://...").
+//
+// # Operator controls
+//
+// Options.Histograms records every batch's latency and bytes
+// (Histograms); Pin, Unpin and Delete keep or drop blocks by hash
+// (optional backend interfaces Pinner and Deleter; ErrUnsupported
+// without them); RedisOptions.TTL expires unpinned values on Redis;
+// Sightings counts how often blocks were seen, for the cache's
+// admission (omnicache.TierConfig.AdmitAfter). docs/tier.md has the
+// operator's view.
 //
 // A Tier is safe for concurrent use by any number of goroutines.
 package tier
@@ -144,6 +154,23 @@ type Deleter interface {
 	Delete(ctx context.Context, keys []string) (errs []error)
 }
 
+// Pinner is a Backend that can keep values from eviction (both backends
+// here can): the embedded store never evicts a pinned value; Redis
+// stores it without an expiry (RedisOptions.TTL), so that a server whose
+// maxmemory-policy is volatile-lru or volatile-ttl never evicts it either.
+type Pinner interface {
+	// Pin keeps keys; errs[i] where it failed (ErrMiss: key i is not
+	// held). The embedded store pins nothing when any key fails.
+	Pin(ctx context.Context, keys []string) (errs []error)
+	// Unpin makes keys evictable again; a key not held or not pinned is
+	// no error.
+	Unpin(ctx context.Context, keys []string) (errs []error)
+}
+
+// ErrUnsupported: the backend lacks the capability a call needs (Pin and
+// Unpin need a Pinner, Delete a Deleter).
+var ErrUnsupported = errors.New("tier: the backend cannot do that")
+
 // Options configures a Tier.
 type Options struct {
 	// Timeout bounds one batch (Put, Get, Lookup) on the backend; 0:
@@ -169,6 +196,15 @@ type Options struct {
 	// Logger receives a line when the circuit opens and when it closes
 	// (nil: slog.Default()).
 	Logger *slog.Logger
+	// Histograms records every batch's latency and bytes into lock-free
+	// histograms (Tier.Histograms): a clock read and a few atomic adds per
+	// batch.
+	Histograms bool
+	// SightingCounters sizes the sketch of block sightings admission uses
+	// (Tier.Sightings; made on first use): counters per row, rounded up to
+	// a power of two, 16 bytes each (4 rows); 0: DefaultSightingCounters
+	// (4 MiB). At most MaxSightingCounters.
+	SightingCounters int
 }
 
 // DefaultTimeout bounds a batch when Options.Timeout is zero.
@@ -205,7 +241,12 @@ type Tier struct {
 
 	pools []valuePool // per key: NewValue's buffers, back from PutValues
 
-	recent recent // blocks stored lately (StoredRecently)
+	recent recent     // blocks stored lately (StoredRecently)
+	h      *tierHists // nil: Options.Histograms off
+
+	sightOnce sync.Once
+	sight     *Sightings
+	sightW    int
 
 	// The counters, each writer's on lines of their own: the publishers
 	// bump puts on every batch, the importers hits, the scheduler's Lookup
@@ -305,6 +346,9 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 	if opt.RecentWindow == 0 {
 		opt.RecentWindow = DefaultRecentWindow
 	}
+	if opt.SightingCounters < 0 || opt.SightingCounters > MaxSightingCounters {
+		return nil, fmt.Errorf("%w: %d sighting counters, want 0..%d", ErrConfig, opt.SightingCounters, MaxSightingCounters)
+	}
 	if opt.RecentWindow > MaxRecentWindow {
 		return nil, fmt.Errorf("%w: recent window %v over %v", ErrConfig, opt.RecentWindow, MaxRecentWindow)
 	}
@@ -315,6 +359,12 @@ func New(b Backend, ns Namespace, opt Options) (*Tier, error) {
 		prefix: fmt.Sprintf("oc:{%s/%016x/b%d/", ns.Model, binary.BigEndian.Uint64(h.Sum(nil)), ns.BlockSize),
 		pools:  make([]valuePool, len(ns.Keys)),
 		recent: newRecent(opt.RecentWindow),
+	}
+	if opt.Histograms {
+		t.h = newTierHists()
+	}
+	if t.sightW = opt.SightingCounters; t.sightW == 0 {
+		t.sightW = DefaultSightingCounters
 	}
 	for _, key := range ns.Keys {
 		t.tmpl = append(t.tmpl, t.prefix+"0000000000000000}:"+key.Name)
@@ -499,7 +549,11 @@ func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, 
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
+	t0 := t.start()
 	errs := t.b.Set(ctx, keys, vals)
+	if t.h != nil {
+		since(t.h.set, t0)
+	}
 	t.brk.observe(ctx, t, firstErr(errs))
 	var stored int64
 	var failed []error
@@ -515,6 +569,9 @@ func (t *Tier) put(ctx context.Context, hashes []uint64, vals [][]byte) (int64, 
 		t.puts.Add(1)
 	}
 	t.bytesPut.Add(stored)
+	if t.h != nil {
+		t.h.setBytes.Observe(stored)
+	}
 	if t.recent.window > 0 {
 		nk, now := len(t.ns.Keys), nowTick()
 	blocks:
@@ -570,7 +627,16 @@ func (t *Tier) Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs 
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
+	t0 := t.start()
 	vals, berrs := t.b.Get(ctx, keys)
+	if t.h != nil {
+		since(t.h.get, t0)
+		var n int64
+		for _, v := range vals {
+			n += int64(len(v))
+		}
+		t.h.getBytes.Observe(n)
+	}
 	t.brk.observe(ctx, t, firstErr(berrs))
 	rows = make([][]byte, len(keys))
 	errs = make([]error, len(hashes))
@@ -650,12 +716,13 @@ func (t *Tier) Purge(ctx context.Context) (int, error) {
 }
 
 // Delete removes every key's value of blocks hashes from the backend
-// (ErrConfig when it cannot delete: not a Deleter). The error joins the
+// (ErrUnsupported, which matches ErrConfig too, when it cannot delete: not
+// a Deleter). Pinned values are deleted too. The error joins the
 // failures.
 func (t *Tier) Delete(ctx context.Context, hashes []uint64) error {
 	d, ok := t.b.(Deleter)
 	if !ok {
-		return fmt.Errorf("%w: backend %s cannot delete", ErrConfig, t.b)
+		return fmt.Errorf("%w: %w: backend %s cannot delete", ErrUnsupported, ErrConfig, t.b)
 	}
 	keys := t.addrs(hashes)
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
@@ -664,6 +731,51 @@ func (t *Tier) Delete(ctx context.Context, hashes []uint64) error {
 	for i, err := range d.Delete(ctx, keys) {
 		if err != nil && len(failed) < 4 {
 			failed = append(failed, fmt.Errorf("tier: delete %s: %w", keys[i], err))
+		}
+	}
+	return errors.Join(failed...)
+}
+
+// Pin keeps every key's value of blocks hashes from eviction (see
+// Pinner) until Unpin or Delete. A block the tier does not hold (every key
+// of it) fails with ErrMiss naming it; the embedded store then pins
+// nothing, Redis checks every value first (one pipelined EXISTS) and pins
+// nothing when one is missing (a value evicted between the check and the
+// pin fails alone). ErrUnsupported when the backend is not a Pinner. The
+// error joins the failures.
+func (t *Tier) Pin(ctx context.Context, hashes []uint64) error {
+	return t.pin(ctx, hashes, true)
+}
+
+// Unpin makes blocks hashes evictable again (on Redis: they get
+// RedisOptions.TTL again, when set). A block not held or not pinned is no
+// error. ErrUnsupported when the backend is not a Pinner.
+func (t *Tier) Unpin(ctx context.Context, hashes []uint64) error {
+	return t.pin(ctx, hashes, false)
+}
+
+func (t *Tier) pin(ctx context.Context, hashes []uint64, pin bool) error {
+	p, ok := t.b.(Pinner)
+	if !ok {
+		return fmt.Errorf("%w: backend %s cannot pin", ErrUnsupported, t.b)
+	}
+	if err := t.brk.check(); err != nil {
+		return err
+	}
+	keys := t.addrs(hashes)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	var errs []error
+	if pin {
+		errs = p.Pin(ctx, keys)
+	} else {
+		errs = p.Unpin(ctx, keys)
+	}
+	t.brk.observe(ctx, t, firstErr(errs))
+	var failed []error
+	for i, err := range errs {
+		if err != nil && len(failed) < 4 {
+			failed = append(failed, fmt.Errorf("tier: pin %v %s: %w", pin, keys[i], err))
 		}
 	}
 	return errors.Join(failed...)
@@ -681,7 +793,10 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 		return 0, nil
 	}
 	nk := len(t.ns.Keys)
-	if e, ok := t.b.(*Embedded); ok {
+	if t.h != nil {
+		defer since(t.h.lookup, time.Now())
+	}
+	if e, ok := t.b.(leader); ok {
 		n, err := e.leading(t, hashes)
 		t.lookupBlocks.Add(int64(n))
 		if err != nil {
@@ -709,6 +824,12 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	}
 	t.lookupBlocks.Add(int64(len(hashes)))
 	return len(hashes), nil
+}
+
+// leader is a backend that answers Lookup itself, with no allocation
+// (Embedded.leading).
+type leader interface {
+	leading(t *Tier, hashes []uint64) (int, error)
 }
 
 // Stats returns the tier's counters.

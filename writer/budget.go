@@ -84,6 +84,7 @@ func (p *Path) reserve(n int64) error {
 		t0 := time.Now()
 		err := p.drain()
 		p.st.StallNanos.Add(int64(time.Since(t0)))
+		p.cfg.Hists.committerWait(t0)
 		if err != nil {
 			return err
 		}
@@ -114,6 +115,7 @@ func (p *Path) reserve(n int64) error {
 			t0 := time.Now()
 			err := p.drain()
 			p.st.StallNanos.Add(int64(time.Since(t0)))
+			p.cfg.Hists.committerWait(t0)
 			if err != nil {
 				return err
 			}

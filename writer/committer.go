@@ -52,6 +52,8 @@ type CommitterConfig struct {
 	// once each such write landed; BlockSize is their rows.
 	Gather    Gather
 	BlockSize int
+	// Hists, when set, receives the device→host copies' times and bytes.
+	Hists *Hists
 }
 
 // Committer is the goroutine that moves host-ready rows from staging pages
@@ -109,6 +111,7 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 	c := &Committer{cfg: cfg, done: make(chan struct{})}
 	c.even = sync.NewCond(&c.emu)
 	c.pollAhead = c.issueAhead
+	c.late.h = cfg.Hists
 	for _, k := range cfg.Imm {
 		c.immRowB += cfg.RowBytes[k]
 	}
@@ -249,6 +252,7 @@ func (c *Committer) copyLate(w *Write) (gpu.Event, error) {
 type lateCopier struct {
 	dst [][]byte
 	src []gpu.Buffer
+	h   *Hists // nil: off
 }
 
 func (lc *lateCopier) issue(dev gpu.Device, nimm int, w *Write) (gpu.Event, error) {
@@ -261,6 +265,14 @@ func (lc *lateCopier) issue(dev gpu.Device, nimm int, w *Write) (gpu.Event, erro
 	}
 	if len(lc.dst) == 0 {
 		return 0, nil
+	}
+	if lc.h != nil {
+		w.lateT0 = time.Now()
+		var n int64
+		for _, d := range lc.dst {
+			n += int64(len(d))
+		}
+		lc.h.CopyBytes.Observe(n)
 	}
 	err := gpu.CopyDtoHAll(dev, lc.dst, lc.src)
 	clear(lc.dst) // no page or device references kept past the call
@@ -402,6 +414,10 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	c.issueAhead()
 	if err := c.cfg.Dev.Wait(ev); err != nil {
 		return err
+	}
+	if h := c.cfg.Hists; h != nil && w.CopyLate && !w.lateT0.IsZero() {
+		h.CopyTime.Observe(int64(time.Since(w.lateT0)))
+		w.lateT0 = time.Time{}
 	}
 	c.issueAhead() // a write handed over while this one's copies ran
 	if len(w.Pub) == 0 {

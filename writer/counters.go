@@ -22,5 +22,6 @@ type Counters struct {
 	_                                 [64]byte
 	// written by readers (Materialize, any goroutine)
 	HitRows, ReadsAhead, HandedBack atomic.Int64
-	_                               [40]byte
+	PrefetchUsed, PrefetchDropped   atomic.Int64
+	_                               [24]byte
 }

@@ -41,6 +41,8 @@ type Config struct {
 	// once those land (both nil: none). Immediate keys only.
 	Rider  Rider
 	Gather Gather
+	// Hists, when set, receives the path's latencies and sizes.
+	Hists *Hists
 }
 
 // Layout is the key layout both paths share, read-only after NewPath.
@@ -178,11 +180,12 @@ func NewPath(cfg Config) *Path {
 	p.budget = NewBudget(cfg.Budget)
 	p.q = NewQueue[Task](2 * cfg.StagingDepth)
 	p.mirrors = NewMirrors(nslots, l.RowBytes)
+	p.late.h = cfg.Hists
 	p.com = NewCommitter(CommitterConfig{
 		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,
 		Tenancy: p.ten, Occ: p.occ, NumSlots: nslots, ChunkBytes: cfg.ChunkBytes,
 		Stats: &p.st, Owner: committerOwner{p}, CopyWorkers: cfg.CopyWorkers, SplitBytes: cfg.SplitBytes,
-		BlockSize: cfg.BlockSize, Gather: cfg.Gather,
+		BlockSize: cfg.BlockSize, Gather: cfg.Gather, Hists: cfg.Hists,
 	})
 	p.com.Start()
 	return p
@@ -364,7 +367,10 @@ func (p *Path) Sync() error {
 		}
 	}
 	p.spare.Wait()
-	return p.waitSeqSpin(p.q.Pushed(), p.cfg.SyncSpin)
+	t0 := p.cfg.Hists.now()
+	err := p.waitSeqSpin(p.q.Pushed(), p.cfg.SyncSpin)
+	p.cfg.Hists.committerWait(t0)
+	return err
 }
 
 // Stop wakes the waiters for a staging page (they fail with the pool

@@ -343,6 +343,10 @@ func (q *Queue[T]) Asleep() bool {
 	return q.sleepers > 0
 }
 
+// Reached reports, without the lock, whether item seq was processed (a
+// false answer may be stale: the caller waits then).
+func (q *Queue[T]) Reached(seq uint64) bool { return q.done.Load() >= seq }
+
 // DoneSeq is the sequence number up to which every item was processed.
 func (q *Queue[T]) DoneSeq() uint64 {
 	q.mu.Lock()

@@ -204,7 +204,13 @@ func (p *Path) claimPage(cold bool) (*Page, error) {
 		t0 := time.Now()
 		woke := p.q.Kick()
 		pg, err = p.pages.ClaimSpin(p.cfg.ClaimTimeout, cold, !woke)
-		p.st.StallNanos.Add(int64(time.Since(t0)))
+		d := int64(time.Since(t0))
+		p.st.StallNanos.Add(d)
+		if h := p.cfg.Hists; h != nil {
+			h.PageWait.Observe(d)
+		}
+	} else if h := p.cfg.Hists; h != nil {
+		h.PageWait.Observe(0)
 	}
 	switch {
 	case err == nil:

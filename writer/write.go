@@ -2,6 +2,7 @@ package writer
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/omnicache/omnicache/gpu"
 )
@@ -80,6 +81,7 @@ type Write struct {
 	// clones it waits for (writeStep); then the committer's only.
 	lateEv     gpu.Event
 	lateIssued bool
+	lateT0     time.Time // when the late copies were issued (Hists on)
 
 	// deferred clone
 	Key int

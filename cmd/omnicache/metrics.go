@@ -29,8 +29,24 @@ type metricsServer struct {
 	srv  *http.Server
 	done chan struct{}
 
-	mu   sync.Mutex
-	runs map[string]*liveRun
+	mu       sync.Mutex
+	runs     map[string]*liveRun
+	replicas map[string]prometheus.Collector // by workload and replica
+}
+
+// attachReplica exports a replica's cache (--replicas), labelled
+// workload and replica, with its histograms and its tier's; a cache
+// attached earlier under the same labels is dropped.
+func (m *metricsServer) attachReplica(workload string, replica int, c *omnicache.Cache) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := fmt.Sprintf("%s\x00%d", workload, replica)
+	if old := m.replicas[key]; old != nil {
+		m.reg.Unregister(old)
+	}
+	col := metrics.New(c, metrics.Options{ConstLabels: prometheus.Labels{"workload": workload, "replica": fmt.Sprint(replica)}})
+	m.reg.MustRegister(col)
+	m.replicas[key] = col
 }
 
 // metricsEvent is what metricsHook sees.
@@ -58,6 +74,8 @@ func startMetrics(addr string, stderr io.Writer) (*metricsServer, error) {
 		reg:  prometheus.NewRegistry(),
 		done: make(chan struct{}),
 		runs: map[string]*liveRun{},
+
+		replicas: map[string]prometheus.Collector{},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -101,6 +119,7 @@ func (m *metricsServer) attach(o *bench.Options, workload string) {
 		newCache = bench.NewRealCache
 	}
 	o.NewCache = func(cfg omnicache.Config) (bench.Cache, error) {
+		cfg.Histograms = true // exported: omnicache_*_seconds, _bytes
 		c, err := newCache(cfg)
 		if err != nil {
 			return nil, err
@@ -128,6 +147,7 @@ type liveRun struct {
 	mu    sync.Mutex
 	cache bench.Cache // nil once closed
 	last  omnicache.Stats
+	lastH []omnicache.Histogram
 	// queries is replaced by open and fed by OnStep, both on the engine
 	// goroutine; Collect reads it under mu.
 	queries *metrics.QueryCounter
@@ -135,7 +155,7 @@ type liveRun struct {
 
 func (r *liveRun) open(c bench.Cache) {
 	r.mu.Lock()
-	r.cache, r.last, r.queries = c, omnicache.Stats{}, new(metrics.QueryCounter)
+	r.cache, r.last, r.lastH, r.queries = c, omnicache.Stats{}, nil, new(metrics.QueryCounter)
 	r.mu.Unlock()
 }
 
@@ -146,8 +166,27 @@ func (r *liveRun) close() error {
 		return nil
 	}
 	err := r.cache.Close()
-	r.last, r.cache = r.cache.Stats(), nil
+	r.last, r.lastH, r.cache = r.cache.Stats(), histogramsOf(r.cache), nil
 	return err
+}
+
+// histogramsOf is c's histograms when it has any (a real cache does).
+func histogramsOf(c bench.Cache) []omnicache.Histogram {
+	if h, ok := c.(metrics.HistogramSource); ok {
+		return h.Histograms()
+	}
+	return nil
+}
+
+// Histograms implements metrics.HistogramSource: the open cache's, or
+// once it closed, its last ones.
+func (r *liveRun) Histograms() []omnicache.Histogram {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cache != nil {
+		return histogramsOf(r.cache)
+	}
+	return r.lastH
 }
 
 func (r *liveRun) Stats() omnicache.Stats {

@@ -58,6 +58,8 @@ func samples(t *testing.T, text string) map[string]float64 {
 				out[key] = m.GetCounter().GetValue()
 			case dto.MetricType_GAUGE:
 				out[key] = m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM: // its count, as name_count
+				out[name+"_count"+key[len(name):]] = float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
@@ -119,6 +121,16 @@ func TestReplayMetrics(t *testing.T) {
 	}
 	if _, ok := mid["go_goroutines"]; !ok {
 		t.Errorf("no Go runtime metrics")
+	}
+	// The cache's histograms (Config.Histograms, on with --metrics-addr):
+	// a page claim per write (buffered decode steps share one).
+	if got := mid["omnicache_staging_page_wait_seconds_count"+w]; got < 1 || got > midStep {
+		t.Errorf("mid-run staging_page_wait_seconds_count %v, want 1..%d", got, midStep)
+	}
+	for _, name := range []string{"hit_read_wait_seconds", "committer_wait_seconds", "device_to_host_copy_seconds", "device_to_host_copy_bytes"} {
+		if _, ok := mid["omnicache_"+name+"_count"+w]; !ok {
+			t.Errorf("mid-run: no histogram omnicache_%s", name)
+		}
 	}
 
 	// Final: the run's report (one JSON line, cache on).

@@ -91,6 +91,8 @@ type replayFlags struct {
 	tier          string        // replicas.go
 	tierMiB       int           // replicas.go
 	tierRecent    time.Duration // replicas.go
+	tierPolicy    string        // replicas.go
+	tierAdmit     int           // replicas.go
 	pacePark      bool          // replicas.go
 	route         string        // replicas.go
 	sharedKV      int           // replicas.go

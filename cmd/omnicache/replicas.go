@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/bench"
 	"github.com/omnicache/omnicache/tier"
 )
@@ -21,9 +22,11 @@ func replicaFlags(fs *flag.FlagSet, f *replayFlags) {
 	fs.StringVar(&f.tier, "tier", "embedded", "with --replicas: the shared tier: embedded, off (each replica hits only its own KV), redis://[user:pass@]HOST:PORT, rediss://..., redis-cluster://H1:P1,H2:P2,...")
 	fs.IntVar(&f.sharedKV, "shared-kv-blocks", 0, "with --replicas: blocks the simulated shared KV store holds, least recently used out first (0: 4 × the KV pool)")
 	fs.BoolVar(&f.waitPublish, "wait-publish", false, "with --replicas: pace each forward until the blocks gathered so far are stored in the tier (tier hits then do not depend on the publishers' CPU time; costs wall time)")
-	fs.IntVar(&f.tierMiB, "tier-mib", 0, "with --replicas --tier embedded: the embedded tier's bound in MiB, least recently used out first (0: "+fmt.Sprint(tier.DefaultEmbeddedBytes>>20)+")")
+	fs.IntVar(&f.tierMiB, "tier-mib", 0, "with --replicas --tier embedded: the embedded tier's bound in MiB, evicted by --tier-policy (0: "+fmt.Sprint(tier.DefaultEmbeddedBytes>>20)+")")
 	fs.BoolVar(&f.pacePark, "pace-park", false, "with --replicas: let the pacing Sync park after 50µs (default: it spins through the committer's work, Config.SyncSpin, as an engine thread waiting on its forward keeps its core)")
 	fs.DurationVar(&f.tierRecent, "tier-recent", 0, "with --replicas: skip publishing a full block the tier stored within this window (0: "+tier.DefaultRecentWindow.String()+", negative: publish every block)")
+	fs.StringVar(&f.tierPolicy, "tier-policy", string(tier.DefaultPolicy), "with --replicas --tier embedded: the embedded tier's eviction policy: "+string(tier.PolicyLRU)+" or "+string(tier.PolicyS3FIFO)+" (scan-resistant)")
+	fs.IntVar(&f.tierAdmit, "tier-admit", 1, "with --replicas: publish a full block to the tier only once it was seen (computed) this many times (TierConfig.AdmitAfter; 1: every block)")
 	fs.StringVar(&f.route, "route", "auto", "with --replicas: the router: round-robin, session (by the prompt's first KV block), auto (session for --trace, else round-robin)")
 }
 
@@ -39,11 +42,17 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	if f.tierMiB < 0 || f.tierMiB > maxMirrorMiB {
 		return fmt.Errorf("--tier-mib %d: want 0..%d", f.tierMiB, maxMirrorMiB)
 	}
+	if f.tierAdmit < 1 || f.tierAdmit > omnicache.MaxAdmitAfter {
+		return fmt.Errorf("--tier-admit %d: want 1..%d", f.tierAdmit, omnicache.MaxAdmitAfter)
+	}
+	if p := tier.Policy(f.tierPolicy); p != tier.PolicyLRU && p != tier.PolicyS3FIFO {
+		return fmt.Errorf("--tier-policy %q: want %s or %s", f.tierPolicy, tier.PolicyLRU, tier.PolicyS3FIFO)
+	}
 	if f.tierRecent > tier.MaxRecentWindow {
 		return fmt.Errorf("--tier-recent %v: want at most %v", f.tierRecent, tier.MaxRecentWindow)
 	}
 	if f.replicas == 0 {
-		for _, name := range []string{"tier", "tier-mib", "tier-recent", "pace-park", "route", "shared-kv-blocks", "wait-publish"} {
+		for _, name := range []string{"tier", "tier-mib", "tier-recent", "tier-policy", "tier-admit", "pace-park", "route", "shared-kv-blocks", "wait-publish"} {
 			if set[name] {
 				return fmt.Errorf("--%s applies to --replicas only", name)
 			}
@@ -63,10 +72,15 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	if f.tier != "embedded" && f.tier != "off" && !strings.Contains(f.tier, "://") {
 		return fmt.Errorf("--tier %q: want embedded, off, redis://HOST:PORT or redis-cluster://H1:P1,...", tier.Redact(f.tier))
 	}
-	if set["tier-mib"] && f.tier != "embedded" {
-		return fmt.Errorf("--tier-mib applies to --tier embedded only")
+	for _, name := range []string{"tier-mib", "tier-policy"} {
+		if set[name] && f.tier != "embedded" {
+			return fmt.Errorf("--%s applies to --tier embedded only", name)
+		}
 	}
-	for _, name := range []string{"cache", "device", "plot", "metrics-addr", "repeat", "check", "wide", "materialize-on", "hold", "owned", "staging-depth", "decode-buffer", "pace", "step-time"} {
+	if set["tier-admit"] && f.tier == "off" {
+		return fmt.Errorf("--tier-admit applies to a tier (not --tier off)")
+	}
+	for _, name := range []string{"cache", "device", "plot", "repeat", "check", "wide", "materialize-on", "hold", "owned", "staging-depth", "decode-buffer", "pace", "step-time"} {
 		if set[name] {
 			return fmt.Errorf("--%s does not apply to --replicas", name)
 		}
@@ -87,11 +101,30 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		js = json.NewEncoder(jf)
 	}
 	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, TierRecent: f.tierRecent, PacePark: f.pacePark, Route: f.route, Verify: f.verify,
-		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish}
+		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish,
+		TierPolicy: tier.Policy(f.tierPolicy), AdmitAfter: f.tierAdmit}
+	var ms *metricsServer
+	if f.metricsAddr != "" {
+		var err error
+		if ms, err = startMetrics(f.metricsAddr, stderr); err != nil {
+			return 1, err
+		}
+		defer ms.close()
+		o.Histograms = true
+	}
 	var reps []*bench.ReplicasReport
 	var failed error
 	for _, s := range specs {
 		fmt.Fprintf(stderr, "%s: %d replicas, tier %s, route %s...\n", s.Name, f.replicas, tier.Redact(f.tier), f.route)
+		if ms != nil {
+			workload := s.Model + "/" + s.Name
+			o.OnCache = func(i int, c *omnicache.Cache) { ms.attachReplica(workload, i, c) }
+			o.AfterRound = func(round int) {
+				if metricsHook != nil {
+					metricsHook(metricsEvent{url: ms.url, workload: workload, step: round})
+				}
+			}
+		}
 		rep, err := bench.RunReplicas(s, o)
 		if rep != nil && (err == nil || errors.Is(err, bench.ErrVerify)) {
 			reps = append(reps, rep)

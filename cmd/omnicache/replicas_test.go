@@ -73,6 +73,13 @@ func TestReplayReplicasBadFlags(t *testing.T) {
 		{"--tier-recent", "2s"}, // without --replicas
 		{"--pace-park"},         // without --replicas
 		{"--replicas", "2", "--tier-recent", "11m"},
+		{"--tier-policy", "lru"}, // without --replicas
+		{"--tier-admit", "2"},    // without --replicas
+		{"--replicas", "2", "--tier-policy", "arc"},
+		{"--replicas", "2", "--tier-admit", "0"},
+		{"--replicas", "2", "--tier-admit", "70000"},
+		{"--replicas", "2", "--tier", "off", "--tier-admit", "2"},
+		{"--replicas", "2", "--tier", "redis://127.0.0.1:1", "--tier-policy", "lru"}, // the server evicts
 	} {
 		if code, _, errs := run(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)
@@ -95,6 +102,52 @@ func TestReplayReplicasRedactsPassword(t *testing.T) {
 			if strings.Contains(s, "hunter2secret") {
 				t.Errorf("%v: the password shows in %s: %s", args, what, s)
 			}
+		}
+	}
+}
+
+// TestReplayReplicasPolicyAdmit: --tier-policy and --tier-admit reach the
+// tier (the record names them; admission holds blocks back) and
+// --metrics-addr serves every replica's cache with its histograms and
+// its tier's, mid-run.
+func TestReplayReplicasPolicyAdmit(t *testing.T) {
+	tr := sessionTrace(t, 5, 3)
+	var mid string
+	metricsHook = func(ev metricsEvent) {
+		if ev.step == 2 && mid == "" {
+			mid = get(t, ev.url)
+		}
+	}
+	t.Cleanup(func() { metricsHook = nil })
+	for _, pol := range []string{"lru", "s3fifo"} {
+		js := filepath.Join(t.TempDir(), "r.jsonl")
+		args := []string{"--trace", tr, "--replicas", "2", "--route", "round-robin", "--verify", "--wait-publish", "--concurrency", "2",
+			"--json", js, "--widths", "hidden=32", "--tier-policy", pol, "--tier-admit", "2"}
+		if pol == "lru" {
+			args = append(args, "--metrics-addr", "127.0.0.1:0")
+		}
+		code, out, errs := run(t, args...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+		if !strings.Contains(out, "tier: policy "+pol+", admit after 2 sightings") {
+			t.Fatalf("table:\n%s", out)
+		}
+		r := readJSONL(t, js)[0]
+		if r["tier_policy"] != pol || r["tier_admit_after"] != 2.0 || r["tier_publish_unadmitted"].(float64) <= 0 ||
+			r["verify_failures"] != 0.0 || r["tier_bound_bytes"].(float64) <= 0 {
+			b, _ := json.Marshal(r)
+			t.Fatalf("record %s", b)
+		}
+	}
+	for _, want := range []string{
+		`omnicache_staging_page_wait_seconds_bucket{replica="0"`,
+		`omnicache_tier_set_seconds_bucket{replica="1"`,
+		`omnicache_tier_lookup_seconds_count{replica="0"`,
+		`omnicache_tier_publish_unadmitted_blocks_total{replica="1"`,
+	} {
+		if !strings.Contains(mid, want) {
+			t.Errorf("mid-run /metrics lacks %s:\n%.2000s", want, mid)
 		}
 	}
 }

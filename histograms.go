@@ -1,0 +1,55 @@
+package omnicache
+
+import (
+	"github.com/omnicache/omnicache/tier"
+	"github.com/omnicache/omnicache/writer"
+)
+
+// Histogram is a latency or size histogram at one moment, as a Prometheus
+// histogram (see tier.Histogram).
+type Histogram = tier.Histogram
+
+func newWriterHists(on bool) *writer.Hists {
+	if !on {
+		return nil
+	}
+	return writer.NewHists()
+}
+
+// Histograms returns the cache's histograms, nil unless
+// Config.Histograms (names without the "omnicache_" namespace):
+//
+//	hit_read_wait_seconds         Materialize's read of a step with hits: 0 when its rows
+//	                              were ready (the prefetch done, the writes it joins
+//	                              landed; no clock read), else the read, wait included
+//	staging_page_wait_seconds     a Save's wait for a free staging page (0 when one was free)
+//	committer_wait_seconds        the engine goroutine's waits for the committer
+//	                              (Sync, device byte budget pressure)
+//	device_to_host_copy_seconds   a write's device→host copies, issue to completion seen
+//	device_to_host_copy_bytes     their bytes
+//
+// With a tier whose histograms are on (tier.Options.Histograms), its own
+// follow (tier_lookup_seconds, ...; see tier.Tier.Histograms): a tier
+// shared by several caches reports the same values through each. Any
+// goroutine; it never waits on the cache's locks.
+func (c *Cache) Histograms() []Histogram {
+	if c.hitWait == nil {
+		var out []Histogram
+		if c.tl != nil {
+			out = c.tl.t.Histograms()
+		}
+		return out
+	}
+	h := c.path.Hists()
+	out := []Histogram{
+		tier.NewHistogram("hit_read_wait_seconds", "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).", c.hitWait, 1e9),
+		tier.NewHistogram("staging_page_wait_seconds", "Time a Save waited for a free staging page (0 when one was free).", h.PageWait, 1e9),
+		tier.NewHistogram("committer_wait_seconds", "Time the engine goroutine waited for the committer (Sync, device byte budget pressure).", h.CommitterWait, 1e9),
+		tier.NewHistogram("device_to_host_copy_seconds", "Time of a write's device-to-host copies, from their issue to the committer seeing them complete.", h.CopyTime, 1e9),
+		tier.NewHistogram("device_to_host_copy_bytes", "Bytes of a write's device-to-host copies.", h.CopyBytes, 1),
+	}
+	if c.tl != nil {
+		out = append(out, c.tl.t.Histograms()...)
+	}
+	return out
+}

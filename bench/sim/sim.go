@@ -364,6 +364,16 @@ func (s *Sim) Advance() {
 	finished := 0
 	for i, r := range st.Reqs {
 		r.computed += int(st.Accepted[i])
+		if st.Accepted[i] < st.Plan.Count[i] {
+			// Rejected drafts: their KV is dropped, the blocks only
+			// they used go back to the pool (never hashed: hashes cover
+			// known tokens).
+			keep := s.blocksFor(r.computed)
+			for j := len(r.blocks) - 1; j >= keep; j-- {
+				s.blocks.Free(r.blocks[j])
+			}
+			r.blocks = r.blocks[:keep]
+		}
 		// Sample: the next token is a function of the prefix. Accepted
 		// drafts were the tokens sampled here, the last sample the bonus.
 		for r.computed >= len(r.Tokens) && r.state == stRunning {

@@ -70,7 +70,9 @@ var fieldParams = map[string]map[string]int{
 	// (uniform in [1, prompt+output/2)) are replaced by tail new tokens
 	// once it has computed a later position, within its prompt or its
 	// output; it then generates output tokens after them.
-	GenReplace: {"prompt": 128, "output": 32, "tail": 48, "prompts": 32},
+	// All prompts start with the same shared tokens (0: none), so
+	// requests arrive with a hit that a replacement may cut.
+	GenReplace: {"prompt": 128, "shared": 64, "output": 32, "tail": 48, "prompts": 32},
 	// Speculative decoding: each decode schedules the next token and k
 	// draft tokens, each the true next token with accept percent
 	// probability; drafts are accepted up to the first wrong one.
@@ -130,7 +132,7 @@ func parseField(f []string, keys map[string][]omnicache.Key) (Workload, error) {
 		p["concurrency"] = 16
 	}
 	for k, v := range p {
-		if v == 0 && k != "seed" && k != "downstream" && k != "system" && k != "accept" {
+		if v == 0 && k != "seed" && k != "downstream" && k != "system" && k != "accept" && k != "shared" {
 			return w, fmt.Errorf("%s: %s must be > 0", fd.Gen, k)
 		}
 		if v > 1<<24 {
@@ -142,6 +144,9 @@ func parseField(f []string, keys map[string][]omnicache.Key) (Workload, error) {
 	}
 	if fd.Gen == GenSpecDecode && p["accept"] > 100 {
 		return w, fmt.Errorf("%s: accept is a percentage", fd.Gen)
+	}
+	if fd.Gen == GenReplace && (p["shared"] >= p["prompt"] || p["output"] < 2) {
+		return w, fmt.Errorf("%s: shared must be < prompt and output >= 2", fd.Gen)
 	}
 	fd.Downstream = p["downstream"] == 1
 	w.Field = fd
@@ -322,13 +327,15 @@ func newFieldSource(w Workload, seed uint64) *fieldSource {
 		}
 	case GenReplace:
 		plen, out := p["prompt"], p["output"]
+		shared := randomTokens(rng, p["shared"])
 		for range p["prompts"] {
 			from := 1 + rng.IntN(plen+out/2-1)
 			// Replaced once it computed a later position, while it
 			// still runs (it computes up to plen+out-2 before its last
 			// token).
 			at := from + rng.IntN(plen+out-1-from)
-			reqs = append(reqs, sim.Request{Prompt: randomTokens(rng, plen), OutputLen: out,
+			prompt := append(slices.Clone(shared), randomTokens(rng, plen-len(shared))...)
+			reqs = append(reqs, sim.Request{Prompt: prompt, OutputLen: out,
 				Replace: &sim.Replace{At: at, From: from, Tokens: randomTokens(rng, p["tail"])}})
 		}
 	}

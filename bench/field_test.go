@@ -16,7 +16,7 @@ field long_doc_qa       M docs=3 doc_len=300 repeat=3 question=8 output=4 concur
 field prefix_repetition M prefixes=3 prefix_len=64 suffix_len=16 output=6 prompts=24 concurrency=4 seed=3
 field tts               M voices=2 voice_len=48 text=16 output=24 prompts=16 concurrency=4 seed=4 downstream=1 keys=codes=16:req:deferred
 field preempt_resume    M prompt=64 output=64 prompts=12 kv_blocks=24 concurrency=4 seed=5
-field replace           M prompt=48 output=16 tail=24 prompts=12 concurrency=4 seed=6
+field replace           M prompt=48 shared=20 output=16 tail=24 prompts=12 concurrency=4 seed=6
 field spec_decode       M prompt=32 output=32 k=3 accept=60 prompts=12 concurrency=4 seed=7
 `
 
@@ -227,6 +227,7 @@ func TestParseFieldErrors(t *testing.T) {
 		{"field tts M voice_len=20000000", "too large"},
 		{"field tts M\nfield tts M", "two workloads named field/tts"},
 		{"field spec_decode M accept=101", "accept is a percentage"},
+		{"field replace M prompt=8 shared=8", "shared must be < prompt"},
 	}
 	for _, tc := range tests {
 		_, err := ParseWorkloads("keys M h=8\n" + tc.line)

@@ -174,7 +174,7 @@ type Step struct {
 	// Tokens is the number of scheduled tokens.
 	Tokens int
 	// PureDecode: every request computes one token and nothing arrives,
-	// finishes, is preempted or resumed.
+	// finishes, is preempted, resumed or replaced.
 	PureDecode bool
 	// Queried and Hit are the prompt tokens looked up at arrival this step
 	// and the tokens that hit; ExtHit are the hit tokens loaded through

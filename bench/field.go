@@ -24,6 +24,9 @@ const (
 	GenLongDocQA        = "long_doc_qa"
 	GenPrefixRepetition = "prefix_repetition"
 	GenTTS              = "tts"
+	GenPreemptResume    = "preempt_resume"
+	GenReplace          = "replace"
+	GenSpecDecode       = "spec_decode"
 )
 
 // Field is what generates a field workload's requests: a generator and its
@@ -58,6 +61,22 @@ var fieldParams = map[string]map[string]int{
 	// and a distinct text, then output audio-code tokens; the hidden state
 	// is not cached, only the deferred audio-codes key.
 	GenTTS: {"voices": 4, "voice_len": 512, "text": 64, "output": 128, "prompts": 64},
+	// Preemption under KV pressure: random prompts in a pool of kv_blocks
+	// blocks, too few for the requests admitted to grow, so the engine
+	// preempts (recompute) and resumes them, often with a hit on their
+	// own blocks still cached.
+	GenPreemptResume: {"prompt": 256, "output": 256, "prompts": 32, "kv_blocks": 120},
+	// Streaming input: every request's tokens from a position p on
+	// (uniform in [1, prompt+output/2)) are replaced by tail new tokens
+	// once it has computed a later position, within its prompt or its
+	// output; it then generates output tokens after them.
+	// All prompts start with the same shared tokens (0: none), so
+	// requests arrive with a hit that a replacement may cut.
+	GenReplace: {"prompt": 128, "shared": 64, "output": 32, "tail": 48, "prompts": 32},
+	// Speculative decoding: each decode schedules the next token and k
+	// draft tokens, each the true next token with accept percent
+	// probability; drafts are accepted up to the first wrong one.
+	GenSpecDecode: {"prompt": 64, "output": 64, "k": 3, "accept": 70, "prompts": 32},
 }
 
 // parseField reads `field name model param=value ... [keys=k=bytes,...]`.
@@ -113,7 +132,7 @@ func parseField(f []string, keys map[string][]omnicache.Key) (Workload, error) {
 		p["concurrency"] = 16
 	}
 	for k, v := range p {
-		if v == 0 && k != "seed" && k != "downstream" && k != "system" {
+		if v == 0 && k != "seed" && k != "downstream" && k != "system" && k != "accept" && k != "shared" {
 			return w, fmt.Errorf("%s: %s must be > 0", fd.Gen, k)
 		}
 		if v > 1<<24 {
@@ -122,6 +141,12 @@ func parseField(f []string, keys map[string][]omnicache.Key) (Workload, error) {
 	}
 	if p["downstream"] > 1 {
 		return w, fmt.Errorf("%s: downstream is 0 or 1", fd.Gen)
+	}
+	if fd.Gen == GenSpecDecode && p["accept"] > 100 {
+		return w, fmt.Errorf("%s: accept is a percentage", fd.Gen)
+	}
+	if fd.Gen == GenReplace && (p["shared"] >= p["prompt"] || p["output"] < 2) {
+		return w, fmt.Errorf("%s: shared must be < prompt and output >= 2", fd.Gen)
 	}
 	fd.Downstream = p["downstream"] == 1
 	w.Field = fd
@@ -134,7 +159,7 @@ func parseField(f []string, keys map[string][]omnicache.Key) (Workload, error) {
 	case GenLongDocQA:
 		w.Prompts = p["docs"] * p["repeat"]
 		w.OutputLen = p["output"]
-	case GenPrefixRepetition, GenTTS:
+	case GenPrefixRepetition, GenTTS, GenPreemptResume, GenReplace, GenSpecDecode:
 		w.Prompts = p["prompts"]
 		w.OutputLen = p["output"]
 	}
@@ -175,8 +200,27 @@ func (f *Field) maxModelLen() int {
 		return p["prefix_len"] + p["suffix_len"] + p["output"]
 	case GenTTS:
 		return p["voice_len"] + p["text"] + p["output"]
+	case GenPreemptResume, GenSpecDecode:
+		return p["prompt"] + p["output"]
+	case GenReplace:
+		// Replaced from at most prompt+output/2: then tail and output.
+		return p["prompt"] + p["output"] + p["tail"] + p["output"]
 	}
 	return 0
+}
+
+// kvBlocks is the KV pool a field workload asks for in blocks (0: none).
+func (f *Field) kvBlocks() int { return f.Params["kv_blocks"] }
+
+// tune adjusts the simulated engine for a field workload.
+func (f *Field) tune(seed uint64) func(*sim.Config) {
+	if f.Gen != GenSpecDecode {
+		return nil
+	}
+	k, accept := f.Params["k"], f.Params["accept"]
+	return func(c *sim.Config) {
+		c.SpecTokens, c.SpecAcceptPct, c.SpecSeed = k, accept, seed
+	}
 }
 
 // kvTokens is the KV pool a field workload needs to keep what it shares
@@ -277,6 +321,23 @@ func newFieldSource(w Workload, seed uint64) *fieldSource {
 			reqs = append(reqs, sim.Request{Prompt: q, OutputLen: p["output"]})
 		}
 		rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+	case GenPreemptResume, GenSpecDecode:
+		for range p["prompts"] {
+			reqs = append(reqs, sim.Request{Prompt: randomTokens(rng, p["prompt"]), OutputLen: p["output"]})
+		}
+	case GenReplace:
+		plen, out := p["prompt"], p["output"]
+		shared := randomTokens(rng, p["shared"])
+		for range p["prompts"] {
+			from := 1 + rng.IntN(plen+out/2-1)
+			// Replaced once it computed a later position, while it
+			// still runs (it computes up to plen+out-2 before its last
+			// token).
+			at := from + rng.IntN(plen+out-1-from)
+			prompt := append(slices.Clone(shared), randomTokens(rng, plen-len(shared))...)
+			reqs = append(reqs, sim.Request{Prompt: prompt, OutputLen: out,
+				Replace: &sim.Replace{At: at, From: from, Tokens: randomTokens(rng, p["tail"])}})
+		}
 	}
 	if len(reqs) > w.Prompts {
 		reqs = reqs[:w.Prompts]

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +15,14 @@ field multi_turn        M conversations=6 turns=3 system=40 message=20 output=12
 field long_doc_qa       M docs=3 doc_len=300 repeat=3 question=8 output=4 concurrency=2 seed=2
 field prefix_repetition M prefixes=3 prefix_len=64 suffix_len=16 output=6 prompts=24 concurrency=4 seed=3
 field tts               M voices=2 voice_len=48 text=16 output=24 prompts=16 concurrency=4 seed=4 downstream=1 keys=codes=16:req:deferred
+field preempt_resume    M prompt=64 output=64 prompts=12 kv_blocks=24 concurrency=4 seed=5
+field replace           M prompt=48 shared=20 output=16 tail=24 prompts=12 concurrency=4 seed=6
+field spec_decode       M prompt=32 output=32 k=3 accept=60 prompts=12 concurrency=4 seed=7
 `
+
+// sharing are the field generators whose prompts share prefixes (so the
+// automatic pool must hit).
+var sharing = map[string]bool{GenMultiTurn: true, GenLongDocQA: true, GenPrefixRepetition: true, GenTTS: true}
 
 // TestFieldWorkloadsVerify: every field generator, at small size, through
 // the real cache under --verify, with the automatic pool and with a pool
@@ -37,7 +45,8 @@ func TestFieldWorkloadsVerify(t *testing.T) {
 			}
 			// The tiny pool may evict what a workload shares before its
 			// reuse: hits are only required of the automatic pool.
-			if rep.VerifiedRows == 0 || rep.VerifyFailures != 0 || (kv == 0 && rep.HitTokens == 0) || rep.TTFTP50 == 0 {
+			if rep.VerifiedRows == 0 || rep.VerifyFailures != 0 || rep.VerifyRepeated != 0 || rep.VerifyMissing != 0 ||
+				(kv == 0 && sharing[w.Field.Gen] && rep.HitTokens == 0) || rep.TTFTP50 == 0 {
 				t.Fatalf("%s kv=%d: %d rows, %d wrong, %d hit tokens, ttft %d", w.FullName(), kv, rep.VerifiedRows,
 					rep.VerifyFailures, rep.HitTokens, rep.TTFTP50)
 			}
@@ -45,6 +54,56 @@ func TestFieldWorkloadsVerify(t *testing.T) {
 				t.Fatalf("%s: ttfp %d with downstream %v", w.FullName(), rep.TTFPP50, spec.Downstream)
 			}
 		}
+	}
+}
+
+// TestFieldEngineFeatures: the preempt_resume, replace and spec_decode
+// workloads, small, through the real cache under --verify: 0 wrong,
+// repeated and missing rows, and what each exercises happened.
+func TestFieldEngineFeatures(t *testing.T) {
+	ws, err := ParseWorkloads(smallFieldTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]Workload{}
+	for _, w := range ws {
+		by[w.FullName()] = w
+	}
+	tests := []struct {
+		name string
+		what func(r *Report) (string, bool)
+	}{
+		{"field/preempt_resume", func(r *Report) (string, bool) {
+			return fmt.Sprintf("%d preemptions, %d resumed with a hit", r.Preemptions, r.ResumedHits),
+				r.Preemptions > 0 && r.ResumedHits > 0
+		}},
+		{"field/replace", func(r *Report) (string, bool) {
+			return fmt.Sprintf("%d replaced", r.Replaces), r.Replaces > 0
+		}},
+		{"field/spec_decode", func(r *Report) (string, bool) {
+			return fmt.Sprintf("%d drafts, %d rejected", r.SpecDrafts, r.SpecRejected),
+				r.SpecRejected > 0 && r.SpecRejected < r.SpecDrafts
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, ok := by[tc.name]
+			if !ok {
+				t.Fatalf("no workload %s", tc.name)
+			}
+			for _, mt := range []int{256, 24} { // whole prompts, and chunked
+				rep, err := Replay(w.Spec(0), Options{Cache: true, Verify: true, MaxBatchedTokens: mt})
+				if err != nil {
+					t.Fatalf("batch %d: %v", mt, err)
+				}
+				what, ok := tc.what(rep)
+				if rep.VerifiedRows == 0 || rep.VerifyFailures != 0 || rep.VerifyRepeated != 0 || rep.VerifyMissing != 0 || !ok {
+					t.Fatalf("batch %d: %d rows, %d wrong, %d repeated, %d missing; %s", mt, rep.VerifiedRows,
+						rep.VerifyFailures, rep.VerifyRepeated, rep.VerifyMissing, what)
+				}
+				t.Logf("batch %d: %d rows verified; %s", mt, rep.VerifiedRows, what)
+			}
+		})
 	}
 }
 
@@ -167,6 +226,8 @@ func TestParseFieldErrors(t *testing.T) {
 		{"field tts", "want `field name model"},
 		{"field tts M voice_len=20000000", "too large"},
 		{"field tts M\nfield tts M", "two workloads named field/tts"},
+		{"field spec_decode M accept=101", "accept is a percentage"},
+		{"field replace M prompt=8 shared=8", "shared must be < prompt"},
 	}
 	for _, tc := range tests {
 		_, err := ParseWorkloads("keys M h=8\n" + tc.line)

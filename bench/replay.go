@@ -38,6 +38,9 @@ type Spec struct {
 	// Downstream: a next stage consumes stage 0's per-token rows, so the
 	// report projects the time to first packet.
 	Downstream bool
+	// Sim, when set, adjusts the simulated engine's configuration (e.g.
+	// speculative decoding).
+	Sim func(*sim.Config)
 	// Source returns a fresh source of the requests (called once a run).
 	Source func() sim.Source
 }
@@ -220,8 +223,16 @@ type Report struct {
 	HitTokens      int64   `json:"hit_tokens"`
 	HitRate        float64 `json:"hit_rate"`
 	Preemptions    int64   `json:"preemptions"`
-	Evictions      int64   `json:"evictions"` // cached blocks handed to a new tenant
-	PureDecode     int     `json:"pure_decode_steps"`
+	// ResumedHits are resumes after a preemption that hit the request's
+	// own cached blocks; Replaces are requests whose tokens were replaced
+	// mid-flight; SpecDrafts and SpecRejected are the speculative draft
+	// tokens scheduled and rejected.
+	ResumedHits  int64 `json:"resumed_hits"`
+	Replaces     int64 `json:"replaces"`
+	SpecDrafts   int64 `json:"spec_drafts"`
+	SpecRejected int64 `json:"spec_rejected"`
+	Evictions    int64 `json:"evictions"` // cached blocks handed to a new tenant
+	PureDecode   int   `json:"pure_decode_steps"`
 
 	// Engine goroutine time in cache calls (Begin + Save +
 	// Materialize/Discard), stalls excluded.
@@ -473,7 +484,7 @@ func KVPool(spec Spec, o Options) int {
 // newSim is the simulated engine of a run: prefix caching on with the cache
 // on, off with the cache off, as the reference's enable_prefix_caching.
 func newSim(spec Spec, o Options, prefixCaching bool) (*sim.Sim, error) {
-	return sim.New(sim.Config{
+	cfg := sim.Config{
 		BlockSize:        o.BlockSize,
 		NumBlocks:        KVPool(spec, o),
 		MaxBatchedTokens: o.MaxBatchedTokens,
@@ -481,7 +492,11 @@ func newSim(spec Spec, o Options, prefixCaching bool) (*sim.Sim, error) {
 		MaxModelLen:      spec.MaxModelLen,
 		Vocab:            Vocab,
 		NoPrefixCaching:  !prefixCaching,
-	}, spec.Source())
+	}
+	if spec.Sim != nil {
+		spec.Sim(&cfg)
+	}
+	return sim.New(cfg, spec.Source())
 }
 
 // Schedule is what the simulator alone schedules for a spec.
@@ -491,6 +506,8 @@ type Schedule struct {
 	Work                                     sim.Work
 	ComputedTokens, QueriedTokens, HitTokens int64
 	Preemptions, Evictions                   int64
+	ResumedHits, Replaces                    int64
+	SpecDrafts, SpecRejected                 int64
 }
 
 // HitRate is hit tokens / queried prompt tokens.
@@ -523,7 +540,8 @@ func Simulate(spec Spec, o Options, prefixCaching bool) (*Schedule, error) {
 
 func scheduleOf(s *sim.Sim) *Schedule {
 	return &Schedule{Steps: s.Steps, Work: s.Work, ComputedTokens: s.TokensTotal, QueriedTokens: s.Queried,
-		HitTokens: s.Hit, Preemptions: s.Preemptions, Evictions: s.KV().Evictions}
+		HitTokens: s.Hit, Preemptions: s.Preemptions, Evictions: s.KV().Evictions,
+		ResumedHits: s.ResumedHits, Replaces: s.Replaces, SpecDrafts: s.Drafts, SpecRejected: s.Rejected}
 }
 
 // CostOf is the step cost a run of spec under o projects with: the spec's

@@ -93,6 +93,9 @@ func (r *replica) step() error {
 		r.kv.add(st.Plan.FullHashes)
 		return nil
 	}
+	if r.ver != nil {
+		r.ver.replaced(st) // every step before is checked already
+	}
 	rg := region("begin")
 	t := time.Now()
 	if err := r.c.Begin(&st.Plan); err != nil {
@@ -103,6 +106,9 @@ func (r *replica) step() error {
 	endRegion(rg)
 	r.s.Release()
 	out := omnicache.Outputs{Tokens: st.Tokens, Padded: st.Tokens}
+	if st.RowH != nil {
+		out.Accepted = st.Accepted // speculative decoding
+	}
 	bufs := r.pool.get(st.Tokens).slices(st.Tokens, r.rowBytes)
 	if r.ver != nil {
 		r.ver.imported(st) // the imports land ahead of the step's own rows

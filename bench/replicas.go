@@ -328,6 +328,9 @@ func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCach
 		if tr != nil {
 			scfg.External = r
 		}
+		if spec.Sim != nil {
+			spec.Sim(&scfg)
+		}
 		var err error
 		if r.s, err = sim.New(scfg, rt.source(i)); err != nil {
 			return nil, fmt.Errorf("replica %d: %w", i, err)

@@ -355,6 +355,10 @@ func WriteSummary(w io.Writer, reps []*Report) error {
 	for _, r := range reps {
 		if r.Verify {
 			fmt.Fprintf(w, "verify %s: %d rows checked, %d wrong, %d repeated, %d missing\n", r.Name, r.VerifiedRows, r.VerifyFailures, r.VerifyRepeated, r.VerifyMissing)
+			if r.Preemptions+r.Replaces+r.SpecDrafts > 0 {
+				fmt.Fprintf(w, "  engine: %d preemptions, %d resumed with a hit, %d replaced, %d drafts, %d rejected\n",
+					r.Preemptions, r.ResumedHits, r.Replaces, r.SpecDrafts, r.SpecRejected)
+			}
 			for _, f := range r.Failures {
 				fmt.Fprintf(w, "  %s\n", f)
 			}

@@ -228,6 +228,8 @@ func (r *runner) finish(off *Schedule) {
 	rep.HitTokens = sch.HitTokens
 	rep.HitRate = sch.HitRate()
 	rep.Preemptions = sch.Preemptions
+	rep.ResumedHits, rep.Replaces = sch.ResumedHits, sch.Replaces
+	rep.SpecDrafts, rep.SpecRejected = sch.SpecDrafts, sch.SpecRejected
 	rep.Evictions = sch.Evictions
 
 	var total int64

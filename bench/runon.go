@@ -135,6 +135,14 @@ func (r *runner) runOn() error {
 		if o.OnStep != nil {
 			o.OnStep(st)
 		}
+		if ver != nil && len(st.Plan.Replaced) > 0 {
+			// Check what was delivered before the replacement first: a
+			// Materialize in flight may or may not see it.
+			if _, _, err := out2.wait(ver); err != nil {
+				return err
+			}
+			ver.replaced(st)
+		}
 		rg := region("begin")
 		tb := time.Now()
 		err = c.Begin(&st.Plan)
@@ -173,6 +181,10 @@ func (r *runner) runOn() error {
 			holdNs = holdFor(r.holdTime(st), o.HoldSpin)
 		}
 		out.Tokens, out.Padded = st.Tokens, st.Tokens
+		out.Accepted = nil
+		if st.RowH != nil {
+			out.Accepted = st.Accepted // speculative decoding
+		}
 		cur := &ring[st.Index%len(ring)]
 		cur.set(st)
 

@@ -101,6 +101,25 @@ type verifier struct {
 	// count the rows a result started below or above it.
 	delivered         map[int64]int
 	repeated, missing int64
+	// cuts are the requests whose tokens were replaced: steps before the
+	// replacing one deliver none of their rows from the position on, and
+	// delivery restarts there.
+	cuts map[int64]*cut
+}
+
+// cut is a replacement seen by the verifier: request's rows from from on
+// were replaced at step step.
+type cut struct {
+	from, step int
+	applied    bool
+}
+
+// replaced notes the step's replacements (call before its Begin, with
+// every step before the previous one checked).
+func (v *verifier) replaced(st *sim.Step) {
+	for i, id := range st.Plan.Replaced {
+		v.cuts[id] = &cut{from: int(st.Plan.ReplacedFrom[i]), step: st.Index}
+	}
 }
 
 func newVerifier(keys []omnicache.Key, numSlots, bs int) *verifier {
@@ -113,6 +132,7 @@ func newVerifier(keys []omnicache.Key, numSlots, bs int) *verifier {
 		set:     make([]bool, numSlots),
 
 		delivered: map[int64]int{},
+		cuts:      map[int64]*cut{},
 	}
 	for _, k := range keys {
 		v.salts = append(v.salts, keySalt(k.Name))
@@ -128,14 +148,23 @@ func (v *verifier) fail(f Failure) {
 }
 
 // produce fills the step's output tensors with oracle rows (token order) and
-// records which slot gets which row.
+// records which slot gets which row. A rejected draft's row is its draft
+// prefix's: delivered or hit it would be wrong; its slot is not checked in
+// the mirror (rejected rows are written nowhere).
 func (v *verifier) produce(s *sim.Sim, st *sim.Step, bufs [][]byte) {
 	p := &st.Plan
 	j := 0
 	for i, r := range st.Reqs {
 		start, n := int(p.Start[i]), int(p.Count[i])
+		acc := n
+		if len(st.Accepted) > i {
+			acc = int(st.Accepted[i])
+		}
 		for pos := start; pos < start+n; pos++ {
-			h := r.H[pos]
+			h := r.H[min(pos, len(r.H)-1)]
+			if st.RowH != nil {
+				h = st.RowH[j]
+			}
 			for k, kk := range v.keys {
 				rb := kk.RowBytes
 				fillRow(bufs[k][j*rb:(j+1)*rb], OracleWord(v.salts[k], h))
@@ -144,7 +173,7 @@ func (v *verifier) produce(s *sim.Sim, st *sim.Step, bufs [][]byte) {
 			v.slotH[slot] = h
 			v.slotReq[slot] = r.ID
 			v.slotPos[slot] = int32(pos)
-			v.set[slot] = true
+			v.set[slot] = pos < start+acc
 			j++
 		}
 	}
@@ -153,9 +182,13 @@ func (v *verifier) produce(s *sim.Sim, st *sim.Step, bufs [][]byte) {
 // stepRecord is what verification needs of a saved step, kept until it is
 // consumed a step later.
 type stepRecord struct {
-	index  int
-	ids    []int64
-	reqs   []*sim.Req
+	index int
+	ids   []int64
+	reqs  []*sim.Req
+	// hs are the requests' prefix hashes when the step ran, to their
+	// capacity: sampling fills them in place, a replacement gives the
+	// request new ones.
+	hs     [][]uint64
 	start  []int32
 	count  []int32
 	prefix []int32
@@ -167,8 +200,17 @@ func (rec *stepRecord) set(st *sim.Step) {
 	rec.ids = append(rec.ids[:0], st.Plan.IDs...)
 	clear(rec.reqs)
 	rec.reqs = append(rec.reqs[:0], st.Reqs...)
+	clear(rec.hs)
+	rec.hs = rec.hs[:0]
+	for _, r := range st.Reqs {
+		rec.hs = append(rec.hs, r.H[:cap(r.H)])
+	}
 	rec.start = append(rec.start[:0], st.Plan.Start...)
 	rec.count = append(rec.count[:0], st.Plan.Count...)
+	if len(st.Accepted) == len(rec.count) {
+		// Rows are delivered for the accepted tokens only.
+		rec.count = append(rec.count[:0], st.Accepted...)
+	}
 	rec.prefix = append(rec.prefix[:0], st.Prefix...)
 	rec.hits = rec.hits[:0]
 	for i, p := range st.Prefix {
@@ -193,9 +235,21 @@ func (v *verifier) check(rec *stepRecord, asked []int64, res Rows) {
 		if j == len(rec.ids) {
 			panic("bench: asked for a request outside the step")
 		}
-		r := rec.reqs[j]
+		hs := rec.hs[j]
 		prefix, start, n := int(rec.prefix[j]), int(rec.start[j]), int(rec.count[j])
 		lo, hi := start-prefix, start+n
+		if c := v.cuts[id]; c != nil {
+			if rec.index < c.step {
+				// Saved before the replacement: nothing from its
+				// position on.
+				hi = max(min(hi, c.from), lo)
+			} else if !c.applied {
+				c.applied = true
+				if d, ok := v.delivered[id]; ok && d > c.from {
+					v.delivered[id] = c.from // delivery restarts there
+				}
+			}
+		}
 		from := lo
 		if d, ok := v.delivered[id]; ok && d > lo {
 			from = min(d, hi) // rows it was delivered already are not delivered again
@@ -215,10 +269,10 @@ func (v *verifier) check(rec *stepRecord, asked []int64, res Rows) {
 			v.fail(Failure{Step: rec.index, Request: id, Position: from, Slot: -1, What: fmt.Sprintf(
 				"rows %d..%d never delivered (this step's start at %d)", from, got, got)})
 			continue
-		case res.Tokens(i) != hi-from && !(res.Tokens(i) == 0 && from == hi) || res.Prefix(i) != max(0, lo+prefix-from):
+		case res.Tokens(i) != hi-from && !(res.Tokens(i) == 0 && from == hi) || res.Prefix(i) != max(0, min(start, hi)-from):
 			v.fail(Failure{Step: rec.index, Request: id, Slot: -1, What: fmt.Sprintf(
 				"result shape: from %d prefix %d tokens %d, want from %d prefix %d tokens %d",
-				got, res.Prefix(i), res.Tokens(i), from, max(0, lo+prefix-from), hi-from)})
+				got, res.Prefix(i), res.Tokens(i), from, max(0, min(start, hi)-from), hi-from)})
 			continue
 		}
 		if res.Tokens(i) > 0 {
@@ -238,7 +292,7 @@ func (v *verifier) check(rec *stepRecord, asked []int64, res Rows) {
 					what = "prefix row"
 				}
 				v.rows++
-				if off := rowMismatch(data[row*rb:(row+1)*rb], OracleWord(v.salts[k], r.H[pos])); off >= 0 {
+				if off := rowMismatch(data[row*rb:(row+1)*rb], OracleWord(v.salts[k], hs[pos])); off >= 0 {
 					v.fail(Failure{Step: rec.index, Request: id, Position: pos, Key: kk.Name, Slot: -1,
 						What: fmt.Sprintf("wrong or stale %s (first bad byte %d)", what, off)})
 				}

@@ -307,7 +307,9 @@ func (w Workload) Spec(seed uint64) Spec {
 			MaxModelLen: w.MaxModelLen(),
 			Cost:        w.Cost,
 			KVTokens:    w.Field.kvTokens(w.MaxModelLen(), w.Concurrency),
+			KVBlocks:    w.Field.kvBlocks(),
 			Downstream:  w.Field.Downstream,
+			Sim:         w.Field.tune(seed),
 			Source: func() sim.Source {
 				return newFieldSource(w, seed)
 			},

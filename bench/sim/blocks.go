@@ -122,6 +122,18 @@ func (b *Blocks) Register(id int32, h uint64) bool {
 	return true
 }
 
+// Unregister drops block id's hash (its rows are about to be rewritten):
+// Lookup no longer finds it.
+func (b *Blocks) Unregister(id int32) {
+	if !b.hashed[id] {
+		return
+	}
+	if cur, ok := b.index[b.hash[id]]; ok && cur == id {
+		delete(b.index, b.hash[id])
+	}
+	b.hashed[id] = false
+}
+
 // FreeOrder returns the free queue from least to most recently freed (for
 // tests).
 func (b *Blocks) FreeOrder() []int32 {

@@ -14,6 +14,11 @@ func (s *Sim) add(r *Req, n, prefix int) {
 	st.Reqs = append(st.Reqs, r)
 	st.Prefix = append(st.Prefix, int32(prefix))
 	st.Tokens += n
+	acc := n
+	if s.cfg.SpecTokens > 0 {
+		acc = s.drafts(r, n)
+	}
+	st.Accepted = append(st.Accepted, int32(acc))
 	if n == 1 && r.computed >= r.PromptLen {
 		st.Cost.DecodeSeqs++
 	} else {
@@ -177,4 +182,90 @@ func (s *Sim) putRow(r *Req) {
 	}
 	s.rows = append(s.rows, r.row)
 	r.row = -1
+}
+
+// drafts appends the prefix hashes the forward sees over r's n scheduled
+// tokens to the step's RowH and returns how many are accepted. Past the
+// request's known tokens (a speculative decode: one known token, then
+// drafts) each draft is the true next token with SpecAcceptPct percent
+// probability, else another one; drafts are accepted up to the first
+// wrong one.
+func (s *Sim) drafts(r *Req, n int) int {
+	st := &s.step
+	known := min(n, len(r.Tokens)-r.computed)
+	st.RowH = append(st.RowH, r.H[r.computed:r.computed+known]...)
+	acc := known
+	h := r.H[r.computed+known-1]
+	right := true
+	for range n - known {
+		s.rng += 0x9e3779b97f4a7c15
+		draw := SplitMix64(s.rng)
+		t := int32(SplitMix64(h) % uint64(s.cfg.Vocab))
+		if draw%100 >= uint64(s.cfg.SpecAcceptPct) {
+			t = int32((uint64(t) + 1 + (draw>>8)%uint64(s.cfg.Vocab-1)) % uint64(s.cfg.Vocab))
+			right = false
+		}
+		if right {
+			acc++
+		}
+		h = Mix(h, t)
+		st.RowH = append(st.RowH, h)
+	}
+	s.Drafts += int64(n - known)
+	st.Rejected += n - acc
+	return acc
+}
+
+// replaceTokens applies the replacements that are due: a running request
+// that has computed its replacement's At positions is rolled back to From
+// (its blocks past From's block freed, the hash of the block From falls in
+// dropped) with its new tokens, and the plan names it in Replaced.
+func (s *Sim) replaceTokens() {
+	bs := s.cfg.BlockSize
+	for _, r := range s.running {
+		rp := r.Replace
+		if rp == nil || r.state != stRunning || r.computed < rp.At {
+			continue
+		}
+		r.Replace = nil
+		from := min(rp.From, r.computed)
+		keep := s.blocksFor(from)
+		if from%bs != 0 && s.blocks.Ref(r.blocks[from/bs]) > 1 {
+			// From falls in a block others share: it cannot be
+			// rewritten, recompute it whole.
+			from -= from % bs
+			keep = from / bs
+		}
+		for i := len(r.blocks) - 1; i >= keep; i-- {
+			s.blocks.Free(r.blocks[i])
+		}
+		r.blocks = r.blocks[:keep]
+		if from%bs != 0 {
+			s.blocks.Unregister(r.blocks[from/bs]) // its tail is rewritten
+		}
+		r.hashed = min(r.hashed, from/bs)
+		r.loaded = min(r.loaded, from/bs)
+		// New slices: records of earlier steps keep reading the old ones
+		// (equal below From).
+		tokens := make([]int32, from, from+len(rp.Tokens)+r.OutputLen)
+		copy(tokens, r.Tokens)
+		tokens = append(tokens, rp.Tokens...)
+		hs := make([]uint64, from, cap(tokens))
+		copy(hs, r.H)
+		h := RootHash
+		if from > 0 {
+			h = hs[from-1]
+		}
+		for _, t := range rp.Tokens {
+			h = Mix(h, t)
+			hs = append(hs, h)
+		}
+		r.Tokens, r.H = tokens, hs
+		r.PromptLen = len(tokens)
+		r.generated = 0
+		r.computed = from
+		s.step.Plan.Replaced = append(s.step.Plan.Replaced, r.ID)
+		s.step.Plan.ReplacedFrom = append(s.step.Plan.ReplacedFrom, int32(from))
+		s.Replaces++
+	}
 }

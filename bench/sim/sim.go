@@ -55,6 +55,14 @@ type Config struct {
 	// FullBlocks fills Plan.FullBlocks/FullHashes with the full blocks each
 	// step computes (for a cache that publishes them to a tier).
 	FullBlocks bool
+	// SpecTokens, when > 0, turns speculative decoding on: a decoding
+	// request schedules its next token and up to SpecTokens draft tokens.
+	// A draft is the true next token with probability SpecAcceptPct
+	// percent (drawn from SpecSeed), else another token; the drafts are
+	// accepted up to the first wrong one (Step.Accepted).
+	SpecTokens    int
+	SpecAcceptPct int
+	SpecSeed      uint64
 }
 
 // External is a shared KV store seen from one engine.
@@ -68,6 +76,18 @@ type External interface {
 type Request struct {
 	Prompt    []int32
 	OutputLen int
+	// Replace, when set, replaces the request's tokens mid-flight
+	// (streaming input).
+	Replace *Replace
+}
+
+// Replace is a replacement of a request's tokens: once the request has
+// computed At positions (and still runs), its tokens from From on (From <=
+// At) become Tokens, all of them input, and it generates OutputLen tokens
+// after them. The engine rolls it back to From and recomputes from there.
+type Replace struct {
+	At, From int
+	Tokens   []int32
 }
 
 // Source yields requests in admission order.
@@ -81,8 +101,9 @@ type Source interface {
 var ErrTooLarge = errors.New("sim: request larger than the KV pool or model length")
 
 // Req is a request inside the simulator. Tokens and H grow as tokens are
-// sampled and never change once written, so a step's record of a *Req stays
-// valid for its positions after later steps.
+// sampled and never change once written: a replacement (Request.Replace)
+// gives the request new slices, so a step's record of r.H (to its capacity)
+// stays valid for its positions after later steps.
 type Req struct {
 	ID        int64
 	PromptLen int
@@ -96,6 +117,8 @@ type Req struct {
 	// Sent is the number of steps the engine had run when the client sent
 	// the request (it arrives at the end of step Sent-1, or at the start).
 	Sent int
+	// Replace is the replacement still to come (nil: none).
+	Replace *Replace
 
 	computed  int
 	generated int
@@ -134,12 +157,24 @@ type Step struct {
 	// Reqs are the scheduled requests, parallel to Plan.IDs.
 	Reqs []*Req
 	// Prefix is, parallel to Plan.IDs, the hit prefix Materialize returns
-	// for the request this step: its arrival hit on its first step, else 0.
+	// for the request this step: its hit on its first step or on a resume
+	// that hit, else 0.
 	Prefix []int32
+	// Accepted is, parallel to Plan.IDs, how many of the request's
+	// scheduled tokens the step accepts (Outputs.Accepted): Count but for
+	// speculative decodes.
+	Accepted []int32
+	// RowH is, with speculative decoding, per scheduled token (token
+	// order) the prefix hash the forward sees there: a draft token's
+	// prefix, which differs from the request's H from the first rejected
+	// draft on. Nil without speculative decoding.
+	RowH []uint64
+	// Rejected is the number of rejected draft tokens this step.
+	Rejected int
 	// Tokens is the number of scheduled tokens.
 	Tokens int
 	// PureDecode: every request computes one token and nothing arrives,
-	// finishes, is preempted or resumed.
+	// finishes, is preempted, resumed or replaced.
 	PureDecode bool
 	// Queried and Hit are the prompt tokens looked up at arrival this step
 	// and the tokens that hit; ExtHit are the hit tokens loaded through
@@ -207,6 +242,15 @@ type Sim struct {
 	Preemptions int64
 	Finished    int64
 	Arrived     int64
+	// ResumedHits are resumes of preempted requests that hit their
+	// prefix (listed in Plan.Arrivals as well as Plan.Resumed).
+	ResumedHits int64
+	// Replaces are requests whose tokens were replaced mid-flight.
+	Replaces int64
+	// Drafts and Rejected are the draft tokens scheduled and rejected.
+	Drafts, Rejected int64
+
+	rng uint64 // speculative decoding's draws
 }
 
 // maxTableEntries bounds the block table (1 GiB of int32).
@@ -245,6 +289,7 @@ func New(cfg Config, src Source) (*Sim, error) {
 		s.rows = append(s.rows, int32(i))
 	}
 	s.released, s.advanced = true, true
+	s.rng = cfg.SpecSeed
 	return s, nil
 }
 
@@ -318,22 +363,32 @@ func (s *Sim) Advance() {
 	st := &s.step
 	finished := 0
 	for i, r := range st.Reqs {
-		r.computed += int(st.Plan.Count[i])
-		if r.computed < len(r.Tokens) {
-			continue
+		r.computed += int(st.Accepted[i])
+		if st.Accepted[i] < st.Plan.Count[i] {
+			// Rejected drafts: their KV is dropped, the blocks only
+			// they used go back to the pool (never hashed: hashes cover
+			// known tokens).
+			keep := s.blocksFor(r.computed)
+			for j := len(r.blocks) - 1; j >= keep; j-- {
+				s.blocks.Free(r.blocks[j])
+			}
+			r.blocks = r.blocks[:keep]
 		}
-		// Sample: the next token is a function of the prefix.
-		p := len(r.Tokens)
-		t := int32(SplitMix64(r.H[p-1]) % uint64(s.cfg.Vocab))
-		r.Tokens = append(r.Tokens, t)
-		r.H = append(r.H, Mix(r.H[p-1], t))
-		r.generated++
-		if r.generated >= r.OutputLen {
-			r.state = stFinishing
-			s.finishing = append(s.finishing, r)
-			s.Finished++
-			s.inFlight-- // the client sees the last token now and sends the next request
-			finished++
+		// Sample: the next token is a function of the prefix. Accepted
+		// drafts were the tokens sampled here, the last sample the bonus.
+		for r.computed >= len(r.Tokens) && r.state == stRunning {
+			p := len(r.Tokens)
+			t := int32(SplitMix64(r.H[p-1]) % uint64(s.cfg.Vocab))
+			r.Tokens = append(r.Tokens, t)
+			r.H = append(r.H, Mix(r.H[p-1], t))
+			r.generated++
+			if r.generated >= r.OutputLen {
+				r.state = stFinishing
+				s.finishing = append(s.finishing, r)
+				s.Finished++
+				s.inFlight-- // the client sees the last token now and sends the next request
+				finished++
+			}
 		}
 	}
 	if finished > 0 {
@@ -377,6 +432,7 @@ func (s *Sim) topUp() error {
 			H:         make([]uint64, len(rq.Prompt), total),
 			row:       -1,
 			Sent:      s.Steps,
+			Replace:   rq.Replace,
 		}
 		h := RootHash
 		for p, t := range rq.Prompt {
@@ -402,10 +458,15 @@ func (s *Sim) schedule() error {
 	p.IDs, p.Rows, p.Start, p.Count = p.IDs[:0], p.Rows[:0], p.Start[:0], p.Count[:0]
 	p.Arrivals, p.HitTokens, p.HitBlocks = p.Arrivals[:0], p.HitTokens[:0], p.HitBlocks[:0]
 	p.Finished, p.Preempted, p.Resumed = p.Finished[:0], p.Preempted[:0], p.Resumed[:0]
+	p.Replaced, p.ReplacedFrom = p.Replaced[:0], p.ReplacedFrom[:0]
 	p.FullBlocks, p.FullHashes, p.TierBlocks, p.TierHashes = p.FullBlocks[:0], p.FullHashes[:0], p.TierBlocks[:0], p.TierHashes[:0]
 	p.Table, p.Stride = s.table, s.stride
 	clear(st.Reqs)
-	st.Reqs, st.Prefix = st.Reqs[:0], st.Prefix[:0]
+	st.Reqs, st.Prefix, st.Accepted = st.Reqs[:0], st.Prefix[:0], st.Accepted[:0]
+	st.RowH, st.Rejected = st.RowH[:0], 0
+	if s.cfg.SpecTokens <= 0 {
+		st.RowH = nil
+	}
 	st.Tokens, st.Queried, st.Hit, st.ExtHit = 0, 0, 0, 0
 	st.Cost = Work{Steps: 1}
 	s.dropAll(&s.reported) // not released by the caller: release now
@@ -414,11 +475,17 @@ func (s *Sim) schedule() error {
 		p.Finished = append(p.Finished, r.ID)
 	}
 
+	s.replaceTokens()
 	budget := s.cfg.MaxBatchedTokens
 	preempted := false
 	for i := 0; i < len(s.running) && budget > 0; {
 		r := s.running[i]
 		n := min(len(r.Tokens)-r.computed, budget)
+		if n == 1 && s.cfg.SpecTokens > 0 && r.computed >= r.PromptLen {
+			// A decode: the next token and drafts, as many as the
+			// budget and the output length leave.
+			n += max(0, min(s.cfg.SpecTokens, budget-1, r.OutputLen-r.generated-1))
+		}
 		ok := false
 		for {
 			if s.grow(r, r.computed+n) {
@@ -502,13 +569,25 @@ func (s *Sim) schedule() error {
 		case r.preempted:
 			r.preempted = false
 			p.Resumed = append(p.Resumed, r.ID)
+			if hitTokens > 0 {
+				// It hit its own cached blocks: an arrival with that
+				// hit too, scheduled from it.
+				prefix = hitTokens
+				p.Arrivals = append(p.Arrivals, r.ID)
+				p.HitTokens = append(p.HitTokens, int32(hitTokens))
+				p.HitBlocks = append(p.HitBlocks, r.blocks[:len(hit)]...)
+				if s.cfg.External != nil {
+					p.TierBlocks = append(p.TierBlocks, 0)
+				}
+				s.ResumedHits++
+			}
 		}
 		s.add(r, n, prefix)
 		budget -= n
 	}
 
 	st.PureDecode = len(p.Arrivals) == 0 && len(p.Finished) == 0 &&
-		len(p.Preempted) == 0 && len(p.Resumed) == 0 && st.Tokens == len(p.IDs)
+		len(p.Preempted) == 0 && len(p.Resumed) == 0 && len(p.Replaced) == 0 && st.Tokens == len(p.IDs)
 	if st.Tokens == 0 {
 		return fmt.Errorf("sim: step %d scheduled nothing (%d waiting, %d running, %d free blocks)",
 			st.Index, len(s.waiting), len(s.running), s.blocks.NumFree())
@@ -519,6 +598,7 @@ func (s *Sim) schedule() error {
 	s.Queried += int64(st.Queried)
 	s.Hit += int64(st.Hit)
 	s.ExtHit += int64(st.ExtHit)
+	s.Rejected += int64(st.Rejected)
 	if len(p.TierHashes) == 0 {
 		p.TierBlocks = p.TierBlocks[:0] // no import this step
 	}

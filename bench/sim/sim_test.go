@@ -20,7 +20,7 @@ func (l *listSource) Next() (Request, bool, error) {
 	r := l.reqs[l.i]
 	l.i++
 	// The simulator owns the prompt: hand it a copy.
-	return Request{Prompt: slices.Clone(r.Prompt), OutputLen: r.OutputLen}, true, nil
+	return Request{Prompt: slices.Clone(r.Prompt), OutputLen: r.OutputLen, Replace: r.Replace}, true, nil
 }
 
 func randomPrompts(seed uint64, n, shared, in, out int) []Request {
@@ -96,7 +96,9 @@ func checkStep(t *testing.T, s *Sim, st *Step, live, finished map[int64]bool) {
 	seen := map[int64]bool{}
 	hb := 0
 	for i, id := range p.Arrivals {
-		if live[id] || finished[id] {
+		resumed := slices.Contains(p.Resumed, id)
+		if (live[id] && !resumed) || finished[id] || (resumed && p.HitTokens[i] == 0) {
+			// A resumed request arrives again only with a hit.
 			t.Fatalf("step %d: request %d arrives twice", st.Index, id)
 		}
 		live[id] = true
@@ -120,7 +122,7 @@ func checkStep(t *testing.T, s *Sim, st *Step, live, finished map[int64]bool) {
 			t.Fatalf("step %d: request %d scheduled but not live", st.Index, id)
 		}
 		start, n := int(p.Start[i]), int(p.Count[i])
-		if start != r.computed || n <= 0 || start+n > len(r.Tokens) {
+		if start != r.computed || n <= 0 || start+n > len(r.Tokens)+s.cfg.SpecTokens {
 			t.Fatalf("step %d: request %d span [%d,+%d) computed %d known %d", st.Index, id, start, n, r.computed, len(r.Tokens))
 		}
 		row := p.Rows[i]
@@ -352,6 +354,7 @@ func TestPreemptionTinyPool(t *testing.T) {
 	cfg := Config{NumBlocks: 12, Concurrency: 4, MaxModelLen: 128}
 	preempted := map[int64]int{}
 	resumed := map[int64]int{}
+	resumedHits := 0
 	s := runAll(t, cfg, reqs, func(s *Sim, st *Step) {
 		for _, id := range st.Plan.Preempted {
 			if slices.Contains(st.Plan.IDs, id) {
@@ -365,15 +368,22 @@ func TestPreemptionTinyPool(t *testing.T) {
 					t.Fatalf("request %d resumed without a preemption", id)
 				}
 				resumed[id]++
-				if slices.Contains(st.Plan.Arrivals, id) {
-					t.Fatalf("resumed request %d re-announced", id)
+				if k := slices.Index(st.Plan.Arrivals, id); k >= 0 {
+					// With a hit on its own cached blocks, scheduled
+					// from it (runAll checks the hit blocks).
+					if st.Plan.HitTokens[k] == 0 || st.Prefix[i] != st.Plan.HitTokens[k] {
+						t.Fatalf("step %d: resumed request %d listed as an arrival without its hit", st.Index, id)
+					}
+					resumedHits++
 				}
-				_ = i
 			}
 		}
 	})
 	if s.Preemptions == 0 {
 		t.Fatal("no preemption with a tiny pool")
+	}
+	if int64(resumedHits) != s.ResumedHits {
+		t.Fatalf("%d resumes with a hit in the plans, counter %d", resumedHits, s.ResumedHits)
 	}
 	for id, n := range preempted {
 		if resumed[id] != n {
@@ -467,5 +477,104 @@ func TestNoPrefixCaching(t *testing.T) {
 		case caching && (s.Hit == 0 || tokens != all-s.Hit):
 			t.Fatalf("prefix caching on: %d hit tokens, %d computed of %d", s.Hit, tokens, all)
 		}
+	}
+}
+
+// checkHashes: every hashed block a live request holds carries the
+// request's own prefix hash at the block's end.
+func checkHashes(t *testing.T, s *Sim, st *Step) {
+	t.Helper()
+	bs := s.cfg.BlockSize
+	for _, r := range s.running {
+		for i, b := range r.blocks {
+			if h, ok := s.blocks.Hash(b); ok && ((i+1)*bs > len(r.H) || h != r.H[(i+1)*bs-1]) {
+				t.Fatalf("step %d: request %d block %d (%d) holds a hash not of its prefix", st.Index, r.ID, i, b)
+			}
+		}
+	}
+}
+
+func TestReplaceRollsBack(t *testing.T) {
+	reqs := randomPrompts(8, 10, 32, 40, 12)
+	rng := rand.New(rand.NewPCG(9, 1))
+	for i := range reqs {
+		from := 1 + rng.IntN(len(reqs[i].Prompt)+5)
+		tail := make([]int32, 20)
+		for j := range tail {
+			tail[j] = rng.Int32N(50000)
+		}
+		reqs[i].Replace = &Replace{At: from + rng.IntN(len(reqs[i].Prompt)+10-from), From: from, Tokens: tail}
+	}
+	cfg := Config{NumBlocks: 64, Concurrency: 3, MaxModelLen: 128, MaxBatchedTokens: 32}
+	computed := map[int64]int{}
+	replaced := 0
+	s := runAll(t, cfg, reqs, func(s *Sim, st *Step) {
+		checkHashes(t, s, st)
+		for i, id := range st.Plan.Replaced {
+			from := int(st.Plan.ReplacedFrom[i])
+			k := slices.Index(st.Plan.IDs, id)
+			if k < 0 || from > computed[id] || int(st.Plan.Start[k]) != from {
+				t.Fatalf("step %d: request %d replaced from %d (computed %d) not recomputed from there", st.Index, id, from, computed[id])
+			}
+			r := st.Reqs[k]
+			if !slices.Equal(r.Tokens[from:from+20], reqs[id-1].Replace.Tokens) || r.PromptLen != from+20 {
+				t.Fatalf("step %d: request %d tokens from %d are not its replacement", st.Index, id, from)
+			}
+			replaced++
+		}
+		for i, id := range st.Plan.IDs {
+			computed[id] = int(st.Plan.Start[i] + st.Plan.Count[i])
+		}
+	})
+	if replaced != len(reqs) || s.Replaces != int64(replaced) {
+		t.Fatalf("%d replaced (counter %d), want %d", replaced, s.Replaces, len(reqs))
+	}
+}
+
+func TestSpecDecode(t *testing.T) {
+	reqs := randomPrompts(10, 8, 0, 30, 40)
+	cfg := Config{NumBlocks: 64, Concurrency: 4, MaxModelLen: 128, SpecTokens: 3, SpecAcceptPct: 60, SpecSeed: 11}
+	type span struct {
+		r        *Req
+		start, n int
+		rowH     []uint64
+	}
+	var prev []span
+	check := func() {
+		for _, sp := range prev {
+			// Accepted rows are the request's own: its prefix hashes.
+			if !slices.Equal(sp.r.H[sp.start:sp.start+sp.n], sp.rowH) {
+				t.Fatalf("request %d: accepted rows [%d,+%d) not of its prefix", sp.r.ID, sp.start, sp.n)
+			}
+		}
+		prev = prev[:0]
+	}
+	rejected, drafts := 0, 0
+	s := runAll(t, cfg, reqs, func(s *Sim, st *Step) {
+		check()
+		checkHashes(t, s, st)
+		j := 0
+		for i, r := range st.Reqs {
+			n, acc := int(st.Plan.Count[i]), int(st.Accepted[i])
+			if acc < 1 || acc > n {
+				t.Fatalf("step %d: request %d accepts %d of %d", st.Index, r.ID, acc, n)
+			}
+			if n > 1 && r.computed >= r.PromptLen {
+				drafts += n - 1
+				rejected += n - acc
+				if n-acc > 0 && slices.Equal(st.RowH[j:j+n], r.H[r.computed:min(len(r.H), r.computed+n)]) {
+					t.Fatalf("step %d: request %d's rejected rows have its prefix", st.Index, r.ID)
+				}
+			}
+			prev = append(prev, span{r, int(st.Plan.Start[i]), acc, slices.Clone(st.RowH[j : j+acc])})
+			j += n
+		}
+		if st.PureDecode && st.Tokens != len(st.Plan.IDs) {
+			t.Fatalf("step %d: pure decode with drafts", st.Index)
+		}
+	})
+	check()
+	if drafts == 0 || rejected == 0 || rejected == drafts || s.Rejected != int64(rejected) || s.Drafts != int64(drafts) {
+		t.Fatalf("%d drafts, %d rejected (counters %d, %d)", drafts, rejected, s.Drafts, s.Rejected)
 	}
 }

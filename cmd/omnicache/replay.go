@@ -35,7 +35,8 @@ the reference (omnicache fit); latency is measured on that projected clock.
 
 Default: the embedded reference table, prompts scaled by --scale, and the
 field's workloads (field/multi_turn, field/long_doc_qa,
-field/prefix_repetition, field/tts: generated at their own sizes), in under
+field/prefix_repetition, field/tts, field/preempt_resume, field/replace,
+field/spec_decode: generated at their own sizes), in under
 a minute on 2 cores; --full runs the reference table at full size. --trace
 FILE replays a Mooncake-style JSONL trace instead. --device cuda[:N] (a binary
 built with the cuda tag: make gpu-replay) stages through the GPU, with the
@@ -121,7 +122,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fs.Float64Var(&f.scale, "scale", 0.125, "scale the table's prompt counts (at least 2×concurrency prompts a workload)")
 	fs.BoolVar(&f.full, "full", false, "run the whole table at full size (scale 1)")
-	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC'; the field's workloads are field/NAME: field/multi_turn, field/long_doc_qa, field/prefix_repetition, field/tts)")
+	fs.StringVar(&f.workloads, "workloads", "", "regexp selecting table workloads by model/name (e.g. 'MiniCPM-o/DEC'; the field's workloads are field/NAME: field/multi_turn, field/long_doc_qa, field/prefix_repetition, field/tts, field/preempt_resume, field/replace, field/spec_decode)")
 	fs.StringVar(&f.table, "table", "", "read the workload table from FILE instead of the embedded reference table")
 	fs.StringVar(&f.cache, "cache", "both", "cache modes to run: off, on or both")
 	fs.BoolVar(&f.verify, "verify", false, "fill rows from the content oracle and check every materialized row and, after Sync, the mirror")

@@ -96,7 +96,9 @@ var sentinelValues = map[string]error{
 // notReturned are tier sentinels no ABI call returns: the embedded store's
 // refusals of a value, met only by the cache's background publishers
 // (counted in Stats.TierPublishErrors).
-var notReturned = map[string]bool{"tier.ErrTooLarge": true, "tier.ErrNoRoom": true}
+// tier.ErrUnsupported is met only through Tier.Pin and Unpin, which the
+// ABI does not offer.
+var notReturned = map[string]bool{"tier.ErrTooLarge": true, "tier.ErrNoRoom": true, "tier.ErrUnsupported": true}
 
 // exportedErrs lists the exported package-level variables named Err* that
 // a file declares.

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/stretchr/testify/require"
@@ -185,6 +186,7 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 			rw.acc = a
 		}
 		rw.end = s.Start + rw.acc
+		rw.dlCap = math.MaxInt
 		if pl, ok := h.preLen[s.ID]; ok {
 			if s.Start-len(ps.hits[s.ID]) >= pl { // its rows start at 0 with a hit prefix
 				delete(h.preLen, s.ID) // saved past what it had
@@ -467,7 +469,7 @@ func (h *harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int
 		if !ok || h.discarded[sid] || sw.reqs[j].count == 0 || sw.reqs[j].end <= sw.reqs[j].start-len(sw.reqs[j].hitSlots) {
 			continue
 		}
-		hi := sw.reqs[j].end
+		hi := min(sw.reqs[j].end, sw.reqs[j].dlCap)
 		switch {
 		case h.served[sid][rid]:
 			least, most = max(least, hi), max(most, hi)

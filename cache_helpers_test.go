@@ -222,6 +222,9 @@ type reqWant struct {
 	// Materialize may already have taken the step (either is right).
 	end   int
 	loose bool
+	// dlCap: a replace after this step moved the request's delivery back
+	// to dlCap: what this step delivered counts only up to there.
+	dlCap int
 	// floor: the request resumed after a preemption and this step may
 	// recompute rows it already had: Materialize leaves out those below
 	// what its older steps deliver (see harness.expectSkip).
@@ -323,15 +326,16 @@ func (h *harness) replaced(id int64, at int) {
 		h.preLen[id] = at
 	}
 	for _, sid := range h.order {
-		if h.consumed[sid] {
-			continue
-		}
 		sw := h.wants[sid]
 		j, ok := sw.byID[id]
 		if !ok {
 			continue
 		}
 		rw := &sw.reqs[j]
+		rw.dlCap = min(rw.dlCap, at)
+		if h.consumed[sid] {
+			continue
+		}
 		lo := rw.start - len(rw.hitSlots)
 		if e := max(lo, min(rw.end, at)); e < rw.end {
 			rw.end = e

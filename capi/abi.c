@@ -89,6 +89,11 @@ int omnicache_begin(uint64_t h, const omnicache_plan *plan) {
 	return ocgo_begin(h, (omnicache_plan *)plan, MSG);
 }
 
+int omnicache_discard_begin(uint64_t h, uint64_t discard, const omnicache_plan *plan) {
+	ENTER;
+	return ocgo_discard_begin(h, discard, (omnicache_plan *)plan, MSG);
+}
+
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step) {
 	ENTER;
 	return ocgo_save(h, (omnicache_outputs *)out, step, MSG);

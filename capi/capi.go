@@ -374,6 +374,22 @@ func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.i
 	return m.fail(err)
 }
 
+//export ocgo_discard_begin
+func ocgo_discard_begin(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	m := msgBuf{mp, mcap, mn}
+	defer m.recoverInto(&rc)
+	e, err := lookup(h)
+	if err != nil {
+		return m.fail(err)
+	}
+	if step != 0 && e.unpark(uint64(step)) == nil {
+		if err := e.c.Discard(omnicache.StepID(step)); err != nil {
+			return m.fail(err) // nothing begun
+		}
+	}
+	return m.fail(e.begin(cp))
+}
+
 //export ocgo_begin
 func ocgo_begin(h C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
@@ -382,16 +398,22 @@ func ocgo_begin(h C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, 
 	if err != nil {
 		return m.fail(err)
 	}
+	return m.fail(e.begin(cp))
+}
+
+// begin runs Cache.Begin with the plan cp describes (borrowed for the
+// call).
+func (e *entry) begin(cp *C.omnicache_plan) error {
 	if cp == nil {
-		return m.fail(fmt.Errorf("%w: NULL plan", errArgument))
+		return fmt.Errorf("%w: NULL plan", errArgument)
 	}
 	p := &e.plan
-	err = fillPlan(p, cp)
+	err := fillPlan(p, cp)
 	if err == nil {
 		err = e.c.Begin(p)
 	}
 	*p = omnicache.Plan{} // borrowed for the call
-	return m.fail(err)
+	return err
 }
 
 func fillPlan(p *omnicache.Plan, cp *C.omnicache_plan) (err error) {

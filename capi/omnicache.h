@@ -209,6 +209,10 @@ int64_t omnicache_last_error(char *buf, int64_t cap);
 int omnicache_new(const omnicache_config *cfg, uint64_t *handle);
 int omnicache_close(uint64_t h);
 int omnicache_begin(uint64_t h, const omnicache_plan *plan);
+/* Discards step discard (0: none) and begins plan, in one call (one
+ * crossing into the library a step fewer): a failed discard begins
+ * nothing; a failed begin leaves the step discarded. */
+int omnicache_discard_begin(uint64_t h, uint64_t discard, const omnicache_plan *plan);
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step);
 int omnicache_abort(uint64_t h);
 int omnicache_sync(uint64_t h);

@@ -7,8 +7,9 @@ manager spends on every step before it copies anything.
 Go and Python rounds alternate (the Go side runs the compiled capi test
 binary once per round), so a change in the machine's load reaches both.
 
-A step is begin(plan) + save(outputs, a non-owned host array of 64-byte
-rows) + discard(the step before), timed around the package calls only
+A step is discard(the step before) + begin(plan), in one call into the
+library (Cache.begin's discard), + save(outputs, a non-owned host array of
+64-byte rows), timed around the package calls only
 (the engine's own in-place plan update is outside the timer), with an
 untimed spin between steps standing for the forward (50 µs for decode,
 1 ms for prefill: the committer writes the step meanwhile;
@@ -90,9 +91,8 @@ def bench_step(reqs, tokens, forward, steps, rounds):
             while clock() - t0 < forward:
                 pass
             t0 = clock()
-            begin(plan)
+            begin(plan, prev)  # discards the step before in the same call
             sid = save(outs)
-            discard(prev)
             acc += clock() - t0
             prev = sid
         per_round.append(acc / steps)

@@ -118,6 +118,7 @@ def lib():
                 "omnicache_new": (ctypes.c_int, [P(Config), P(c_u64)]),
                 "omnicache_close": (ctypes.c_int, [c_u64]),
                 "omnicache_begin": (ctypes.c_int, [c_u64, c_ptr]),
+                "omnicache_discard_begin": (ctypes.c_int, [c_u64, c_u64, c_ptr]),
                 "omnicache_save": (ctypes.c_int, [c_u64, c_ptr, c_ptr]),
                 "omnicache_abort": (ctypes.c_int, [c_u64]),
                 "omnicache_sync": (ctypes.c_int, [c_u64]),
@@ -165,15 +166,18 @@ class _Hot:
         if cffi is None or os.environ.get("OMNICACHE_CTYPES"):
             self.backend = "ctypes"
             self.begin, self.save, self.discard = L.omnicache_begin, L.omnicache_save, L.omnicache_discard
+            self.discard_begin = L.omnicache_discard_begin
             self.ptr = int
             return
         self._ffi = ffi = cffi.FFI()
         ffi.cdef("int omnicache_begin(uint64_t, void *);"
+                 "int omnicache_discard_begin(uint64_t, uint64_t, void *);"
                  "int omnicache_save(uint64_t, void *, void *);"
                  "int omnicache_discard(uint64_t, uint64_t);")
         C = ffi.dlopen(lib_path())
         self.backend = "cffi"
         self.begin, self.save, self.discard = C.omnicache_begin, C.omnicache_save, C.omnicache_discard
+        self.discard_begin = C.omnicache_discard_begin
         self._keep = (ffi, C)
         cast = ffi.cast
         self.ptr = lambda addr: cast("void *", addr)

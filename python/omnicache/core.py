@@ -441,6 +441,7 @@ class Cache:
         # nothing but the handle and the step id
         hot = _ffi.hot()
         self._begin, self._save, self._discard = hot.begin, hot.save, hot.discard
+        self._discard_begin = hot.discard_begin
         self._materialize = L.omnicache_materialize
         self._stepv, self._stepref = hot.u64()
         self._plan = None
@@ -451,14 +452,19 @@ class Cache:
 
     # -- the engine thread --
 
-    def begin(self, plan=None, **fields):
+    def begin(self, plan=None, discard=0, **fields):
         """Begin a real step with plan (a Plan), or with Plan's fields as
-        keywords."""
+        keywords. discard, a step id, is discarded first in the same call
+        into the library (an engine that discards the step before saves
+        one crossing a step); if the discard fails nothing is begun."""
         if plan is None:
             plan = Plan(**fields)
         elif fields:
             raise TypeError("omnicache: begin takes a Plan or keywords, not both")
-        rc = self._begin(self._h, plan._ref)
+        if discard:
+            rc = self._discard_begin(self._h, discard, plan._ref)
+        else:
+            rc = self._begin(self._h, plan._ref)
         if rc:
             _raise(rc)
         self._plan = plan

@@ -144,3 +144,25 @@ def test_backends():
     env = dict(os.environ, OMNICACHE_CTYPES="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_begin_discards_the_step_before():
+    """begin(plan, discard=step) discards step and begins plan in one call;
+    a failed discard begins nothing."""
+    import omnicache as oc
+    c = oc.Cache([oc.Key("hidden", 8)], num_blocks=8, block_size=4)
+    try:
+        rows = np.zeros((2, 8), dtype=np.uint8)
+        c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1])
+        s1 = c.save([rows])
+        plan = oc.Plan(ids=[1], rows=[0], start=[2], count=[1], table=[[0, 1]])
+        c.begin(plan, discard=s1)
+        s2 = c.save([rows[:1]])
+        with pytest.raises(oc.UnknownStepError):
+            c.discard(s1)  # discarded by begin
+        with pytest.raises(oc.UnknownStepError):
+            c.begin(oc.Plan(ids=[1], rows=[0], start=[3], count=[1], table=[[0, 1]]), discard=s1)
+        c.begin(oc.Plan(ids=[1], rows=[0], start=[3], count=[1], table=[[0, 1]]), discard=s2)  # nothing was begun
+        c.save([rows[:1]])
+    finally:
+        c.close()

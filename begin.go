@@ -548,6 +548,7 @@ func (c *Cache) unbegin() {
 	}
 	e.fresh = e.fresh[:0]
 	e.prevIDs = e.prevIDs[:0]
+	e.prevH = e.prevH[:0] // an empty batch next is "the same" as none: no stale handles
 	e.begun = false
 	c.tierUnbegin()
 	if e.rec != nil {

@@ -228,3 +228,31 @@ func emptyOuts(nkeys int) *omnicache.Outputs {
 	}
 	return o
 }
+
+// An empty step right after an aborted one must not see the aborted
+// step's requests (a stale batch once made Save index past the empty
+// step's counts, with a deferred key, and panic).
+func TestEmptyStepAfterAbort(t *testing.T) {
+	cfg := testConfig(keyHidden, omnicache.Key{Name: "codes", RowBytes: 8, Deferred: true})
+	c, err := omnicache.New(cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	table := []int32{1, 2, 3, 4}
+	p := &omnicache.Plan{IDs: []int64{1, 2}, Rows: []int32{0, 1}, Start: []int32{0, 0}, Count: []int32{2, 2},
+		Table: table, Stride: 2, Arrivals: []int64{1, 2}, HitTokens: []int32{0, 0}}
+	require.NoError(t, c.Begin(p))
+	require.NoError(t, c.Abort())
+	require.NoError(t, c.Begin(&omnicache.Plan{Table: table, Stride: 2}))
+	id, err := guardSave(t, c, emptyOuts(2))
+	require.NoError(t, err)
+	require.NoError(t, c.Discard(id))
+}
+
+func guardSave(t *testing.T, c *omnicache.Cache, o *omnicache.Outputs) (id omnicache.StepID, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("Save panicked: %v", r)
+		}
+	}()
+	return c.Save(o)
+}

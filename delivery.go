@@ -38,7 +38,7 @@ func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 		return
 	}
 	c.flushLens()
-	for i, h := range e.h {
+	for i, h := range e.h[:len(rec.Start)] {
 		if e.nFloor > 0 {
 			if pos := e.reqs.Pos(h); e.reqs.Flags[pos]&flagFloor != 0 {
 				lo := rec.Start[i] // its rows start here, or at 0 with a hit prefix

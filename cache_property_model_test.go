@@ -37,10 +37,11 @@ type propEngine struct {
 	implicit                  int
 	pureSteps                 int
 	zeroTokens                int
-	bogus                     int // arrivals hitting never-written blocks (FuzzCache)
-	reuses                    int // cached blocks handed to a new tenant on purpose (FuzzCache)
-	resumeHits                int // resumes with a hit
-	replaces, drafts          int // replaced prompts; rejected draft tokens
+	bogus                     int           // arrivals hitting never-written blocks (FuzzCache)
+	reuses                    int           // cached blocks handed to a new tenant on purpose (FuzzCache)
+	resumeHits                int           // resumes with a hit
+	pendingHit                map[int64]int // resumed with a hit, not scheduled since: its hit tokens
+	replaces, drafts          int           // replaced prompts; rejected draft tokens
 	// spec: requests to schedule with drafts this step: {k drafts, accepted}
 	spec map[int64][2]int
 
@@ -60,15 +61,16 @@ func newPropEngine(seed uint64, nkeys int) *propEngine {
 
 func newEngine(lim engineLimits, nkeys int) *propEngine {
 	e := &propEngine{
-		lim:     lim,
-		bs:      lim.bs,
-		nkeys:   nkeys,
-		ref:     make([]int, lim.blocks),
-		filled:  make([]int, lim.blocks),
-		written: make([]bool, lim.blocks),
-		reqs:    map[int64]*propReq{},
-		spec:    map[int64][2]int{},
-		nextID:  1,
+		lim:        lim,
+		bs:         lim.bs,
+		nkeys:      nkeys,
+		ref:        make([]int, lim.blocks),
+		filled:     make([]int, lim.blocks),
+		written:    make([]bool, lim.blocks),
+		reqs:       map[int64]*propReq{},
+		spec:       map[int64][2]int{},
+		pendingHit: map[int64]int{},
+		nextID:     1,
 	}
 	for b := 0; b < lim.blocks; b++ {
 		e.free = append(e.free, int32(b))
@@ -142,6 +144,7 @@ func remove(ids []int64, id int64) []int64 {
 
 // schedule appends n tokens of r to the step and marks them written.
 func (e *propEngine) schedule(act *propAction, r *propReq, n int) {
+	e.countHit(r.id)
 	act.st.Sched = append(act.st.Sched, S{r.id, r.done, n})
 	for p := r.done; p < r.done+n; p++ {
 		b := r.blocks[p/e.bs]
@@ -152,6 +155,7 @@ func (e *propEngine) schedule(act *propAction, r *propReq, n int) {
 }
 
 func (e *propEngine) finish(act *propAction, id int64) {
+	delete(e.pendingHit, id)
 	r := e.reqs[id]
 	e.release(r.blocks)
 	e.running = remove(e.running, id)
@@ -184,6 +188,7 @@ func (e *propEngine) live() []int64 {
 // preempt frees a running request's blocks (they stay cached) and makes it
 // recompute from 0 once resumed.
 func (e *propEngine) preempt(act *propAction, id int64) {
+	delete(e.pendingHit, id) // a hit not served is replaced at the next resume
 	r := e.reqs[id]
 	e.release(r.blocks)
 	r.blocks = nil
@@ -239,8 +244,7 @@ func (e *propEngine) resume(act *propAction, hitK int) {
 		if len(hit) > 0 {
 			act.st.Arrive = append(act.st.Arrive, A{ID: id, Hit: len(hit) * e.bs})
 			e.resumeHits++
-			e.hits++
-			e.hitTokens += int64(len(hit) * e.bs)
+			e.pendingHit[id] = len(hit) * e.bs // counted once scheduled, as the cache counts it
 		}
 		act.assign = append(act.assign, propAssign{id, bl})
 		act.bump = append(act.bump, id)
@@ -268,6 +272,16 @@ func (e *propEngine) replace(act *propAction, id int64, pick int) {
 	e.replaces++
 }
 
+// countHit counts a resumed request's hit the first time it is scheduled
+// (the cache serves, and counts, a hit with the request's first step).
+func (e *propEngine) countHit(id int64) {
+	if t, ok := e.pendingHit[id]; ok {
+		delete(e.pendingHit, id)
+		e.hits++
+		e.hitTokens += int64(t)
+	}
+}
+
 // scheduleSpec schedules a decoding request 1+k tokens (its token and k
 // drafts) of which acc are accepted: only those advance it and fill its
 // blocks; the others' rows must never be delivered or hit.
@@ -277,6 +291,7 @@ func (e *propEngine) scheduleSpec(act *propAction, r *propReq, k, acc, budget in
 		return 0
 	}
 	acc = min(acc, n)
+	e.countHit(r.id)
 	act.st.Sched = append(act.st.Sched, S{r.id, r.done, n})
 	for p := r.done; p < r.done+n; p++ {
 		b := r.blocks[p/e.bs]

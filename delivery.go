@@ -220,6 +220,9 @@ func (c *Cache) applyPreempted(p *Plan) {
 			continue
 		}
 		pos := e.reqs.Pos(h)
+		// A hit not served yet goes with the KV it came from: the request
+		// resumes with a hit of its own, or none.
+		e.reqs.Flags[pos] &^= flagHitPending
 		if e.reqs.Flags[pos]&flagFloor == 0 {
 			e.reqs.Flags[pos] |= flagFloor
 			e.nFloor++

@@ -238,6 +238,7 @@ func (e *propEngine) resume(act *propAction, hitK int) {
 		bl = append(append([]int32{}, hit...), bl...)
 		r.blocks = bl
 		r.done = len(hit) * e.bs
+		r.shared = r.done
 		e.preempted = e.preempted[1:]
 		e.running = append(e.running, id)
 		act.st.Resumed = append(act.st.Resumed, id)
@@ -256,10 +257,12 @@ func (e *propEngine) resume(act *propAction, hitK int) {
 // pick) on: the plan says so, it recomputes from there with new content.
 func (e *propEngine) replace(act *propAction, id int64, pick int) {
 	r := e.reqs[id]
-	if r.done == 0 || containsID(act.st.Resumed, id) {
+	if r.done <= r.shared || containsID(act.st.Resumed, id) {
 		return
 	}
-	at := pick % (r.done + 1)
+	// From a position in its own blocks: the blocks it hit are shared
+	// (an engine copies a shared block before it rewrites it).
+	at := r.shared + pick%(r.done-r.shared+1)
 	for pos := at; pos < r.done; pos++ {
 		e.filled[r.blocks[pos/e.bs]]--
 	}
@@ -368,7 +371,7 @@ func (e *propEngine) admit(act *propAction, prompt, total int, hit []int32) *pro
 		e.ref[b]++
 	}
 	fresh := e.alloc(need)
-	r := &propReq{id: e.nextID, prompt: prompt, total: total, done: len(hit) * e.bs}
+	r := &propReq{id: e.nextID, prompt: prompt, total: total, done: len(hit) * e.bs, shared: len(hit) * e.bs}
 	e.nextID++
 	r.blocks = append(append([]int32{}, hit...), fresh...)
 	e.reqs[r.id] = r

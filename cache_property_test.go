@@ -96,6 +96,7 @@ type propReq struct {
 	prompt, total int // tokens to prefill (grows to cover a recompute), total tokens
 	done          int
 	blocks        []int32
+	shared        int // tokens of its leading blocks that came from a hit (shared: never rewritten by it)
 }
 
 // engineLimits sizes the simulated engine.

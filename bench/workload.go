@@ -297,35 +297,24 @@ func (w Workload) Spec(seed uint64) Spec {
 	if seed == 0 {
 		seed = w.Seed
 	}
-	if w.Field != nil {
-		return Spec{
-			Name:        w.FullName(),
-			Model:       w.Model,
-			Keys:        w.Keys,
-			Concurrency: w.Concurrency,
-			Prompts:     w.Prompts,
-			MaxModelLen: w.MaxModelLen(),
-			Cost:        w.Cost,
-			KVTokens:    w.Field.kvTokens(w.MaxModelLen(), w.Concurrency),
-			KVBlocks:    w.Field.kvBlocks(),
-			Downstream:  w.Field.Downstream,
-			Sim:         w.Field.tune(seed),
-			Source: func() sim.Source {
-				return newFieldSource(w, seed)
-			},
-		}
-	}
-	return Spec{
+	s := Spec{
 		Name:        w.FullName(),
 		Model:       w.Model,
 		Keys:        w.Keys,
 		Concurrency: w.Concurrency,
 		Prompts:     w.Prompts,
 		MaxModelLen: w.MaxModelLen(),
-		Ref:         w.Ref,
 		Cost:        w.Cost,
-		Source: func() sim.Source {
-			return NewRandomSource(w, seed)
-		},
 	}
+	if w.Field != nil {
+		s.KVTokens = w.Field.kvTokens(w.MaxModelLen(), w.Concurrency)
+		s.KVBlocks = w.Field.kvBlocks()
+		s.Downstream = w.Field.Downstream
+		s.Sim = w.Field.tune(seed)
+		s.Source = func() sim.Source { return newFieldSource(w, seed) }
+		return s
+	}
+	s.Ref = w.Ref
+	s.Source = func() sim.Source { return NewRandomSource(w, seed) }
+	return s
 }

@@ -897,11 +897,7 @@ func (e *Embedded) Delete(_ context.Context, keys []string) []error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		errs := make([]error, len(keys))
-		for i := range errs {
-			errs[i] = ErrClosed
-		}
-		return errs
+		return closedErrs(len(keys))
 	}
 	for _, k := range keys {
 		if x := e.find(e.hash(k), k); x >= 0 {
@@ -948,10 +944,7 @@ func (e *Embedded) Pin(_ context.Context, keys []string) []error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		for i := range errs {
-			errs[i] = ErrClosed
-		}
-		return errs
+		return closedErrs(len(keys))
 	}
 	xs := make([]int32, len(keys))
 	failed := false
@@ -983,10 +976,7 @@ func (e *Embedded) Unpin(_ context.Context, keys []string) []error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		for i := range errs {
-			errs[i] = ErrClosed
-		}
-		return errs
+		return closedErrs(len(keys))
 	}
 	for i, k := range keys {
 		if x := e.find(hs[i], k); x >= 0 && e.ents[x].kept {

@@ -178,7 +178,9 @@ func (r *Redis) String() string { return r.name }
 // Client is the rueidis client, for diagnostics and tests.
 func (r *Redis) Client() rueidis.Client { return r.c }
 
-func (r *Redis) closedErrs(n int) []error {
+// closedErrs is n errors, each ErrClosed: a closed backend's answer to a
+// batch of n keys.
+func closedErrs(n int) []error {
 	errs := make([]error, n)
 	for i := range errs {
 		errs[i] = ErrClosed
@@ -248,7 +250,7 @@ func globEscape(s string) string {
 // Delete implements Deleter: one pipelined DEL per key.
 func (r *Redis) Delete(ctx context.Context, keys []string) []error {
 	if r.closed.Load() {
-		return r.closedErrs(len(keys))
+		return closedErrs(len(keys))
 	}
 	cmds := make(rueidis.Commands, len(keys))
 	for i, k := range keys {
@@ -265,7 +267,7 @@ func (r *Redis) Delete(ctx context.Context, keys []string) []error {
 func (r *Redis) Get(ctx context.Context, keys []string) ([][]byte, []error) {
 	vals := make([][]byte, len(keys))
 	if r.closed.Load() {
-		return vals, r.closedErrs(len(keys))
+		return vals, closedErrs(len(keys))
 	}
 	errs := make([]error, len(keys))
 	cmds := make(rueidis.Commands, len(keys))
@@ -288,7 +290,7 @@ func (r *Redis) Get(ctx context.Context, keys []string) ([][]byte, []error) {
 // Set implements Backend: one pipelined SET per key.
 func (r *Redis) Set(ctx context.Context, keys []string, vals [][]byte) []error {
 	if r.closed.Load() {
-		return r.closedErrs(len(keys))
+		return closedErrs(len(keys))
 	}
 	errs := make([]error, len(keys))
 	cmds := make(rueidis.Commands, len(keys))
@@ -364,7 +366,7 @@ func (r *Redis) Pin(ctx context.Context, keys []string) []error {
 // changes nothing.
 func (r *Redis) Unpin(ctx context.Context, keys []string) []error {
 	if r.closed.Load() {
-		return r.closedErrs(len(keys))
+		return closedErrs(len(keys))
 	}
 	errs := make([]error, len(keys))
 	if r.ttl == "" {
@@ -387,7 +389,7 @@ func (r *Redis) Unpin(ctx context.Context, keys []string) []error {
 func (r *Redis) Exists(ctx context.Context, keys []string) ([]bool, []error) {
 	held := make([]bool, len(keys))
 	if r.closed.Load() {
-		return held, r.closedErrs(len(keys))
+		return held, closedErrs(len(keys))
 	}
 	errs := make([]error, len(keys))
 	cmds := make(rueidis.Commands, len(keys))

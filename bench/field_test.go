@@ -61,14 +61,7 @@ func TestFieldWorkloadsVerify(t *testing.T) {
 // workloads, small, through the real cache under --verify: 0 wrong,
 // repeated and missing rows, and what each exercises happened.
 func TestFieldEngineFeatures(t *testing.T) {
-	ws, err := ParseWorkloads(smallFieldTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	by := map[string]Workload{}
-	for _, w := range ws {
-		by[w.FullName()] = w
-	}
+	by := smallFieldWorkloads(t)
 	tests := []struct {
 		name string
 		what func(r *Report) (string, bool)
@@ -108,14 +101,7 @@ func TestFieldEngineFeatures(t *testing.T) {
 }
 
 func TestFieldWorkloadShapes(t *testing.T) {
-	ws, err := ParseWorkloads(smallFieldTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	by := map[string]Workload{}
-	for _, w := range ws {
-		by[w.FullName()] = w
-	}
+	by := smallFieldWorkloads(t)
 	prompts := func(name string) [][]int32 {
 		w := by[name]
 		src := w.Spec(0).Source()
@@ -235,4 +221,18 @@ func TestParseFieldErrors(t *testing.T) {
 			t.Errorf("%q: error %v, want %q", tc.line, err, tc.want)
 		}
 	}
+}
+
+// smallFieldWorkloads parses smallFieldTable into workloads by full name.
+func smallFieldWorkloads(t *testing.T) map[string]Workload {
+	t.Helper()
+	ws, err := ParseWorkloads(smallFieldTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]Workload{}
+	for _, w := range ws {
+		by[w.FullName()] = w
+	}
+	return by
 }

@@ -108,7 +108,7 @@ check-generate: ## regenerate and fail on any drift
 gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cuda.h> CGO_LDFLAGS=-L<dir of libcuda.so>; docs/operations.md)
 	$(GO) vet -tags cuda ./gpu/ ./cmd/omnicache/
 	$(GO) test -tags cuda -c -o .gpu/gpu.test ./gpu/
-	$(GO) test -tags cuda -c -o .gpu/bench.test ./bench/
+	$(GO) test -tags cuda -c -o .gpu/replay.test ./internal/replay/
 	$(GO) test -c -o .gpu/mirror.test ./mirror/
 	$(GO) test -c -o .gpu/omnicache.test .
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 // Scenario 27: a failed copy is sticky: every later call returns
@@ -24,7 +25,7 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 	for _, n := range []int64{0, 1, 2, 3, 5, 8, 13} {
 		t.Run(fmt.Sprintf("fail after %d copies", n), func(t *testing.T) {
 			base := runtime.NumGoroutine()
-			dev := gpu.NewFaulty(gpu.NewHost())
+			dev := gputest.NewFaulty(gpu.NewHost())
 			cfg := testConfig(keyHidden, keyAux, keyCodes)
 			cfg.Device = dev
 			h := newHarness(t, cfg)

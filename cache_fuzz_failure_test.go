@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 // Wrong plans for the step about to run (propAction.badPlan).
@@ -147,9 +147,9 @@ func (r *propRun) badSaveFirst(act propAction) bool {
 func (r *propRun) faultStep(act propAction) {
 	h := r.h
 	h.t.Helper()
-	f, ok := h.cfg.Device.(*gpu.Faulty)
-	require.True(h.t, ok, "harness: faults need a gpu.Faulty device")
-	op := gpu.Op(act.fault - 1)
+	f, ok := h.cfg.Device.(*gputest.Faulty)
+	require.True(h.t, ok, "harness: faults need a gputest.Faulty device")
+	op := gputest.Op(act.fault - 1)
 	// Reads in flight on other goroutines finish first: a fault they
 	// triggered after the checks below would go unnoticed there.
 	keep := r.late[:0]

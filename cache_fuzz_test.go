@@ -50,7 +50,7 @@ package omnicache_test
 //	            accepted)
 //	        [device] 0x80: Close while every unconsumed step is being read
 //	            (the run ends); else the device fails method (b&7)%7
-//	            (gpu.Op) after (b>>3)&7 more calls, from this step on
+//	            (gputest.Op) after (b>>3)&7 more calls, from this step on
 //	        cons bits 0-1 consumption (now, late, discard, async), bits 2-3
 //	            delay 1-4 steps (at most depth-1), bits 4-7 request subset
 //	        [omit] (sparse steps only) bit k: the step omits key k when it
@@ -67,6 +67,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 const (
@@ -165,7 +166,7 @@ func fuzzConfig(in *fuzzIn) fuzzSetup {
 		}
 		keys = append(keys, codes)
 	}
-	dev := gpu.NewFaulty(gpu.NewHost())
+	dev := gputest.NewFaulty(gpu.NewHost())
 	if c0&0x80 != 0 {
 		dev.DelayWaits(50 * time.Microsecond) // the committer lags behind the engine
 	}
@@ -383,7 +384,7 @@ func (e *propEngine) fuzzNext(in *fuzzIn, modes *tensorModes) propAction {
 		if b&0x80 != 0 {
 			act.closeNow = true
 		} else {
-			act.fault, act.faultN = 1+int(b&7)%int(gpu.NumOps), int(b>>3&7)
+			act.fault, act.faultN = 1+int(b&7)%int(gputest.NumOps), int(b>>3&7)
 		}
 	}
 	return act

@@ -21,6 +21,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 const (
@@ -73,7 +74,7 @@ type propAction struct {
 	// Begin the same step again.
 	abortRetry bool
 	nilArgs    bool // Begin(nil), Save(nil) and Materialize into a nil Result first: typed errors that change nothing
-	fault      int  // 1 + gpu.Op: the device fails that method from this step on
+	fault      int  // 1 + gputest.Op: the device fails that method from this step on
 	faultN     int  // ... after faultN more successful calls
 	closeNow   bool
 }
@@ -160,7 +161,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			// Some hit steps' prefetch buffers do not fit: read at
 			// Materialize, racing reassignment.
 			c.ReadAheadBytes = 1024
-			dev := gpu.NewFaulty(gpu.NewHost())
+			dev := gputest.NewFaulty(gpu.NewHost())
 			dev.DelayWaits(100 * time.Microsecond)
 			c.Device = dev
 		}},
@@ -168,7 +169,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			// Every device wait takes longer: the committer falls behind
 			// the engine, so writes skip slots newer writes claimed and
 			// delayed reads race reassignment (the read protocol's case).
-			dev := gpu.NewFaulty(gpu.NewHost())
+			dev := gputest.NewFaulty(gpu.NewHost())
 			dev.DelayWaits(100 * time.Microsecond)
 			c.Device = dev
 		}},

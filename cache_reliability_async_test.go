@@ -13,6 +13,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 // asyncDevice models a device whose copies run later, in stream order,
@@ -163,14 +164,14 @@ func TestLargeClonedStepCopiedBySave(t *testing.T) {
 	})
 
 	t.Run("copy fails", func(t *testing.T) {
-		f := gpu.NewFaulty(gpu.NewHost())
+		f := gputest.NewFaulty(gpu.NewHost())
 		c, err := omnicache.New(newCfg(f))
 		require.NoError(t, err)
 		defer c.Close()
 		tensor, err := f.Alloc(tok * rb)
 		require.NoError(t, err)
 		copy(tensor.Host, src)
-		f.FailOpAfter(gpu.OpCopyDtoH, 0) // the clone succeeds, its copy out fails
+		f.FailOpAfter(gputest.OpCopyDtoH, 0) // the clone succeeds, its copy out fails
 		require.NoError(t, c.Begin(plan(1, 0, tok, 0)))
 		_, err = c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
 		require.ErrorIs(t, err, omnicache.ErrWriteFailed)

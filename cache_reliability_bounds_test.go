@@ -11,6 +11,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -18,7 +19,7 @@ import (
 // read's join fails the cache with ErrDeviceTimeout, and Close returns
 // ErrDeviceTimeout within Config.WaitTimeout instead of hanging.
 func TestHungDeviceBoundedWaits(t *testing.T) {
-	dev := gpu.NewFaulty(gpu.NewHost())
+	dev := gputest.NewFaulty(gpu.NewHost())
 	cfg := testConfig()
 	cfg.Device = dev
 	cfg.WaitTimeout = 50 * time.Millisecond
@@ -42,7 +43,7 @@ func TestHungDeviceBoundedWaits(t *testing.T) {
 // write before the previous one) is bounded too: with the device hung, the
 // third Save fails the cache with ErrDeviceTimeout instead of hanging.
 func TestHungDeviceBoundedJoin(t *testing.T) {
-	dev := gpu.NewFaulty(gpu.NewHost())
+	dev := gputest.NewFaulty(gpu.NewHost())
 	cfg := testConfig()
 	cfg.Device = dev
 	cfg.WaitTimeout = 50 * time.Millisecond
@@ -159,11 +160,11 @@ func TestDeviceTensorLargerThanItsMemory(t *testing.T) {
 // Finding 7: a staging page that cannot be allocated is a sticky write
 // failure like any device failure (not a one-off ErrWriteFailed).
 func TestStagingAllocFailureIsSticky(t *testing.T) {
-	dev := gpu.NewFaulty(gpu.NewHost())
+	dev := gputest.NewFaulty(gpu.NewHost())
 	cfg := testConfig()
 	cfg.Device = dev
 	h := newHarness(t, cfg)
-	dev.FailOpAfter(gpu.OpAllocHost, 0)
+	dev.FailOpAfter(gputest.OpAllocHost, 0)
 	const a = 1
 	h.assign(a, 1)
 	h.begin(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})

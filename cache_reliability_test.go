@@ -15,6 +15,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 // lagDevice holds chosen writes "in transit": every event recorded while
@@ -352,7 +353,7 @@ func TestCloseWakesSaveWaitingForPage(t *testing.T) {
 // failure still consumes its step (finding 8), and Close leaves no page
 // or budget held.
 func TestFailureWakesSaveWaitingForPage(t *testing.T) {
-	dev := gpu.NewFaulty(gpu.NewHost())
+	dev := gputest.NewFaulty(gpu.NewHost())
 	cfg := testConfig()
 	cfg.Device = dev
 	cfg.StagingDepth = 1
@@ -370,7 +371,7 @@ func TestFailureWakesSaveWaitingForPage(t *testing.T) {
 		t.Fatal("Save returned while every page was held")
 	case <-time.After(20 * time.Millisecond):
 	}
-	dev.FailOpAfter(gpu.OpWait, 0)
+	dev.FailOpAfter(gputest.OpWait, 0)
 	dev.Release() // the committer's Wait now fails: the cache fails
 	_, err := join()
 	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "the waiting Save wakes with the failure")

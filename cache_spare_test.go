@@ -10,6 +10,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/gputest"
 )
 
 // pinLog is the host device with its staging allocations recorded.
@@ -141,8 +142,8 @@ func newFailsOnPages(t *testing.T, set func(*omnicache.Config)) {
 	t.Helper()
 	base := runtime.NumGoroutine()
 	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
-	f := gpu.NewFaulty(d)
-	f.FailOpAfter(gpu.OpAllocHost, 0)
+	f := gputest.NewFaulty(d)
+	f.FailOpAfter(gputest.OpAllocHost, 0)
 	cfg := stagingConfig(f)
 	cfg.CopyWorkers = 4
 	set(&cfg)

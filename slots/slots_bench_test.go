@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/omnicache/omnicache/internal/slotstest"
 	"github.com/omnicache/omnicache/slots"
-	"github.com/omnicache/omnicache/slots/slotstest"
 )
 
 // Benchmark shapes, block size 16, over an engine-like block table: 256 rows

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/omnicache/omnicache/internal/slotstest"
 	"github.com/omnicache/omnicache/slots"
-	"github.com/omnicache/omnicache/slots/slotstest"
 )
 
 // canary fills the memory after a destination; no implementation may touch it.

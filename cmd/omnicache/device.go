@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/omnicache/omnicache/bench"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/replay"
 )
 
 // defaultCUDAHoldMax is --hold auto's cap on the held forward with
@@ -102,7 +102,7 @@ var errDevice = errors.New("device")
 // openDevice opens the device of --device and sets the options that go
 // with it: the cache's device, outputs in its memory unless it is the host
 // device, and the hold. The caller closes the device (nil for host).
-func openDevice(dev deviceSpec, hold holdSpec, opt *bench.Options) (gpu.Device, error) {
+func openDevice(dev deviceSpec, hold holdSpec, opt *replay.Options) (gpu.Device, error) {
 	opt.Hold, opt.HoldMax, opt.HoldSpin = hold.on, hold.max, hold.spin
 	if !dev.cuda {
 		return nil, nil

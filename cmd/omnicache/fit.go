@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/internal/replay"
 )
 
 const fitUsage = `usage: omnicache fit [flags]
@@ -39,26 +39,26 @@ func fitMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	t := time.Now()
-	fits, err := bench.Fit(ws, bench.Options{})
+	fits, err := replay.Fit(ws, replay.Options{})
 	if err != nil {
 		fmt.Fprintf(stderr, "fit: %v\n", err)
 		return 1
 	}
-	fmt.Fprint(stdout, bench.FormatFit(fits))
+	fmt.Fprint(stdout, replay.FormatFit(fits))
 	fmt.Fprintf(stdout, "\nfitted in %.1fs (schedules of %d full-size workloads, cache off)\n", time.Since(t).Seconds(), len(ws))
 	return 0
 }
 
 // readTable reads the workload table of FILE, or the embedded one.
-func readTable(path string) ([]bench.Workload, error) {
+func readTable(path string) ([]replay.Workload, error) {
 	if path == "" {
-		return bench.DefaultWorkloads(), nil
+		return replay.DefaultWorkloads(), nil
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	ws, err := bench.ParseWorkloads(string(data))
+	ws, err := replay.ParseWorkloads(string(data))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

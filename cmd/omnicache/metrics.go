@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/bench"
-	"github.com/omnicache/omnicache/bench/sim"
+	"github.com/omnicache/omnicache/internal/replay"
+	"github.com/omnicache/omnicache/internal/replay/sim"
 	"github.com/omnicache/omnicache/metrics"
 )
 
@@ -105,7 +105,7 @@ func (m *metricsServer) close() {
 // attach makes a cache-on run's cache visible under workload: the first
 // run of a workload registers its collector; a repeat replaces the cache
 // and restarts its counters (a new cache, as after a process restart).
-func (m *metricsServer) attach(o *bench.Options, workload string) {
+func (m *metricsServer) attach(o *replay.Options, workload string) {
 	m.mu.Lock()
 	r := m.runs[workload]
 	if r == nil {
@@ -116,9 +116,9 @@ func (m *metricsServer) attach(o *bench.Options, workload string) {
 	m.mu.Unlock()
 	newCache := o.NewCache
 	if newCache == nil {
-		newCache = bench.NewRealCache
+		newCache = replay.NewRealCache
 	}
-	o.NewCache = func(cfg omnicache.Config) (bench.Cache, error) {
+	o.NewCache = func(cfg omnicache.Config) (replay.Cache, error) {
 		cfg.Histograms = true // exported: omnicache_*_seconds, _bytes
 		c, err := newCache(cfg)
 		if err != nil {
@@ -145,7 +145,7 @@ func (m *metricsServer) attach(o *bench.Options, workload string) {
 // once it closed, its final Stats.
 type liveRun struct {
 	mu    sync.Mutex
-	cache bench.Cache // nil once closed
+	cache replay.Cache // nil once closed
 	last  omnicache.Stats
 	lastH []omnicache.Histogram
 	// queries is replaced by open and fed by OnStep, both on the engine
@@ -153,7 +153,7 @@ type liveRun struct {
 	queries *metrics.QueryCounter
 }
 
-func (r *liveRun) open(c bench.Cache) {
+func (r *liveRun) open(c replay.Cache) {
 	r.mu.Lock()
 	r.cache, r.last, r.lastH, r.queries = c, omnicache.Stats{}, nil, new(metrics.QueryCounter)
 	r.mu.Unlock()
@@ -171,7 +171,7 @@ func (r *liveRun) close() error {
 }
 
 // histogramsOf is c's histograms when it has any (a real cache does).
-func histogramsOf(c bench.Cache) []omnicache.Histogram {
+func histogramsOf(c replay.Cache) []omnicache.Histogram {
 	if h, ok := c.(metrics.HistogramSource); ok {
 		return h.Histograms()
 	}
@@ -204,9 +204,9 @@ func (r *liveRun) QueryTokens() int64 {
 	return r.queries.QueryTokens()
 }
 
-// closeHook is a bench.Cache whose Close runs close instead.
+// closeHook is a replay.Cache whose Close runs close instead.
 type closeHook struct {
-	bench.Cache
+	replay.Cache
 	close func() error
 }
 

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/internal/replay"
 	"github.com/omnicache/omnicache/metrics"
 )
 
@@ -183,7 +183,7 @@ func TestReplayMetrics(t *testing.T) {
 func TestLiveRunRepeat(t *testing.T) {
 	cfg := omnicache.Config{NumBlocks: 4, BlockSize: 4, Keys: []omnicache.Key{{Name: "hidden", RowBytes: 8}}}
 	r := &liveRun{queries: new(metrics.QueryCounter)}
-	c1, err := bench.NewRealCache(cfg)
+	c1, err := replay.NewRealCache(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestLiveRunRepeat(t *testing.T) {
 	if err := r.close(); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	c2, err := bench.NewRealCache(cfg)
+	c2, err := replay.NewRealCache(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/internal/replay"
 )
 
 const replayUsage = `usage: omnicache replay [flags]
@@ -110,7 +110,7 @@ type replayFlags struct {
 
 // newCache creates the cache of the cache-on runs (nil: bench's default,
 // the real cache on the host device); tests plug in others.
-var newCache func(omnicache.Config) (bench.Cache, error)
+var newCache func(omnicache.Config) (replay.Cache, error)
 
 func replayMain(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
@@ -127,8 +127,8 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.cache, "cache", "both", "cache modes to run: off, on or both")
 	fs.BoolVar(&f.verify, "verify", false, "fill rows from the content oracle and check every materialized row and, after Sync, the mirror")
 	fs.BoolVar(&f.owned, "owned", true, "hand the cache fresh Owned output buffers (false: reuse one engine buffer, not owned)")
-	fs.IntVar(&f.maxBatched, "max-batched-tokens", bench.DefaultMaxBatchedTokens, "engine token budget per step (also the staging page capacity)")
-	fs.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "KV block size in tokens")
+	fs.IntVar(&f.maxBatched, "max-batched-tokens", replay.DefaultMaxBatchedTokens, "engine token budget per step (also the staging page capacity)")
+	fs.IntVar(&f.blockSize, "block-size", replay.DefaultBlockSize, "KV block size in tokens")
 	fs.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV pool size in blocks (0: auto for the table, 65536 for a trace)")
 	fs.Int64Var(&f.mirrorMiB, "mirror-budget-mib", 0, "cap of the automatic KV pool, as mirror MiB (0: 1024)")
 	fs.IntVar(&f.stagingDepth, "staging-depth", 0, "cache staging pages (0: the cache's default)")
@@ -140,10 +140,10 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&f.seed, "seed", 0, "prompt seed (0: each workload's dataset seed)")
 	fs.StringVar(&f.trace, "trace", "", "replay a Mooncake-style JSONL trace FILE instead of the table")
 	fs.IntVar(&f.limit, "limit", 0, "replay only the first N trace requests (0: all)")
-	fs.IntVar(&f.maxModelLen, "max-model-len", bench.DefaultTraceMaxModelLen, "a trace request's prompt + output tokens must fit this model length")
+	fs.IntVar(&f.maxModelLen, "max-model-len", replay.DefaultTraceMaxModelLen, "a trace request's prompt + output tokens must fit this model length")
 	fs.StringVar(&f.widths, "widths", "", "per-token keys name=bytes[:opt|:req|:deferred],... (default: the model's; hidden=64 for a trace)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "requests in flight (default: the workload's; 32 for a trace)")
-	fs.StringVar(&f.jsonParser, "json-parser", bench.ParserAuto, "trace parser: auto, simd (simdjson-go) or std (encoding/json)")
+	fs.StringVar(&f.jsonParser, "json-parser", replay.ParserAuto, "trace parser: auto, simd (simdjson-go) or std (encoding/json)")
 	fs.StringVar(&f.jsonOut, "json", "", "write one JSON object per workload and mode (JSON Lines) to FILE")
 	fs.StringVar(&f.plot, "plot", "", "draw the projected change per workload beside the reference's to FILE.png, the projected time-to-first-token distributions off vs on to FILE-ttft.png, and per-step cache time and hit rate to FILE-steps.png")
 	fs.StringVar(&f.samples, "samples", "", "write every run's per-step engine times (Begin, Save, consume, waits, hold; ns) as CSV to FILE")
@@ -250,7 +250,7 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 		{"materialize-on", f.materializeOn, []string{"output", "engine"}},
 		{"alloc-staging", f.allocStaging, []string{"auto", "ahead", "new", "first-use"}},
 		{"hold-wait", f.holdWait, []string{"sleep", "spin"}},
-		{"json-parser", f.jsonParser, []string{bench.ParserAuto, bench.ParserSIMD, bench.ParserStd}},
+		{"json-parser", f.jsonParser, []string{replay.ParserAuto, replay.ParserSIMD, replay.ParserStd}},
 	} {
 		if !slices.Contains(e.ok, e.v) {
 			return fmt.Errorf("--%s %q: want %s", e.name, e.v, strings.Join(e.ok, ", "))
@@ -367,7 +367,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		defer jsonFile.Close()
 	}
 
-	opt := bench.Options{
+	opt := replay.Options{
 		Verify:              f.verify,
 		NotOwned:            !f.owned,
 		MaxBatchedTokens:    f.maxBatched,
@@ -416,7 +416,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	}
 	bar := newProgress(f.progress, total, stderr)
 
-	var reps []*bench.Report
+	var reps []*replay.Report
 	failed := 0
 	verifyFailed := false
 	for _, spec := range specs {
@@ -434,10 +434,10 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 				bar.Describe(fmt.Sprintf("%-26s cache %-3s", spec.Name, mode))
 				o.Progress = func(n int) { bar.Add(n) }
 			}
-			rep, err := bench.Replay(spec, o)
+			rep, err := replay.Replay(spec, o)
 			for i := 1; on && i < repeat && err == nil; i++ {
-				var again *bench.Report
-				if again, err = bench.Replay(spec, o); err == nil && again.ModelReqPerSec > rep.ModelReqPerSec {
+				var again *replay.Report
+				if again, err = replay.Replay(spec, o); err == nil && again.ModelReqPerSec > rep.ModelReqPerSec {
 					rep = again
 				} else if err != nil {
 					rep = again
@@ -445,7 +445,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			}
 			if err != nil {
 				failed++
-				if errors.Is(err, bench.ErrVerify) {
+				if errors.Is(err, replay.ErrVerify) {
 					verifyFailed = true
 				}
 				if bar != nil {
@@ -453,10 +453,10 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 				}
 				fmt.Fprintf(stderr, "replay: %v\n", err)
 			}
-			if rep != nil && (err == nil || errors.Is(err, bench.ErrVerify)) {
+			if rep != nil && (err == nil || errors.Is(err, replay.ErrVerify)) {
 				reps = append(reps, rep)
 				if jsonFile != nil {
-					if err := bench.WriteJSON(jsonFile, rep); err != nil {
+					if err := replay.WriteJSON(jsonFile, rep); err != nil {
 						return 1, err
 					}
 				}
@@ -470,22 +470,22 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		bar.Finish()
 		fmt.Fprintln(stderr)
 	}
-	write := bench.WriteTable
+	write := replay.WriteTable
 	if f.wide {
-		write = bench.WriteWideTable
+		write = replay.WriteWideTable
 	}
 	if err := write(stdout, reps); err != nil {
 		return 1, err
 	}
 	if f.realScale {
 		fmt.Fprintln(stdout)
-		if err := bench.WriteScaleTable(stdout, reps); err != nil {
+		if err := replay.WriteScaleTable(stdout, reps); err != nil {
 			return 1, err
 		}
 	}
 	if f.dev.cuda {
 		fmt.Fprintln(stdout)
-		if err := bench.WriteDeviceTable(stdout, reps); err != nil {
+		if err := replay.WriteDeviceTable(stdout, reps); err != nil {
 			return 1, err
 		}
 	}
@@ -493,7 +493,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), load, busyNote(f.busy), repeat)
 	fmt.Fprintf(stdout, "device: %s%s; forward held: %s\n", f.dev, deviceNote(dev), f.holdFor)
 	if f.plot != "" && len(reps) > 0 {
-		if err := bench.WritePlots(f.plot, reps); err != nil {
+		if err := replay.WritePlots(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "replay: plot: %v\n", err)
 			failed++
 		}
@@ -516,7 +516,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		return 1, fmt.Errorf("%d runs failed", failed)
 	}
 	if f.check {
-		if missed := bench.Check(reps).Missed; len(missed) > 0 {
+		if missed := replay.Check(reps).Missed; len(missed) > 0 {
 			return 1, fmt.Errorf("--check: %d targets missed: %s", len(missed), strings.Join(missed, "; "))
 		}
 	}
@@ -532,23 +532,23 @@ func busyNote(n int) string {
 }
 
 // doneLine is the progress line of a finished run.
-func doneLine(rep *bench.Report, err error) string {
+func doneLine(rep *replay.Report, err error) string {
 	switch {
 	case err == nil:
 		return fmt.Sprintf("%d steps in %.2fs", rep.Steps, float64(rep.WallNs)/1e9)
-	case errors.Is(err, bench.ErrVerify):
+	case errors.Is(err, replay.ErrVerify):
 		return fmt.Sprintf("%d steps, FAILED verification", rep.Steps)
 	}
 	return "failed"
 }
 
 // writeSamples writes the runs' per-step samples as CSV to path.
-func writeSamples(path string, reps []*bench.Report) error {
+func writeSamples(path string, reps []*replay.Report) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := bench.WriteSamples(f, reps); err != nil {
+	if err := replay.WriteSamples(f, reps); err != nil {
 		f.Close()
 		return err
 	}

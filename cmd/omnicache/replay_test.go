@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/internal/replay"
 )
 
 const trace = "../../bench/testdata/mooncake/synthetic_trace.jsonl"
@@ -90,7 +90,7 @@ func TestReplayTableCacheOff(t *testing.T) {
 		if _, ok := m["stats"]; ok {
 			t.Fatal("nested stats object in the JSON")
 		}
-		if m["schema_version"].(float64) != bench.SchemaVersion || m["cache"] != "off" || m["prompts"].(float64) != 64 || m["hit_rate"].(float64) != 0 {
+		if m["schema_version"].(float64) != replay.SchemaVersion || m["cache"] != "off" || m["prompts"].(float64) != 64 || m["hit_rate"].(float64) != 0 {
 			t.Fatalf("%v", m)
 		}
 		// The embedded reference, beside the model's cache-off throughput.
@@ -115,7 +115,7 @@ func TestReplayDefaultTableFits(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 	for _, l := range strings.Split(out, "\n") {
-		if n := utf8.RuneCountInString(l); n > bench.TableWidth && !strings.HasPrefix(l, "machine:") {
+		if n := utf8.RuneCountInString(l); n > replay.TableWidth && !strings.HasPrefix(l, "machine:") {
 			t.Errorf("%d columns: %q", n, l)
 		}
 	}
@@ -257,11 +257,11 @@ func TestReplayTraceRecordChecks(t *testing.T) {
 // faultyCache wraps the real cache: fail makes New fail; corrupt flips a
 // byte of every row Materialize returns.
 type faultyCache struct {
-	bench.Cache
+	replay.Cache
 	corrupt bool
 }
 
-type corruptRows struct{ inner bench.Rows }
+type corruptRows struct{ inner replay.Rows }
 
 func (r corruptRows) Len() int         { return r.inner.Len() }
 func (r corruptRows) ID(i int) int64   { return r.inner.ID(i) }
@@ -277,7 +277,7 @@ func (r corruptRows) Rows(i, k int) []byte {
 	return b
 }
 
-func (f faultyCache) Materialize(id omnicache.StepID, reqs []int64) (bench.Rows, error) {
+func (f faultyCache) Materialize(id omnicache.StepID, reqs []int64) (replay.Rows, error) {
 	res, err := f.Cache.Materialize(id, reqs)
 	if err != nil || !f.corrupt {
 		return res, err
@@ -285,7 +285,7 @@ func (f faultyCache) Materialize(id omnicache.StepID, reqs []int64) (bench.Rows,
 	return corruptRows{res}, nil
 }
 
-func withCache(t *testing.T, fn func(omnicache.Config) (bench.Cache, error)) {
+func withCache(t *testing.T, fn func(omnicache.Config) (replay.Cache, error)) {
 	t.Helper()
 	newCache = fn
 	t.Cleanup(func() { newCache = nil })
@@ -294,7 +294,7 @@ func withCache(t *testing.T, fn func(omnicache.Config) (bench.Cache, error)) {
 // TestReplayFailureIsNotVerification: a run that fails before any step is a
 // failure (exit 1), not "FAILED verification".
 func TestReplayFailureIsNotVerification(t *testing.T) {
-	withCache(t, func(omnicache.Config) (bench.Cache, error) { return nil, fmt.Errorf("no device") })
+	withCache(t, func(omnicache.Config) (replay.Cache, error) { return nil, fmt.Errorf("no device") })
 	code, _, errs := run(t, "--trace", trace, "--limit", "10", "--concurrency", "4", "--cache", "on")
 	if code != 1 || strings.Contains(errs, "FAILED verification") || !strings.Contains(errs, "no device") {
 		t.Fatalf("exit %d, stderr:\n%s", code, errs)
@@ -304,8 +304,8 @@ func TestReplayFailureIsNotVerification(t *testing.T) {
 // TestReplayVerifyFailureExits1: wrong rows are "FAILED verification" and
 // exit 1 under --verify; without --verify nothing claims a verification.
 func TestReplayVerifyFailureExits1(t *testing.T) {
-	withCache(t, func(cfg omnicache.Config) (bench.Cache, error) {
-		c, err := bench.NewRealCache(cfg)
+	withCache(t, func(cfg omnicache.Config) (replay.Cache, error) {
+		c, err := replay.NewRealCache(cfg)
 		return faultyCache{Cache: c, corrupt: true}, err
 	})
 	args := []string{"--trace", trace, "--limit", "20", "--concurrency", "4", "--cache", "on", "--repeat", "1"}
@@ -341,7 +341,7 @@ func TestFitCommand(t *testing.T) {
 	if code := fitMain(nil, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	for _, w := range bench.DefaultWorkloads() {
+	for _, w := range replay.DefaultWorkloads() {
 		if w.Field != nil {
 			continue // no reference: not fitted
 		}

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/internal/replay"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -61,13 +61,13 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	}
 	switch f.route {
 	case "auto":
-		f.route = bench.RouteRoundRobin
+		f.route = replay.RouteRoundRobin
 		if f.trace != "" {
-			f.route = bench.RouteSession
+			f.route = replay.RouteSession
 		}
-	case bench.RouteRoundRobin, bench.RouteSession:
+	case replay.RouteRoundRobin, replay.RouteSession:
 	default:
-		return fmt.Errorf("--route %q: want auto, %s or %s", f.route, bench.RouteRoundRobin, bench.RouteSession)
+		return fmt.Errorf("--route %q: want auto, %s or %s", f.route, replay.RouteRoundRobin, replay.RouteSession)
 	}
 	if f.tier != "embedded" && f.tier != "off" && !strings.Contains(f.tier, "://") {
 		return fmt.Errorf("--tier %q: want embedded, off, redis://HOST:PORT or redis-cluster://H1:P1,...", tier.Redact(f.tier))
@@ -90,7 +90,7 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 
 // runReplicas replays every spec on f.replicas engines and prints the
 // per-replica and total table (JSON Lines to --json).
-func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (int, error) {
+func runReplicas(f *replayFlags, specs []replay.Spec, stdout, stderr io.Writer) (int, error) {
 	var js *json.Encoder
 	if f.jsonOut != "" {
 		jf, err := os.Create(f.jsonOut)
@@ -100,7 +100,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		defer jf.Close()
 		js = json.NewEncoder(jf)
 	}
-	o := bench.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, TierRecent: f.tierRecent, PacePark: f.pacePark, Route: f.route, Verify: f.verify,
+	o := replay.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, TierRecent: f.tierRecent, PacePark: f.pacePark, Route: f.route, Verify: f.verify,
 		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish,
 		TierPolicy: tier.Policy(f.tierPolicy), AdmitAfter: f.tierAdmit}
 	var ms *metricsServer
@@ -112,7 +112,7 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		defer ms.close()
 		o.Histograms = true
 	}
-	var reps []*bench.ReplicasReport
+	var reps []*replay.ReplicasReport
 	var failed error
 	for _, s := range specs {
 		fmt.Fprintf(stderr, "%s: %d replicas, tier %s, route %s...\n", s.Name, f.replicas, tier.Redact(f.tier), f.route)
@@ -125,8 +125,8 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 				}
 			}
 		}
-		rep, err := bench.RunReplicas(s, o)
-		if rep != nil && (err == nil || errors.Is(err, bench.ErrVerify)) {
+		rep, err := replay.RunReplicas(s, o)
+		if rep != nil && (err == nil || errors.Is(err, replay.ErrVerify)) {
 			reps = append(reps, rep)
 			if js != nil {
 				if err := js.Encode(rep); err != nil {
@@ -136,12 +136,12 @@ func runReplicas(f *replayFlags, specs []bench.Spec, stdout, stderr io.Writer) (
 		}
 		if err != nil {
 			failed = errors.Join(failed, err)
-			if !errors.Is(err, bench.ErrVerify) {
+			if !errors.Is(err, replay.ErrVerify) {
 				break
 			}
 		}
 	}
-	if err := bench.WriteReplicaTable(stdout, reps); err != nil {
+	if err := replay.WriteReplicaTable(stdout, reps); err != nil {
 		return 1, err
 	}
 	if failed != nil {

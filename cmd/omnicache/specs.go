@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/omnicache/omnicache/bench"
+	"github.com/omnicache/omnicache/internal/replay"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 )
@@ -25,9 +25,9 @@ const defaultTraceKVBlocks = 65536
 
 // buildSpecs turns the flags into the runs' specs: the (scaled, filtered)
 // table, or the trace.
-func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
+func buildSpecs(f *replayFlags) ([]replay.Spec, error) {
 	if f.trace != "" {
-		recs, err := bench.ReadTrace(f.trace, f.jsonParser, f.limit)
+		recs, err := replay.ReadTrace(f.trace, f.jsonParser, f.limit)
 		if err != nil {
 			return nil, err
 		}
@@ -42,7 +42,7 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		if widths == "" {
 			widths = "hidden=64"
 		}
-		keys, err := bench.ParseWidths(widths)
+		keys, err := replay.ParseWidths(widths)
 		if err != nil {
 			return nil, fmt.Errorf("--widths: %w", err)
 		}
@@ -50,12 +50,12 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		if conc <= 0 {
 			conc = 32
 		}
-		spec, err := bench.TraceSpec(filepath.Base(f.trace), recs, keys, conc,
-			bench.TraceLimits{MaxModelLen: f.maxModelLen, KVBlocks: kv, BlockSize: f.blockSize})
+		spec, err := replay.TraceSpec(filepath.Base(f.trace), recs, keys, conc,
+			replay.TraceLimits{MaxModelLen: f.maxModelLen, KVBlocks: kv, BlockSize: f.blockSize})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.trace, err)
 		}
-		return []bench.Spec{spec}, nil
+		return []replay.Spec{spec}, nil
 	}
 	ws, err := readTable(f.table)
 	if err != nil {
@@ -72,7 +72,7 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 	if f.full {
 		scale = 1
 	}
-	var specs []bench.Spec
+	var specs []replay.Spec
 	scaled := false
 	for _, w := range ws {
 		if re != nil && !re.MatchString(w.FullName()) {
@@ -80,7 +80,7 @@ func buildSpecs(f *replayFlags) ([]bench.Spec, error) {
 		}
 		scaled = scaled || w.Field == nil
 		if f.widths != "" {
-			keys, err := bench.ParseWidths(f.widths)
+			keys, err := replay.ParseWidths(f.widths)
 			if err != nil {
 				return nil, fmt.Errorf("--widths: %w", err)
 			}

@@ -7,7 +7,7 @@ import (
 
 	"unsafe"
 
-	"github.com/omnicache/omnicache/reader"
+	"github.com/omnicache/omnicache/internal/reader"
 	"github.com/omnicache/omnicache/slots"
 	"github.com/omnicache/omnicache/soa"
 )

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache/internal/hist"
-	"github.com/omnicache/omnicache/reader"
+	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/soa"
-	"github.com/omnicache/omnicache/writer"
 )
 
 // Cache is the prefix-cache core: the engine contract over a write path
@@ -27,14 +27,6 @@ type Cache struct {
 	mu        sync.Mutex
 	steps     []*reader.Step
 	recFreeMu []*reader.Step
-
-	// recFree recycles step records (and their slices): a steady run
-	// allocates none. The cache's own list, not a sync.Pool: a record is
-	// often freed on another P than the engine's (the committer, or the
-	// engine goroutine woken elsewhere), and a pool then steals across Ps
-	// on every Get; and one cache's records keep the sizes its steps need.
-	recMu   sync.Mutex
-	recFree []*reader.Step
 
 	eng    engine       // engine goroutine only
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
@@ -91,7 +83,7 @@ func New(cfg Config) (*Cache, error) {
 			return nil, err
 		}
 	}
-	c.rd = reader.New(c.path, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes, Free: c.freeRec})
+	c.rd = reader.New(c.path, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes})
 	c.lay = c.path.Layout()
 	c.eng.reqs = soa.NewRequests(64)
 	c.ws.Out = make([]writer.Src, len(cfg.Keys))
@@ -293,7 +285,7 @@ func (c *Cache) Discard(id StepID) error {
 	if err == nil && c.rd.CancelKept(rec) { // a prefetch not started yet is skipped
 		// the last reference: recycled here, under c.mu (see newRec)
 		c.path.Unpin(&rec.Refs)
-		if len(c.recFreeMu) < maxFreeRecs {
+		if len(c.recFreeMu) < reader.MaxFreeSteps {
 			c.recFreeMu = append(c.recFreeMu, rec)
 		}
 	}

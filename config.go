@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache/gpu"
-	"github.com/omnicache/omnicache/writer"
+	"github.com/omnicache/omnicache/internal/writer"
 )
 
 // Limits New enforces (ErrConfig names the field and the limit). They keep

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/omnicache/omnicache/reader"
+	"github.com/omnicache/omnicache/internal/reader"
 	"github.com/omnicache/omnicache/soa"
 )
 

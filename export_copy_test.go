@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/omnicache/omnicache/writer"
+	"github.com/omnicache/omnicache/internal/writer"
 )
 
 // SetSplitBytes sets the smallest copy split across the copy workers for

@@ -1,8 +1,8 @@
 package omnicache
 
 import (
+	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/tier"
-	"github.com/omnicache/omnicache/writer"
 )
 
 // Histogram is a latency or size histogram at one moment, as a Prometheus

@@ -7,7 +7,7 @@ package omnicache
 import (
 	"fmt"
 
-	"github.com/omnicache/omnicache/reader"
+	"github.com/omnicache/omnicache/internal/reader"
 )
 
 // newRec prepares the record of the step being saved (not yet published).
@@ -16,14 +16,12 @@ import (
 //
 // Records come from the engine's stash, which takes a whole list of freed
 // records at a time: those Discard recycled under c.mu (recFreeMu, taken
-// under the c.mu Save holds anyway), else those freed elsewhere
-// (recFree: Materialize, the committer's end of a read ahead).
+// under the c.mu Save holds anyway), else those the read path freed
+// elsewhere (Materialize, the committer's end of a read ahead).
 func (c *Cache) newRec() *reader.Step {
 	e := &c.eng
 	if len(e.recStash) == 0 {
-		c.recMu.Lock()
-		e.recStash, c.recFree = c.recFree, e.recStash
-		c.recMu.Unlock()
+		e.recStash = c.rd.Freed(e.recStash)
 	}
 	var r *reader.Step
 	if n := len(e.recStash); n > 0 {
@@ -41,21 +39,6 @@ func (c *Cache) newRec() *reader.Step {
 	r.Start, e.start = e.start, r.Start[:0]
 	return r
 }
-
-// freeRec recycles a record nothing references any more (reader.Release
-// calls it, on any goroutine): its pins are dropped first.
-func (c *Cache) freeRec(r *reader.Step) {
-	c.path.Unpin(&r.Refs)
-	c.recMu.Lock()
-	if len(c.recFree) < maxFreeRecs {
-		c.recFree = append(c.recFree, r)
-	}
-	c.recMu.Unlock()
-}
-
-// maxFreeRecs bounds the records a cache keeps for reuse (a burst of
-// unconsumed steps leaves no more than this behind).
-const maxFreeRecs = 64
 
 // take removes an unconsumed step record, validating reqs first.
 func (c *Cache) take(id StepID, reqs []int64) (*reader.Step, error) {

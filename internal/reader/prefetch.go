@@ -8,7 +8,7 @@ import (
 
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/spin"
-	"github.com/omnicache/omnicache/writer"
+	"github.com/omnicache/omnicache/internal/writer"
 )
 
 // Prefetch. A step with hits is planned at Begin; with prefetch on, its
@@ -45,9 +45,6 @@ type Options struct {
 	// Budget bounds the bytes of prefetch buffers held by unconsumed steps
 	// (and the idle buffers kept for reuse).
 	Budget int64
-	// Free recycles a step record nothing references any more: its pins
-	// are to be dropped. Called on any goroutine (the committer included).
-	Free func(*Step)
 }
 
 // DefaultAheadWait bounds how long the consumer of a prefetched step
@@ -248,7 +245,7 @@ func (r *Reader) readInOrder(s *Step) {
 // record. Any goroutine.
 func (r *Reader) Release(s *Step) {
 	if r.drop(s, false) {
-		r.opt.Free(s)
+		r.free(s)
 	}
 }
 
@@ -292,13 +289,13 @@ func (r *Reader) uncharge(s *Step) {
 // reference is dropped. Engine goroutine.
 func (r *Reader) Cancel(s *Step) {
 	if r.CancelKept(s) {
-		r.opt.Free(s)
+		r.free(s)
 	}
 }
 
 // CancelKept is Cancel for a consumer that recycles s itself: it reports
 // whether the consumer's reference was the last, and then leaves s to the
-// caller (Options.Free is not called). The consumer's goroutine.
+// caller (who unpins and recycles it). The consumer's goroutine.
 func (r *Reader) CancelKept(s *Step) bool {
 	if s.pfSeq != 0 {
 		r.st.PrefetchDropped.Add(1)

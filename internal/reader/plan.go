@@ -1,11 +1,12 @@
 package reader
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/soa"
-	"github.com/omnicache/omnicache/writer"
 )
 
 // Reader is the read path of one cache, over its write path's tables.
@@ -23,6 +24,41 @@ type Reader struct {
 	charged atomic.Int64 // read-ahead bytes held by unconsumed steps
 	pool    bufPool
 	_       [128]byte
+	// freed holds the step records released on other goroutines (the
+	// consumer's Materialize, the committer's end of a read ahead) until
+	// the engine takes them back (Freed): a steady run allocates none.
+	// The reader's own list, not a sync.Pool: a record is often freed on
+	// another P than the engine's, and a pool then steals across Ps on
+	// every Get; and one cache's records keep the sizes its steps need.
+	freeMu sync.Mutex
+	freed  []*Step
+}
+
+// MaxFreeSteps bounds the step records kept for reuse (a burst of
+// unconsumed steps leaves no more than this behind).
+const MaxFreeSteps = 64
+
+// free recycles a record nothing references any more: its pins on the
+// write path are dropped, then it waits in r.freed for Freed. Any
+// goroutine.
+func (r *Reader) free(s *Step) {
+	r.p.Unpin(&s.Refs)
+	r.freeMu.Lock()
+	if len(r.freed) < MaxFreeSteps {
+		r.freed = append(r.freed, s)
+	}
+	r.freeMu.Unlock()
+}
+
+// Freed hands over the records released since the last call, taking
+// stash (emptied) as the next list's storage: the engine goroutine
+// refills its own stash a list at a time, one lock a list.
+func (r *Reader) Freed(stash []*Step) []*Step {
+	r.freeMu.Lock()
+	out := r.freed
+	r.freed = stash[:0]
+	r.freeMu.Unlock()
+	return out
 }
 
 // New returns the read path over p.

@@ -44,7 +44,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/omnicache/omnicache/writer"
+	"github.com/omnicache/omnicache/internal/writer"
 )
 
 // Step is a saved step until Materialize or Discard consumes it: its

@@ -6,8 +6,8 @@ import (
 
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/spin"
+	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/mirror"
-	"github.com/omnicache/omnicache/writer"
 )
 
 // Dest receives a step's rows: Rows(qi, k) is the qi-th asked request's

@@ -175,15 +175,18 @@ func (c *Cache) Begin(p *Plan) error {
 			if ht > 0 {
 				e.reqs.Flags[e.reqs.Pos(h)] |= flagHitPending
 			}
-			if len(p.TierBlocks) > 0 {
-				c.noteImport(p, i, blocks, tierUsed)
+			if len(p.TierBlocks) > 0 && p.TierBlocks[i] > 0 {
+				n := int(p.TierBlocks[i])
+				c.tl.NoteImport(p.Arrivals[i], blocks, p.TierHashes[tierUsed:tierUsed+n], tierLeft(p.TierBlocks[i:]), len(p.Arrivals)-i)
 			}
 		}
 		if len(p.TierBlocks) > 0 {
 			tierUsed += int(p.TierBlocks[i])
 		}
 	}
-	c.startImport() // ahead of the hit read planned below
+	if c.tl != nil {
+		c.tl.StartImport(c.path) // ahead of the hit read planned below
+	}
 	e.ids = append(e.ids[:0], p.IDs...)
 	e.count = append(e.count[:0], p.Count...)
 	e.start = append(e.start[:0], p.Start...)
@@ -222,7 +225,9 @@ func (c *Cache) Begin(p *Plan) error {
 	e.same = same
 	e.begun = true
 	e.hits = e.hits[:0]
-	c.notePublishes(p)
+	if c.tl != nil {
+		c.tl.Begin(p.FullBlocks, p.FullHashes)
+	}
 	if len(e.hitReq) > 0 {
 		// Plan the hits now, behind the rows handed over so far (the buffer
 		// was flushed above): with prefetch their rows move while the
@@ -550,7 +555,9 @@ func (c *Cache) unbegin() {
 	e.prevIDs = e.prevIDs[:0]
 	e.prevH = e.prevH[:0] // an empty batch next is "the same" as none: no stale handles
 	e.begun = false
-	c.tierUnbegin()
+	if c.tl != nil {
+		c.tl.Unbegin()
+	}
 	if e.rec != nil {
 		c.rd.Cancel(e.rec) // a prefetch not started is skipped
 		e.rec, e.planned = nil, false
@@ -578,4 +585,13 @@ func grow[T any](s []T, n int) []T {
 		return make([]T, n, n+n/4)
 	}
 	return s[:n]
+}
+
+// tierLeft is the tier blocks of the plan's arrivals from one on.
+func tierLeft(tb []int32) int {
+	n := 0
+	for _, m := range tb {
+		n += int(m)
+	}
+	return n
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/tierlink"
 	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/soa"
 )
@@ -37,9 +38,8 @@ type Cache struct {
 	resetFence atomic.Uint64
 	resets     atomic.Int64
 
-	tl      *tierLink // nil without Config.Tier
-	hitWait *hist.H   // Materialize's hit reads (Config.Histograms; nil: off)
-	te      tierEng   // engine goroutine only
+	tl      *tierlink.Link // the tier's one link; nil without Config.Tier
+	hitWait *hist.H        // Materialize's hit reads (Config.Histograms; nil: off)
 
 	// gate is 2×(calls in flight) | 1 once Close began (see enter); Close
 	// waits until the last call left (idle is closed by it) before
@@ -67,7 +67,7 @@ func New(cfg Config) (*Cache, error) {
 		c.hitWait = hist.NewDur()
 	}
 	if tl != nil {
-		wc.Rider, wc.Gather = pubRider{c}, &publishGather{tl: tl}
+		wc.Rider, wc.Gather = tl.Rider(), tl.Gather()
 	}
 	c.path = writer.NewPath(wc)
 	if cfg.AllocStagingAtNew || cfg.AllocStagingAhead {
@@ -78,7 +78,7 @@ func New(cfg Config) (*Cache, error) {
 		if err := alloc(); err != nil {
 			c.path.Close(nil, time.Time{}) // nothing was saved: the committer stops at once
 			if tl != nil {
-				tl.close()
+				tl.Close()
 			}
 			return nil, err
 		}
@@ -179,7 +179,9 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		return 0, err
 	}
 	e.begun = false
-	c.tierSaved(rec.ID)
+	if c.tl != nil {
+		c.tl.Saved(rec.ID)
+	}
 	if len(e.hits) > 0 {
 		if !e.planned {
 			c.rd.Plan(rec, e.hits) // not prefetched: planned behind the step's own rows
@@ -293,7 +295,9 @@ func (c *Cache) Discard(id StepID) error {
 	if err != nil {
 		return err
 	}
-	c.takeImport(id)
+	if c.tl != nil {
+		c.tl.Take(uint64(id))
+	}
 	return c.path.Err()
 }
 
@@ -326,7 +330,10 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if err != nil {
 		return err
 	}
-	imp := c.takeImport(id)
+	var imp *tierlink.Import
+	if c.tl != nil {
+		imp = c.tl.Take(uint64(id))
+	}
 	if err := c.path.Err(); err != nil {
 		c.drop(rec)
 		c.undeliver(dst, true)
@@ -531,7 +538,7 @@ func (c *Cache) Close() error {
 	}
 	err := c.path.Close(refs, deadline)
 	if err == nil && c.tl != nil {
-		c.tl.close() // the committer stopped and no call is in flight: nothing queues to it
+		c.tl.Close() // the committer stopped and no call is in flight: nothing queues to it
 	}
 	return err
 }

@@ -36,7 +36,7 @@ func (c *Cache) Histograms() []Histogram {
 	if c.hitWait == nil {
 		var out []Histogram
 		if c.tl != nil {
-			out = c.tl.t.Histograms()
+			out = c.tl.Store().Histograms()
 		}
 		return out
 	}
@@ -49,7 +49,7 @@ func (c *Cache) Histograms() []Histogram {
 		tier.NewHistogram("device_to_host_copy_bytes", "Bytes of a write's device-to-host copies.", h.CopyBytes, 1),
 	}
 	if c.tl != nil {
-		out = append(out, c.tl.t.Histograms()...)
+		out = append(out, c.tl.Store().Histograms()...)
 	}
 	return out
 }

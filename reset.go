@@ -3,7 +3,6 @@ package omnicache
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // ResetOptions says what Reset drops besides the cache's own rows.
@@ -52,8 +51,8 @@ func (c *Cache) Reset(ctx context.Context, opt ResetOptions) error {
 	if opt.PurgeTier && c.tl == nil {
 		return fmt.Errorf("%w: ResetOptions.PurgeTier without a tier", ErrConfig)
 	}
-	if opt.PurgeTier && !c.tl.t.CanPurge() {
-		return fmt.Errorf("%w: ResetOptions.PurgeTier: tier %s cannot purge a namespace", ErrConfig, c.tl.t)
+	if opt.PurgeTier && !c.tl.Store().CanPurge() {
+		return fmt.Errorf("%w: ResetOptions.PurgeTier: tier %s cannot purge a namespace", ErrConfig, c.tl.Store())
 	}
 	// Every write handed over lands, then the committer drops every row,
 	// in queue order (writer.Path.Reset).
@@ -65,29 +64,13 @@ func (c *Cache) Reset(ctx context.Context, opt ResetOptions) error {
 	if c.tl == nil {
 		return nil
 	}
-	if err := c.tl.reset(c.cfg.WaitTimeout); err != nil {
+	if err := c.tl.Reset(c.cfg.WaitTimeout); err != nil {
 		return err
 	}
 	if opt.PurgeTier {
-		if _, err := c.tl.t.Purge(ctx); err != nil {
+		if _, err := c.tl.Store().Purge(ctx); err != nil {
 			return fmt.Errorf("omnicache: Reset: the cache's rows are dropped; purging the tier failed: %w", err)
 		}
 	}
-	return nil
-}
-
-// reset drops the blocks queued for publishing (gathered before the
-// Reset), waits for the stores in flight (bounded by wait; negative: no
-// bound), and makes the tier forget what it stored lately.
-func (tl *tierLink) reset(wait time.Duration) error {
-	tl.epoch.Add(1)
-	deadline := time.Now().Add(wait)
-	for tl.pending.Load() > 0 {
-		if wait >= 0 && time.Now().After(deadline) {
-			return fmt.Errorf("%w: Reset: %d blocks still being stored after %v", ErrDeviceTimeout, tl.pending.Load(), wait)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-	tl.t.ForgetRecent()
 	return nil
 }

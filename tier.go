@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/pprof"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/omnicache/omnicache/internal/tierlink"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -125,47 +123,14 @@ func (e *TierImportError) Error() string {
 // Unwrap matches ErrTierMiss and the tier's cause.
 func (e *TierImportError) Unwrap() []error { return []error{ErrTierMiss, e.Err} }
 
-// tierLink is a cache's side of the tier: the importers, the publisher and
-// the imports of saved steps not consumed yet.
-type tierLink struct {
-	cfg    TierConfig
-	t      *tier.Tier
-	nkeys  int
-	fetchQ chan *importJob
-	// pubQ carries batches of gathered blocks to the publishers; queued
-	// counts the blocks in it (the bound, PublishQueue). batchFree recycles
-	// batches: a steady publish stream allocates nothing per block (the
-	// values come from tier.NewValue).
-	pubQ      chan *pubBatch
-	batchFree chan *pubBatch
-	wg        sync.WaitGroup
-
-	// Read by every Discard and Materialize (imports), written only with
-	// an import: off the lines the committer and the publishers write on
-	// every batch (a shared line cost each Discard a miss).
-	_       [128]byte
-	byStep  map[uint64]*importJob // guarded by Cache.mu
-	imports atomic.Int64          // entries in byStep
-	_       [128]byte
-
-	queued                                         atomic.Int64
-	published, dropped, skipped, pubErrs, bytesPub atomic.Int64
-	recent                                         atomic.Int64  // not gathered: the tier stored them lately
-	unadmitted                                     atomic.Int64  // not gathered: seen fewer than AdmitAfter times
-	pending                                        atomic.Int64  // queued or being stored
-	stopping                                       atomic.Bool   // Close: queued blocks are dropped, not stored
-	epoch                                          atomic.Uint64 // bumped by Reset: batches sent before are dropped
-	imported, importFailed, bytesImp               atomic.Int64
-}
-
 // newTierLink validates cfg's tier against the cache's layout and starts
-// its goroutines (nil, nil without a tier).
-func newTierLink(cfg *Config) (*tierLink, error) {
+// the link's goroutines (nil, nil without a tier).
+func newTierLink(cfg *Config) (*tierlink.Link, error) {
 	tc := cfg.Tier
 	if tc == nil {
 		return nil, nil
 	}
-	bad := func(format string, a ...any) (*tierLink, error) {
+	bad := func(format string, a ...any) (*tierlink.Link, error) {
 		return nil, fmt.Errorf("%w: tier: "+format, append([]any{ErrConfig}, a...)...)
 	}
 	if tc.Tier == nil {
@@ -218,40 +183,12 @@ func newTierLink(cfg *Config) (*tierLink, error) {
 	if cfg.WaitTimeout >= 0 && 4*c.ImportTimeout > cfg.WaitTimeout {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}
-	tl := &tierLink{cfg: c, t: c.Tier, nkeys: len(cfg.Keys), byStep: map[uint64]*importJob{},
-		fetchQ: make(chan *importJob, 4*c.Importers), pubQ: make(chan *pubBatch, c.PublishQueue),
-		batchFree: make(chan *pubBatch, c.PublishQueue)}
-	// Goroutines labelled for CPU profiles, as the committer.
-	run := func(label string, f func()) {
-		tl.wg.Add(1)
-		go pprof.Do(context.Background(), pprof.Labels("omnicache", label), func(context.Context) {
-			defer tl.wg.Done()
-			f()
-		})
+	lc := tierlink.Config{NKeys: len(cfg.Keys), ImportTimeout: c.ImportTimeout, PublishQueue: c.PublishQueue,
+		PublishBatch: c.PublishBatch, AdmitAfter: c.AdmitAfter, Importers: c.Importers, Publishers: c.Publishers}
+	if on := c.OnImport; on != nil {
+		lc.OnImport = func(e tierlink.Event) { on(ImportEvent(e)) }
 	}
-	for i := 0; i < c.Importers; i++ {
-		run("tier-importer", func() {
-			for j := range tl.fetchQ {
-				tl.fetch(j)
-			}
-		})
-	}
-	for i := 0; i < c.Publishers; i++ {
-		run("tier-publisher", tl.publish)
-	}
-	return tl, nil
-}
-
-// close stops the goroutines once nothing can queue to them any more (no
-// call in flight, the committer stopped). A fetch in flight ends within
-// ImportTimeout, a store in flight within the tier's timeout; blocks still
-// queued for publishing are dropped (counted), so that a dead tier cannot
-// make Close wait for every queued batch.
-func (tl *tierLink) close() {
-	tl.stopping.Store(true)
-	close(tl.fetchQ)
-	close(tl.pubQ)
-	tl.wg.Wait()
+	return tierlink.New(c.Tier, lc), nil
 }
 
 // Lookup returns how many leading blocks of hashes the tier holds (every
@@ -268,7 +205,7 @@ func (c *Cache) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	if c.closed.Load() {
 		return 0, ErrClosed
 	}
-	return c.tl.t.Lookup(ctx, hashes)
+	return c.tl.Lookup(ctx, hashes)
 }
 
 // ---- validation (Begin, before anything is applied) ----
@@ -308,59 +245,26 @@ func (c *Cache) checkTierPlan(p *Plan) error {
 	return nil
 }
 
-// ---- hooks into the calls ----
+// ---- the link's answers in the calls ----
 
-// tierSaved attaches the saved step's import to its id.
-func (c *Cache) tierSaved(id uint64) {
-	if c.tl == nil {
-		return
+// failImports fails in dst every request whose import j lost a block
+// (after waiting, bounded, for the import). The consumer's goroutine.
+func (c *Cache) failImports(j *tierlink.Import, dst *Result) {
+	for _, f := range j.Failures(c.path, dst.ids) {
+		dst.fail(f.QI, &TierImportError{Request: f.Request, Index: f.Index, Block: f.Block, Hash: f.Hash, Err: f.Err})
 	}
-	e := &c.te
-	if e.imp != nil {
-		c.mu.Lock()
-		c.tl.byStep[id] = e.imp
-		c.tl.imports.Add(1)
-		c.mu.Unlock()
-		e.imp = nil
-	}
-}
-
-// tierUnbegin drops the begun step's import and full blocks (its queued
-// import still writes the rows it fetched: they are the blocks' rows).
-func (c *Cache) tierUnbegin() {
-	e := &c.te
-	e.imp = nil
-	if e.pubMark < len(e.pubBlocks) {
-		e.pubBlocks, e.pubHashes = e.pubBlocks[:e.pubMark], e.pubHashes[:e.pubMark]
-	}
-}
-
-// takeImport removes step id's import (nil when none).
-func (c *Cache) takeImport(id StepID) *importJob {
-	if c.tl == nil || c.tl.imports.Load() == 0 {
-		return nil // no saved step has an import waiting: c.mu not taken
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j, ok := c.tl.byStep[uint64(id)]
-	if ok {
-		delete(c.tl.byStep, uint64(id))
-		c.tl.imports.Add(-1)
-	}
-	return j
 }
 
 // tierStats adds the tier's counters.
 func (c *Cache) tierStats(s *Stats) {
-	tl := c.tl
-	if tl == nil {
+	if c.tl == nil {
 		return
 	}
-	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = tl.published.Load(), tl.dropped.Load(), tl.skipped.Load()
-	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = tl.pubErrs.Load(), tl.bytesPub.Load(), tl.pending.Load()
-	s.TierPublishRecent, s.TierPublishUnadmitted = tl.recent.Load(), tl.unadmitted.Load()
-	s.TierImported, s.TierImportFailed, s.TierBytesImported = tl.imported.Load(), tl.importFailed.Load(), tl.bytesImp.Load()
-	ts := tl.t.Stats()
+	ts := c.tl.Stats()
+	s.TierPublished, s.TierPublishDropped, s.TierPublishSkipped = ts.Published, ts.Dropped, ts.Skipped
+	s.TierPublishErrors, s.TierBytesPublished, s.TierPublishPending = ts.PublishErrors, ts.BytesPublished, ts.Pending
+	s.TierPublishRecent, s.TierPublishUnadmitted = ts.Recent, ts.Unadmitted
+	s.TierImported, s.TierImportFailed, s.TierBytesImported = ts.Imported, ts.ImportFailed, ts.BytesImported
 	s.TierCircuitOpens = ts.CircuitOpens
 	if ts.CircuitOpen {
 		s.TierCircuitOpen = 1

@@ -2,46 +2,67 @@
 // their rows are committed, gathered by the committer, stored by the
 // publishers; a full queue drops and counts.
 
-package omnicache
+package tierlink
 
-import "context"
+import (
+	"context"
 
-// tierEng is the engine goroutine's tier state: the begun step's import and
+	"github.com/omnicache/omnicache/internal/writer"
+)
+
+// engine is the engine goroutine's tier state: the begun step's import and
 // the full blocks not yet handed to the committer for publishing (their
 // rows are parked in the decode buffer, or the step is only begun).
-type tierEng struct {
-	imp       *importJob
+type engine struct {
+	begun     bool // a step is begun (Begin .. Saved or Unbegin)
+	imp       *Import
 	pubBlocks []int32
 	pubHashes []uint64
 	pubMark   int // len(pubBlocks) before the begun step noted its own
 }
 
-// notePublishes records the begun step's full blocks for publishing.
-// Engine goroutine.
-func (c *Cache) notePublishes(p *Plan) {
-	if c.tl == nil {
-		return
-	}
-	e := &c.te
+// Begin notes the begun step's full blocks for publishing. Engine
+// goroutine.
+func (l *Link) Begin(fullBlocks []int32, fullHashes []uint64) {
+	e := &l.eng
+	e.begun = true
 	e.pubMark = len(e.pubBlocks)
-	e.pubBlocks = append(e.pubBlocks, p.FullBlocks...)
-	e.pubHashes = append(e.pubHashes, p.FullHashes...)
+	e.pubBlocks = append(e.pubBlocks, fullBlocks...)
+	e.pubHashes = append(e.pubHashes, fullHashes...)
 }
 
-// pubRider is the cache's writer.Rider: the noted full blocks ride on the
+// Unbegin drops the begun step's import and full blocks (its queued
+// import still writes the rows it fetched: they are the blocks' rows).
+// Engine goroutine.
+func (l *Link) Unbegin() {
+	e := &l.eng
+	e.begun = false
+	e.imp = nil
+	if e.pubMark < len(e.pubBlocks) {
+		e.pubBlocks, e.pubHashes = e.pubBlocks[:e.pubMark], e.pubHashes[:e.pubMark]
+	}
+}
+
+// Rider is the link's writer.Rider (Config.Rider of the write path).
+func (l *Link) Rider() writer.Rider { return rider{l} }
+
+// Gather returns the link's writer.Gather (Config.Gather of the write
+// path: the committer's only).
+func (l *Link) Gather() writer.Gather { return &publishGather{tl: l} }
+
+// rider is the link's writer.Rider: the noted full blocks ride on the
 // write that completes their rows, and the committer gathers them once it
 // landed, before any later write can reuse the blocks (see writer.Rider).
-type pubRider struct{ c *Cache }
+type rider struct{ l *Link }
 
 // Ride implements writer.Rider: every noted block when w carries the step
 // being saved (own) or no step is begun, else (a flush of earlier steps
 // between Begin and Save) those noted before the begun step: the begun
 // step's rows come with its own write. Engine goroutine.
-func (r pubRider) Ride(blocks []int32, hashes []uint64, own bool) ([]int32, []uint64) {
-	c := r.c
-	e := &c.te
+func (r rider) Ride(blocks []int32, hashes []uint64, own bool) ([]int32, []uint64) {
+	e := &r.l.eng
 	n := len(e.pubBlocks)
-	if !own && c.eng.begun {
+	if !own && e.begun {
 		n = e.pubMark
 	}
 	switch {
@@ -63,13 +84,13 @@ func (r pubRider) Ride(blocks []int32, hashes []uint64, own bool) ([]int32, []ui
 	return blocks, hashes
 }
 
-// publishGather is the cache's writer.Gather, the committer's only: it
+// publishGather is the link's writer.Gather, the committer's only: it
 // reads committed full blocks straight into tier values (tier.NewValue)
 // and hands them to the publishers in batches of up to PublishBatch
 // blocks: one send (and at most one wake of a parked publisher) per batch,
 // not one per block.
 type publishGather struct {
-	tl  *tierLink
+	tl  *Link
 	cur *pubBatch // the batch being filled (nil: none yet)
 }
 
@@ -78,7 +99,7 @@ type publishGather struct {
 type pubBatch struct {
 	hashes []uint64
 	vals   [][]byte
-	epoch  uint64 // tierLink.epoch when it was sent: older ones are dropped (Reset)
+	epoch  uint64 // Link.epoch when it was sent: older ones are dropped (Reset)
 }
 
 // Rows implements writer.Gather: where the rows of key ki of the block of
@@ -113,10 +134,10 @@ func (g *publishGather) Rows(h uint64, ki int) []byte {
 				g.cur = &pubBatch{}
 			}
 		}
-		g.cur.vals = append(g.cur.vals, make([][]byte, tl.nkeys)...)
+		g.cur.vals = append(g.cur.vals, make([][]byte, tl.cfg.NKeys)...)
 	}
 	val, rows := tl.t.NewValue(h, ki)
-	g.cur.vals[len(g.cur.hashes)*tl.nkeys+ki] = val
+	g.cur.vals[len(g.cur.hashes)*tl.cfg.NKeys+ki] = val
 	return rows
 }
 
@@ -164,7 +185,7 @@ func (g *publishGather) send() {
 }
 
 // freeBatch hands a batch (not its values) back for a later gather.
-func (tl *tierLink) freeBatch(b *pubBatch) {
+func (tl *Link) freeBatch(b *pubBatch) {
 	clear(b.vals)
 	b.hashes, b.vals = b.hashes[:0], b.vals[:0]
 	select {
@@ -176,10 +197,10 @@ func (tl *tierLink) freeBatch(b *pubBatch) {
 // publish runs on a publisher goroutine until the queue is closed: it
 // stores the queued batches, PublishBatch blocks per pipelined store at
 // most, taking as many queued batches as fit one store.
-func (tl *tierLink) publish() {
+func (tl *Link) publish() {
 	var hashes []uint64
 	var vals [][]byte
-	nk := tl.nkeys
+	nk := tl.cfg.NKeys
 	// drop discards a batch: the cache is closing, or it was gathered
 	// before a Reset.
 	drop := func(b *pubBatch) {

@@ -208,43 +208,6 @@ func (c *Cache) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	return c.tl.Lookup(ctx, hashes)
 }
 
-// ---- validation (Begin, before anything is applied) ----
-
-// checkTierPlan validates the plan's tier fields.
-func (c *Cache) checkTierPlan(p *Plan) error {
-	if len(p.FullBlocks) != len(p.FullHashes) {
-		return fmt.Errorf("%w: %d full blocks, %d full hashes", ErrPlan, len(p.FullBlocks), len(p.FullHashes))
-	}
-	for _, b := range p.FullBlocks {
-		if b < 0 || int(b) >= c.cfg.NumBlocks {
-			return fmt.Errorf("%w: full block %d outside [0,%d)", ErrPlan, b, c.cfg.NumBlocks)
-		}
-	}
-	if len(p.TierBlocks) == 0 {
-		if len(p.TierHashes) > 0 {
-			return fmt.Errorf("%w: %d tier hashes without TierBlocks", ErrPlan, len(p.TierHashes))
-		}
-		return nil
-	}
-	if c.tl == nil {
-		return fmt.Errorf("%w: the plan imports tier blocks but the cache has no tier", ErrConfig)
-	}
-	if len(p.TierBlocks) != len(p.Arrivals) {
-		return fmt.Errorf("%w: %d tier block counts for %d arrivals", ErrPlan, len(p.TierBlocks), len(p.Arrivals))
-	}
-	used := 0
-	for i, n := range p.TierBlocks {
-		if nb := int(p.HitTokens[i]) / c.cfg.BlockSize; n < 0 || int(n) > nb {
-			return fmt.Errorf("%w: request %d imports %d tier blocks of its %d hit blocks", ErrPlan, p.Arrivals[i], n, nb)
-		}
-		used += int(n)
-	}
-	if used != len(p.TierHashes) {
-		return fmt.Errorf("%w: %d tier blocks, %d tier hashes", ErrPlan, used, len(p.TierHashes))
-	}
-	return nil
-}
-
 // ---- the link's answers in the calls ----
 
 // failImports fails in dst every request whose import j lost a block

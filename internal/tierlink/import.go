@@ -51,10 +51,10 @@ type Failure struct {
 }
 
 // NoteImport records arrival id's tier blocks, the last len(hashes) of its
-// hit blocks hit, in the begun step's import; more is the tier blocks of
-// the plan's arrivals from this one on (the import's size). Engine
-// goroutine.
-func (l *Link) NoteImport(id int64, hit []int32, hashes []uint64, more, arrivalsLeft int) {
+// hit blocks hit, in the begun step's import; rest is the tier block
+// counts of the plan's arrivals from this one on (they size the import).
+// Engine goroutine.
+func (l *Link) NoteImport(id int64, hit []int32, hashes []uint64, rest []int32) {
 	n := len(hashes)
 	if n == 0 {
 		return
@@ -63,8 +63,12 @@ func (l *Link) NoteImport(id int64, hit []int32, hashes []uint64, more, arrivals
 	if e.imp == nil {
 		// sized for the plan's tier blocks from here on: one allocation
 		// each, not a growth per arrival
+		more := 0
+		for _, m := range rest {
+			more += int(m)
+		}
 		e.imp = &Import{l: l, done: make(chan struct{}), applied: make(chan struct{}),
-			reqs: make([]importReq, 0, arrivalsLeft), blocks: make([]int32, 0, more), hashes: make([]uint64, 0, more)}
+			reqs: make([]importReq, 0, len(rest)), blocks: make([]int32, 0, more), hashes: make([]uint64, 0, more)}
 	}
 	j := e.imp
 	j.reqs = append(j.reqs, importReq{id: id, lo: int32(len(j.blocks)), n: int32(n), offset: int32(len(hit) - n)})

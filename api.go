@@ -31,9 +31,16 @@
 //
 // Layout: this package is the engine contract (api.go, errors.go,
 // result.go, config.go) with one short orchestration per call (cache.go,
-// begin.go); the write path is writer.Path, the read path package reader;
-// the shared tier's side (Lookup, imports, publishing) is tier.go,
-// tier_import.go and tier_publish.go.
+// begin.go; plan validation in validate.go, the engine goroutine's state
+// in engine.go). Underneath, internal to the module, calls go one way:
+// the root calls the read path (internal/reader), which asks the write
+// path (internal/writer) for rows still queued; the root hands steps to
+// the write path, which owns the committer, the staging pages and the
+// mirrors; the shared tier sits behind one link (internal/tierlink),
+// which the write path tells of landed blocks (to publish) and which
+// queues imports to it. Nothing calls back up but completion signals.
+// The public building blocks are writer (the write path on its own),
+// mirror, slots, soa, gpu, tier and metrics.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched

@@ -1,11 +1,17 @@
+// Package gputest holds the test fakes of the device interface: Faulty
+// wraps a gpu.Device and fails, delays or hangs chosen methods, for the
+// failure tests and fuzz targets of the cache. Any goroutine may call a
+// Faulty (its switches are atomic); it owns nothing but its switches, the
+// wrapped device keeps its memory.
 package gputest
 
 import (
 	"fmt"
-	"github.com/omnicache/omnicache/gpu"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/omnicache/omnicache/gpu"
 )
 
 // Op names a gpu.Device method that Faulty can make fail.

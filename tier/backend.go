@@ -1,5 +1,5 @@
 // The store's contract: Backend and the optional capabilities the tier
-// asks a backend for (Purger, Deleter, Pinner).
+// asks a backend for (Purger, Deleter, Pinner, Leader).
 
 package tier
 
@@ -67,8 +67,47 @@ type Pinner interface {
 // Unpin need a Pinner, Delete a Deleter).
 var ErrUnsupported = errors.New("tier: the backend cannot do that")
 
-// leader is a backend that answers Lookup itself, with no allocation
-// (Embedded.leading).
-type leader interface {
-	leading(t *Tier, hashes []uint64) (int, error)
+// Leader is a Backend that counts the leading addresses it holds itself,
+// stopping at the first it lacks: Lookup (the scheduler's query, on the
+// engine goroutine) asks it instead of Exists, and it need not format,
+// allocate or probe an address past that first miss. Embedded is one: it
+// formats each address into a stack buffer and probes its index by the
+// address's hash, a group at a time, with no allocation. A store that
+// answers from memory can implement it, as can a wrapper around one
+// (forwarding it keeps the fast path); a store over a network gains
+// little over Exists' one pipelined batch.
+//
+// Lookup calls Leading with the caller's ctx, outside Options.Timeout and
+// the circuit breaker: it is meant to answer from memory, at most after a
+// lock's wait.
+type Leader interface {
+	// Leading returns n such that addresses 0..n-1 of addrs are held
+	// and, when n < addrs.Len(), address n is not. A failure returns
+	// its error (ErrClosed for a closed store) with the addresses found
+	// held before it. Like Exists it may answer from hashes of the
+	// addresses.
+	Leading(ctx context.Context, addrs Addrs) (int, error)
+}
+
+// Addrs are a Lookup's value addresses, block-major (every key of a block
+// in Namespace.Keys order, then the next block's), formatted on demand
+// into the caller's buffer: Leader.Leading formats only those it probes.
+type Addrs struct {
+	t      *Tier
+	hashes []uint64
+}
+
+// Len is the number of addresses: blocks × keys.
+func (a Addrs) Len() int {
+	if a.t == nil {
+		return 0
+	}
+	return len(a.hashes) * len(a.t.ns.Keys)
+}
+
+// Append appends address i (0 <= i < Len) to b and returns the extended
+// buffer, as append does.
+func (a Addrs) Append(b []byte, i int) []byte {
+	nk := len(a.t.ns.Keys)
+	return a.t.appendAddr(b, a.hashes[i/nk], i%nk)
 }

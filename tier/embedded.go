@@ -359,18 +359,17 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	return held, errs
 }
 
-// leading is Tier.Lookup on this store: how many leading blocks of hashes
-// it holds (every key of each), the first key it lacks ending the run.
-// Under one hold of the lock (the engine goroutine asks: it waits for the
-// lock at most once, as for Exists), the addresses are formatted into a
-// buffer on the stack and hashed a group at a time (8 keys, doubling up to
-// 64), then the group's hashes probed: independent probes, whose cache
-// misses overlap. No allocation, and nothing done past the group in which
-// the first missing key fell. (Exists needs every address of the prefix
-// asked formatted, hashed and probed, each allocated.) A closed store
-// fails with ErrClosed, nothing counted.
-func (e *Embedded) leading(t *Tier, hashes []uint64) (int, error) {
-	nk := len(t.ns.Keys)
+// Leading implements Leader (Tier.Lookup on this store): how many leading
+// addresses of addrs it holds, the first it lacks ending the run. Under
+// one hold of the lock (the engine goroutine asks: it waits for the lock
+// at most once, as for Exists), the addresses are formatted into a buffer
+// on the stack and hashed a group at a time (8 keys, doubling up to 64),
+// then the group's hashes probed: independent probes, whose cache misses
+// overlap. No allocation, and nothing done past the group in which the
+// first missing key fell. (Exists needs every address of the prefix asked
+// formatted, hashed and probed, each allocated.) Presence is by hash, as
+// Exists answers. A closed store fails with ErrClosed, nothing counted.
+func (e *Embedded) Leading(_ context.Context, addrs Addrs) (int, error) {
 	var sb [256]byte
 	buf := sb[:0] // a longer address grows it once
 	var hb [64]uint64
@@ -379,20 +378,20 @@ func (e *Embedded) leading(t *Tier, hashes []uint64) (int, error) {
 	if e.closed {
 		return 0, ErrClosed
 	}
-	total := len(hashes) * nk
+	total := addrs.Len()
 	for lo, step := 0, 8; lo < total; lo, step = lo+step, min(2*step, len(hb)) {
 		hs := hb[:0]
 		for i := lo; i < min(lo+step, total); i++ {
-			buf = t.appendAddr(buf[:0], hashes[i/nk], i%nk)
+			buf = addrs.Append(buf[:0], i)
 			hs = append(hs, e.hashBytes(buf))
 		}
 		for i, h := range hs {
 			if _, ok := e.idx[h]; !ok {
-				return (lo + i) / nk, nil
+				return lo + i, nil
 			}
 		}
 	}
-	return len(hashes), nil
+	return total, nil
 }
 
 // copyDone ends a Set's or Get's copy outside the lock (e.mu held): the

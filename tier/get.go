@@ -11,11 +11,12 @@ import (
 )
 
 // Lookup returns how many leading blocks of hashes the tier holds (every
-// key of each): from a server in one pipelined batch; from the embedded
-// store a few keys at a time, stopping at the first it lacks, with no
-// allocation. It checks presence only: a value that is corrupt, or evicted
-// before it is fetched, is found missing by Get. A backend failure is
-// returned with the blocks counted before it.
+// key of each): from a Leader (the embedded store) a few keys at a time,
+// stopping at the first it lacks, with no allocation; from any other
+// backend (a server) in one pipelined Exists batch. It checks presence
+// only: a value that is corrupt, or evicted before it is fetched, is found
+// missing by Get. A backend failure is returned with the blocks counted
+// before it.
 func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	t.lookups.Add(1)
 	if len(hashes) == 0 {
@@ -25,11 +26,14 @@ func (t *Tier) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 	if t.h != nil {
 		defer since(t.h.lookup, time.Now())
 	}
-	if e, ok := t.b.(leader); ok {
-		n, err := e.leading(t, hashes)
+	if l, ok := t.b.(Leader); ok {
+		held, err := l.Leading(ctx, Addrs{t, hashes})
+		// A block counts when every key of it is held; a count out of
+		// range (a faulty Leader) is clamped to the blocks asked.
+		n := min(max(held, 0)/nk, len(hashes))
 		t.lookupBlocks.Add(int64(n))
 		if err != nil {
-			return n, fmt.Errorf("tier: lookup %s: %w", t.Addr(hashes[0], 0), err)
+			return n, fmt.Errorf("tier: lookup %s: %w", t.Addr(hashes[min(n, len(hashes)-1)], 0), err)
 		}
 		return n, nil
 	}

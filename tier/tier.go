@@ -38,6 +38,11 @@
 // either from a spec string ("embedded", "redis://...", "rediss://...",
 // "redis-cluster://...").
 //
+// What a backend may do besides Backend's calls is an optional interface
+// the tier asks for: Leader (Lookup without formatting every address),
+// Purger, Deleter and Pinner. A Backend of one's own, or a wrapper around
+// one of these, implements those it can.
+//
 // # Operator controls
 //
 // Options.Histograms records every batch's latency and bytes

@@ -53,7 +53,15 @@
 // admission (omnicache.TierConfig.AdmitAfter). docs/tier.md has the
 // operator's view.
 //
-// A Tier is safe for concurrent use by any number of goroutines.
+// # Goroutines
+//
+// A Tier is safe for concurrent use by any number of goroutines. In a
+// cache, Lookup runs on the engine goroutine (the scheduler's query),
+// Fetch on the importer goroutines, NewValue on the committer (it gathers
+// committed rows into values) and PutValues on the publisher goroutines.
+// A Tier owns its Backend (Close closes it), the value buffers PutValues
+// hands back to NewValue, and its counters; the rows a call fills or
+// returns are the caller's.
 package tier
 
 import (

@@ -20,6 +20,13 @@
 // Slot arithmetic is int32 and wraps like Go's int32 arithmetic: block ids are
 // taken as they are, not checked.
 //
+// # Goroutines
+//
+// Map, Expand and Total own nothing: they read the batch and write dst,
+// both the caller's for the call only, and keep no state, so any goroutine
+// may call them at once (the cache calls Map on the engine goroutine, in
+// Begin). Select alone changes shared state: tests and benchmarks only.
+//
 // # Implementations
 //
 // Every implementation gives the same result bit for bit:

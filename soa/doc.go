@@ -52,10 +52,14 @@
 //
 // # Goroutines
 //
-// Requests is a single-goroutine table (the caller's lock).
-// Occupancy's word column is read and written with sync/atomic: Load, Word
-// and Owns are safe from any goroutine, concurrently with Claim, Commit and
-// Reset. Claim and Commit may run on different goroutines (engine and
-// committer); Row and the row column written by Claim are plain memory that
-// the caller guards with its lock.
+// Each table owns its columns (Occupancy's and Tenancy's large ones come
+// straight from the OS: Free returns them). Requests is a single-goroutine
+// table (the caller's lock). Occupancy's word column is read and written
+// with sync/atomic: Load, Word and Owns are safe from any goroutine,
+// concurrently with Claim, Commit and Reset. Claim and Commit may run on
+// different goroutines (engine and committer); Row and the row column
+// written by Claim are plain memory that the caller guards with its lock.
+// Tenancy has one writer (the cache's committer: Publish, SetAbsent,
+// ClearAbsent, Reset) and any number of readers (Owner, Written, Stale,
+// Absent: atomic loads).
 package soa

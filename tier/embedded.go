@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
-	"math/bits"
 	"os"
 	"sync"
 
@@ -13,13 +12,6 @@ import (
 
 // DefaultEmbeddedBytes bounds an embedded store made with a zero capacity.
 const DefaultEmbeddedBytes = 1 << 30
-
-// Slab geometry of the embedded store.
-const (
-	frameMax     = hostmem.HugePage // bytes of one chunk of slots at most (a larger value takes a chunk of its own)
-	regionFrames = 16               // frames mapped at a time
-	slackBytes   = 8 << 20
-)
 
 // Embedded is the in-process backend: values held in this process, bounded in
 // bytes (key and value lengths), evicted by its Policy (PolicyS3FIFO by
@@ -102,91 +94,6 @@ type Embedded struct {
 	fetching func() // tests: called before a Get's copies, outside the lock
 }
 
-// ent is one value's index entry: no pointers, so the index costs the
-// garbage collector nothing to mark.
-type ent struct {
-	hash        uint64
-	prev, next  int32 // LRU neighbours; next links the free entries too
-	coll        int32 // the next entry of the same hash; -1: none
-	chunk, slot int32
-	klen, vlen  int32
-	// pins counts Gets copying the value out; removed while pinned, the
-	// entry is dead (out of the index and the LRU, its bytes no longer
-	// used) and its slot is freed by the last unpin.
-	pins int32
-	dead bool
-	// q is the queue the entry is in (qNone: pinned, or not linked); freq
-	// its S3-FIFO access count (0..3); kept marks a value pinned by Pin:
-	// out of every queue, never evicted.
-	q    uint8
-	freq uint8
-	kept bool
-}
-
-// Queues of Embedded.q.
-const (
-	qNone = iota
-	qSmall
-	qMain
-)
-
-// fifo is an eviction queue of entries, linked through ent.prev/next.
-type fifo struct {
-	head, tail int32 // -1: empty
-	bytes      int64 // key+value bytes of its entries
-	n          int
-}
-
-// Policy is the embedded store's eviction policy.
-type Policy string
-
-// Eviction policies (EmbeddedOptions.Policy).
-const (
-	// PolicyLRU evicts the least recently stored or read value.
-	PolicyLRU Policy = "lru"
-	// PolicyS3FIFO is S3-FIFO (Yang et al., SOSP 2023) with an adaptive
-	// small queue: a value enters a small FIFO queue; one read again
-	// before it reaches the small queue's tail moves to the main FIFO
-	// queue, one not read is evicted and its key hash remembered in a
-	// ghost queue, so that a value stored again soon after enters the
-	// main queue at once. The main queue's tail goes back to its head
-	// while read since it last passed (up to 3 reads counted), else it is
-	// evicted, its hash remembered in a second ghost queue. One-off values
-	// leave quickly without pushing reused ones out: scan resistance.
-	// The small queue's share starts at a tenth of the bytes and adapts
-	// as ARC's does: a value stored again whose hash is in the small
-	// queue's ghost raises it (the small queue let it go too soon), one
-	// in the main queue's ghost lowers it (between 1/50 and 9/10). Each
-	// ghost queue holds as many hashes as the main queue holds values.
-	PolicyS3FIFO Policy = "s3fifo"
-)
-
-// DefaultPolicy is the embedded store's policy when none is named.
-const DefaultPolicy = PolicyS3FIFO
-
-// smallShare is S3-FIFO's small queue's first share of the bytes (1/10).
-const smallShare = 10
-
-type chunk struct {
-	buf    []byte // nil: released
-	region int32  // the region buf is a frame of; -1: buf is a mapping of its own
-	cl     *slabClass
-	free   []int32 // free slots
-	live   int
-}
-
-// coldFrame is a released frame and its region.
-type coldFrame struct {
-	buf    []byte
-	region int32
-}
-
-type slabClass struct {
-	size  int     // slot bytes
-	per   int     // slots per chunk
-	avail []int32 // chunks that may have a free slot (checked when taken)
-}
-
 // NewEmbedded returns an embedded store of at most maxBytes (0:
 // DefaultEmbeddedBytes) evicting by DefaultPolicy.
 func NewEmbedded(maxBytes int64) (*Embedded, error) {
@@ -244,58 +151,6 @@ func (e *Embedded) String() string { return "embedded" }
 
 // Policy is the store's eviction policy.
 func (e *Embedded) Policy() Policy { return e.policy }
-
-func (e *Embedded) hash(k string) uint64 {
-	if e.hashFn != nil {
-		return e.hashFn(k)
-	}
-	return maphash.String(e.seed, k)
-}
-
-// hashBytes is hash of b's bytes as a string (maphash gives both the same
-// hash), without making that string: b may be a scratch buffer.
-func (e *Embedded) hashBytes(b []byte) uint64 {
-	if e.hashFn != nil {
-		return e.hashFn(string(b)) // tests: a copy, the hook may keep it
-	}
-	return maphash.Bytes(e.seed, b)
-}
-
-// hashKeys hashes keys, before the lock is taken.
-func (e *Embedded) hashKeys(keys []string) []uint64 {
-	hs := make([]uint64, len(keys))
-	for i, k := range keys {
-		hs[i] = e.hash(k)
-	}
-	return hs
-}
-
-// find returns key's entry, or -1.
-func (e *Embedded) find(h uint64, key string) int32 {
-	i, ok := e.idx[h]
-	if !ok {
-		return -1
-	}
-	for ; i >= 0; i = e.ents[i].coll {
-		en := &e.ents[i]
-		if int(en.klen) == len(key) && string(e.bytesOf(en)[:en.klen]) == key {
-			return i
-		}
-	}
-	return -1
-}
-
-// bytesOf is an entry's slot: its key, then its value.
-func (e *Embedded) bytesOf(en *ent) []byte {
-	return e.slotBytes(en.chunk, en.slot, int(en.klen)+int(en.vlen))
-}
-
-// slotBytes is the first n bytes of slot si of chunk ci.
-func (e *Embedded) slotBytes(ci, si int32, n int) []byte {
-	c := &e.chunks[ci]
-	off := int(si) * c.cl.size
-	return c.buf[off : off+n]
-}
 
 // Get implements Backend: copies of the values (one allocation for the
 // batch).
@@ -482,321 +337,6 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 	return errs
 }
 
-// sizeClass rounds n up to its slot size: 64-byte steps up to 1 KiB, then
-// steps of 1/16 of the next power of two.
-func sizeClass(n int) int {
-	if n <= 1024 {
-		return (n + 63) &^ 63
-	}
-	step := 1 << (bits.Len(uint(n-1)) - 4)
-	return (n + step - 1) / step * step
-}
-
-// alloc returns a free slot for n bytes (a chunk id and slot index),
-// making room as the type's doc says; false when none can be made (every
-// value held is being stored: reserved by a Set, out of the LRU).
-func (e *Embedded) alloc(n int) (int32, int32, bool) {
-	size := sizeClass(n)
-	cl := e.cls[size]
-	if cl == nil {
-		per := max(1, e.frame/size)
-		cl = &slabClass{size: size, per: per}
-		e.cls[size] = cl
-	}
-	for {
-		for len(cl.avail) > 0 {
-			ci := cl.avail[len(cl.avail)-1]
-			c := &e.chunks[ci]
-			if c.buf == nil || c.cl != cl || len(c.free) == 0 {
-				cl.avail = cl.avail[:len(cl.avail)-1]
-				continue
-			}
-			si := c.free[len(c.free)-1]
-			c.free = c.free[:len(c.free)-1]
-			if len(c.free) == 0 {
-				cl.avail = cl.avail[:len(cl.avail)-1]
-			}
-			if c.live == 0 {
-				e.empty--
-			}
-			c.live++
-			return ci, si, true
-		}
-		bytes := int64(max(cl.size, e.frame))
-		switch {
-		case e.held+bytes <= e.limit || e.held == 0:
-			e.newChunk(cl)
-		case e.empty > 0:
-			e.releaseEmpty()
-		case e.evictOne():
-		default:
-			return 0, 0, false
-		}
-	}
-}
-
-func (e *Embedded) newChunk(cl *slabClass) {
-	var ci int32
-	if n := len(e.gone); n > 0 {
-		ci, e.gone = e.gone[n-1], e.gone[:n-1]
-	} else {
-		ci = int32(len(e.chunks))
-		e.chunks = append(e.chunks, chunk{})
-	}
-	c := &e.chunks[ci]
-	*c = chunk{cl: cl, free: make([]int32, cl.per), region: -1}
-	if cl.size <= e.frame {
-		c.buf, c.region = e.newFrame()
-	} else {
-		c.buf, _ = hostmem.AllocHuge(cl.size) // it falls back to make rather than fail
-	}
-	for i := range c.free {
-		c.free[i] = int32(cl.per - 1 - i) // slot 0 first
-	}
-	cl.avail = append(cl.avail, ci)
-	e.held += int64(len(c.buf))
-	e.empty++
-}
-
-// newFrame hands out a released frame, else the next frame of the last
-// region, mapping a region when it has none left.
-func (e *Embedded) newFrame() ([]byte, int32) {
-	if n := len(e.cold); n > 0 {
-		f := e.cold[n-1]
-		e.cold = e.cold[:n-1]
-		return f.buf, f.region
-	}
-	if len(e.regions) == 0 || e.carved == len(e.regions[len(e.regions)-1]) {
-		// At most the frames the bound allows, so that a small store does
-		// not reserve 16 frames' addresses for a few.
-		n := min(regionFrames, int((e.limit+int64(e.frame)-1)/int64(e.frame)))
-		r, _ := hostmem.AllocHuge(n * e.frame) // it falls back to make rather than fail
-		e.regions, e.carved = append(e.regions, r), 0
-	}
-	ri := int32(len(e.regions) - 1)
-	r := e.regions[ri]
-	f := r[e.carved : e.carved+e.frame : e.carved+e.frame]
-	e.carved += e.frame
-	return f, ri
-}
-
-// releaseEmpty gives the chunks holding no value back to the OS.
-func (e *Embedded) releaseEmpty() {
-	for ci := range e.chunks {
-		c := &e.chunks[ci]
-		if c.buf != nil && c.live == 0 {
-			e.held -= int64(len(c.buf))
-			e.freeChunk(c)
-			e.gone = append(e.gone, int32(ci))
-		}
-	}
-	e.empty = 0
-}
-
-// freeChunk gives a chunk's memory back to the OS and clears it: a frame's
-// pages are released and the frame waits for a later chunk; a mapping of
-// its own is unmapped. Every access to a slot holds e.mu, as this does: no
-// copy is in flight.
-func (e *Embedded) freeChunk(c *chunk) {
-	if c.region >= 0 {
-		// Releasing whole pages of a mapping this store made does not fail
-		// (madvise fails only on a bad range).
-		_ = hostmem.Release(e.regions[c.region], c.buf)
-		e.cold = append(e.cold, coldFrame{c.buf, c.region})
-	} else {
-		// Unmapping a whole mapping this store made does not fail (munmap
-		// fails only on a range it would have to split, or a bad address).
-		_ = hostmem.Free(c.buf)
-	}
-	*c = chunk{region: -1}
-}
-
-func (e *Embedded) newEnt() int32 {
-	if e.free >= 0 {
-		x := e.free
-		e.free = e.ents[x].next
-		return x
-	}
-	e.ents = append(e.ents, ent{})
-	return int32(len(e.ents) - 1)
-}
-
-// touch records a read of entry x: with PolicyLRU it becomes the most
-// recently used, with PolicyS3FIFO its access count goes up (at most 3).
-func (e *Embedded) touch(x int32) {
-	en := &e.ents[x]
-	if e.policy == PolicyS3FIFO {
-		en.freq = min(en.freq+1, 3)
-		return
-	}
-	if en.q != qMain || e.q[qMain].head == x {
-		return
-	}
-	e.unlink(x)
-	e.push(x, qMain)
-}
-
-// push links entry x (in no queue) at the head of queue q.
-func (e *Embedded) push(x int32, q uint8) {
-	en := &e.ents[x]
-	l := &e.q[q]
-	en.q, en.prev, en.next = q, -1, l.head
-	if l.head >= 0 {
-		e.ents[l.head].prev = x
-	} else {
-		l.tail = x
-	}
-	l.head = x
-	l.bytes += int64(en.klen) + int64(en.vlen)
-	l.n++
-}
-
-// unlink takes entry x out of its queue (none: nothing to do).
-func (e *Embedded) unlink(x int32) {
-	en := &e.ents[x]
-	if en.q == qNone {
-		return
-	}
-	l := &e.q[en.q]
-	if en.prev >= 0 {
-		e.ents[en.prev].next = en.next
-	} else {
-		l.head = en.next
-	}
-	if en.next >= 0 {
-		e.ents[en.next].prev = en.prev
-	} else {
-		l.tail = en.prev
-	}
-	l.bytes -= int64(en.klen) + int64(en.vlen)
-	l.n--
-	en.q, en.prev, en.next = qNone, -1, -1
-}
-
-// evictOne evicts one value as the policy says (counted in evicts); false
-// when every value held is pinned or being stored (no queue holds one).
-// S3-FIFO: while the small queue holds over its target bytes (or
-// the main queue is empty), its tail moves to the main queue when it was
-// read since it entered, else it is evicted and its key hash enters the
-// ghost queue; otherwise the main queue's tail goes back to the head when
-// read since it last passed (its count down by one), else it is evicted.
-// Every step either evicts or lowers a count or moves a value from the
-// small queue to the main one: the loop ends.
-func (e *Embedded) evictOne() bool {
-	small, main := &e.q[qSmall], &e.q[qMain]
-	for {
-		var x int32
-		switch {
-		case small.tail >= 0 && (small.bytes > e.smallT || main.tail < 0):
-			x = small.tail
-			en := &e.ents[x]
-			if en.freq > 0 {
-				e.unlink(x)
-				en.freq = 0
-				e.push(x, qMain)
-				continue
-			}
-			e.ghost.add(en.hash, max(main.n, 64))
-		case main.tail >= 0:
-			x = main.tail
-			if en := &e.ents[x]; en.freq > 0 {
-				en.freq--
-				e.unlink(x)
-				e.push(x, qMain)
-				continue
-			}
-			e.ghostM.add(e.ents[x].hash, max(main.n, 64))
-		default:
-			return false
-		}
-		e.remove(x)
-		e.evicts++
-		return true
-	}
-}
-
-// ghostQueue remembers the key hashes of values S3-FIFO evicted from its
-// small queue (Embedded.ghost) or its main queue (ghostM), oldest out
-// first, at most as many as the main queue holds values (and 64).
-type ghostQueue struct {
-	ring []uint64
-	head int
-	set  map[uint64]int32 // hash → times in ring
-}
-
-func (g *ghostQueue) has(h uint64) bool { return g.set[h] > 0 }
-
-func (g *ghostQueue) len() int { return len(g.ring) - g.head }
-
-func (g *ghostQueue) add(h uint64, limit int) {
-	if g.set == nil {
-		g.set = map[uint64]int32{}
-	}
-	g.ring = append(g.ring, h)
-	g.set[h]++
-	for len(g.ring)-g.head > limit {
-		old := g.ring[g.head]
-		if g.set[old]--; g.set[old] == 0 {
-			delete(g.set, old)
-		}
-		g.head++
-	}
-	if g.head > 1024 && g.head > len(g.ring)/2 {
-		g.ring = g.ring[:copy(g.ring, g.ring[g.head:])]
-		g.head = 0
-	}
-}
-
-// unreserve frees slot si of chunk ci (alloc's).
-func (e *Embedded) unreserve(ci, si int32) {
-	c := &e.chunks[ci]
-	c.free = append(c.free, si)
-	if len(c.free) == 1 {
-		c.cl.avail = append(c.cl.avail, ci)
-	}
-	if c.live--; c.live == 0 {
-		e.empty++
-	}
-}
-
-// remove drops entry x: its index link, its slot and its bytes.
-func (e *Embedded) remove(x int32) {
-	e.unlink(x)
-	en := &e.ents[x]
-	if en.kept {
-		e.pinned -= int64(en.klen) + int64(en.vlen)
-		en.kept = false
-	}
-	first := e.idx[en.hash]
-	if first == x {
-		if en.coll >= 0 {
-			e.idx[en.hash] = en.coll
-		} else {
-			delete(e.idx, en.hash)
-		}
-	} else {
-		p := first
-		for e.ents[p].coll != x {
-			p = e.ents[p].coll
-		}
-		e.ents[p].coll = en.coll
-	}
-	e.used -= int64(en.klen) + int64(en.vlen)
-	if en.pins > 0 { // a Get is copying it out: the last unpin frees the slot
-		en.dead = true
-		return
-	}
-	e.freeEnt(x)
-}
-
-// freeEnt frees unlinked entry x and its slot.
-func (e *Embedded) freeEnt(x int32) {
-	en := &e.ents[x]
-	e.unreserve(en.chunk, en.slot)
-	*en = ent{next: e.free}
-	e.free = x
-}
-
 // Exists implements Backend from the index alone: a key counts as held
 // when a key of the same 64-bit hash is (the entries and the slots, where
 // the full keys are, stay untouched). A different key sharing the hash (odds
@@ -819,18 +359,17 @@ func (e *Embedded) Exists(_ context.Context, keys []string) ([]bool, []error) {
 	return held, errs
 }
 
-// leading is Tier.Lookup on this store: how many leading blocks of hashes
-// it holds (every key of each), the first key it lacks ending the run.
-// Under one hold of the lock (the engine goroutine asks: it waits for the
-// lock at most once, as for Exists), the addresses are formatted into a
-// buffer on the stack and hashed a group at a time (8 keys, doubling up to
-// 64), then the group's hashes probed: independent probes, whose cache
-// misses overlap. No allocation, and nothing done past the group in which
-// the first missing key fell. (Exists needs every address of the prefix
-// asked formatted, hashed and probed, each allocated.) A closed store
-// fails with ErrClosed, nothing counted.
-func (e *Embedded) leading(t *Tier, hashes []uint64) (int, error) {
-	nk := len(t.ns.Keys)
+// Leading implements Leader (Tier.Lookup on this store): how many leading
+// addresses of addrs it holds, the first it lacks ending the run. Under
+// one hold of the lock (the engine goroutine asks: it waits for the lock
+// at most once, as for Exists), the addresses are formatted into a buffer
+// on the stack and hashed a group at a time (8 keys, doubling up to 64),
+// then the group's hashes probed: independent probes, whose cache misses
+// overlap. No allocation, and nothing done past the group in which the
+// first missing key fell. (Exists needs every address of the prefix asked
+// formatted, hashed and probed, each allocated.) Presence is by hash, as
+// Exists answers. A closed store fails with ErrClosed, nothing counted.
+func (e *Embedded) Leading(_ context.Context, addrs Addrs) (int, error) {
 	var sb [256]byte
 	buf := sb[:0] // a longer address grows it once
 	var hb [64]uint64
@@ -839,20 +378,20 @@ func (e *Embedded) leading(t *Tier, hashes []uint64) (int, error) {
 	if e.closed {
 		return 0, ErrClosed
 	}
-	total := len(hashes) * nk
+	total := addrs.Len()
 	for lo, step := 0, 8; lo < total; lo, step = lo+step, min(2*step, len(hb)) {
 		hs := hb[:0]
 		for i := lo; i < min(lo+step, total); i++ {
-			buf = t.appendAddr(buf[:0], hashes[i/nk], i%nk)
+			buf = addrs.Append(buf[:0], i)
 			hs = append(hs, e.hashBytes(buf))
 		}
 		for i, h := range hs {
 			if _, ok := e.idx[h]; !ok {
-				return (lo + i) / nk, nil
+				return lo + i, nil
 			}
 		}
 	}
-	return len(hashes), nil
+	return total, nil
 }
 
 // copyDone ends a Set's or Get's copy outside the lock (e.mu held): the
@@ -889,109 +428,4 @@ func (e *Embedded) slabBytes() (held, limit int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.held, e.limit
-}
-
-// Delete implements Deleter: it drops keys as an eviction would (counted
-// in Usage's evicted).
-func (e *Embedded) Delete(_ context.Context, keys []string) []error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return closedErrs(len(keys))
-	}
-	for _, k := range keys {
-		if x := e.find(e.hash(k), k); x >= 0 {
-			e.remove(x)
-			e.evicts++
-		}
-	}
-	return make([]error, len(keys))
-}
-
-// Purge implements Purger: it removes every value whose key starts with
-// prefix (a walk of the index under the store's lock; counted in Usage's
-// evicted like Delete).
-func (e *Embedded) Purge(_ context.Context, prefix string) (int, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return 0, ErrClosed
-	}
-	var drop []int32
-	for _, head := range e.idx {
-		for i := head; i >= 0; i = e.ents[i].coll {
-			en := &e.ents[i]
-			if k := e.bytesOf(en)[:en.klen]; len(k) >= len(prefix) && string(k[:len(prefix)]) == prefix {
-				drop = append(drop, i)
-			}
-		}
-	}
-	for _, x := range drop {
-		e.remove(x)
-		e.evicts++
-	}
-	return len(drop), nil
-}
-
-// Pin implements Pinner: every key's value is kept (out of the eviction
-// queues, never evicted) until Unpin or Delete; a Set of a pinned key
-// keeps the new value pinned. A key not held is ErrMiss and then nothing
-// is pinned (every key is checked first). Pinned bytes count in the
-// bound: a Set that finds no room beside them fails with ErrNoRoom.
-func (e *Embedded) Pin(_ context.Context, keys []string) []error {
-	errs := make([]error, len(keys))
-	hs := e.hashKeys(keys)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return closedErrs(len(keys))
-	}
-	xs := make([]int32, len(keys))
-	failed := false
-	for i, k := range keys {
-		if xs[i] = e.find(hs[i], k); xs[i] < 0 {
-			errs[i] = fmt.Errorf("%w: %s", ErrMiss, k)
-			failed = true
-		}
-	}
-	if failed {
-		return errs
-	}
-	for _, x := range xs {
-		if en := &e.ents[x]; !en.kept {
-			e.unlink(x)
-			en.kept = true
-			e.pinned += int64(en.klen) + int64(en.vlen)
-		}
-	}
-	return errs
-}
-
-// Unpin implements Pinner: the values go back to the eviction queues (the
-// main one's head: they were kept for a reason). A key not held, or not
-// pinned, is no error.
-func (e *Embedded) Unpin(_ context.Context, keys []string) []error {
-	errs := make([]error, len(keys))
-	hs := e.hashKeys(keys)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return closedErrs(len(keys))
-	}
-	for i, k := range keys {
-		if x := e.find(hs[i], k); x >= 0 && e.ents[x].kept {
-			en := &e.ents[x]
-			en.kept = false
-			e.pinned -= int64(en.klen) + int64(en.vlen)
-			e.push(x, qMain)
-		}
-	}
-	return errs
-}
-
-// Pinned reports the bytes of pinned values (in Usage's used).
-func (e *Embedded) Pinned() int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pinned
 }

@@ -534,7 +534,7 @@ func TestEmbeddedGetOutsideLock(t *testing.T) {
 	}
 }
 
-// Lookup on the embedded store (Embedded.leading: a group of keys at a time,
+// Lookup on the embedded store (Embedded.Leading: a group of keys at a time,
 // stopping at the first missing one) against the answer from every key's
 // Exists: random prefixes of 300 blocks of two keys, some blocks held
 // whole, some with one key deleted, some never stored. A long namespace (addresses longer

@@ -3,7 +3,7 @@ package omnicache_test
 // Bad hits (scenarios 8–11), step ids and staging pages (14–17) and the
 // rest of DESIGN §8's error catalogue (TestErrorCatalogue). Every misuse
 // must return its typed error (errors.Is) and leave the cache usable: each
-// one is followed by a correct step (usable).
+// one is followed by a correct step (Harness.Usable).
 //
 // §8 entry → test:
 //   unaligned hit                         TestScenario11_UnalignedHit
@@ -35,25 +35,8 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/cachetest"
 )
-
-// usableIDs hands out fresh request ids for the follow-up steps.
-var usableIDs = int64(5000)
-
-// usable runs a correct step with a fresh request on block 15 and checks
-// its rows and the mirror: the cache must stay usable after a misuse.
-func usable(h *harness) {
-	h.t.Helper()
-	usableIDs++
-	id := usableIDs
-	h.assign(id, 15)
-	err := h.tryBegin(step{Sched: []S{{id, 0, 3}}, Arrive: []A{{ID: id}}})
-	require.NoError(h.t, err, "Begin of a correct step after the misuse: the cache must stay usable")
-	sid, err := h.trySave(h.outs())
-	require.NoError(h.t, err, "Save of a correct step after the misuse: the cache must stay usable")
-	h.mat(sid)
-	h.checkMirror()
-}
 
 // Scenario 8: a hit over never-written blocks of a required key is an
 // error at Materialize (never served as a miss); the step is consumed and
@@ -65,21 +48,21 @@ func TestScenario08_AbsentRequired(t *testing.T) {
 		written bool // A wrote the hit's first block
 	}{{"nothing written", false}, {"second hit block never written", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig()
+			cfg := cachetest.Config()
 			cfg.StagingDepth = 1
-			h := newHarness(t, cfg)
+			h := cachetest.New(t, cfg)
 			if tc.written {
-				h.assign(a, 5)
-				h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+				h.Assign(a, 5)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
 			}
-			h.assign(b, 5, 6, 7)
-			s := h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}})
-			err := h.matCall(s, nil, &h.res)
-			require.ErrorIs(t, err, omnicache.ErrAbsentRequired, "hit over never-written rows of the required key %q", keyHidden.Name)
+			h.Assign(b, 5, 6, 7)
+			s := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}})
+			err := h.MatCall(s, nil, &h.Res)
+			require.ErrorIs(t, err, omnicache.ErrAbsentRequired, "hit over never-written rows of the required key %q", cachetest.KeyHidden.Name)
 			t.Logf("error: %v", err)
-			require.ErrorIs(t, h.matCall(s, nil, &h.res), omnicache.ErrUnknownStep, "the failed read consumes the step")
-			usable(h) // StagingDepth 1: needs the page back
-			assert.Zero(t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+			require.ErrorIs(t, h.MatCall(s, nil, &h.Res), omnicache.ErrUnknownStep, "the failed read consumes the step")
+			h.Usable() // StagingDepth 1: needs the page back
+			assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 		})
 	}
 }
@@ -88,25 +71,25 @@ func TestScenario08_AbsentRequired(t *testing.T) {
 // exact zero rows.
 func TestScenario09_AbsentOptional(t *testing.T) {
 	const a, b = 1, 2
-	keys := []omnicache.Key{keyAux, {Name: "aux2", RowBytes: 16, Optional: true}}
+	keys := []omnicache.Key{cachetest.KeyAux, {Name: "aux2", RowBytes: 16, Optional: true}}
 	for _, tc := range []struct {
 		name    string
 		written bool
 	}{{"nothing written", false}, {"second hit block never written", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, testConfig(keys...))
+			h := cachetest.New(t, cachetest.Config(keys...))
 			if tc.written {
-				h.assign(a, 5)
-				h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+				h.Assign(a, 5)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
 			}
-			h.assign(b, 5, 6, 7)
-			h.mat(h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}}))
-			require.Equal(t, 8, h.res.Prefix(0))
-			for k, key := range h.cfg.Keys {
-				absent := h.res.Rows(0, k)[4*key.RowBytes : 8*key.RowBytes]
+			h.Assign(b, 5, 6, 7)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}}))
+			require.Equal(t, 8, h.Res.Prefix(0))
+			for k, key := range h.Cfg.Keys {
+				absent := h.Res.Rows(0, k)[4*key.RowBytes : 8*key.RowBytes]
 				require.Equal(t, make([]byte, len(absent)), absent, "key %q: rows of the never-written block must be exact zeros", key.Name)
 			}
-			h.checkMirror()
+			h.CheckMirror()
 		})
 	}
 }
@@ -116,10 +99,10 @@ func TestScenario09_AbsentOptional(t *testing.T) {
 // the corrected plan with the same id hits.
 func TestScenario10_HitWithoutBlockIDs(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2)
-	h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
-	h.assign(b, 1, 2, 3)
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
+	h.Assign(b, 1, 2, 3)
 	for _, tc := range []struct {
 		name string
 		hit  int
@@ -129,71 +112,71 @@ func TestScenario10_HitWithoutBlockIDs(t *testing.T) {
 		{"too few block ids", 8, []int32{1}},
 		{"left-over block ids", 4, []int32{1, 2}},
 	} {
-		err := h.tryBegin(step{Sched: []S{{b, tc.hit, 2}}, Arrive: []A{{ID: b, Hit: tc.hit, Blocks: tc.ids}}})
+		err := h.TryBegin(cachetest.Step{Sched: []cachetest.S{{b, int64(tc.hit), 2}}, Arrive: []cachetest.A{{ID: b, Hit: tc.hit, Blocks: tc.ids}}})
 		require.ErrorIs(t, err, omnicache.ErrHitBlocks, "%s: hit_tokens=%d with block ids %v", tc.name, tc.hit, tc.ids)
 		t.Logf("%s: %v", tc.name, err)
 	}
-	h.mat(h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}}))
-	require.Equal(t, 8, h.res.Prefix(0), "after failed Begins, the corrected arrival must hit")
-	usable(h)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}}))
+	require.Equal(t, 8, h.Res.Prefix(0), "after failed Begins, the corrected arrival must hit")
+	h.Usable()
 }
 
 // Scenario 11: a hit not block aligned (6 tokens, block 4) fails at Begin;
 // the corrected plan with the same id hits.
 func TestScenario11_UnalignedHit(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2)
-	h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
-	h.assign(b, 1, 2, 3)
-	err := h.tryBegin(step{Sched: []S{{b, 6, 2}}, Arrive: []A{{ID: b, Hit: 6, Blocks: []int32{1, 2}}}})
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
+	h.Assign(b, 1, 2, 3)
+	err := h.TryBegin(cachetest.Step{Sched: []cachetest.S{{b, 6, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 6, Blocks: []int32{1, 2}}}})
 	require.ErrorIs(t, err, omnicache.ErrUnalignedHit, "hit_tokens 6 with block size 4")
 	t.Logf("error: %v", err)
-	err = h.tryBegin(step{Sched: []S{{b, 6, 2}}, Arrive: []A{{ID: b, Hit: 6, Blocks: []int32{1}}}})
+	err = h.TryBegin(cachetest.Step{Sched: []cachetest.S{{b, 6, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 6, Blocks: []int32{1}}}})
 	require.ErrorIs(t, err, omnicache.ErrUnalignedHit, "hit_tokens 6 with one block id")
 
-	h.mat(h.step(step{Sched: []S{{b, 4, 4}}, Arrive: []A{{ID: b, Hit: 4}}}))
-	require.Equal(t, 4, h.res.Prefix(0), "after failed Begins, the corrected arrival must hit")
-	usable(h)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 4}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}}))
+	require.Equal(t, 4, h.Res.Prefix(0), "after failed Begins, the corrected arrival must hit")
+	h.Usable()
 }
 
 // Scenario 14: materialize or discard twice, an unknown id, a request
 // outside the step: typed errors, the cache stays usable.
 func TestScenario14_StepIDMisuse(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2)
-	h.assign(b, 3)
-	s1 := h.step(step{Sched: []S{{a, 0, 4}, {b, 0, 2}}, Arrive: []A{{ID: a}, {ID: b}}})
-	h.mat(s1)
-	require.ErrorIs(t, h.matCall(s1, nil, &h.res), omnicache.ErrUnknownStep, "Materialize twice")
-	require.ErrorIs(t, h.tryDiscard(s1), omnicache.ErrUnknownStep, "Discard after Materialize")
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2)
+	h.Assign(b, 3)
+	s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}, {b, 0, 2}}, Arrive: []cachetest.A{{ID: a}, {ID: b}}})
+	h.Mat(s1)
+	require.ErrorIs(t, h.MatCall(s1, nil, &h.Res), omnicache.ErrUnknownStep, "Materialize twice")
+	require.ErrorIs(t, h.TryDiscard(s1), omnicache.ErrUnknownStep, "Discard after Materialize")
 
-	s2 := h.step(step{Sched: []S{{a, 4, 1}, {b, 2, 1}}})
-	h.discard(s2)
-	require.ErrorIs(t, h.tryDiscard(s2), omnicache.ErrUnknownStep, "Discard twice")
-	require.ErrorIs(t, h.matCall(s2, nil, &h.res), omnicache.ErrUnknownStep, "Materialize after Discard")
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 4, 1}, {b, 2, 1}}})
+	h.Discard(s2)
+	require.ErrorIs(t, h.TryDiscard(s2), omnicache.ErrUnknownStep, "Discard twice")
+	require.ErrorIs(t, h.MatCall(s2, nil, &h.Res), omnicache.ErrUnknownStep, "Materialize after Discard")
 
 	unknown := s2 + 1000
-	require.ErrorIs(t, h.matCall(unknown, nil, &h.res), omnicache.ErrUnknownStep, "Materialize of an id never returned by Save")
-	require.ErrorIs(t, h.tryDiscard(unknown), omnicache.ErrUnknownStep, "Discard of an id never returned by Save")
+	require.ErrorIs(t, h.MatCall(unknown, nil, &h.Res), omnicache.ErrUnknownStep, "Materialize of an id never returned by Save")
+	require.ErrorIs(t, h.TryDiscard(unknown), omnicache.ErrUnknownStep, "Discard of an id never returned by Save")
 
 	// b is live but not in s3; 999 was never seen.
-	s3 := h.step(step{Sched: []S{{a, 5, 1}}})
+	s3 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 5, 1}}})
 	for _, reqs := range [][]int64{{b}, {999}, {a, b}} {
-		err := h.matCall(s3, reqs, &h.res)
+		err := h.MatCall(s3, reqs, &h.Res)
 		require.ErrorIs(t, err, omnicache.ErrNotInStep, "Materialize(s3, %v): request outside the step", reqs)
 		t.Logf("Materialize(s3, %v): %v", reqs, err)
 	}
 	// The spec does not say whether a refused read consumes the step:
 	// either it still materializes, or it is gone.
-	if err := h.matCall(s3, []int64{a}, &h.res); err != nil {
+	if err := h.MatCall(s3, []int64{a}, &h.Res); err != nil {
 		require.ErrorIs(t, err, omnicache.ErrUnknownStep, "Materialize after ErrNotInStep: success or an already consumed step")
 	} else {
-		require.NoError(t, h.verify(s3, []int64{a}, &h.res))
+		require.NoError(t, h.Verify(s3, []int64{a}, &h.Res))
 	}
-	usable(h)
-	assert.Zero(t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+	h.Usable()
+	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 }
 
 // Scenario 15: with 2 pages, a third Save waits until a step is consumed;
@@ -201,49 +184,49 @@ func TestScenario14_StepIDMisuse(t *testing.T) {
 // step ids.
 func TestScenario15_StagingDepth(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	setup := func(t *testing.T, timeout time.Duration) (*harness, omnicache.StepID, omnicache.StepID) {
-		cfg := testConfig()
+	setup := func(t *testing.T, timeout time.Duration) (*cachetest.Harness, omnicache.StepID, omnicache.StepID) {
+		cfg := cachetest.Config()
 		cfg.StagingDepth = 2
 		cfg.StagingClaimTimeout = timeout
-		h := newHarness(t, cfg)
-		h.assign(a, 1)
-		h.assign(b, 2)
-		h.assign(c, 3)
-		s1 := h.step(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})
-		s2 := h.step(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})
-		h.begin(step{Sched: []S{{c, 0, 2}}, Arrive: []A{{ID: c}}})
+		h := cachetest.New(t, cfg)
+		h.Assign(a, 1)
+		h.Assign(b, 2)
+		h.Assign(c, 3)
+		s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 2}}, Arrive: []cachetest.A{{ID: a}}})
+		s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}})
+		h.Begin(cachetest.Step{Sched: []cachetest.S{{c, 0, 2}}, Arrive: []cachetest.A{{ID: c}}})
 		return h, s1, s2
 	}
 
 	t.Run("waits for a consumed step", func(t *testing.T) {
 		h, s1, s2 := setup(t, 5*time.Second)
-		done, join := h.saveAsync(h.outs())
+		done, join := h.SaveAsync(h.Outs())
 		select {
 		case <-done:
 			id, err := join()
 			t.Fatalf("the third Save returned (%v, %v) while both pages were held: it must wait for a consumed step", id, err)
 		case <-time.After(100 * time.Millisecond):
 		}
-		h.discard(s1) // from this goroutine, while the engine's Save waits
+		h.Discard(s1) // from this goroutine, while the engine's Save waits
 		s3, err := join()
 		require.NoError(t, err, "the waiting Save must succeed once a page is free")
-		h.mat(s3)
-		h.mat(s2)
-		usable(h)
+		h.Mat(s3)
+		h.Mat(s2)
+		h.Usable()
 	})
 
 	t.Run("NoWait fails at once naming the unconsumed steps", func(t *testing.T) {
 		h, s1, s2 := setup(t, omnicache.NoWait)
-		_, err := h.trySave(h.outs())
+		_, err := h.TrySave(h.Outs())
 		require.ErrorIs(t, err, omnicache.ErrStagingTimeout, "Save with both pages held and NoWait")
 		msg := err.Error()
 		assert.Contains(t, msg, fmt.Sprint(s1), "the error must name unconsumed step %v", s1)
 		assert.Contains(t, msg, fmt.Sprint(s2), "the error must name unconsumed step %v", s2)
 		t.Logf("error: %v", err)
-		h.mat(s2)
-		h.mat(s1)
-		h.sync()
-		usable(h)
+		h.Mat(s2)
+		h.Mat(s1)
+		h.Sync()
+		h.Usable()
 	})
 }
 
@@ -251,18 +234,18 @@ func TestScenario15_StagingDepth(t *testing.T) {
 // Begin rejects it, naming the capacity, before sizing anything from it.
 func TestScenario16_StepTooLarge(t *testing.T) {
 	const a, b = 1, 2
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.StagingCapacityTokens = 8
-	h := newHarness(t, cfg)
-	h.assign(a, 1, 2, 3)
-	err := h.tryBegin(step{Sched: []S{{a, 0, 12}}, Arrive: []A{{ID: a}}})
+	h := cachetest.New(t, cfg)
+	h.Assign(a, 1, 2, 3)
+	err := h.TryBegin(cachetest.Step{Sched: []cachetest.S{{a, 0, 12}}, Arrive: []cachetest.A{{ID: a}}})
 	require.ErrorIs(t, err, omnicache.ErrStepTooLarge, "a 12-token step with 8-token pages")
 	assert.Contains(t, err.Error(), "8", "the error must name the page capacity (8 tokens)")
 	t.Logf("error: %v", err)
 
-	h.assign(b, 4, 5)
-	h.mat(h.step(step{Sched: []S{{b, 0, 8}}, Arrive: []A{{ID: b}}})) // exactly one page
-	usable(h)
+	h.Assign(b, 4, 5)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 8}}, Arrive: []cachetest.A{{ID: b}}})) // exactly one page
+	h.Usable()
 }
 
 // Scenario 17: outputs whose token count differs from the scheduled tokens
@@ -296,16 +279,16 @@ func TestScenario17_OutputsMismatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const a = 1
-			h := newHarness(t, testConfig())
-			h.device = tc.device
-			h.assign(a, 1, 2)
-			h.begin(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
-			o := h.outs()
+			h := cachetest.New(t, cachetest.Config())
+			h.Device = tc.device
+			h.Assign(a, 1, 2)
+			h.Begin(cachetest.Step{Sched: []cachetest.S{{a, 0, 6}}, Arrive: []cachetest.A{{ID: a}}})
+			o := h.Outs()
 			tc.bad(o)
-			_, err := h.trySave(o)
+			_, err := h.TrySave(o)
 			require.ErrorIs(t, err, tc.want)
 			t.Logf("error: %v", err)
-			usable(h)
+			h.Usable()
 		})
 	}
 }
@@ -315,7 +298,7 @@ func TestScenario17_OutputsMismatch(t *testing.T) {
 // the device budget, and the closed cache.
 func TestErrorCatalogue(t *testing.T) {
 	t.Run("config", func(t *testing.T) {
-		valid := func() omnicache.Config { return testConfig() }
+		valid := func() omnicache.Config { return cachetest.Config() }
 		for _, tc := range []struct {
 			name string
 			mut  func(c *omnicache.Config)
@@ -325,9 +308,11 @@ func TestErrorCatalogue(t *testing.T) {
 			{"zero block size", func(c *omnicache.Config) { c.BlockSize = 0 }},
 			{"negative block size", func(c *omnicache.Config) { c.BlockSize = -4 }},
 			{"no keys", func(c *omnicache.Config) { c.Keys = nil }},
-			{"zero row bytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{keyHidden, {Name: "empty", RowBytes: 0}} }},
+			{"zero row bytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{cachetest.KeyHidden, {Name: "empty", RowBytes: 0}} }},
 			{"negative row bytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{{Name: "neg", RowBytes: -8}} }},
-			{"duplicate key names", func(c *omnicache.Config) { c.Keys = []omnicache.Key{keyHidden, keyAux, {Name: "hidden", RowBytes: 8}} }},
+			{"duplicate key names", func(c *omnicache.Config) {
+				c.Keys = []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux, {Name: "hidden", RowBytes: 8}}
+			}},
 			{"negative staging depth", func(c *omnicache.Config) { c.StagingDepth = -1 }},
 			{"negative staging capacity", func(c *omnicache.Config) { c.StagingCapacityTokens = -1 }},
 			{"negative device budget", func(c *omnicache.Config) { c.DeviceBudgetBytes = -1 }},
@@ -343,20 +328,20 @@ func TestErrorCatalogue(t *testing.T) {
 				_ = c.Close()
 			}
 		}
-		h := newHarness(t, valid()) // the control: the valid config works
-		usable(h)
+		h := cachetest.New(t, valid()) // the control: the valid config works
+		h.Usable()
 		spinning := valid() // Sync spinning through the committer's work
 		spinning.SyncSpin = omnicache.MaxSyncSpin
-		usable(newHarness(t, spinning))
+		cachetest.New(t, spinning).Usable()
 	})
 
 	t.Run("plan", func(t *testing.T) {
 		const a, b = 1, 2
-		h := newHarness(t, testConfig())
-		h.assign(a, 1, 2)
-		h.assign(b, 3)
-		h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-		good := step{Sched: []S{{a, 4, 2}, {b, 0, 2}}, Arrive: []A{{ID: b}}}
+		h := cachetest.New(t, cachetest.Config())
+		h.Assign(a, 1, 2)
+		h.Assign(b, 3)
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+		good := cachetest.Step{Sched: []cachetest.S{{a, 4, 2}, {b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}}
 		for _, tc := range []struct {
 			name string
 			mut  func(p *omnicache.Plan)
@@ -382,88 +367,88 @@ func TestErrorCatalogue(t *testing.T) {
 				p.Arrivals, p.HitTokens = nil, nil
 			}},
 			{"negative position", func(p *omnicache.Plan) { p.Start[1] = -1 }},
-			{"block id outside the cache", func(p *omnicache.Plan) { p.Table[int(p.Rows[1])*p.Stride] = testNumBlocks }},
+			{"block id outside the cache", func(p *omnicache.Plan) { p.Table[int(p.Rows[1])*p.Stride] = cachetest.NumBlocks }},
 		} {
-			p := h.plan(good)
+			p := h.Plan(good)
 			tc.mut(p)
-			err := h.beginPlan(p)
+			err := h.BeginPlan(p)
 			require.ErrorIs(t, err, omnicache.ErrPlan, "Begin with %s", tc.name)
 			t.Logf("%s: %v", tc.name, err)
 		}
 		// A hit block id outside the cache: a bad plan or a bad hit.
-		h.assign(3, 4, 5)
-		p := h.plan(step{Sched: []S{{3, 4, 1}}, Arrive: []A{{ID: 3, Hit: 4, Blocks: []int32{testNumBlocks + 3}}}})
-		err := h.beginPlan(p)
+		h.Assign(3, 4, 5)
+		p := h.Plan(cachetest.Step{Sched: []cachetest.S{{3, 4, 1}}, Arrive: []cachetest.A{{ID: 3, Hit: 4, Blocks: []int32{cachetest.NumBlocks + 3}}}})
+		err := h.BeginPlan(p)
 		require.Error(t, err, "Begin with a hit block id outside the cache")
 		require.True(t, isAny(err, omnicache.ErrPlan, omnicache.ErrHitBlocks), "hit block id outside the cache: want ErrPlan or ErrHitBlocks, got %v", err)
 
 		// The failed Begins registered nothing: the good plan works, and b
 		// is a fresh arrival.
-		h.mat(h.step(good))
-		usable(h)
+		h.Mat(h.Step(good))
+		h.Usable()
 	})
 
 	t.Run("sequence", func(t *testing.T) {
 		const a, b = 1, 2
-		h := newHarness(t, testConfig())
-		h.assign(a, 1)
-		h.assign(b, 2)
-		first := step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}}
-		_, err := h.trySave(h.outputsFor(first))
+		h := cachetest.New(t, cachetest.Config())
+		h.Assign(a, 1)
+		h.Assign(b, 2)
+		first := cachetest.Step{Sched: []cachetest.S{{a, 0, 2}}, Arrive: []cachetest.A{{ID: a}}}
+		_, err := h.TrySave(h.OutputsFor(first))
 		require.ErrorIs(t, err, omnicache.ErrSequence, "Save without Begin")
-		usable(h)
+		h.Usable()
 
 		// Begin twice without Save: the second fails, the first stays begun.
-		h.begin(first)
-		p := h.plan(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})
-		require.ErrorIs(t, h.beginPlan(p), omnicache.ErrSequence, "Begin twice without Save")
-		s := h.save()
-		h.mat(s)
-		_, err = h.trySave(h.outputsFor(first))
+		h.Begin(first)
+		p := h.Plan(cachetest.Step{Sched: []cachetest.S{{b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}})
+		require.ErrorIs(t, h.BeginPlan(p), omnicache.ErrSequence, "Begin twice without Save")
+		s := h.Save()
+		h.Mat(s)
+		_, err = h.TrySave(h.OutputsFor(first))
 		require.ErrorIs(t, err, omnicache.ErrSequence, "Save twice after one Begin")
-		usable(h)
+		h.Usable()
 	})
 
 	t.Run("budget", func(t *testing.T) {
 		// One key of 32-byte rows on the device, a budget of 4 rows: an
 		// 8-token step's clone can never fit.
-		cfg := testConfig(keyHidden)
-		cfg.DeviceBudgetBytes = 4 * int64(keyHidden.RowBytes)
+		cfg := cachetest.Config(cachetest.KeyHidden)
+		cfg.DeviceBudgetBytes = 4 * int64(cachetest.KeyHidden.RowBytes)
 		cfg.DeferredChunkBytes = cfg.DeviceBudgetBytes
-		h := newHarness(t, cfg)
-		h.device = true
+		h := cachetest.New(t, cfg)
+		h.Device = true
 		const a = 1
-		h.assign(a, 1, 2)
-		h.begin(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}})
-		_, err := h.trySave(h.outs())
+		h.Assign(a, 1, 2)
+		h.Begin(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}})
+		_, err := h.TrySave(h.Outs())
 		require.ErrorIs(t, err, omnicache.ErrBudget, "a step clone larger than the whole device budget")
 		t.Logf("error: %v", err)
-		usable(h) // 3 tokens fit
-		st := h.stats()
+		h.Usable() // 3 tokens fit
+		st := h.Stats()
 		assert.LessOrEqual(t, st.BudgetPeak, st.BudgetLimit, "Stats.BudgetPeak <= BudgetLimit")
 		assert.EqualValues(t, cfg.DeviceBudgetBytes, st.BudgetLimit, "Stats.BudgetLimit")
 	})
 
 	t.Run("closed", func(t *testing.T) {
 		const a, b = 1, 2
-		h := newHarness(t, testConfig())
-		h.assign(a, 1)
-		h.assign(b, 2)
-		s1 := h.step(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}}) // left unconsumed
-		h.closed = true
-		require.NoError(t, guard(t, "Close", func() error { return h.c.Close() }), "Close")
-		st := h.stats()
+		h := cachetest.New(t, cachetest.Config())
+		h.Assign(a, 1)
+		h.Assign(b, 2)
+		s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 2}}, Arrive: []cachetest.A{{ID: a}}}) // left unconsumed
+		h.MarkClosed()
+		require.NoError(t, cachetest.Guard(t, "Close", func() error { return h.C.Close() }), "Close")
+		st := h.Stats()
 		assert.Zero(t, st.PagesInUse, "Close releases the pages")
 		assert.Zero(t, st.BudgetCharged, "Close releases the budget")
 
-		bs := step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}}
-		require.ErrorIs(t, h.beginPlan(h.plan(bs)), omnicache.ErrClosed, "Begin after Close")
-		_, err := h.trySave(h.outputsFor(bs))
+		bs := cachetest.Step{Sched: []cachetest.S{{b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}}
+		require.ErrorIs(t, h.BeginPlan(h.Plan(bs)), omnicache.ErrClosed, "Begin after Close")
+		_, err := h.TrySave(h.OutputsFor(bs))
 		require.ErrorIs(t, err, omnicache.ErrClosed, "Save after Close")
-		require.ErrorIs(t, h.matCall(s1, nil, &h.res), omnicache.ErrClosed, "Materialize after Close")
-		require.ErrorIs(t, h.tryDiscard(s1), omnicache.ErrClosed, "Discard after Close")
-		require.ErrorIs(t, h.trySync(), omnicache.ErrClosed, "Sync after Close")
-		err = guard(t, "second Close", func() error { return h.c.Close() })
+		require.ErrorIs(t, h.MatCall(s1, nil, &h.Res), omnicache.ErrClosed, "Materialize after Close")
+		require.ErrorIs(t, h.TryDiscard(s1), omnicache.ErrClosed, "Discard after Close")
+		require.ErrorIs(t, h.TrySync(), omnicache.ErrClosed, "Sync after Close")
+		err = cachetest.Guard(t, "second Close", func() error { return h.C.Close() })
 		if err != nil {
 			require.ErrorIs(t, err, omnicache.ErrClosed, "a second Close returns nil or ErrClosed")
 		}
@@ -486,30 +471,30 @@ func isAny(err error, targets ...error) bool {
 // is not looked at.
 func TestBlockIDsLongStep(t *testing.T) {
 	const a = 1
-	h := newHarness(t, testConfig())
-	h.assign(a, 4, 5, 6, 7)
-	long := step{Sched: []S{{a, 0, 11}}, Arrive: []A{{ID: a}}} // positions 0..10: table columns 0..2
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 4, 5, 6, 7)
+	long := cachetest.Step{Sched: []cachetest.S{{a, 0, 11}}, Arrive: []cachetest.A{{ID: a}}} // positions 0..10: table columns 0..2
 	for _, tc := range []struct {
 		name string
 		col  int
 		id   int32
 	}{
-		{"first column beyond NumBlocks", 0, testNumBlocks},
+		{"first column beyond NumBlocks", 0, cachetest.NumBlocks},
 		{"middle column negative", 1, -1},
-		{"last column far beyond", 2, testNumBlocks + 100},
+		{"last column far beyond", 2, cachetest.NumBlocks + 100},
 	} {
-		p := h.plan(long)
+		p := h.Plan(long)
 		p.Table[int(p.Rows[0])*p.Stride+tc.col] = tc.id
-		err := h.beginPlan(p)
+		err := h.BeginPlan(p)
 		require.ErrorIs(t, err, omnicache.ErrPlan, tc.name)
 		require.ErrorContains(t, err, "beyond NumBlocks", tc.name)
 	}
-	p := h.plan(long)
-	p.Table[int(p.Rows[0])*p.Stride+3] = testNumBlocks // column 3: not used by this step
-	require.NoError(t, h.beginPlan(p), "an unused table entry is not checked")
-	require.NoError(t, h.c.Abort())
-	h.mat(h.step(long)) // the failed Begins registered nothing
-	usable(h)
+	p := h.Plan(long)
+	p.Table[int(p.Rows[0])*p.Stride+3] = cachetest.NumBlocks // column 3: not used by this step
+	require.NoError(t, h.BeginPlan(p), "an unused table entry is not checked")
+	require.NoError(t, h.C.Abort())
+	h.Mat(h.Step(long)) // the failed Begins registered nothing
+	h.Usable()
 }
 
 // Nil arguments are typed errors that change nothing: Begin(nil) is
@@ -518,28 +503,28 @@ func TestBlockIDsLongStep(t *testing.T) {
 // (its staging page held: with one page, materializing it afterwards is
 // what lets the next Save through). None panics.
 func TestNilArguments(t *testing.T) {
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.StagingDepth = 1
 	cfg.StagingClaimTimeout = omnicache.NoWait
-	h := newHarness(t, cfg)
-	before := h.c.Stats()
-	require.ErrorIs(t, guard(t, "Begin(nil)", func() error { return h.c.Begin(nil) }), omnicache.ErrPlan)
-	require.Equal(t, before, h.c.Stats(), "Begin(nil) changed the cache")
+	h := cachetest.New(t, cfg)
+	before := h.C.Stats()
+	require.ErrorIs(t, cachetest.Guard(t, "Begin(nil)", func() error { return h.C.Begin(nil) }), omnicache.ErrPlan)
+	require.Equal(t, before, h.C.Stats(), "Begin(nil) changed the cache")
 
 	const a, b = 1, 2
-	h.assign(a, 1)
-	h.begin(step{Sched: []S{{a, 0, 3}}, Arrive: []A{{ID: a}}})
-	err := guard(t, "Save(nil)", func() error { _, err := h.c.Save(nil); return err })
+	h.Assign(a, 1)
+	h.Begin(cachetest.Step{Sched: []cachetest.S{{a, 0, 3}}, Arrive: []cachetest.A{{ID: a}}})
+	err := cachetest.Guard(t, "Save(nil)", func() error { _, err := h.C.Save(nil); return err })
 	require.ErrorIs(t, err, omnicache.ErrOutputs)
-	require.ErrorIs(t, h.c.Begin(nil), omnicache.ErrPlan)
-	h.begin(step{Sched: []S{{a, 0, 3}}}) // the refused Save undid its Begin (a stays live)
-	sid := h.save()
-	err = guard(t, "Materialize(nil Result)", func() error { return h.c.Materialize(sid, nil, nil) })
+	require.ErrorIs(t, h.C.Begin(nil), omnicache.ErrPlan)
+	h.Begin(cachetest.Step{Sched: []cachetest.S{{a, 0, 3}}}) // the refused Save undid its Begin (a stays live)
+	sid := h.Save()
+	err = cachetest.Guard(t, "Materialize(nil Result)", func() error { return h.C.Materialize(sid, nil, nil) })
 	require.ErrorIs(t, err, omnicache.ErrOutputs)
-	h.mat(sid)                     // still unconsumed: its rows are all there
-	require.NoError(t, h.c.Sync()) // its page is back once its write landed
-	h.assign(b, 2)
-	h.mat(h.step(step{Sched: []S{{b, 0, 2}}, Arrive: []A{{ID: b}}})) // the page came back
-	require.NoError(t, h.c.Sync())
-	usable(h)
+	h.Mat(sid)                     // still unconsumed: its rows are all there
+	require.NoError(t, h.C.Sync()) // its page is back once its write landed
+	h.Assign(b, 2)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}})) // the page came back
+	require.NoError(t, h.C.Sync())
+	h.Usable()
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/cachetest"
 	"github.com/omnicache/omnicache/internal/gputest"
 )
 
@@ -26,10 +26,10 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 		t.Run(fmt.Sprintf("fail after %d copies", n), func(t *testing.T) {
 			base := runtime.NumGoroutine()
 			dev := gputest.NewFaulty(gpu.NewHost())
-			cfg := testConfig(keyHidden, keyAux, keyCodes)
+			cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes)
 			cfg.Device = dev
-			h := newHarness(t, cfg)
-			h.device = true
+			h := cachetest.New(t, cfg)
+			h.Device = true
 			dev.FailAfter(n)
 
 			failedAt := ""
@@ -44,46 +44,46 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 			// A long request decoding (pure steps, parked), joined every
 			// third step by a short request that finishes two steps later.
 			const r = 1
-			h.assign(r, 1, 2, 3, 4, 5, 6, 7, 8)
+			h.Assign(r, 1, 2, 3, 4, 5, 6, 7, 8)
 			var prev omnicache.StepID
 			havePrev := false
 			var short []int64
 			for i := 0; i < 20 && failedAt == ""; i++ {
-				st := step{}
+				st := cachetest.Step{}
 				if i == 0 {
-					st = step{Sched: []S{{r, 0, 4}}, Arrive: []A{{ID: r}}}
+					st = cachetest.Step{Sched: []cachetest.S{{r, 0, 4}}, Arrive: []cachetest.A{{ID: r}}}
 				} else {
-					st.Sched = []S{{r, 3 + i, 1}}
+					st.Sched = []cachetest.S{{r, int64(3 + i), 1}}
 				}
 				if i > 0 && i%3 == 0 {
 					id := int64(100 + i)
-					h.assign(id, int32(9+i%6))
-					st.Sched = append(st.Sched, S{id, 0, 3})
-					st.Arrive = []A{{ID: id}}
+					h.Assign(id, int32(9+i%6))
+					st.Sched = append(st.Sched, cachetest.S{id, 0, 3})
+					st.Arrive = []cachetest.A{{ID: id}}
 					short = append(short, id)
 				}
 				if i > 0 && i%3 == 2 && len(short) > 0 {
 					st.Finished = short
 					short = nil
 				}
-				if failed(fmt.Sprintf("Begin of step %d", i), h.tryBegin(st)) {
+				if failed(fmt.Sprintf("Begin of step %d", i), h.TryBegin(st)) {
 					break
 				}
-				sid, err := h.trySave(h.outs())
+				sid, err := h.TrySave(h.Outs())
 				if failed(fmt.Sprintf("Save of step %d", i), err) {
 					break
 				}
 				if havePrev {
-					err := h.matCall(prev, nil, &h.res)
+					err := h.MatCall(prev, nil, &h.Res)
 					if failed(fmt.Sprintf("Materialize of step %d", i-1), err) {
 						havePrev = false // a failed Materialize consumed the step
 						break
 					}
-					require.NoError(t, h.verify(prev, nil, &h.res), "a Materialize that succeeds returns the right rows")
+					require.NoError(t, h.Verify(prev, nil, &h.Res), "a Materialize that succeeds returns the right rows")
 				}
 				prev, havePrev = sid, true
 				if i%4 == 3 || i == 19 {
-					if failed(fmt.Sprintf("Sync after step %d", i), h.trySync()) {
+					if failed(fmt.Sprintf("Sync after step %d", i), h.TrySync()) {
 						break
 					}
 				}
@@ -93,29 +93,29 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 
 			// Sticky: every later entry returns ErrWriteFailed.
 			const late = 900
-			h.assign(late, 15)
-			lateStep := step{Sched: []S{{late, 0, 2}}, Arrive: []A{{ID: late}}}
-			require.ErrorIs(t, h.tryBegin(lateStep), omnicache.ErrWriteFailed, "Begin after the failure")
-			_, err := h.trySave(h.outputsFor(lateStep))
+			h.Assign(late, 15)
+			lateStep := cachetest.Step{Sched: []cachetest.S{{late, 0, 2}}, Arrive: []cachetest.A{{ID: late}}}
+			require.ErrorIs(t, h.TryBegin(lateStep), omnicache.ErrWriteFailed, "Begin after the failure")
+			_, err := h.TrySave(h.OutputsFor(lateStep))
 			require.ErrorIs(t, err, omnicache.ErrWriteFailed, "Save after the failure")
 			if havePrev {
 				// Materialize after the failure still consumes the step
 				// (its page and pins go back), and says why it has no rows.
-				require.ErrorIs(t, h.matCall(prev, nil, &h.res), omnicache.ErrWriteFailed, "Materialize after the failure")
-				require.ErrorIs(t, h.tryDiscard(prev), omnicache.ErrUnknownStep, "Discard of the step Materialize consumed after the failure")
+				require.ErrorIs(t, h.MatCall(prev, nil, &h.Res), omnicache.ErrWriteFailed, "Materialize after the failure")
+				require.ErrorIs(t, h.TryDiscard(prev), omnicache.ErrUnknownStep, "Discard of the step Materialize consumed after the failure")
 			}
-			require.ErrorIs(t, h.trySync(), omnicache.ErrWriteFailed, "Sync after the failure")
-			require.ErrorIs(t, h.trySync(), omnicache.ErrWriteFailed, "Sync again after the failure")
+			require.ErrorIs(t, h.TrySync(), omnicache.ErrWriteFailed, "Sync after the failure")
+			require.ErrorIs(t, h.TrySync(), omnicache.ErrWriteFailed, "Sync again after the failure")
 
-			h.closed = true
-			err = guard(t, "Close after the failure", func() error { return h.c.Close() })
+			h.MarkClosed()
+			err = cachetest.Guard(t, "Close after the failure", func() error { return h.C.Close() })
 			if err != nil {
 				require.ErrorIs(t, err, omnicache.ErrWriteFailed, "Close returns nil or the sticky error")
 			}
-			st := h.stats()
+			st := h.Stats()
 			assert.Zero(t, st.PagesInUse, "Stats.PagesInUse after Close")
 			assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged after Close")
-			waitGoroutines(t, base)
+			cachetest.WaitGoroutines(t, base)
 		})
 	}
 }
@@ -126,39 +126,32 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 // Begin and Save all return.
 func TestScenario28_NoLockAcrossWaits(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	dev := newGatedDevice()
-	cfg := testConfig()
+	dev := cachetest.NewGateDevice()
+	cfg := cachetest.Config()
 	cfg.Device = dev
-	h := newHarness(t, cfg)
-	t.Cleanup(dev.open) // runs before the harness's Close
-	h.device = true
+	h := cachetest.New(t, cfg)
+	t.Cleanup(dev.Open) // runs before the harness's Close
+	h.Device = true
 
-	h.assign(a, 1, 2)
-	h.assign(b, 3, 4)
-	h.assign(c, 5)
-	s1 := h.step(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
-	h.sync() // s1 is host-ready and landed
+	h.Assign(a, 1, 2)
+	h.Assign(b, 3, 4)
+	h.Assign(c, 5)
+	s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 6}}, Arrive: []cachetest.A{{ID: a}}})
+	h.Sync() // s1 is host-ready and landed
 
-	dev.arm()
-	s2 := h.step(step{Sched: []S{{b, 0, 5}}, Arrive: []A{{ID: b}}})
-	require.True(t, dev.waitEntered(deadlockTimeout),
+	dev.Arm()
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 5}}, Arrive: []cachetest.A{{ID: b}}})
+	require.True(t, dev.WaitEntered(cachetest.DeadlockTimeout),
 		"the write of a step with device tensors never waited on its device event (gpu.Device.Wait): scenario 28 holds the committer there")
 
 	// The committer is blocked in Wait. None of these may wait for it.
-	st := guard(t, "Stats while the committer waits on a copy", func() omnicache.Stats { return h.c.Stats() })
+	st := cachetest.Guard(t, "Stats while the committer waits on a copy", func() omnicache.Stats { return h.C.Stats() })
 	assert.Positive(t, st.Steps, "Stats.Steps")
-	h.mat(s1) // guarded: fails the test if it blocks
-	s3 := h.step(step{Sched: []S{{a, 6, 1}, {c, 0, 2}}, Arrive: []A{{ID: c}}})
+	h.Mat(s1) // guarded: fails the test if it blocks
+	s3 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 6, 1}, {c, 0, 2}}, Arrive: []cachetest.A{{ID: c}}})
 
-	dev.open()
-	h.mat(s2)
-	h.mat(s3)
-	h.checkMirror()
-}
-
-// A short check that the deadlock detector itself works (it guards every
-// call above): a function that returns is passed through.
-func TestGuardPassesThrough(t *testing.T) {
-	v := guard(t, "quick", func() int { time.Sleep(time.Millisecond); return 7 })
-	require.Equal(t, 7, v)
+	dev.Open()
+	h.Mat(s2)
+	h.Mat(s3)
+	h.CheckMirror()
 }

@@ -15,69 +15,70 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/internal/cachetest"
 )
 
 // lateReadSetup saves, in step 2, b's hit on a's block 1 next to d (no
 // hit), then gives block 1 to c, which rewrites it in step 3, and syncs:
 // step 2 is read after its hit rows were replaced.
-func lateReadSetup(t *testing.T, cfg omnicache.Config) (h *harness, s2 omnicache.StepID) {
+func lateReadSetup(t *testing.T, cfg omnicache.Config) (h *cachetest.Harness, s2 omnicache.StepID) {
 	const a, b, c, d = 1, 2, 3, 4
-	h = newHarness(t, cfg)
-	h.assign(a, 1)
-	h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-	h.sync()
-	h.assign(b, 1, 2)
-	h.assign(d, 3, 4)
-	s2 = h.step(step{Sched: []S{{b, 4, 2}, {d, 0, 3}}, Arrive: []A{{ID: b, Hit: 4}, {ID: d}}, Finished: []int64{a}})
-	h.unassign(b)
-	h.assign(c, 1)
-	h.mat(h.step(step{Sched: []S{{c, 0, 4}, {d, 3, 1}}, Arrive: []A{{ID: c}}, Finished: []int64{b}}))
-	h.mat(h.step(step{Sched: []S{{d, 4, 1}}, Finished: []int64{c}})) // c's deferred rows land too
-	h.sync()
-	require.True(t, h.rewrittenSince(s2, []int64{b}), "setup: b's hit slots were rewritten")
+	h = cachetest.New(t, cfg)
+	h.Assign(a, 1)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+	h.Sync()
+	h.Assign(b, 1, 2)
+	h.Assign(d, 3, 4)
+	s2 = h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 2}, {d, 0, 3}}, Arrive: []cachetest.A{{ID: b, Hit: 4}, {ID: d}}, Finished: []int64{a}})
+	h.Unassign(b)
+	h.Assign(c, 1)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}, {d, 3, 1}}, Arrive: []cachetest.A{{ID: c}}, Finished: []int64{b}}))
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{d, 4, 1}}, Finished: []int64{c}})) // c's deferred rows land too
+	h.Sync()
+	require.True(t, h.RewrittenSince(s2, []int64{b}), "setup: b's hit slots were rewritten")
 	return h, s2
 }
 
 func TestLateReadAfterReassignment(t *testing.T) {
 	const b, d = 2, 4
-	keys := []omnicache.Key{keyHidden, keyAux, keyCodes}
+	keys := []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes}
 	t.Run("prefetch serves the planned rows", func(t *testing.T) {
-		h, s2 := lateReadSetup(t, testConfig(keys...))
-		h.mat(s2) // exact rows, no error
-		require.Zero(t, h.stats().ReadAheadBytes, "the step's prefetch buffers are released")
-		usable(h)
+		h, s2 := lateReadSetup(t, cachetest.Config(keys...))
+		h.Mat(s2) // exact rows, no error
+		require.Zero(t, h.Stats().ReadAheadBytes, "the step's prefetch buffers are released")
+		h.Usable()
 	})
 	t.Run("prefetch off: the moved request fails, the other is served", func(t *testing.T) {
-		cfg := testConfig(keys...)
+		cfg := cachetest.Config(keys...)
 		cfg.DisablePrefetch = true
 		h, s2 := lateReadSetup(t, cfg)
-		err := h.matCall(s2, nil, &h.res)
+		err := h.MatCall(s2, nil, &h.Res)
 		var re *omnicache.RequestError
 		require.ErrorAs(t, err, &re)
 		require.ErrorIs(t, err, omnicache.ErrReassigned)
 		require.Equal(t, []int64{b}, re.IDs)
 		require.Equal(t, s2, re.Step)
-		require.ErrorIs(t, h.res.Err(0), omnicache.ErrReassigned, "b")
-		require.NoError(t, h.res.Err(1), "d")
-		require.NoError(t, h.verifyServed(s2, nil, &h.res, map[int64]error{b: re.Errs[0]}), "d's rows exact, b's zero")
-		checkConsumed(h, s2)
-		usable(h)
+		require.ErrorIs(t, h.Res.Err(0), omnicache.ErrReassigned, "b")
+		require.NoError(t, h.Res.Err(1), "d")
+		require.NoError(t, h.VerifyServed(s2, nil, &h.Res, map[int64]error{b: re.Errs[0]}), "d's rows exact, b's zero")
+		h.CheckConsumed(s2)
+		h.Usable()
 	})
 	t.Run("read-ahead budget exhausted: named in the error", func(t *testing.T) {
-		cfg := testConfig(keys...)
+		cfg := cachetest.Config(keys...)
 		cfg.ReadAheadBytes = 1 // no step fits
 		h, s2 := lateReadSetup(t, cfg)
-		err := h.matCall(s2, nil, &h.res)
+		err := h.MatCall(s2, nil, &h.Res)
 		require.ErrorIs(t, err, omnicache.ErrReassigned)
 		require.Contains(t, err.Error(), "read-ahead budget")
-		require.NoError(t, h.res.Err(1), "d")
-		checkConsumed(h, s2)
-		usable(h)
+		require.NoError(t, h.Res.Err(1), "d")
+		h.CheckConsumed(s2)
+		h.Usable()
 	})
 	t.Run("a subset asked", func(t *testing.T) {
-		h, s2 := lateReadSetup(t, testConfig(keys...))
-		h.mat(s2, d, b) // copied out of the prefetch buffers, in the order asked
-		usable(h)
+		h, s2 := lateReadSetup(t, cachetest.Config(keys...))
+		h.Mat(s2, d, b) // copied out of the prefetch buffers, in the order asked
+		h.Usable()
 	})
 }
 
@@ -88,22 +89,22 @@ func TestMaterializePerRequest(t *testing.T) {
 	const a, b, e = 1, 2, 3
 	for _, prefetch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
-			cfg := testConfig()
+			cfg := cachetest.Config()
 			cfg.DisablePrefetch = !prefetch
-			h := newHarness(t, cfg)
-			h.assign(a, 1)
-			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-			h.assign(b, 1, 2)
-			h.assign(e, 5, 6) // block 5 never written
-			s := h.step(step{Sched: []S{{e, 4, 1}, {b, 4, 1}}, Arrive: []A{{ID: b, Hit: 4}, {ID: e, Hit: 4}}, Finished: []int64{a}})
-			err := h.matCall(s, nil, &h.res)
+			h := cachetest.New(t, cfg)
+			h.Assign(a, 1)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+			h.Assign(b, 1, 2)
+			h.Assign(e, 5, 6) // block 5 never written
+			s := h.Step(cachetest.Step{Sched: []cachetest.S{{e, 4, 1}, {b, 4, 1}}, Arrive: []cachetest.A{{ID: b, Hit: 4}, {ID: e, Hit: 4}}, Finished: []int64{a}})
+			err := h.MatCall(s, nil, &h.Res)
 			var re *omnicache.RequestError
 			require.ErrorAs(t, err, &re)
 			require.ErrorIs(t, err, omnicache.ErrAbsentRequired)
 			require.Equal(t, []int64{e}, re.IDs)
-			require.NoError(t, h.verifyServed(s, nil, &h.res, map[int64]error{e: re.Errs[0]}))
-			checkConsumed(h, s)
-			usable(h)
+			require.NoError(t, h.VerifyServed(s, nil, &h.Res, map[int64]error{e: re.Errs[0]}))
+			h.CheckConsumed(s)
+			h.Usable()
 		})
 	}
 }
@@ -116,42 +117,40 @@ func TestPrefetchAbandoned(t *testing.T) {
 	const a, b = 1, 2
 	for _, how := range []string{"Abort", "Discard"} {
 		t.Run(how, func(t *testing.T) {
-			dev := newLagDevice()
-			cfg := testConfig(keyHidden, keyAux, keyCodes)
+			dev := cachetest.NewGateDevice()
+			cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes)
 			cfg.Device = dev
-			h := newHarness(t, cfg)
-			h.assign(a, 1)
-			stop := dev.hold()
-			sa := h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
+			h := cachetest.New(t, cfg)
+			h.Assign(a, 1)
+			stop := dev.Hold()
+			sa := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}})
 			w := stop() // a's write stays in transit: b's prefetch waits behind it
 			require.NotZero(t, w)
-			h.assign(b, 1, 2)
-			hit := step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}}
-			before := h.stats()
+			h.Assign(b, 1, 2)
+			hit := cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}}
+			before := h.Stats()
 			switch how {
 			case "Abort":
-				require.NoError(t, h.tryBegin(hit))
-				require.Positive(t, h.stats().ReadAheadBytes, "Begin charged the prefetch buffers")
-				require.NoError(t, h.c.Abort())
-				h.pending = nil
-				delete(h.live, b)
+				require.NoError(t, h.TryBegin(hit))
+				require.Positive(t, h.Stats().ReadAheadBytes, "Begin charged the prefetch buffers")
+				h.AbortBegun()
 			case "Discard":
-				h.discard(h.step(hit))
+				h.Discard(h.Step(hit))
 			}
-			dev.release(w)
-			h.mat(sa)
-			h.sync()
-			after := h.stats()
+			dev.Release(w)
+			h.Mat(sa)
+			h.Sync()
+			after := h.Stats()
 			require.Zero(t, after.ReadAheadBytes, "the read-ahead budget is back")
 			require.Zero(t, after.PagesInUse)
 			if how == "Abort" {
 				require.Equal(t, before.HitRequests, after.HitRequests, "an aborted step's hit is not counted")
 				require.Equal(t, before.HitRowsRead, after.HitRowsRead)
 				require.Equal(t, before.Steps, after.Steps)
-				h.mat(h.step(hit))
-				require.Equal(t, 4, h.res.Prefix(0), "the hit is served when the step runs again")
+				h.Mat(h.Step(hit))
+				require.Equal(t, 4, h.Res.Prefix(0), "the hit is served when the step runs again")
 			}
-			usable(h)
+			h.Usable()
 		})
 	}
 }
@@ -159,40 +158,40 @@ func TestPrefetchAbandoned(t *testing.T) {
 // ErrReassigned never reaches a caller with prefetch on, however late the
 // read: many steps, every one read after its blocks were rewritten.
 func TestLateReadsNeverReassigned(t *testing.T) {
-	keys := []omnicache.Key{keyHidden, keyAux, keyCodes}
-	cfg := testConfig(keys...)
+	keys := []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes}
+	cfg := cachetest.Config(keys...)
 	cfg.StagingDepth = 8
-	h := newHarness(t, cfg)
+	h := cachetest.New(t, cfg)
 	var late []omnicache.StepID
 	id := int64(1)
 	prev := int64(0)
 	for i := 0; i < 6; i++ {
 		cur := id
 		id++
-		h.assign(cur, 1, 2)
-		st := step{Sched: []S{{cur, 0, 6}}, Arrive: []A{{ID: cur}}}
+		h.Assign(cur, 1, 2)
+		st := cachetest.Step{Sched: []cachetest.S{{cur, 0, 6}}, Arrive: []cachetest.A{{ID: cur}}}
 		if prev != 0 {
 			// cur hits prev's first block, then rewrites its second.
-			st = step{Sched: []S{{cur, 4, 2}}, Arrive: []A{{ID: cur, Hit: 4}}, Finished: []int64{prev}}
+			st = cachetest.Step{Sched: []cachetest.S{{cur, 4, 2}}, Arrive: []cachetest.A{{ID: cur, Hit: 4}}, Finished: []int64{prev}}
 		}
-		late = append(late, h.step(st))
-		h.mat(h.step(step{Sched: []S{{cur, 6, 2}}}))
+		late = append(late, h.Step(st))
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{cur, 6, 2}}}))
 		// the next request takes block 1 over and rewrites it
-		h.unassign(cur)
-		h.assign(id, 1)
-		h.mat(h.step(step{Sched: []S{{id, 0, 4}}, Arrive: []A{{ID: id}}, Finished: []int64{cur}}))
+		h.Unassign(cur)
+		h.Assign(id, 1)
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{id, 0, 4}}, Arrive: []cachetest.A{{ID: id}}, Finished: []int64{cur}}))
 		prev = id
 		id++
-		h.assign(prev, 1, 2)
+		h.Assign(prev, 1, 2)
 	}
-	h.sync()
+	h.Sync()
 	for _, s := range late {
-		err := h.matCall(s, nil, &h.res)
+		err := h.MatCall(s, nil, &h.Res)
 		require.False(t, errors.Is(err, omnicache.ErrReassigned), "step %v: %v", s, err)
 		require.NoError(t, err)
-		require.NoError(t, h.verify(s, nil, &h.res))
+		require.NoError(t, h.Verify(s, nil, &h.Res))
 	}
-	usable(h)
+	h.Usable()
 }
 
 // A prefetched step consumed while the committer is held up (here by
@@ -206,34 +205,34 @@ func TestMaterializeReadsUnstartedPrefetch(t *testing.T) {
 	const a, b, d, e = 1, 2, 3, 4
 	for _, subset := range []bool{false, true} {
 		t.Run(fmt.Sprintf("subset=%v", subset), func(t *testing.T) {
-			h := newHarness(t, testConfig(keyHidden, keyAux, keyCodes))
-			h.assign(a, 1)
-			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-			h.sync()
-			release := omnicache.HoldCommitter(h.c)
+			h := cachetest.New(t, cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes))
+			h.Assign(a, 1)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+			h.Sync()
+			release := omnicache.HoldCommitter(h.C)
 			t.Cleanup(release)
-			h.assign(e, 5)
-			se := h.step(step{Sched: []S{{e, 0, 4}}, Arrive: []A{{ID: e}}}) // queued, not landed
-			h.assign(b, 1, 2)
-			h.assign(d, 3)
-			before := h.stats()
-			s := h.step(step{Sched: []S{{d, 0, 3}, {b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}, {ID: d}}, Finished: []int64{a}})
-			require.Positive(t, h.stats().ReadAheadBytes, "Begin charged the prefetch buffers")
+			h.Assign(e, 5)
+			se := h.Step(cachetest.Step{Sched: []cachetest.S{{e, 0, 4}}, Arrive: []cachetest.A{{ID: e}}}) // queued, not landed
+			h.Assign(b, 1, 2)
+			h.Assign(d, 3)
+			before := h.Stats()
+			s := h.Step(cachetest.Step{Sched: []cachetest.S{{d, 0, 3}, {b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}, {ID: d}}, Finished: []int64{a}})
+			require.Positive(t, h.Stats().ReadAheadBytes, "Begin charged the prefetch buffers")
 			if subset {
-				h.mat(s, b) // exact rows while the committer is still held
+				h.Mat(s, b) // exact rows while the committer is still held
 			} else {
-				h.mat(s)
+				h.Mat(s)
 			}
-			after := h.stats()
+			after := h.Stats()
 			require.Equal(t, before.HitReadsOnCaller+1, after.HitReadsOnCaller, "read on the caller's goroutine")
 			require.Equal(t, before.HitRowsRead+4, after.HitRowsRead)
 			require.Zero(t, after.ReadAheadBytes, "the read-ahead budget is back at once")
-			require.Zero(t, omnicache.ReadsHandedBack(h.c))
+			require.Zero(t, omnicache.ReadsHandedBack(h.C))
 			release()
-			h.mat(se)
-			h.sync()
-			require.Equal(t, after.HitReadsOnCaller, h.stats().HitReadsOnCaller, "the committer skipped the read")
-			usable(h)
+			h.Mat(se)
+			h.Sync()
+			require.Equal(t, after.HitReadsOnCaller, h.Stats().HitReadsOnCaller, "the committer skipped the read")
+			h.Usable()
 		})
 	}
 }
@@ -251,27 +250,27 @@ func TestMaterializeLeavesAWorkingCommitterItsRead(t *testing.T) {
 	const a, b = 1, 2
 	for _, subset := range []bool{false, true} {
 		t.Run(fmt.Sprintf("subset=%v", subset), func(t *testing.T) {
-			h := newHarness(t, testConfig(keyHidden, keyAux, keyCodes))
-			omnicache.SetAheadWait(h.c, deadlockTimeout)
-			h.assign(a, 1)
-			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-			h.sync()
-			release := omnicache.HoldWorkingCommitter(h.c)
+			h := cachetest.New(t, cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes))
+			omnicache.SetAheadWait(h.C, cachetest.DeadlockTimeout)
+			h.Assign(a, 1)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+			h.Sync()
+			release := omnicache.HoldWorkingCommitter(h.C)
 			t.Cleanup(release)
-			h.assign(b, 1, 2)
-			before := h.stats()
-			s := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+			h.Assign(b, 1, 2)
+			before := h.Stats()
+			s := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}})
 			time.AfterFunc(10*time.Millisecond, release)
 			if subset {
-				h.mat(s, b)
+				h.Mat(s, b)
 			} else {
-				h.mat(s)
+				h.Mat(s)
 			}
-			after := h.stats()
+			after := h.Stats()
 			require.Equal(t, before.HitReadsOnCaller, after.HitReadsOnCaller, "served by the committer's read")
 			require.Equal(t, before.HitRowsRead+4, after.HitRowsRead)
 			require.Zero(t, after.ReadAheadBytes, "the read-ahead budget is back")
-			usable(h)
+			h.Usable()
 		})
 	}
 }
@@ -284,34 +283,34 @@ func TestMaterializeLeavesAWorkingCommitterItsRead(t *testing.T) {
 // rows land, so the planned rows are served, never ErrReassigned.
 func TestMaterializeHandsBackARewrittenHit(t *testing.T) {
 	const a, b, c, z = 1, 2, 3, 4
-	h := newHarness(t, testConfig(keyHidden, keyAux, keyCodes))
-	h.assign(a, 1)
-	h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-	h.assign(z, 9)
-	h.mat(h.step(step{Sched: []S{{z, 0, 1}}, Arrive: []A{{ID: z}}, Finished: []int64{a}}))
-	h.sync() // a's deferred rows are in the mirror too
-	release := omnicache.HoldCommitter(h.c)
+	h := cachetest.New(t, cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes))
+	h.Assign(a, 1)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+	h.Assign(z, 9)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{z, 0, 1}}, Arrive: []cachetest.A{{ID: z}}, Finished: []int64{a}}))
+	h.Sync() // a's deferred rows are in the mirror too
+	release := omnicache.HoldCommitter(h.C)
 	t.Cleanup(release)
-	h.assign(b, 1, 2)
-	before := h.stats()
-	sb := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}})
-	h.unassign(b)
-	h.assign(c, 1)
-	sc := h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}, Finished: []int64{b}})
-	require.True(t, h.rewrittenSince(sb, []int64{b}), "setup: b's hit slots were rewritten")
+	h.Assign(b, 1, 2)
+	before := h.Stats()
+	sb := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}})
+	h.Unassign(b)
+	h.Assign(c, 1)
+	sc := h.Step(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}}, Arrive: []cachetest.A{{ID: c}}, Finished: []int64{b}})
+	require.True(t, h.RewrittenSince(sb, []int64{b}), "setup: b's hit slots were rewritten")
 	go func() {
-		for omnicache.ReadsHandedBack(h.c) == 0 { // Materialize waits for the committer now
+		for omnicache.ReadsHandedBack(h.C) == 0 { // Materialize waits for the committer now
 			time.Sleep(time.Millisecond)
 		}
 		release()
 	}()
-	h.mat(sb) // the planned rows (a's), no error
-	require.Equal(t, int64(1), omnicache.ReadsHandedBack(h.c))
-	require.Equal(t, before.HitReadsOnCaller, h.stats().HitReadsOnCaller, "served by the committer's read")
-	h.mat(sc)
-	h.sync()
-	require.Zero(t, h.stats().ReadAheadBytes)
-	usable(h)
+	h.Mat(sb) // the planned rows (a's), no error
+	require.Equal(t, int64(1), omnicache.ReadsHandedBack(h.C))
+	require.Equal(t, before.HitReadsOnCaller, h.Stats().HitReadsOnCaller, "served by the committer's read")
+	h.Mat(sc)
+	h.Sync()
+	require.Zero(t, h.Stats().ReadAheadBytes)
+	h.Usable()
 }
 
 // A hit on a block whose newest write is still queued joins that write:
@@ -324,27 +323,27 @@ func TestHitJoinsQueuedWriteOfItsBlock(t *testing.T) {
 	for _, prefetch := range []bool{true, false} {
 		for _, long := range []bool{false, true} {
 			t.Run(fmt.Sprintf("prefetch=%v/long=%v", prefetch, long), func(t *testing.T) {
-				cfg := testConfig(keyHidden, keyAux)
+				cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux)
 				cfg.DisablePrefetch = !prefetch
-				h := newHarness(t, cfg)
-				h.assign(x, 1, 2)
-				h.mat(h.step(step{Sched: []S{{x, 0, 8}}, Arrive: []A{{ID: x}}})) // blocks 1 and 2's older rows
-				h.sync()
-				release := omnicache.HoldCommitter(h.c)
+				h := cachetest.New(t, cfg)
+				h.Assign(x, 1, 2)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{x, 0, 8}}, Arrive: []cachetest.A{{ID: x}}})) // blocks 1 and 2's older rows
+				h.Sync()
+				release := omnicache.HoldCommitter(h.C)
 				t.Cleanup(release)
-				h.unassign(x)
-				h.assign(a, 1, 2)
+				h.Unassign(x)
+				h.Assign(a, 1, 2)
 				if !long { // blocks 1 and 2 in two short steps
-					h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}, Finished: []int64{x}}))
-					h.mat(h.step(step{Sched: []S{{a, 4, 4}}}))
+					h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}, Finished: []int64{x}}))
+					h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 4, 4}}}))
 				} else {
-					h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}, Finished: []int64{x}})) // one step of 8 tokens, queued behind the hold
+					h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}, Finished: []int64{x}})) // one step of 8 tokens, queued behind the hold
 				}
-				h.assign(b, 2, 5)
-				sb := h.step(step{Sched: []S{{b, 4, 1}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+				h.Assign(b, 2, 5)
+				sb := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 1}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}})
 				time.AfterFunc(20*time.Millisecond, release) // Materialize is waiting for a's write by then (or not yet: the rows are a's either way)
-				h.mat(sb)
-				usable(h)
+				h.Mat(sb)
+				h.Usable()
 			})
 		}
 	}

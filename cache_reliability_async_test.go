@@ -1,76 +1,19 @@
 package omnicache_test
 
-// Reliability tests on asyncDevice, a device whose copies run later in stream order.
+// Reliability tests on cachetest.AsyncDevice, a device whose copies run later in stream order.
 
 import (
 	"bytes"
 	"fmt"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/cachetest"
 	"github.com/omnicache/omnicache/internal/gputest"
 )
-
-// asyncDevice models a device whose copies run later, in stream order,
-// when an event recorded after them is waited for (as on a GPU): a copy's
-// source is read only then. Host→device copies take their source at once
-// (pageable memory is staged by the driver before the call returns).
-type asyncDevice struct {
-	gpu.Host
-	mu    sync.Mutex
-	ops   []func()
-	done  int
-	next  gpu.Event
-	marks map[gpu.Event]int
-}
-
-func newAsyncDevice() *asyncDevice { return &asyncDevice{marks: map[gpu.Event]int{}} }
-
-func (d *asyncDevice) enqueue(f func()) {
-	d.mu.Lock()
-	d.ops = append(d.ops, f)
-	d.mu.Unlock()
-}
-
-func (d *asyncDevice) CopyDtoD(dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff int, n int) error {
-	d.enqueue(func() { copy(dst.Host[dstOff:dstOff+n], src.Host[srcOff:srcOff+n]) })
-	return nil
-}
-
-func (d *asyncDevice) CopyDtoH(dst []byte, src gpu.Buffer, srcOff int) error {
-	d.enqueue(func() { copy(dst, src.Host[srcOff:srcOff+len(dst)]) })
-	return nil
-}
-
-func (d *asyncDevice) CopyHtoD(dst gpu.Buffer, dstOff int, src []byte) error {
-	staged := append([]byte(nil), src...)
-	d.enqueue(func() { copy(dst.Host[dstOff:], staged) })
-	return nil
-}
-
-func (d *asyncDevice) Record() (gpu.Event, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.next++
-	d.marks[d.next] = len(d.ops)
-	return d.next, nil
-}
-
-func (d *asyncDevice) Wait(e gpu.Event) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for ; d.done < d.marks[e]; d.done++ {
-		d.ops[d.done]()
-	}
-	return nil
-}
-
-func (d *asyncDevice) WaitFor(e gpu.Event, _ time.Duration) error { return d.Wait(e) }
 
 // A non-owned device tensor may be overwritten as soon as Save returns,
 // even on a device whose copies run later: Save waits for its clones. The
@@ -79,22 +22,22 @@ func (d *asyncDevice) WaitFor(e gpu.Event, _ time.Duration) error { return d.Wai
 func TestNonOwnedDeviceTensorOverwrittenAfterSave(t *testing.T) {
 	for _, buffer := range []bool{true, false} {
 		t.Run(fmt.Sprintf("buffer=%v", buffer), func(t *testing.T) {
-			cfg := testConfig(keyHidden, keyAux, keyCodes)
-			cfg.Device = newAsyncDevice()
+			cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes)
+			cfg.Device = cachetest.NewAsyncDevice()
 			cfg.DisableDecodeBuffer = !buffer
-			h := newHarness(t, cfg)
-			h.device = true
+			h := cachetest.New(t, cfg)
+			h.Device = true
 			const a, b = 1, 2
-			h.assign(a, 1, 2, 3)
-			h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
+			h.Assign(a, 1, 2, 3)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
 			for pos := 8; pos < 12; pos++ { // pure decode steps (parked with the buffer on)
-				h.mat(h.step(step{Sched: []S{{a, pos, 1}}}))
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, int64(pos), 1}}}))
 			}
-			h.assign(b, 1, 2, 4)
-			h.mat(h.step(step{Sched: []S{{b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}, Finished: []int64{a}}))
-			h.mat(h.step(step{Finished: []int64{b}}))
-			h.sync()
-			h.checkMirror(allKeys(h)...)
+			h.Assign(b, 1, 2, 4)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}, Finished: []int64{a}}))
+			h.Mat(h.Step(cachetest.Step{Finished: []int64{b}}))
+			h.Sync()
+			h.CheckMirror(h.AllKeys()...)
 		})
 	}
 }
@@ -127,7 +70,7 @@ func TestLargeClonedStepCopiedBySave(t *testing.T) {
 	}
 
 	t.Run("rows", func(t *testing.T) {
-		d := newAsyncDevice()
+		d := cachetest.NewAsyncDevice()
 		c, err := omnicache.New(newCfg(d))
 		require.NoError(t, err)
 		defer c.Close()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/cachetest"
 	"github.com/omnicache/omnicache/internal/gputest"
 	"github.com/omnicache/omnicache/tier"
 )
@@ -20,22 +21,22 @@ import (
 // ErrDeviceTimeout within Config.WaitTimeout instead of hanging.
 func TestHungDeviceBoundedWaits(t *testing.T) {
 	dev := gputest.NewFaulty(gpu.NewHost())
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.Device = dev
 	cfg.WaitTimeout = 50 * time.Millisecond
-	h := newHarness(t, cfg)
+	h := cachetest.New(t, cfg)
 	t.Cleanup(dev.Release) // let the stuck committer go at the end
 	const a, b = 1, 2
-	h.assign(a, 1)
-	h.assign(b, 1, 2)
+	h.Assign(a, 1)
+	h.Assign(b, 1, 2)
 	dev.Hang()
-	h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
-	s := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
-	err := h.matCall(s, nil, &h.res)
+	h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}})
+	s := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+	err := h.MatCall(s, nil, &h.Res)
 	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "a hit read joined to a write that never lands")
 	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout)
-	err = guard(t, "Close", func() error { return h.c.Close() })
-	h.closed = true
+	err = cachetest.Guard(t, "Close", func() error { return h.C.Close() })
+	h.MarkClosed()
 	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
 }
 
@@ -44,24 +45,24 @@ func TestHungDeviceBoundedWaits(t *testing.T) {
 // third Save fails the cache with ErrDeviceTimeout instead of hanging.
 func TestHungDeviceBoundedJoin(t *testing.T) {
 	dev := gputest.NewFaulty(gpu.NewHost())
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.Device = dev
 	cfg.WaitTimeout = 50 * time.Millisecond
 	cfg.StagingDepth = 4
-	h := newHarness(t, cfg)
+	h := cachetest.New(t, cfg)
 	t.Cleanup(dev.Release)
 	dev.Hang()
 	var err error
 	for i := int64(1); i <= 3 && err == nil; i++ {
-		h.assign(i, int32(i))
-		h.begin(step{Sched: []S{{i, 0, 2}}, Arrive: []A{{ID: i}}})
-		_, err = h.trySave(h.outs())
+		h.Assign(i, int32(i))
+		h.Begin(cachetest.Step{Sched: []cachetest.S{{i, 0, 2}}, Arrive: []cachetest.A{{ID: i}}})
+		_, err = h.TrySave(h.Outs())
 	}
 	require.ErrorIs(t, err, omnicache.ErrWriteFailed, "the Save that joins a write whose copy never completes")
 	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout)
-	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed, "sticky")
-	err = guard(t, "Close", func() error { return h.c.Close() })
-	h.closed = true
+	require.ErrorIs(t, h.C.Sync(), omnicache.ErrWriteFailed, "sticky")
+	err = cachetest.Guard(t, "Close", func() error { return h.C.Close() })
+	h.MarkClosed()
 	require.ErrorIs(t, err, omnicache.ErrDeviceTimeout, "Close with the committer stuck on the device")
 }
 
@@ -118,7 +119,7 @@ func TestBounds(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig()
+			cfg := cachetest.Config()
 			tc.mut(&cfg)
 			c, err := omnicache.New(cfg)
 			if c != nil {
@@ -129,50 +130,50 @@ func TestBounds(t *testing.T) {
 		})
 	}
 	t.Run("count beyond the page", func(t *testing.T) {
-		h := newHarness(t, testConfig())
+		h := cachetest.New(t, cachetest.Config())
 		p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1<<31 - 1},
 			Table: make([]int32, 8), Stride: 8, Arrivals: []int64{1}, HitTokens: []int32{0}}
 		var err error
-		allocs := testing.AllocsPerRun(1, func() { err = h.c.Begin(p) })
+		allocs := testing.AllocsPerRun(1, func() { err = h.C.Begin(p) })
 		require.ErrorIs(t, err, omnicache.ErrStepTooLarge)
 		require.Less(t, allocs, 20.0, "Begin allocated before rejecting the count")
-		usable(h)
+		h.Usable()
 	})
 }
 
 // Finding 6: a device tensor whose declared size exceeds its memory is
 // this Save's ErrOutputs, not a failed copy that fails the cache.
 func TestDeviceTensorLargerThanItsMemory(t *testing.T) {
-	h := newHarness(t, testConfig())
-	h.device = true
+	h := cachetest.New(t, cachetest.Config())
+	h.Device = true
 	const a = 1
-	h.assign(a, 1, 2)
-	h.begin(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}})
-	o := h.outs()
+	h.Assign(a, 1, 2)
+	h.Begin(cachetest.Step{Sched: []cachetest.S{{a, 0, 6}}, Arrive: []cachetest.A{{ID: a}}})
+	o := h.Outs()
 	d := &o.Tensors[0].Dev
 	d.Host = d.Host[:len(d.Host)/2] // the buffer holds half of what it declares
-	_, err := h.trySave(o)
+	_, err := h.TrySave(o)
 	require.ErrorIs(t, err, omnicache.ErrOutputs)
 	require.NotErrorIs(t, err, omnicache.ErrWriteFailed)
-	usable(h)
+	h.Usable()
 }
 
 // Finding 7: a staging page that cannot be allocated is a sticky write
 // failure like any device failure (not a one-off ErrWriteFailed).
 func TestStagingAllocFailureIsSticky(t *testing.T) {
 	dev := gputest.NewFaulty(gpu.NewHost())
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.Device = dev
-	h := newHarness(t, cfg)
+	h := cachetest.New(t, cfg)
 	dev.FailOpAfter(gputest.OpAllocHost, 0)
 	const a = 1
-	h.assign(a, 1)
-	h.begin(step{Sched: []S{{a, 0, 2}}, Arrive: []A{{ID: a}}})
-	_, err := h.trySave(h.outs())
+	h.Assign(a, 1)
+	h.Begin(cachetest.Step{Sched: []cachetest.S{{a, 0, 2}}, Arrive: []cachetest.A{{ID: a}}})
+	_, err := h.TrySave(h.Outs())
 	require.ErrorIs(t, err, omnicache.ErrWriteFailed)
 	dev.Heal()
-	require.ErrorIs(t, h.c.Begin(h.plan(step{})), omnicache.ErrWriteFailed, "the failure is sticky")
-	require.ErrorIs(t, h.c.Sync(), omnicache.ErrWriteFailed)
+	require.ErrorIs(t, h.C.Begin(h.Plan(cachetest.Step{})), omnicache.ErrWriteFailed, "the failure is sticky")
+	require.ErrorIs(t, h.C.Sync(), omnicache.ErrWriteFailed)
 }
 
 // A Save whose reservation cannot be met because unconsumed steps pin the
@@ -181,32 +182,32 @@ func TestStagingAllocFailureIsSticky(t *testing.T) {
 // the steps are consumed the same step saves.
 func TestBudgetPinnedFailsFirst(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	cfg := testConfig(keyHidden, keyCodes)
-	cfg.DeviceBudgetBytes = 8 * int64(keyCodes.RowBytes) // two 4-token steps of deferred rows
+	cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyCodes)
+	cfg.DeviceBudgetBytes = 8 * int64(cachetest.KeyCodes.RowBytes) // two 4-token steps of deferred rows
 	cfg.DeferredChunkBytes = cfg.DeviceBudgetBytes
-	h := newHarness(t, cfg)
-	h.assign(a, 1)
-	h.assign(b, 2)
-	h.assign(c, 3)
-	s1 := h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}})
-	s2 := h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}, Finished: []int64{a}})
-	before := h.stats()
-	h.begin(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}})
-	afterBegin := h.stats()
-	_, err := h.trySave(h.outs())
+	h := cachetest.New(t, cfg)
+	h.Assign(a, 1)
+	h.Assign(b, 2)
+	h.Assign(c, 3)
+	s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}})
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 4}}, Arrive: []cachetest.A{{ID: b}}, Finished: []int64{a}})
+	before := h.Stats()
+	h.Begin(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}}, Arrive: []cachetest.A{{ID: c}}})
+	afterBegin := h.Stats()
+	_, err := h.TrySave(h.Outs())
 	require.ErrorIs(t, err, omnicache.ErrBudget)
 	require.Contains(t, err.Error(), "pinned")
-	after := h.stats()
+	after := h.Stats()
 	require.Equal(t, afterBegin.BudgetFlushes, after.BudgetFlushes, "the failed Save forced a write out")
 	require.Equal(t, afterBegin.WriteTasks, after.WriteTasks, "the failed Save queued a task")
 	require.Equal(t, afterBegin.DeferredWrites, after.DeferredWrites)
 	require.Equal(t, afterBegin.Steps, after.Steps)
 	require.Equal(t, before.LiveRequests, after.LiveRequests, "the failed Save undid its Begin")
-	h.mat(s1)
-	h.mat(s2)
-	h.mat(h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}}))
-	h.sync()
-	h.checkMirror()
+	h.Mat(s1)
+	h.Mat(s2)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}}, Arrive: []cachetest.A{{ID: c}}}))
+	h.Sync()
+	h.CheckMirror()
 }
 
 // Abort: a forward that fails after Begin abandons the step; the same plan
@@ -214,25 +215,23 @@ func TestBudgetPinnedFailsFirst(t *testing.T) {
 // and Abort outside a begun step is ErrSequence.
 func TestAbort(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	require.ErrorIs(t, h.c.Abort(), omnicache.ErrSequence, "Abort without Begin")
-	h.assign(a, 1)
-	h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-	h.assign(b, 1, 2)
-	hit := step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}}
-	before := h.stats()
-	require.NoError(t, h.tryBegin(hit))
-	require.NoError(t, h.c.Abort())
-	h.pending = nil
-	delete(h.live, b) // the harness's side of the undone Begin
-	after := h.stats()
+	h := cachetest.New(t, cachetest.Config())
+	require.ErrorIs(t, h.C.Abort(), omnicache.ErrSequence, "Abort without Begin")
+	h.Assign(a, 1)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+	h.Assign(b, 1, 2)
+	hit := cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}}
+	before := h.Stats()
+	require.NoError(t, h.TryBegin(hit))
+	h.AbortBegun()
+	after := h.Stats()
 	require.Equal(t, before.LiveRequests-1, after.LiveRequests, "a stays finished, b is gone again")
-	require.ErrorIs(t, h.c.Abort(), omnicache.ErrSequence, "Abort twice")
-	_, err := h.c.Save(&omnicache.Outputs{})
+	require.ErrorIs(t, h.C.Abort(), omnicache.ErrSequence, "Abort twice")
+	_, err := h.C.Save(&omnicache.Outputs{})
 	require.ErrorIs(t, err, omnicache.ErrSequence, "Save after Abort")
-	h.mat(h.step(hit))
-	require.Equal(t, 4, h.res.Prefix(0), "the hit is served when the step runs again")
-	usable(h)
+	h.Mat(h.Step(hit))
+	require.Equal(t, 4, h.Res.Prefix(0), "the hit is served when the step runs again")
+	h.Usable()
 }
 
 // boundsTier is an embedded tier matching c's layout, closed with the test.

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/internal/cachetest"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -50,7 +51,7 @@ func (w *resetWorld) step(id int64, blocks []int32, start, n int, arrive bool, h
 		return 0, err
 	}
 	o := &omnicache.Outputs{Tokens: n, Padded: n}
-	for k, key := range []omnicache.Key{keyHidden, keyAux} {
+	for k, key := range []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux} {
 		var b []byte
 		for pos := start; pos < start+n; pos++ {
 			b = append(b, resetRow(id, k, pos, key.RowBytes)...)
@@ -63,7 +64,7 @@ func (w *resetWorld) step(id int64, blocks []int32, start, n int, arrive bool, h
 // finish drops requests with an empty step.
 func (w *resetWorld) finish(ids ...int64) {
 	require.NoError(w.t, w.c.Begin(&omnicache.Plan{Table: w.table, Stride: resetStride, Finished: ids}))
-	id, err := w.c.Save(emptyOuts(2))
+	id, err := w.c.Save(cachetest.EmptyOutputs(2))
 	require.NoError(w.t, err)
 	require.NoError(w.t, w.c.Discard(id))
 }
@@ -76,7 +77,7 @@ func (w *resetWorld) finish(ids ...int64) {
 // nothing.
 func TestReset(t *testing.T) {
 	ctx := context.Background()
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.StagingDepth = 2
 	w := newResetWorld(t, cfg)
 	// Request 1 writes blocks 1 and 2 (8 tokens); request 2 hits them.
@@ -90,7 +91,7 @@ func TestReset(t *testing.T) {
 	id, err = w.step(2, []int32{1, 2, 3}, 8, 1, true, []int32{1, 2})
 	require.NoError(t, err)
 	require.NoError(t, w.c.Materialize(id, nil, &res))
-	require.Equal(t, resetRow(1, 0, 5, keyHidden.RowBytes), res.Rows(0, 0)[5*keyHidden.RowBytes:6*keyHidden.RowBytes],
+	require.Equal(t, resetRow(1, 0, 5, cachetest.KeyHidden.RowBytes), res.Rows(0, 0)[5*cachetest.KeyHidden.RowBytes:6*cachetest.KeyHidden.RowBytes],
 		"the hit before Reset serves request 1's rows")
 	// Between Begin and Save: refused.
 	row := int32(2)
@@ -125,7 +126,7 @@ func TestReset(t *testing.T) {
 	id, err = w.step(5, []int32{5, 6}, 4, 1, true, []int32{5})
 	require.NoError(t, err)
 	require.NoError(t, w.c.Materialize(id, nil, &res))
-	require.Equal(t, resetRow(4, 1, 3, keyAux.RowBytes), res.Rows(0, 1)[3*keyAux.RowBytes:4*keyAux.RowBytes])
+	require.Equal(t, resetRow(4, 1, 3, cachetest.KeyAux.RowBytes), res.Rows(0, 1)[3*cachetest.KeyAux.RowBytes:4*cachetest.KeyAux.RowBytes])
 	w.finish(5)
 	require.NoError(t, w.c.Close())
 	require.ErrorIs(t, w.c.Reset(ctx, omnicache.ResetOptions{}), omnicache.ErrClosed)
@@ -136,7 +137,7 @@ func TestReset(t *testing.T) {
 func TestResetOptionalReadsZeros(t *testing.T) {
 	ctx := context.Background()
 	opt := omnicache.Key{Name: "codes", RowBytes: 8, Optional: true}
-	cfg := testConfig(omnicache.Key{Name: "hidden", RowBytes: 16, Optional: true}, opt)
+	cfg := cachetest.Config(omnicache.Key{Name: "hidden", RowBytes: 16, Optional: true}, opt)
 	c, err := omnicache.New(cfg)
 	require.NoError(t, err)
 	defer c.Close()
@@ -151,7 +152,7 @@ func TestResetOptionalReadsZeros(t *testing.T) {
 	require.NoError(t, c.Discard(save(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{8},
 		Table: table, Stride: 4, Arrivals: []int64{1}, HitTokens: []int32{0}}, 8)))
 	require.NoError(t, c.Begin(&omnicache.Plan{Table: table, Stride: 4, Finished: []int64{1}}))
-	id, err := c.Save(emptyOuts(2))
+	id, err := c.Save(cachetest.EmptyOutputs(2))
 	require.NoError(t, err)
 	require.NoError(t, c.Discard(id))
 	require.NoError(t, c.Reset(ctx, omnicache.ResetOptions{}))
@@ -206,7 +207,7 @@ func TestResetTier(t *testing.T) {
 // finishAll finishes request 1 of publishPrompt with an empty step.
 func finishAll(t *testing.T, c *omnicache.Cache) {
 	require.NoError(t, c.Begin(&omnicache.Plan{Stride: tstride, Table: make([]int32, tstride), Finished: []int64{1}}))
-	id, err := c.Save(emptyOuts(len(tkeys)))
+	id, err := c.Save(cachetest.EmptyOutputs(len(tkeys)))
 	require.NoError(t, err)
 	require.NoError(t, c.Discard(id))
 }
@@ -220,20 +221,11 @@ func tblock(t *testing.T, tr *tier.Tier, h uint64) tier.Block {
 	return b
 }
 
-// emptyOuts are the outputs of a step of no tokens (every key present).
-func emptyOuts(nkeys int) *omnicache.Outputs {
-	o := &omnicache.Outputs{}
-	for range nkeys {
-		o.Tensors = append(o.Tensors, omnicache.Tensor{Host: []byte{}})
-	}
-	return o
-}
-
 // An empty step right after an aborted one must not see the aborted
 // step's requests (a stale batch once made Save index past the empty
 // step's counts, with a deferred key, and panic).
 func TestEmptyStepAfterAbort(t *testing.T) {
-	cfg := testConfig(keyHidden, omnicache.Key{Name: "codes", RowBytes: 8, Deferred: true})
+	cfg := cachetest.Config(cachetest.KeyHidden, omnicache.Key{Name: "codes", RowBytes: 8, Deferred: true})
 	c, err := omnicache.New(cfg)
 	require.NoError(t, err)
 	defer c.Close()
@@ -243,16 +235,8 @@ func TestEmptyStepAfterAbort(t *testing.T) {
 	require.NoError(t, c.Begin(p))
 	require.NoError(t, c.Abort())
 	require.NoError(t, c.Begin(&omnicache.Plan{Table: table, Stride: 2}))
-	id, err := guardSave(t, c, emptyOuts(2))
+	var id omnicache.StepID
+	err = cachetest.Guard(t, "Save", func() (err error) { id, err = c.Save(cachetest.EmptyOutputs(2)); return err })
 	require.NoError(t, err)
 	require.NoError(t, c.Discard(id))
-}
-
-func guardSave(t *testing.T, c *omnicache.Cache, o *omnicache.Outputs) (id omnicache.StepID, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			t.Fatalf("Save panicked: %v", r)
-		}
-	}()
-	return c.Save(o)
 }

@@ -3,7 +3,7 @@ package omnicache_test
 // Behaviour scenarios 1–7 (hits and misses), 12 (delayed read of
 // reassigned slots), 13 and 18 (step ids and staging pages) of
 // shared/SCENARIOS.md. Every Materialize is checked row by row against the
-// harness's model (see cache_helpers_test.go).
+// harness's model (internal/cachetest).
 
 import (
 	"errors"
@@ -13,29 +13,30 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/internal/cachetest"
 )
 
 // Scenario 1: a request without a hit gets exactly this step's rows.
 func TestScenario01_Miss(t *testing.T) {
-	h := newHarness(t, testConfig())
-	h.assign(1, 1, 2)
-	h.assign(2, 3)
-	h.assign(3, 4) // scheduled without being listed: a no-hit arrival
-	s1 := h.step(step{
-		Sched:  []S{{1, 0, 6}, {2, 0, 3}, {3, 0, 2}},
-		Arrive: []A{{ID: 1}, {ID: 2}},
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(1, 1, 2)
+	h.Assign(2, 3)
+	h.Assign(3, 4) // scheduled without being listed: a no-hit arrival
+	s1 := h.Step(cachetest.Step{
+		Sched:  []cachetest.S{{1, 0, 6}, {2, 0, 3}, {3, 0, 2}},
+		Arrive: []cachetest.A{{ID: 1}, {ID: 2}},
 	})
-	h.mat(s1)
-	for i := 0; i < h.res.Len(); i++ {
-		assert.Equal(t, 0, h.res.Prefix(i), "request %d: a miss has no prefix", h.res.ID(i))
+	h.Mat(s1)
+	for i := 0; i < h.Res.Len(); i++ {
+		assert.Equal(t, 0, h.Res.Prefix(i), "request %d: a miss has no prefix", h.Res.ID(i))
 	}
-	assert.Equal(t, []int{6, 3, 2}, []int{h.res.Tokens(0), h.res.Tokens(1), h.res.Tokens(2)}, "rows per request = this step's tokens")
+	assert.Equal(t, []int{6, 3, 2}, []int{h.Res.Tokens(0), h.Res.Tokens(1), h.Res.Tokens(2)}, "rows per request = this step's tokens")
 
 	// Next step: the same requests continue; each gets only its new rows.
-	s2 := h.step(step{Sched: []S{{1, 6, 2}, {2, 3, 1}, {3, 2, 1}}})
-	h.mat(s2, 3, 1) // a subset, in the order asked for
-	h.checkMirror()
-	assert.Zero(t, h.stats().HitRequests, "Stats.HitRequests after misses only")
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{1, 6, 2}, {2, 3, 1}, {3, 2, 1}}})
+	h.Mat(s2, 3, 1) // a subset, in the order asked for
+	h.CheckMirror()
+	assert.Zero(t, h.Stats().HitRequests, "Stats.HitRequests after misses only")
 }
 
 // Scenario 2: A writes 8 tokens and finishes; B arrives hitting those 2
@@ -43,27 +44,27 @@ func TestScenario01_Miss(t *testing.T) {
 // A's.
 func TestScenario02_HitMerge(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2)
-	h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
 
-	h.assign(b, 1, 2, 3)
-	s2 := h.step(step{Sched: []S{{b, 8, 4}}, Arrive: []A{{ID: b, Hit: 8}}, Finished: []int64{a}})
-	h.mat(s2)
-	require.Equal(t, 1, h.res.Len())
-	require.Equal(t, 8, h.res.Prefix(0), "B's hit prefix")
-	require.Equal(t, 12, h.res.Tokens(0), "B's rows: 8 hit + 4 computed")
-	for k, key := range h.cfg.Keys {
-		rows := h.res.Rows(0, k)
+	h.Assign(b, 1, 2, 3)
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 4}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}, Finished: []int64{a}})
+	h.Mat(s2)
+	require.Equal(t, 1, h.Res.Len())
+	require.Equal(t, 8, h.Res.Prefix(0), "B's hit prefix")
+	require.Equal(t, 12, h.Res.Tokens(0), "B's rows: 8 hit + 4 computed")
+	for k, key := range h.Cfg.Keys {
+		rows := h.Res.Rows(0, k)
 		for j := 0; j < 8; j++ {
 			got := rows[j*key.RowBytes : (j+1)*key.RowBytes]
-			require.Equal(t, rowOf(mkTag(k, a, j, 0), key.RowBytes), got, "key %q row %d must be A's row, got %s", key.Name, j, describe(got))
+			require.Equal(t, cachetest.RowOf(cachetest.MkTag(k, a, j, 0), key.RowBytes), got, "key %q row %d must be A's row, got %s", key.Name, j, cachetest.Describe(got))
 		}
 	}
-	st := h.stats()
+	st := h.Stats()
 	assert.EqualValues(t, 1, st.HitRequests, "Stats.HitRequests")
 	assert.EqualValues(t, 8, st.HitTokens, "Stats.HitTokens")
-	h.checkMirror()
+	h.CheckMirror()
 }
 
 // Scenario 3: B shares 2 of A's 3 blocks; B's rows are right, B's new block
@@ -76,32 +77,32 @@ func TestScenario03_PartialPrefix(t *testing.T) {
 		finishFirst bool
 	}{{"A finished before B", true}, {"A finishes after B", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, testConfig())
-			h.assign(a, 1, 2, 3, 5)
-			h.mat(h.step(step{Sched: []S{{a, 0, 12}}, Arrive: []A{{ID: a}}}))
+			h := cachetest.New(t, cachetest.Config())
+			h.Assign(a, 1, 2, 3, 5)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 12}}, Arrive: []cachetest.A{{ID: a}}}))
 
-			h.assign(b, 1, 2, 4, 6)
+			h.Assign(b, 1, 2, 4, 6)
 			if tc.finishFirst {
-				h.mat(h.step(step{Sched: []S{{b, 8, 4}}, Arrive: []A{{ID: b, Hit: 8}}, Finished: []int64{a}}))
-				h.mat(h.step(step{Sched: []S{{b, 12, 1}}}))
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 4}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}, Finished: []int64{a}}))
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 12, 1}}}))
 			} else {
-				h.mat(h.step(step{Sched: []S{{a, 12, 1}, {b, 8, 4}}, Arrive: []A{{ID: b, Hit: 8}}}))
-				h.mat(h.step(step{Sched: []S{{b, 12, 1}}, Finished: []int64{a}}))
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 12, 1}, {b, 8, 4}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}}))
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 12, 1}}, Finished: []int64{a}}))
 			}
-			hid := h.keyIndex("hidden")
-			h.expectBlock(hid, 1, a, 0, 0) // shared prefix untouched
-			h.expectBlock(hid, 2, a, 4, 0)
-			h.expectBlock(hid, 3, a, 8, 0) // A's third block untouched
-			h.expectBlock(hid, 4, b, 8, 0) // B's new block written
+			hid := h.KeyIndex("hidden")
+			h.ExpectBlock(hid, 1, a, 0, 0) // shared prefix untouched
+			h.ExpectBlock(hid, 2, a, 4, 0)
+			h.ExpectBlock(hid, 3, a, 8, 0) // A's third block untouched
+			h.ExpectBlock(hid, 4, b, 8, 0) // B's new block written
 
 			// Hits over A's chain and over the shared prefix + B's block.
-			h.assign(c, 1, 2, 3, 7)
-			h.assign(d, 1, 2, 4, 8)
-			h.mat(h.step(step{
-				Sched:  []S{{c, 12, 1}, {d, 12, 1}},
-				Arrive: []A{{ID: c, Hit: 12}, {ID: d, Hit: 12}},
+			h.Assign(c, 1, 2, 3, 7)
+			h.Assign(d, 1, 2, 4, 8)
+			h.Mat(h.Step(cachetest.Step{
+				Sched:  []cachetest.S{{c, 12, 1}, {d, 12, 1}},
+				Arrive: []cachetest.A{{ID: c, Hit: 12}, {ID: d, Hit: 12}},
 			}))
-			h.checkMirror()
+			h.CheckMirror()
 		})
 	}
 }
@@ -115,34 +116,34 @@ func TestScenario04_StreamedContinuation(t *testing.T) {
 		samePlan bool // Finished and the new arrival in one plan
 	}{{"finished in an earlier plan", false}, {"finished and arriving in one plan", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, testConfig())
-			h.assign(a, 1, 2, 3)
-			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+			h := cachetest.New(t, cachetest.Config())
+			h.Assign(a, 1, 2, 3)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
 
 			// A is live: listed as an arrival again with a (well-formed)
 			// hit, it is a streamed continuation: no prefix.
-			h.mat(h.step(step{Sched: []S{{a, 4, 4}}, Arrive: []A{{ID: a, Hit: 4}}}))
-			require.Equal(t, 0, h.res.Prefix(0), "a live id arriving again must not hit")
-			require.Equal(t, 4, h.res.Tokens(0), "a continuation gets just this step's rows")
-			require.Zero(t, h.stats().HitRequests, "Stats.HitRequests after a continuation")
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 4, 4}}, Arrive: []cachetest.A{{ID: a, Hit: 4}}}))
+			require.Equal(t, 0, h.Res.Prefix(0), "a live id arriving again must not hit")
+			require.Equal(t, 4, h.Res.Tokens(0), "a continuation gets just this step's rows")
+			require.Zero(t, h.Stats().HitRequests, "Stats.HitRequests after a continuation")
 
 			if !tc.samePlan {
-				h.assign(z, 10)
-				h.mat(h.step(step{Sched: []S{{z, 0, 2}}, Arrive: []A{{ID: z}}, Finished: []int64{a}}))
+				h.Assign(z, 10)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{z, 0, 2}}, Arrive: []cachetest.A{{ID: z}}, Finished: []int64{a}}))
 			}
 			// A new life of id A, hitting its old 2 blocks.
-			h.bump(a)
-			h.assign(a, 1, 2, 4)
-			plan := step{Sched: []S{{a, 8, 4}}, Arrive: []A{{ID: a, Hit: 8}}}
+			h.Bump(a)
+			h.Assign(a, 1, 2, 4)
+			plan := cachetest.Step{Sched: []cachetest.S{{a, 8, 4}}, Arrive: []cachetest.A{{ID: a, Hit: 8}}}
 			if tc.samePlan {
 				plan.Finished = []int64{a}
 			}
-			h.mat(h.step(plan))
-			require.Equal(t, 8, h.res.Prefix(0), "a finished id arriving again with a hit must hit")
-			st := h.stats()
+			h.Mat(h.Step(plan))
+			require.Equal(t, 8, h.Res.Prefix(0), "a finished id arriving again with a hit must hit")
+			st := h.Stats()
 			assert.EqualValues(t, 1, st.HitRequests, "Stats.HitRequests")
 			assert.EqualValues(t, 8, st.HitTokens, "Stats.HitTokens")
-			h.checkMirror()
+			h.CheckMirror()
 		})
 	}
 }
@@ -151,76 +152,76 @@ func TestScenario04_StreamedContinuation(t *testing.T) {
 // A's rows.
 func TestScenario05_SameStepHit(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2, 5)
-	h.assign(b, 1, 2, 3)
-	s1 := h.step(step{
-		Sched:  []S{{a, 0, 8}, {b, 8, 2}},
-		Arrive: []A{{ID: a}, {ID: b, Hit: 8}},
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2, 5)
+	h.Assign(b, 1, 2, 3)
+	s1 := h.Step(cachetest.Step{
+		Sched:  []cachetest.S{{a, 0, 8}, {b, 8, 2}},
+		Arrive: []cachetest.A{{ID: a}, {ID: b, Hit: 8}},
 	})
-	h.mat(s1)
-	require.Equal(t, 8, h.res.Prefix(1), "B's prefix")
-	h.mat(h.step(step{Sched: []S{{a, 8, 1}, {b, 10, 1}}})) // A moves on to its block 5
-	h.checkMirror()
+	h.Mat(s1)
+	require.Equal(t, 8, h.Res.Prefix(1), "B's prefix")
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 8, 1}, {b, 10, 1}}})) // A moves on to its block 5
+	h.CheckMirror()
 }
 
 // Scenario 6: a block reused by B after A: a later hit reads B's rows
 // (every key).
 func TestScenario06_TenantSuccession(t *testing.T) {
 	const a, b, c, d = 1, 2, 3, 4
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2)
-	h.mat(h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}}))
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
 
 	// A finishes; its block 1 goes to B (no hit), B writes it.
-	h.assign(b, 1)
-	h.mat(h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}, Finished: []int64{a}}))
-	for k := range h.cfg.Keys {
-		h.expectBlock(k, 1, b, 0, 0)
-		h.expectBlock(k, 2, a, 4, 0)
+	h.Assign(b, 1)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 4}}, Arrive: []cachetest.A{{ID: b}}, Finished: []int64{a}}))
+	for k := range h.Cfg.Keys {
+		h.ExpectBlock(k, 1, b, 0, 0)
+		h.ExpectBlock(k, 2, a, 4, 0)
 	}
 
 	// C hits block 1 (B's rows), D hits block 2 (still A's rows).
-	h.assign(c, 1, 9)
-	h.assign(d, 2, 10)
-	h.mat(h.step(step{
-		Sched:    []S{{c, 4, 2}, {d, 4, 2}},
-		Arrive:   []A{{ID: c, Hit: 4}, {ID: d, Hit: 4}},
+	h.Assign(c, 1, 9)
+	h.Assign(d, 2, 10)
+	h.Mat(h.Step(cachetest.Step{
+		Sched:    []cachetest.S{{c, 4, 2}, {d, 4, 2}},
+		Arrive:   []cachetest.A{{ID: c, Hit: 4}, {ID: d, Hit: 4}},
 		Finished: []int64{b},
 	}))
-	for k, key := range h.cfg.Keys {
-		got := h.res.Rows(0, k)[:key.RowBytes]
-		require.Equal(t, rowOf(mkTag(k, b, 0, 0), key.RowBytes), got, "C's first prefix row of key %q must be the new tenant B's, got %s", key.Name, describe(got))
+	for k, key := range h.Cfg.Keys {
+		got := h.Res.Rows(0, k)[:key.RowBytes]
+		require.Equal(t, cachetest.RowOf(cachetest.MkTag(k, b, 0, 0), key.RowBytes), got, "C's first prefix row of key %q must be the new tenant B's, got %s", key.Name, cachetest.Describe(got))
 	}
-	h.checkMirror()
+	h.CheckMirror()
 }
 
 // Scenario 7: a hit right after buffered decode steps reads the buffered
 // rows.
 func TestScenario07_HitAfterBufferedDecode(t *testing.T) {
 	const a, b = 1, 2
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2, 3)
-	h.mat(h.step(step{Sched: []S{{a, 0, 6}}, Arrive: []A{{ID: a}}}))
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2, 3)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 6}}, Arrive: []cachetest.A{{ID: a}}}))
 
-	base := h.stats()
-	s2 := h.step(step{Sched: []S{{a, 6, 1}}}) // pure decode: parked
-	s3 := h.step(step{Sched: []S{{a, 7, 1}}}) // pure decode: parked; block 2 now full
-	st := h.stats()
+	base := h.Stats()
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 6, 1}}}) // pure decode: parked
+	s3 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 7, 1}}}) // pure decode: parked; block 2 now full
+	st := h.Stats()
 	require.Equal(t, int64(2), st.BufferedSteps-base.BufferedSteps, "two pure decode steps must be parked in the decode buffer")
 	require.Equal(t, int64(0), st.BufferFlushes-base.BufferFlushes, "fewer than block_size pure decode steps must not flush")
 
 	// B arrives hitting A's 2 blocks; positions 6 and 7 exist only in the
 	// decode buffer when B's Begin runs.
-	h.assign(b, 1, 2, 4)
-	s4 := h.step(step{Sched: []S{{a, 8, 1}, {b, 8, 2}}, Arrive: []A{{ID: b, Hit: 8}}})
-	h.mat(s4)
-	require.Equal(t, 8, h.res.Prefix(1), "B's prefix")
+	h.Assign(b, 1, 2, 4)
+	s4 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 8, 1}, {b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}})
+	h.Mat(s4)
+	require.Equal(t, 8, h.Res.Prefix(1), "B's prefix")
 	// The buffered steps are consumed a step late: they still return their
 	// own rows.
-	h.mat(s3)
-	h.mat(s2)
-	h.checkMirror()
+	h.Mat(s3)
+	h.Mat(s2)
+	h.CheckMirror()
 }
 
 // Scenario 12: a delayed read (materialize a step later) whose hit slots
@@ -228,37 +229,37 @@ func TestScenario07_HitAfterBufferedDecode(t *testing.T) {
 // never the new tenant's rows.
 func TestScenario12_DelayedReadReassigned(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	setup := func(t *testing.T) (*harness, omnicache.StepID) {
-		h := newHarness(t, testConfig())
-		h.assign(a, 3)
-		h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+	setup := func(t *testing.T) (*cachetest.Harness, omnicache.StepID) {
+		h := cachetest.New(t, cachetest.Config())
+		h.Assign(a, 3)
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
 		// B hits A's block 3; its step is not consumed yet.
-		h.assign(b, 3, 4)
-		sb := h.step(step{Sched: []S{{b, 4, 2}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
-		h.assign(c, 3)
+		h.Assign(b, 3, 4)
+		sb := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+		h.Assign(c, 3)
 		return h, sb
 	}
 	// consumeAfter checks that a step whose read failed is handled
 	// (consumed or still consumable) and that the cache stays usable.
-	consumeAfter := func(h *harness, sb omnicache.StepID, reassigned bool) {
+	consumeAfter := func(h *cachetest.Harness, sb omnicache.StepID, reassigned bool) {
 		if reassigned {
-			err := h.tryDiscard(sb)
+			err := h.TryDiscard(sb)
 			if err != nil {
-				require.ErrorIs(h.t, err, omnicache.ErrUnknownStep, "Discard after a failed read: the step is either consumed or still held")
+				require.ErrorIs(h.T, err, omnicache.ErrUnknownStep, "Discard after a failed read: the step is either consumed or still held")
 			}
 		}
-		h.checkMirror()
-		h.sync()
-		assert.Zero(h.t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+		h.CheckMirror()
+		h.Sync()
+		assert.Zero(h.T, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 	}
 
 	t.Run("read after the new tenant wrote", func(t *testing.T) {
 		h, sb := setup(t)
 		// B finishes (its last outputs were saved); block 3 goes to C,
 		// which writes it.
-		h.mat(h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}, Finished: []int64{b}}))
-		h.sync()
-		reassigned := h.matDelayed(sb)
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}}, Arrive: []cachetest.A{{ID: c}}, Finished: []int64{b}}))
+		h.Sync()
+		reassigned := h.MatDelayed(sb)
 		t.Logf("delayed read of reassigned slots: ErrReassigned=%v", reassigned)
 		consumeAfter(h, sb, reassigned)
 	})
@@ -266,13 +267,13 @@ func TestScenario12_DelayedReadReassigned(t *testing.T) {
 		h, sb := setup(t)
 		var res omnicache.Result
 		done := make(chan error, 1)
-		go func() { done <- h.c.Materialize(sb, nil, &res) }()
-		h.mat(h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}, Finished: []int64{b}}))
-		err := guard(t, "concurrent Materialize", func() error { return <-done })
+		go func() { done <- h.C.Materialize(sb, nil, &res) }()
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}}, Arrive: []cachetest.A{{ID: c}}, Finished: []int64{b}}))
+		err := cachetest.Guard(t, "concurrent Materialize", func() error { return <-done })
 		reassigned := errors.Is(err, omnicache.ErrReassigned)
 		if !reassigned {
 			require.NoError(t, err, "delayed read: want success or ErrReassigned")
-			require.NoError(t, h.verify(sb, nil, &res), "a delayed read must return the original rows")
+			require.NoError(t, h.Verify(sb, nil, &res), "a delayed read must return the original rows")
 		}
 		consumeAfter(h, sb, reassigned)
 	})
@@ -282,30 +283,30 @@ func TestScenario12_DelayedReadReassigned(t *testing.T) {
 // materialize 1).
 func TestScenario13_ConsumeByID(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	h := newHarness(t, testConfig())
-	h.assign(a, 1, 2)
-	h.assign(b, 3)
-	s1 := h.step(step{Sched: []S{{a, 0, 5}}, Arrive: []A{{ID: a}}})
-	s2 := h.step(step{Sched: []S{{a, 5, 1}, {b, 0, 3}}, Arrive: []A{{ID: b}}})
+	h := cachetest.New(t, cachetest.Config())
+	h.Assign(a, 1, 2)
+	h.Assign(b, 3)
+	s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 5}}, Arrive: []cachetest.A{{ID: a}}})
+	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 5, 1}, {b, 0, 3}}, Arrive: []cachetest.A{{ID: b}}})
 	assert.NotEqual(t, s1, s2, "step ids must differ")
-	h.discard(s2)
-	h.mat(s1)
-	require.ErrorIs(t, h.matCall(s2, nil, &h.res), omnicache.ErrUnknownStep, "Materialize of a discarded step")
+	h.Discard(s2)
+	h.Mat(s1)
+	require.ErrorIs(t, h.MatCall(s2, nil, &h.Res), omnicache.ErrUnknownStep, "Materialize of a discarded step")
 
-	h.assign(c, 4)
-	s3 := h.step(step{Sched: []S{{a, 6, 1}, {b, 3, 1}, {c, 0, 2}}, Arrive: []A{{ID: c}}})
-	h.mat(s3)
-	h.checkMirror()
-	assert.Zero(t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+	h.Assign(c, 4)
+	s3 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 6, 1}, {b, 3, 1}, {c, 0, 2}}, Arrive: []cachetest.A{{ID: c}}})
+	h.Mat(s3)
+	h.CheckMirror()
+	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 }
 
 // Scenario 18: six steps through four pages stay correct (pages recycle):
 // every step is consumed three steps late, so four pages are in use at
 // once; the steps hit blocks written by steps not consumed yet.
 func TestScenario18_PagesRecycle(t *testing.T) {
-	cfg := testConfig()
+	cfg := cachetest.Config()
 	cfg.StagingDepth = 4
-	h := newHarness(t, cfg)
+	h := cachetest.New(t, cfg)
 	steps := []struct {
 		id     int64
 		blocks []int32
@@ -323,20 +324,20 @@ func TestScenario18_PagesRecycle(t *testing.T) {
 	}
 	var ids []omnicache.StepID
 	for i, s := range steps {
-		h.assign(s.id, s.blocks...)
-		ids = append(ids, h.step(step{Sched: []S{{s.id, s.start, s.count}}, Arrive: []A{{ID: s.id, Hit: s.hit}}}))
-		require.LessOrEqual(t, h.stats().PagesInUse, cfg.StagingDepth, "Stats.PagesInUse after step %d", i+1)
+		h.Assign(s.id, s.blocks...)
+		ids = append(ids, h.Step(cachetest.Step{Sched: []cachetest.S{{s.id, int64(s.start), int64(s.count)}}, Arrive: []cachetest.A{{ID: s.id, Hit: s.hit}}}))
+		require.LessOrEqual(t, h.Stats().PagesInUse, cfg.StagingDepth, "Stats.PagesInUse after step %d", i+1)
 		if i >= 3 {
 			if i == 4 {
-				h.discard(ids[i-3])
+				h.Discard(ids[i-3])
 			} else {
-				h.mat(ids[i-3])
+				h.Mat(ids[i-3])
 			}
 		}
 	}
 	for _, id := range ids[len(ids)-3:] {
-		h.mat(id)
+		h.Mat(id)
 	}
-	h.checkMirror()
-	assert.Zero(t, h.stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+	h.CheckMirror()
+	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 }

@@ -2,48 +2,15 @@ package omnicache_test
 
 import (
 	"runtime"
-	"sync"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/cachetest"
 	"github.com/omnicache/omnicache/internal/gputest"
 )
-
-// pinLog is the host device with its staging allocations recorded.
-type pinLog struct {
-	*gpu.Host
-	mu    sync.Mutex
-	live  map[unsafe.Pointer]int
-	total int
-}
-
-func (d *pinLog) AllocHost(n int) ([]byte, error) {
-	b, err := d.Host.AllocHost(n)
-	if err == nil {
-		d.mu.Lock()
-		d.live[unsafe.Pointer(unsafe.SliceData(b))] = n
-		d.total++
-		d.mu.Unlock()
-	}
-	return b, err
-}
-
-func (d *pinLog) FreeHost(b []byte) {
-	d.mu.Lock()
-	delete(d.live, unsafe.Pointer(unsafe.SliceData(b)))
-	d.mu.Unlock()
-	d.Host.FreeHost(b)
-}
-
-func (d *pinLog) counts() (live, total int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.live), d.total
-}
 
 // Staging pages: the first Save allocates its page; the next page's memory
 // is allocated ahead in the background, so the second Save finds it ready;
@@ -51,11 +18,11 @@ func (d *pinLog) counts() (live, total int) {
 // page, the one allocated ahead included.
 func TestStagingPagesAllocatedOneAhead(t *testing.T) {
 	for _, steps := range []int{1, 2, 6} {
-		d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+		d := cachetest.NewPinLog()
 		c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: 4, StagingDepth: 4,
 			Keys: []omnicache.Key{{Name: "hidden", RowBytes: 16}}, DisableDecodeBuffer: true, Device: d})
 		require.NoError(t, err)
-		_, total := d.counts()
+		_, total := d.Counts()
 		require.Zero(t, total, "New allocates no staging page")
 		plan := omnicache.Plan{Table: []int32{0, 1, 2, 3, 4, 5, 6, 7}, Stride: 8,
 			IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1},
@@ -76,14 +43,14 @@ func TestStagingPagesAllocatedOneAhead(t *testing.T) {
 			if s == 0 {
 				for c.Stats().PagesAllocating > 0 {
 				}
-				_, total = d.counts()
+				_, total = d.Counts()
 				require.Equal(t, 2, total, "after the first Save: its page and the next one, allocated ahead")
 			}
 		}
 		require.NoError(t, c.Discard(prev))
 		for c.Stats().PagesAllocating > 0 {
 		}
-		_, total = d.counts()
+		_, total = d.Counts()
 		switch steps {
 		case 1:
 			require.Equal(t, 2, total, "one page used, one ahead")
@@ -93,7 +60,7 @@ func TestStagingPagesAllocatedOneAhead(t *testing.T) {
 			require.LessOrEqual(t, total, 4, "never more pages than StagingDepth")
 		}
 		require.NoError(t, c.Close())
-		live, _ := d.counts()
+		live, _ := d.Counts()
 		require.Zero(t, live, "%d steps: staging memory not freed by Close", steps)
 	}
 }
@@ -141,7 +108,7 @@ func sixSteps(t *testing.T, c *omnicache.Cache, check func()) {
 func newFailsOnPages(t *testing.T, set func(*omnicache.Config)) {
 	t.Helper()
 	base := runtime.NumGoroutine()
-	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	d := cachetest.NewPinLog()
 	f := gputest.NewFaulty(d)
 	f.FailOpAfter(gputest.OpAllocHost, 0)
 	cfg := stagingConfig(f)
@@ -151,29 +118,29 @@ func newFailsOnPages(t *testing.T, set func(*omnicache.Config)) {
 	require.Nil(t, c)
 	require.ErrorIs(t, err, gpu.ErrAlloc)
 	require.ErrorContains(t, err, "staging pages")
-	live, _ := d.counts()
+	live, _ := d.Counts()
 	require.Zero(t, live)
-	waitGoroutines(t, base)
+	cachetest.WaitGoroutines(t, base)
 }
 
 // AllocStagingAtNew: New allocates every page, Saves allocate nothing and
 // read back exact rows, and Close frees every page.
 func TestAllocStagingAtNew(t *testing.T) {
-	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	d := cachetest.NewPinLog()
 	cfg := stagingConfig(d)
 	cfg.AllocStagingAtNew = true
 	c, err := omnicache.New(cfg)
 	require.NoError(t, err)
-	live, total := d.counts()
+	live, total := d.Counts()
 	require.Equal(t, 1, total, "New allocates every page, as one allocation")
 	require.Equal(t, 1, live)
 	sixSteps(t, c, func() {
 		require.Zero(t, c.Stats().PagesAllocating, "no page is allocated in the background")
 	})
-	_, total = d.counts()
+	_, total = d.Counts()
 	require.Equal(t, 1, total, "no Save allocated a page")
 	require.NoError(t, c.Close())
-	live, _ = d.counts()
+	live, _ = d.Counts()
 	require.Zero(t, live, "Close frees the pages")
 }
 
@@ -188,29 +155,29 @@ func TestAllocStagingAtNewFails(t *testing.T) {
 // also right after New. A device that refuses the first page fails New;
 // asking for both modes is ErrConfig.
 func TestAllocStagingAhead(t *testing.T) {
-	d := &pinLog{Host: gpu.NewHost(), live: map[unsafe.Pointer]int{}}
+	d := cachetest.NewPinLog()
 	cfg := stagingConfig(d)
 	cfg.AllocStagingAhead = true
 	c, err := omnicache.New(cfg)
 	require.NoError(t, err)
-	_, total := d.counts()
+	_, total := d.Counts()
 	require.GreaterOrEqual(t, total, 1, "New allocated the first page")
 	require.NoError(t, c.Sync())
-	live, total := d.counts()
+	live, total := d.Counts()
 	require.Equal(t, 3, total, "every page allocated, the others in the background")
 	require.Equal(t, 3, live)
 	require.Zero(t, c.Stats().PagesAllocating)
 	sixSteps(t, c, func() {})
-	_, total = d.counts()
+	_, total = d.Counts()
 	require.Equal(t, 3, total, "no Save allocated a page")
 	require.NoError(t, c.Close())
-	live, _ = d.counts()
+	live, _ = d.Counts()
 	require.Zero(t, live, "Close frees the pages")
 
 	c, err = omnicache.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
-	live, _ = d.counts()
+	live, _ = d.Counts()
 	require.Zero(t, live, "Close right after New frees every page, the background ones too")
 
 	newFailsOnPages(t, func(c *omnicache.Config) { c.AllocStagingAhead = true })

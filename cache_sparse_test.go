@@ -10,46 +10,13 @@ package omnicache_test
 import (
 	"bytes"
 	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/cachetest"
 )
-
-// keyCodesOpt is an optional deferred key (codes a model emits only on some
-// steps).
-var keyCodesOpt = omnicache.Key{Name: "codes", RowBytes: 12, Deferred: true, Optional: true}
-
-// countDevice counts the bytes every device call moves or allocates.
-type countDevice struct {
-	gpu.Device
-	dtod, dtoh, htod, alloc atomic.Int64
-}
-
-func newCountDevice() *countDevice { return &countDevice{Device: gpu.NewHost()} }
-
-func (d *countDevice) Alloc(n int) (gpu.Buffer, error) {
-	d.alloc.Add(int64(n))
-	return d.Device.Alloc(n)
-}
-
-func (d *countDevice) CopyDtoD(dst gpu.Buffer, dstOff int, src gpu.Buffer, srcOff int, n int) error {
-	d.dtod.Add(int64(n))
-	return d.Device.CopyDtoD(dst, dstOff, src, srcOff, n)
-}
-
-func (d *countDevice) CopyDtoH(dst []byte, src gpu.Buffer, srcOff int) error {
-	d.dtoh.Add(int64(len(dst)))
-	return d.Device.CopyDtoH(dst, src, srcOff)
-}
-
-func (d *countDevice) CopyHtoD(dst gpu.Buffer, dstOff int, src []byte) error {
-	d.htod.Add(int64(len(src)))
-	return d.Device.CopyHtoD(dst, dstOff, src)
-}
 
 // traffic is what a run moved: device bytes per direction, allocations,
 // defensive clones, the budget peak and the rows and bytes written.
@@ -58,35 +25,13 @@ type traffic struct {
 	cloned, budgetPeak, rows, bytes, dw int64
 }
 
-func trafficOf(h *harness, d *countDevice) traffic {
-	h.t.Helper()
-	h.sync()
-	st := h.stats()
-	return traffic{d.dtod.Load(), d.dtoh.Load(), d.htod.Load(), d.alloc.Load(),
+func trafficOf(h *cachetest.Harness, d *cachetest.CountDevice) traffic {
+	h.T.Helper()
+	h.Sync()
+	st := h.Stats()
+	return traffic{d.DtoDBytes.Load(), d.DtoHBytes.Load(), d.HtoDBytes.Load(), d.AllocBytes.Load(),
 		st.ClonedBytes, st.BudgetPeak, st.RowsWritten, st.BytesWritten, st.DeferredWrites}
 }
-
-// wantRows checks result i's rows of key k against tags (0: zeros), row by
-// row: an explicit check next to the harness's model.
-func wantRows(t testing.TB, res *omnicache.Result, i, k, rb int, tags ...tag) {
-	t.Helper()
-	rows := res.Rows(i, k)
-	require.Len(t, rows, len(tags)*rb, "request %d key %d: bytes", res.ID(i), k)
-	for j, g := range tags {
-		got := rows[j*rb : (j+1)*rb]
-		require.True(t, bytes.Equal(got, rowOf(g, rb)), "request %d key %d row %d: got %s, want %s", res.ID(i), k, j, describe(got), g)
-	}
-}
-
-func tags(k int, id int64, pos0, n, ver int) []tag {
-	out := make([]tag, n)
-	for j := range out {
-		out[j] = mkTag(k, id, pos0+j, ver)
-	}
-	return out
-}
-
-func zeros(n int) []tag { return make([]tag, n) }
 
 // sparseModes: every way a tensor reaches the cache.
 var sparseModes = []struct {
@@ -100,29 +45,29 @@ var sparseModes = []struct {
 }
 
 const (
-	kHidden = 0 // keyHidden in every config of this file
-	kSecond = 1 // keyAux or keyCodesOpt
+	kHidden = 0 // cachetest.KeyHidden in every config of this file
+	kSecond = 1 // cachetest.KeyAux or cachetest.KeyCodesOpt
 )
 
 // prefillTraffic runs request 1's 8-token prefill (blocks 0 and 1) on a
 // new cache of keys, omitting the keys omit names, and materializes it;
 // finish also finishes the request (its deferred rows land). It returns
 // the harness and the traffic up to the Materialize.
-func prefillTraffic(t *testing.T, dev, owned bool, keys []omnicache.Key, omit []bool, finish bool) (*harness, traffic) {
+func prefillTraffic(t *testing.T, dev, owned bool, keys []omnicache.Key, omit []bool, finish bool) (*cachetest.Harness, traffic) {
 	const a = 1
-	cd := newCountDevice()
-	cfg := testConfig(keys...)
+	cd := cachetest.NewCountDevice()
+	cfg := cachetest.Config(keys...)
 	cfg.Device = cd
-	h := newHarness(t, cfg)
-	h.device, h.owned = dev, owned
-	h.omitKeys = omit
-	h.assign(a, 0, 1)
-	id := h.step(step{Sched: []S{{a, 0, 8}}, Arrive: []A{{ID: a}}})
+	h := cachetest.New(t, cfg)
+	h.Device, h.Owned = dev, owned
+	h.OmitKeys = omit
+	h.Assign(a, 0, 1)
+	id := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}})
 	if finish {
-		h.discard(h.step(step{Finished: []int64{a}}))
+		h.Discard(h.Step(cachetest.Step{Finished: []int64{a}}))
 	}
 	tr := trafficOf(h, cd)
-	h.mat(id)
+	h.Mat(id)
 	return h, tr
 }
 
@@ -131,24 +76,24 @@ func prefillTraffic(t *testing.T, dev, owned bool, keys []omnicache.Key, omit []
 // exact), and the step moves exactly what a cache without the key moves.
 func TestSparseImmediatePrefill(t *testing.T) {
 	const a, b = 1, 2
-	hb, ab := keyHidden.RowBytes, keyAux.RowBytes
+	hb, ab := cachetest.KeyHidden.RowBytes, cachetest.KeyAux.RowBytes
 	for _, m := range sparseModes {
 		t.Run(m.name, func(t *testing.T) {
-			_, alone := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{keyHidden}, nil, false)
-			h, sparse := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{keyHidden, keyAux}, []bool{false, true}, false)
+			_, alone := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{cachetest.KeyHidden}, nil, false)
+			h, sparse := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux}, []bool{false, true}, false)
 			require.Equal(t, alone, sparse, "a step omitting aux moves, clones, charges and writes exactly what a cache without aux does")
-			wantRows(t, &h.res, 0, kHidden, hb, tags(kHidden, a, 0, 8, 0)...)
-			wantRows(t, &h.res, 0, kSecond, ab, zeros(8)...)
+			cachetest.WantRows(t, &h.Res, 0, kHidden, hb, cachetest.Tags(kHidden, a, 0, 8, 0)...)
+			cachetest.WantRows(t, &h.Res, 0, kSecond, ab, cachetest.Zeros(8)...)
 
 			// B hits A's two blocks and supplies aux for its own row.
-			h.omitKeys = nil
-			h.assign(b, 0, 1, 2)
-			id := h.step(step{Sched: []S{{b, 8, 1}}, Arrive: []A{{ID: b, Hit: 8}}, Finished: []int64{a}})
-			h.mat(id)
-			wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, a, 0, 8, 0), mkTag(kHidden, b, 8, 0))...)
-			wantRows(t, &h.res, 0, kSecond, ab, append(zeros(8), mkTag(kSecond, b, 8, 0))...)
-			h.checkMirror()
-			h.drain(b)
+			h.OmitKeys = nil
+			h.Assign(b, 0, 1, 2)
+			id := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 1}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}, Finished: []int64{a}})
+			h.Mat(id)
+			cachetest.WantRows(t, &h.Res, 0, kHidden, hb, append(cachetest.Tags(kHidden, a, 0, 8, 0), cachetest.MkTag(kHidden, b, 8, 0))...)
+			cachetest.WantRows(t, &h.Res, 0, kSecond, ab, append(cachetest.Zeros(8), cachetest.MkTag(kSecond, b, 8, 0))...)
+			h.CheckMirror()
+			h.Drain(b)
 		})
 	}
 }
@@ -160,43 +105,43 @@ func TestSparseImmediatePrefill(t *testing.T) {
 // same schedule with the buffer off.
 func TestSparseBufferedDecode(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	hb, ab := keyHidden.RowBytes, keyAux.RowBytes
+	hb, ab := cachetest.KeyHidden.RowBytes, cachetest.KeyAux.RowBytes
 	omitAt := []bool{false, true, true, false} // decode positions 4..7
 	for _, m := range sparseModes {
 		t.Run(m.name, func(t *testing.T) {
-			runBufferOnOff(t, testConfig(keyHidden, keyAux), func(h *harness, buffered bool) {
-				h.device, h.owned = m.dev, m.owned
-				h.assign(a, 0, 1)
-				h.assign(b, 2, 3)
-				h.mat(h.step(step{Sched: []S{{a, 0, 4}, {b, 0, 4}}, Arrive: []A{{ID: a}, {ID: b}}}))
-				before := h.stats()
+			cachetest.RunBufferOnOff(t, cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux), func(h *cachetest.Harness, buffered bool) {
+				h.Device, h.Owned = m.dev, m.owned
+				h.Assign(a, 0, 1)
+				h.Assign(b, 2, 3)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}, {b, 0, 4}}, Arrive: []cachetest.A{{ID: a}, {ID: b}}}))
+				before := h.Stats()
 				for j, om := range omitAt {
-					h.omitKeys = []bool{false, om}
-					id := h.step(step{Sched: []S{{a, 4 + j, 1}, {b, 4 + j, 1}}})
-					h.mat(id)
-					want := []tag{mkTag(kSecond, a, 4+j, 0), mkTag(kSecond, b, 4+j, 0)}
+					h.OmitKeys = []bool{false, om}
+					id := h.Step(cachetest.Step{Sched: []cachetest.S{{a, int64(4 + j), 1}, {b, int64(4 + j), 1}}})
+					h.Mat(id)
+					want := []cachetest.Tag{cachetest.MkTag(kSecond, a, 4+j, 0), cachetest.MkTag(kSecond, b, 4+j, 0)}
 					if om {
-						want = zeros(2)
+						want = cachetest.Zeros(2)
 					}
-					wantRows(t, &h.res, 0, kSecond, ab, want[0])
-					wantRows(t, &h.res, 1, kSecond, ab, want[1])
-					wantRows(t, &h.res, 1, kHidden, hb, mkTag(kHidden, b, 4+j, 0))
+					cachetest.WantRows(t, &h.Res, 0, kSecond, ab, want[0])
+					cachetest.WantRows(t, &h.Res, 1, kSecond, ab, want[1])
+					cachetest.WantRows(t, &h.Res, 1, kHidden, hb, cachetest.MkTag(kHidden, b, 4+j, 0))
 				}
-				h.omitKeys = nil
-				st := h.stats()
+				h.OmitKeys = nil
+				st := h.Stats()
 				if buffered {
 					require.EqualValues(t, len(omitAt), st.BufferedSteps-before.BufferedSteps, "the decode steps were parked")
 					require.EqualValues(t, 1, st.BufferFlushes-before.BufferFlushes, "one flush wrote the four parked steps")
 				}
 				// C hits A's two blocks after A finished.
-				h.assign(c, 0, 1, 4)
-				id := h.step(step{Sched: []S{{c, 8, 1}}, Arrive: []A{{ID: c, Hit: 8}}, Finished: []int64{a}})
-				h.mat(id)
-				aux := append(tags(kSecond, a, 0, 4, 0), mkTag(kSecond, a, 4, 0), 0, 0, mkTag(kSecond, a, 7, 0), mkTag(kSecond, c, 8, 0))
-				wantRows(t, &h.res, 0, kSecond, ab, aux...)
-				wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, a, 0, 8, 0), mkTag(kHidden, c, 8, 0))...)
-				h.checkMirror()
-				h.drain(b, c)
+				h.Assign(c, 0, 1, 4)
+				id := h.Step(cachetest.Step{Sched: []cachetest.S{{c, 8, 1}}, Arrive: []cachetest.A{{ID: c, Hit: 8}}, Finished: []int64{a}})
+				h.Mat(id)
+				aux := append(cachetest.Tags(kSecond, a, 0, 4, 0), cachetest.MkTag(kSecond, a, 4, 0), 0, 0, cachetest.MkTag(kSecond, a, 7, 0), cachetest.MkTag(kSecond, c, 8, 0))
+				cachetest.WantRows(t, &h.Res, 0, kSecond, ab, aux...)
+				cachetest.WantRows(t, &h.Res, 0, kHidden, hb, append(cachetest.Tags(kHidden, a, 0, 8, 0), cachetest.MkTag(kHidden, c, 8, 0))...)
+				h.CheckMirror()
+				h.Drain(b, c)
 			})
 		})
 	}
@@ -208,33 +153,33 @@ func TestSparseBufferedDecode(t *testing.T) {
 // the rows present again.
 func TestSparseDeferred(t *testing.T) {
 	const a, b, c, d = 1, 2, 3, 4
-	hb, cb := keyHidden.RowBytes, keyCodesOpt.RowBytes
+	hb, cb := cachetest.KeyHidden.RowBytes, cachetest.KeyCodesOpt.RowBytes
 	for _, m := range sparseModes {
 		t.Run(m.name, func(t *testing.T) {
-			_, alone := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{keyHidden}, nil, true)
-			h, sparse := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{keyHidden, keyCodesOpt}, []bool{false, true}, true)
+			_, alone := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{cachetest.KeyHidden}, nil, true)
+			h, sparse := prefillTraffic(t, m.dev, m.owned, []omnicache.Key{cachetest.KeyHidden, cachetest.KeyCodesOpt}, []bool{false, true}, true)
 			require.Equal(t, alone, sparse, "a step omitting the deferred key moves, clones, charges and writes exactly what a cache without it does")
-			wantRows(t, &h.res, 0, kSecond, cb, zeros(8)...)
+			cachetest.WantRows(t, &h.Res, 0, kSecond, cb, cachetest.Zeros(8)...)
 
 			// B hits A's blocks: zeros for codes.
-			h.omitKeys = nil
-			h.assign(b, 0, 1, 2)
-			id := h.step(step{Sched: []S{{b, 8, 1}}, Arrive: []A{{ID: b, Hit: 8}}})
-			h.mat(id)
-			wantRows(t, &h.res, 0, kSecond, cb, append(zeros(8), mkTag(kSecond, b, 8, 0))...)
-			wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, a, 0, 8, 0), mkTag(kHidden, b, 8, 0))...)
-			h.discard(h.step(step{Finished: []int64{b}}))
+			h.OmitKeys = nil
+			h.Assign(b, 0, 1, 2)
+			id := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 1}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}})
+			h.Mat(id)
+			cachetest.WantRows(t, &h.Res, 0, kSecond, cb, append(cachetest.Zeros(8), cachetest.MkTag(kSecond, b, 8, 0))...)
+			cachetest.WantRows(t, &h.Res, 0, kHidden, hb, append(cachetest.Tags(kHidden, a, 0, 8, 0), cachetest.MkTag(kHidden, b, 8, 0))...)
+			h.Discard(h.Step(cachetest.Step{Finished: []int64{b}}))
 
 			// C takes block 0 and supplies codes; D hits it after C finished.
-			h.unassign(b)
-			h.assign(c, 0)
-			h.mat(h.step(step{Sched: []S{{c, 0, 4}}, Arrive: []A{{ID: c}}}))
-			h.assign(d, 0, 5)
-			id = h.step(step{Sched: []S{{d, 4, 1}}, Arrive: []A{{ID: d, Hit: 4}}, Finished: []int64{c}})
-			h.mat(id)
-			wantRows(t, &h.res, 0, kSecond, cb, append(tags(kSecond, c, 0, 4, 0), mkTag(kSecond, d, 4, 0))...)
-			h.drain(d)
-			h.checkMirror(kHidden, kSecond)
+			h.Unassign(b)
+			h.Assign(c, 0)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{c, 0, 4}}, Arrive: []cachetest.A{{ID: c}}}))
+			h.Assign(d, 0, 5)
+			id = h.Step(cachetest.Step{Sched: []cachetest.S{{d, 4, 1}}, Arrive: []cachetest.A{{ID: d, Hit: 4}}, Finished: []int64{c}})
+			h.Mat(id)
+			cachetest.WantRows(t, &h.Res, 0, kSecond, cb, append(cachetest.Tags(kSecond, c, 0, 4, 0), cachetest.MkTag(kSecond, d, 4, 0))...)
+			h.Drain(d)
+			h.CheckMirror(kHidden, kSecond)
 		})
 	}
 }
@@ -248,64 +193,65 @@ func TestSparseDeferred(t *testing.T) {
 // zeros.
 func TestSparseOmissionWinsOverOlderWrite(t *testing.T) {
 	const a, b, c = 1, 2, 3
-	hb := keyHidden.RowBytes
+	hb := cachetest.KeyHidden.RowBytes
+	// C hits block 0 once B finished: B's hidden rows, zeros for the
+	// second key (rb bytes a row), which B omitted.
+	hitAfterB := func(t *testing.T, h *cachetest.Harness, rb int) {
+		t.Helper()
+		h.Assign(c, 0, 2)
+		id := h.Step(cachetest.Step{Sched: []cachetest.S{{c, 4, 1}}, Arrive: []cachetest.A{{ID: c, Hit: 4}}, Finished: []int64{b}})
+		h.Mat(id)
+		cachetest.WantRows(t, &h.Res, 0, kHidden, hb, append(cachetest.Tags(kHidden, b, 0, 4, 0), cachetest.MkTag(kHidden, c, 4, 0))...)
+		cachetest.WantRows(t, &h.Res, 0, kSecond, rb, append(cachetest.Zeros(4), cachetest.MkTag(kSecond, c, 4, 0))...)
+		h.Drain(c)
+	}
 	t.Run("deferred", func(t *testing.T) {
-		cb := keyCodesOpt.RowBytes
-		h := newHarness(t, testConfig(keyHidden, keyCodesOpt))
-		h.assign(a, 0, 1)
-		h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-		h.discard(h.step(step{Preempted: []int64{a}}))
-		h.unassign(a)
-		h.assign(b, 0)
-		h.omitKeys = []bool{false, true}
-		h.mat(h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}}))
-		h.omitKeys = nil
+		cb := cachetest.KeyCodesOpt.RowBytes
+		h := cachetest.New(t, cachetest.Config(cachetest.KeyHidden, cachetest.KeyCodesOpt))
+		h.Assign(a, 0, 1)
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+		h.Discard(h.Step(cachetest.Step{Preempted: []int64{a}}))
+		h.Unassign(a)
+		h.Assign(b, 0)
+		h.OmitKeys = []bool{false, true}
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 4}}, Arrive: []cachetest.A{{ID: b}}}))
+		h.OmitKeys = nil
 		// Both steps' immediate writes landed before the window: A's, if
 		// still queued when B's was, skips the hidden rows B replaces
 		// (counted too), which must not fall inside it.
-		h.sync()
-		before := h.stats()
-		h.discard(h.step(step{Finished: []int64{a}})) // A's pending codes land now
-		h.sync()
-		require.EqualValues(t, 4, h.stats().RowsSkipped-before.RowsSkipped, "A's four pending codes rows lost block 0 to B's omission")
-		h.assign(c, 0, 2)
-		id := h.step(step{Sched: []S{{c, 4, 1}}, Arrive: []A{{ID: c, Hit: 4}}, Finished: []int64{b}})
-		h.mat(id)
-		wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, b, 0, 4, 0), mkTag(kHidden, c, 4, 0))...)
-		wantRows(t, &h.res, 0, kSecond, cb, append(zeros(4), mkTag(kSecond, c, 4, 0))...)
-		h.drain(c)
-		h.checkMirror(kHidden, kSecond)
+		h.Sync()
+		before := h.Stats()
+		h.Discard(h.Step(cachetest.Step{Finished: []int64{a}})) // A's pending codes land now
+		h.Sync()
+		require.EqualValues(t, 4, h.Stats().RowsSkipped-before.RowsSkipped, "A's four pending codes rows lost block 0 to B's omission")
+		hitAfterB(t, h, cb)
+		h.CheckMirror(kHidden, kSecond)
 	})
 	t.Run("immediate, older write in transit", func(t *testing.T) {
-		ab := keyAux.RowBytes
-		dev := newLagDevice()
-		cfg := testConfig(keyHidden, keyAux)
+		ab := cachetest.KeyAux.RowBytes
+		dev := cachetest.NewGateDevice()
+		cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux)
 		cfg.Device = dev
-		h := newHarness(t, cfg)
+		h := cachetest.New(t, cfg)
 		const old = 9 // block 0's first tenant: the mirror holds its aux rows
-		h.assign(old, 0)
-		h.mat(h.step(step{Sched: []S{{old, 0, 4}}, Arrive: []A{{ID: old}}}))
-		h.sync()
-		h.unassign(old)
-		h.assign(a, 0)
-		stop := dev.hold()
-		sa := h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}, Finished: []int64{old}})
+		h.Assign(old, 0)
+		h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{old, 0, 4}}, Arrive: []cachetest.A{{ID: old}}}))
+		h.Sync()
+		h.Unassign(old)
+		h.Assign(a, 0)
+		stop := dev.Hold()
+		sa := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}, Finished: []int64{old}})
 		wa := stop()
-		h.unassign(a)
-		h.assign(b, 0)
-		h.omitKeys = []bool{false, true}
-		sb := h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}, Finished: []int64{a}})
-		h.omitKeys = nil
-		dev.release(wa) // A's write lands after B's was queued: it skips block 0
-		h.mat(sa)
-		h.mat(sb)
-		h.assign(c, 0, 2)
-		id := h.step(step{Sched: []S{{c, 4, 1}}, Arrive: []A{{ID: c, Hit: 4}}, Finished: []int64{b}})
-		h.mat(id)
-		wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, b, 0, 4, 0), mkTag(kHidden, c, 4, 0))...)
-		wantRows(t, &h.res, 0, kSecond, ab, append(zeros(4), mkTag(kSecond, c, 4, 0))...)
-		h.drain(c)
-		h.checkMirror()
+		h.Unassign(a)
+		h.Assign(b, 0)
+		h.OmitKeys = []bool{false, true}
+		sb := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 4}}, Arrive: []cachetest.A{{ID: b}}, Finished: []int64{a}})
+		h.OmitKeys = nil
+		dev.Release(wa) // A's write lands after B's was queued: it skips block 0
+		h.Mat(sa)
+		h.Mat(sb)
+		hitAfterB(t, h, ab)
+		h.CheckMirror()
 	})
 }
 
@@ -316,7 +262,7 @@ func TestSparseOmissionWinsOverOlderWrite(t *testing.T) {
 // row present again.
 func TestSparseNewTenantOmits(t *testing.T) {
 	const a, b, c, d, e = 1, 2, 3, 4, 5
-	hb, ab := keyHidden.RowBytes, keyAux.RowBytes
+	hb, ab := cachetest.KeyHidden.RowBytes, cachetest.KeyAux.RowBytes
 	for _, split := range []bool{false, true} {
 		for _, m := range sparseModes {
 			name := m.name
@@ -324,60 +270,60 @@ func TestSparseNewTenantOmits(t *testing.T) {
 				name += ", split reads"
 			}
 			t.Run(name, func(t *testing.T) {
-				dev := newLagDevice()
-				cfg := testConfig(keyHidden, keyAux)
+				dev := cachetest.NewGateDevice()
+				cfg := cachetest.Config(cachetest.KeyHidden, cachetest.KeyAux)
 				cfg.Device = dev
 				if split {
 					// Hit reads take the split path (allWritten) when they can.
 					defer omnicache.SetSplitBytes(1)()
 					cfg.CopyWorkers = 2
 				}
-				h := newHarness(t, cfg)
-				h.device, h.owned = m.dev, m.owned
-				h.assign(a, 0)
-				h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
+				h := cachetest.New(t, cfg)
+				h.Device, h.Owned = m.dev, m.owned
+				h.Assign(a, 0)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
 				// C hits A's block (planned now, read late).
-				h.assign(c, 0, 3)
-				sc := h.step(step{Sched: []S{{c, 4, 1}}, Arrive: []A{{ID: c, Hit: 4}}, Finished: []int64{a}})
-				h.sync()
+				h.Assign(c, 0, 3)
+				sc := h.Step(cachetest.Step{Sched: []cachetest.S{{c, 4, 1}}, Arrive: []cachetest.A{{ID: c, Hit: 4}}, Finished: []int64{a}})
+				h.Sync()
 				// B, the new tenant of block 0, omits aux; its write is held in
 				// transit while C's delayed read runs: C reads A's rows.
-				h.assign(b, 0)
-				h.omitKeys = []bool{false, true}
-				stop := dev.hold()
-				sb := h.step(step{Sched: []S{{b, 0, 4}}, Arrive: []A{{ID: b}}})
+				h.Assign(b, 0)
+				h.OmitKeys = []bool{false, true}
+				stop := dev.Hold()
+				sb := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 4}}, Arrive: []cachetest.A{{ID: b}}})
 				wb := stop()
-				h.omitKeys = nil
-				h.mat(sc)
-				wantRows(t, &h.res, 0, kSecond, ab, append(tags(kSecond, a, 0, 4, 0), mkTag(kSecond, c, 4, 0))...)
-				dev.release(wb)
-				h.mat(sb)
-				wantRows(t, &h.res, 0, kSecond, ab, zeros(4)...)
+				h.OmitKeys = nil
+				h.Mat(sc)
+				cachetest.WantRows(t, &h.Res, 0, kSecond, ab, append(cachetest.Tags(kSecond, a, 0, 4, 0), cachetest.MkTag(kSecond, c, 4, 0))...)
+				dev.Release(wb)
+				h.Mat(sb)
+				cachetest.WantRows(t, &h.Res, 0, kSecond, ab, cachetest.Zeros(4)...)
 				// D hits block 0 after B finished: B's hidden rows, zeros for aux.
-				h.assign(d, 0, 4)
-				sd := h.step(step{Sched: []S{{d, 4, 1}}, Arrive: []A{{ID: d, Hit: 4}}, Finished: []int64{b, c}})
-				h.mat(sd)
-				wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, b, 0, 4, 0), mkTag(kHidden, d, 4, 0))...)
-				wantRows(t, &h.res, 0, kSecond, ab, append(zeros(4), mkTag(kSecond, d, 4, 0))...)
-				h.checkMirror()
-				require.True(t, bytes.Equal(h.peek(kSecond, []int32{0, 1, 2, 3}), make([]byte, 4*ab)), "Peek of the omitted rows: zeros, not A's rows")
+				h.Assign(d, 0, 4)
+				sd := h.Step(cachetest.Step{Sched: []cachetest.S{{d, 4, 1}}, Arrive: []cachetest.A{{ID: d, Hit: 4}}, Finished: []int64{b, c}})
+				h.Mat(sd)
+				cachetest.WantRows(t, &h.Res, 0, kHidden, hb, append(cachetest.Tags(kHidden, b, 0, 4, 0), cachetest.MkTag(kHidden, d, 4, 0))...)
+				cachetest.WantRows(t, &h.Res, 0, kSecond, ab, append(cachetest.Zeros(4), cachetest.MkTag(kSecond, d, 4, 0))...)
+				h.CheckMirror()
+				require.True(t, bytes.Equal(h.Peek(kSecond, []int32{0, 1, 2, 3}), make([]byte, 4*ab)), "Peek of the omitted rows: zeros, not A's rows")
 				// E re-supplies aux for two slots of block 0 (a recompute of
 				// positions 0-1 in a new life of block 0), omits it for two.
-				h.drain(d)
-				h.unassign(b)
-				h.assign(e, 0, 5)
-				h.mat(h.step(step{Sched: []S{{e, 0, 2}}, Arrive: []A{{ID: e}}}))
-				h.omitKeys = []bool{false, true}
-				h.mat(h.step(step{Sched: []S{{e, 2, 2}}}))
-				h.omitKeys = nil
+				h.Drain(d)
+				h.Unassign(b)
+				h.Assign(e, 0, 5)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{e, 0, 2}}, Arrive: []cachetest.A{{ID: e}}}))
+				h.OmitKeys = []bool{false, true}
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{e, 2, 2}}}))
+				h.OmitKeys = nil
 				const f = 6
-				h.assign(f, 0, 6)
-				sf := h.step(step{Sched: []S{{f, 4, 1}}, Arrive: []A{{ID: f, Hit: 4}}, Finished: []int64{e}})
-				h.mat(sf)
-				wantRows(t, &h.res, 0, kSecond, ab, mkTag(kSecond, e, 0, 0), mkTag(kSecond, e, 1, 0), 0, 0, mkTag(kSecond, f, 4, 0))
-				wantRows(t, &h.res, 0, kHidden, hb, append(tags(kHidden, e, 0, 4, 0), mkTag(kHidden, f, 4, 0))...)
-				h.drain(f)
-				h.checkMirror()
+				h.Assign(f, 0, 6)
+				sf := h.Step(cachetest.Step{Sched: []cachetest.S{{f, 4, 1}}, Arrive: []cachetest.A{{ID: f, Hit: 4}}, Finished: []int64{e}})
+				h.Mat(sf)
+				cachetest.WantRows(t, &h.Res, 0, kSecond, ab, cachetest.MkTag(kSecond, e, 0, 0), cachetest.MkTag(kSecond, e, 1, 0), 0, 0, cachetest.MkTag(kSecond, f, 4, 0))
+				cachetest.WantRows(t, &h.Res, 0, kHidden, hb, append(cachetest.Tags(kHidden, e, 0, 4, 0), cachetest.MkTag(kHidden, f, 4, 0))...)
+				h.Drain(f)
+				h.CheckMirror()
 			})
 		}
 	}
@@ -394,35 +340,35 @@ func TestSparseRequiredKeyOmitted(t *testing.T) {
 		keys []omnicache.Key
 		k    int // the required key omitted
 	}{
-		{"immediate", []omnicache.Key{keyHidden, keyAux}, kHidden},
-		{"deferred", []omnicache.Key{keyHidden, keyAux, keyCodes}, 2},
+		{"immediate", []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux}, kHidden},
+		{"deferred", []omnicache.Key{cachetest.KeyHidden, cachetest.KeyAux, cachetest.KeyCodes}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, testConfig(tc.keys...))
-			h.assign(a, 0, 1)
-			h.mat(h.step(step{Sched: []S{{a, 0, 4}}, Arrive: []A{{ID: a}}}))
-			h.mat(h.step(step{Sched: []S{{a, 4, 1}}})) // parked in the decode buffer
-			h.sync()
-			before := h.stats()
+			h := cachetest.New(t, cachetest.Config(tc.keys...))
+			h.Assign(a, 0, 1)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 4, 1}}})) // parked in the decode buffer
+			h.Sync()
+			before := h.Stats()
 			require.EqualValues(t, 1, before.BufferedSteps)
-			decode := step{Sched: []S{{a, 5, 1}}}
-			h.begin(decode)
-			o := h.outs()
+			decode := cachetest.Step{Sched: []cachetest.S{{a, 5, 1}}}
+			h.Begin(decode)
+			o := h.Outs()
 			o.Tensors[tc.k] = omnicache.Tensor{}
-			_, err := h.trySave(o)
+			_, err := h.TrySave(o)
 			require.ErrorIs(t, err, omnicache.ErrOutputs, "a zero tensor for required key %q", tc.keys[tc.k].Name)
 			require.ErrorContains(t, err, fmt.Sprintf("%q", tc.keys[tc.k].Name))
-			require.Equal(t, before, h.stats(), "the failed Save changed nothing")
+			require.Equal(t, before, h.Stats(), "the failed Save changed nothing")
 			// The step again, correctly: it joins the parked step.
-			h.mat(h.step(decode))
-			require.EqualValues(t, 2, h.stats().BufferedSteps)
-			h.assign(b, 0, 2)
-			id := h.step(step{Sched: []S{{b, 4, 1}}, Arrive: []A{{ID: b, Hit: 4}}, Finished: []int64{a}})
-			h.mat(id)
-			wantRows(t, &h.res, 0, kHidden, keyHidden.RowBytes, append(tags(kHidden, a, 0, 4, 0), mkTag(kHidden, b, 4, 0))...)
-			h.drain(b)
-			h.checkMirror(allKeys(h)...)
-			usable(h)
+			h.Mat(h.Step(decode))
+			require.EqualValues(t, 2, h.Stats().BufferedSteps)
+			h.Assign(b, 0, 2)
+			id := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 4, 1}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}})
+			h.Mat(id)
+			cachetest.WantRows(t, &h.Res, 0, kHidden, cachetest.KeyHidden.RowBytes, append(cachetest.Tags(kHidden, a, 0, 4, 0), cachetest.MkTag(kHidden, b, 4, 0))...)
+			h.Drain(b)
+			h.CheckMirror(h.AllKeys()...)
+			h.Usable()
 		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/internal/cachetest"
 	"github.com/omnicache/omnicache/internal/redistest"
 	"github.com/omnicache/omnicache/tier"
 )
@@ -336,14 +337,14 @@ func TestTierPublishSkipsRecent(t *testing.T) {
 // replica that imports it.
 func TestTierPublishBeforeBlockReuse(t *testing.T) {
 	tr, _ := embeddedTier(t)
-	d := newGatedDevice()
+	d := cachetest.NewGateDevice()
 	c, err := omnicache.New(omnicache.Config{NumBlocks: tblocks, BlockSize: tbs, Keys: tkeys, Device: d,
 		Tier: &omnicache.TierConfig{Tier: tr}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		d.open()
+		d.Open()
 		if err := c.Close(); err != nil {
 			t.Error(err)
 		}
@@ -376,15 +377,15 @@ func TestTierPublishBeforeBlockReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Request 1 completes block 6; the committer holds its write.
-	d.arm()
+	d.Arm()
 	step(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{1}, Finished: []int64{50},
 		FullBlocks: []int32{6}, FullHashes: []uint64{thash(1, 0)}}, 1)
-	if !d.waitEntered(deadlockTimeout) {
+	if !d.WaitEntered(cachetest.DeadlockTimeout) {
 		t.Fatal("the committer did not wait for request 1's write")
 	}
 	// Request 2 gets block 6 and its write queues behind request 1's.
 	step(&omnicache.Plan{IDs: []int64{2}, Rows: []int32{2}, Finished: []int64{1}}, 2)
-	d.open()
+	d.Open()
 	waitPublished(t, c, 1)
 	checkTierBlock(t, tr, 1, 0)
 }

@@ -1,13 +1,13 @@
-package omnicache_test
+package cachetest
 
-// Failing calls driven by FuzzCache: a wrong plan for the step about to
-// run, wrong outputs for it, a device that fails any method from some step
-// on, and Close racing reads in flight. A call that fails with anything but
-// ErrWriteFailed must change nothing (the engine-side counters are the
-// same, no page or budget more is held, and the run continues: every later
-// hit is checked exactly against the model); a device failure must surface
-// only as the sticky ErrWriteFailed, and Close must then release every page
-// and budget byte.
+// Failing calls a Runner makes (the actions of Engine.NextFrom, FuzzCache):
+// a wrong plan for the step about to run, wrong outputs for it, a device
+// that fails any method from some step on, and Close racing reads in
+// flight. A call that fails with anything but ErrWriteFailed must change
+// nothing (the engine-side counters are the same, no page or budget more
+// is held, and the run continues: every later hit is checked exactly
+// against the model); a device failure must surface only as the sticky
+// ErrWriteFailed, and Close must then release every page and budget byte.
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ import (
 	"github.com/omnicache/omnicache/internal/gputest"
 )
 
-// Wrong plans for the step about to run (propAction.badPlan).
+// Wrong plans for the step about to run (Action.badPlan).
 const (
 	badPlanNone       = iota
 	badPlanDupRequest // a request scheduled twice: ErrPlan
@@ -28,14 +28,14 @@ const (
 	badPlanTooLarge   // a count beyond the staging page: ErrStepTooLarge
 )
 
-// Wrong outputs for the step (propAction.badSave).
+// Wrong outputs for the step (Action.badSave).
 const (
 	badSaveNone   = iota
 	badSaveTokens // one token too many: ErrTokenCount
 	badSaveRows   // a tensor with a row too few: ErrOutputs
 	badSaveMemory // a device tensor larger than its memory (else a tensor too few): ErrOutputs
 	// a zero tensor (omitted) for the required hidden key: ErrOutputs
-	// (FuzzCache's omission byte, not the failing-call byte)
+	// (NextFrom's omission byte, not the failing-call byte)
 	badSaveOmitRequired
 )
 
@@ -47,20 +47,20 @@ func engineStats(st omnicache.Stats) [8]int64 {
 }
 
 // unchanged checks that a failed call changed nothing observable.
-func (r *propRun) unchanged(what string, before omnicache.Stats) {
+func (r *Runner) unchanged(what string, before omnicache.Stats) {
 	h := r.h
-	h.t.Helper()
-	after := h.stats()
-	require.Equal(h.t, engineStats(before), engineStats(after), "%s%s changed the cache (steps, tasks, buffered, flushes, deferred writes, hits, hit tokens, live requests)", h.prefix(), what)
-	require.LessOrEqual(h.t, after.PagesInUse, before.PagesInUse, "%s%s took a staging page", h.prefix(), what)
-	require.LessOrEqual(h.t, after.BudgetCharged, before.BudgetCharged, "%s%s kept budget charged", h.prefix(), what)
+	h.T.Helper()
+	after := h.Stats()
+	require.Equal(h.T, engineStats(before), engineStats(after), "%s%s changed the cache (steps, tasks, buffered, flushes, deferred writes, hits, hit tokens, live requests)", h.prefix(), what)
+	require.LessOrEqual(h.T, after.PagesInUse, before.PagesInUse, "%s%s took a staging page", h.prefix(), what)
+	require.LessOrEqual(h.T, after.BudgetCharged, before.BudgetCharged, "%s%s kept budget charged", h.prefix(), what)
 }
 
 // badPlanFirst calls Begin with the step's plan made wrong.
-func (r *propRun) badPlanFirst(act propAction) {
+func (r *Runner) badPlanFirst(act Action) {
 	h := r.h
-	h.t.Helper()
-	p := h.plan(act.st)
+	h.T.Helper()
+	p := h.Plan(act.Step)
 	var want error
 	switch act.badPlan {
 	case badPlanDupRequest:
@@ -85,21 +85,21 @@ func (r *propRun) badPlanFirst(act propAction) {
 	default:
 		return
 	}
-	before := h.stats()
-	err := h.beginPlan(p)
-	require.ErrorIs(h.t, err, want, "%sBegin with a wrong plan (%d)", h.prefix(), act.badPlan)
+	before := h.Stats()
+	err := h.BeginPlan(p)
+	require.ErrorIs(h.T, err, want, "%sBegin with a wrong plan (%d)", h.prefix(), act.badPlan)
 	r.unchanged(fmt.Sprintf("Begin with a wrong plan (%v)", err), before)
 }
 
 // badSaveFirst calls Save of the begun step with wrong outputs; it
 // reports whether it did (the step must then be begun again).
-func (r *propRun) badSaveFirst(act propAction) bool {
+func (r *Runner) badSaveFirst(act Action) bool {
 	h := r.h
-	h.t.Helper()
+	h.T.Helper()
 	if act.badSave == badSaveNone {
 		return false
 	}
-	o := h.outs()
+	o := h.Outs()
 	want := omnicache.ErrOutputs
 	switch act.badSave {
 	case badSaveTokens:
@@ -124,18 +124,18 @@ func (r *propRun) badSaveFirst(act propAction) bool {
 			o.Tensors = append(o.Tensors, o.Tensors[0])
 		}
 	case badSaveOmitRequired:
-		o.Tensors[0] = omnicache.Tensor{} // keyHidden, required
+		o.Tensors[0] = omnicache.Tensor{} // KeyHidden, required
 	}
-	before := h.stats()
-	_, err := h.trySave(o)
-	require.ErrorIs(h.t, err, want, "%sSave with wrong outputs (%d)", h.prefix(), act.badSave)
-	require.NotErrorIs(h.t, err, omnicache.ErrWriteFailed, "%sa wrong output is the call's error, not a write failure", h.prefix())
+	before := h.Stats()
+	_, err := h.TrySave(o)
+	require.ErrorIs(h.T, err, want, "%sSave with wrong outputs (%d)", h.prefix(), act.badSave)
+	require.NotErrorIs(h.T, err, omnicache.ErrWriteFailed, "%sa wrong output is the call's error, not a write failure", h.prefix())
 	// The failed Save undid its Begin: live requests are back to before
 	// that Begin (less the finished ones), which the retry re-registers.
 	b := engineStats(before)
-	a := engineStats(h.stats())
+	a := engineStats(h.Stats())
 	b[7], a[7] = 0, 0
-	require.Equal(h.t, b, a, "%sa failed Save changed the cache", h.prefix())
+	require.Equal(h.T, b, a, "%sa failed Save changed the cache", h.prefix())
 	return true
 }
 
@@ -144,11 +144,11 @@ func (r *propRun) badSaveFirst(act propAction) bool {
 // fault did not trigger, the device is healed and the step is consumed as
 // usual; otherwise the run ends: every later call fails the same way, the
 // unconsumed steps are still consumed, and Close releases everything.
-func (r *propRun) faultStep(act propAction) {
+func (r *Runner) faultStep(act Action) {
 	h := r.h
-	h.t.Helper()
-	f, ok := h.cfg.Device.(*gputest.Faulty)
-	require.True(h.t, ok, "harness: faults need a gputest.Faulty device")
+	h.T.Helper()
+	f, ok := h.Cfg.Device.(*gputest.Faulty)
+	require.True(h.T, ok, "harness: faults need a gputest.Faulty device")
 	op := gputest.Op(act.fault - 1)
 	// Reads in flight on other goroutines finish first: a fault they
 	// triggered after the checks below would go unnoticed there.
@@ -167,15 +167,15 @@ func (r *propRun) faultStep(act propAction) {
 		if err == nil {
 			return false
 		}
-		require.ErrorIs(h.t, err, omnicache.ErrWriteFailed, "%s%s with the device failing %v: only the sticky failure may surface", h.prefix(), what, op)
+		require.ErrorIs(h.T, err, omnicache.ErrWriteFailed, "%s%s with the device failing %v: only the sticky failure may surface", h.prefix(), what, op)
 		failed = err
 		return true
 	}
 	var sid omnicache.StepID
-	if !note("Begin", h.tryBegin(act.st)) {
+	if !note("Begin", h.TryBegin(act.Step)) {
 		ps := h.pending
 		var err error
-		sid, err = h.trySave(h.outs())
+		sid, err = h.TrySave(h.Outs())
 		if err != nil && r.pinnedBudget && errors.Is(err, omnicache.ErrBudget) {
 			// Not the fault: the tiny budget is pinned by unconsumed steps
 			// (see apply); the run stops as there.
@@ -184,7 +184,7 @@ func (r *propRun) faultStep(act propAction) {
 			return
 		}
 		if !note("Save", err) {
-			note("Sync", h.trySync())
+			note("Sync", h.TrySync())
 		}
 	}
 	if failed == nil {
@@ -195,24 +195,24 @@ func (r *propRun) faultStep(act propAction) {
 		return
 	}
 	f.Heal() // the failure is sticky whatever the device does now
-	require.ErrorIs(h.t, h.beginPlan(h.plan(step{})), omnicache.ErrWriteFailed, "%sBegin after the failure", h.prefix())
-	require.ErrorIs(h.t, h.trySync(), omnicache.ErrWriteFailed, "%sSync after the failure", h.prefix())
+	require.ErrorIs(h.T, h.BeginPlan(h.Plan(Step{})), omnicache.ErrWriteFailed, "%sBegin after the failure", h.prefix())
+	require.ErrorIs(h.T, h.TrySync(), omnicache.ErrWriteFailed, "%sSync after the failure", h.prefix())
 	for _, l := range r.late {
 		var err error
 		if l.async {
-			err = guard(h.t, "asynchronous Materialize", func() error { return <-l.done })
+			err = Guard(h.T, "asynchronous Materialize", func() error { return <-l.done })
 			if err == nil {
-				require.NoError(h.t, h.verify(l.id, l.reqs, l.res), "%san asynchronous read that completed returns exact rows", h.prefix())
+				require.NoError(h.T, h.Verify(l.id, l.reqs, l.res), "%san asynchronous read that completed returns exact rows", h.prefix())
 				continue
 			}
 		} else {
-			err = h.matCall(l.id, l.reqs, &h.res)
+			err = h.MatCall(l.id, l.reqs, &h.Res)
 		}
 		if !errors.Is(err, omnicache.ErrWriteFailed) {
-			require.True(h.t, errors.Is(err, omnicache.ErrReassigned) || errors.Is(err, omnicache.ErrAbsentRequired),
+			require.True(h.T, errors.Is(err, omnicache.ErrReassigned) || errors.Is(err, omnicache.ErrAbsentRequired),
 				"%sread of step %v after the failure: %v", h.prefix(), l.id, err)
 		}
-		checkConsumed(h, l.id)
+		h.CheckConsumed(l.id)
 	}
 	r.late = nil
 	r.closeAndCheck()
@@ -224,9 +224,9 @@ func (r *propRun) faultStep(act propAction) {
 // and closes the cache while they run: each read returns exact rows or
 // ErrClosed (or a documented read error), none crashes, and Close releases
 // everything. The run ends.
-func (r *propRun) closeMidReads() {
+func (r *Runner) closeMidReads() {
 	h := r.h
-	h.t.Helper()
+	h.T.Helper()
 	type res struct {
 		l   lateMat
 		err error
@@ -244,24 +244,24 @@ func (r *propRun) closeMidReads() {
 			}
 			l.res = new(omnicache.Result)
 			<-start
-			out[i] = res{l, h.c.Materialize(l.id, l.reqs, l.res)}
+			out[i] = res{l, h.C.Materialize(l.id, l.reqs, l.res)}
 		}()
 	}
 	closed := make(chan error, 1)
-	go func() { <-start; closed <- h.c.Close() }()
+	go func() { <-start; closed <- h.C.Close() }()
 	close(start)
-	require.NoError(h.t, guard(h.t, "Close during reads", func() error { return <-closed }))
+	require.NoError(h.T, Guard(h.T, "Close during reads", func() error { return <-closed }))
 	h.closed = true
 	wg.Wait()
 	for _, o := range out {
 		switch {
 		case o.err == nil:
 			h.asyncVerify = true // read concurrently with the others and Close: taken at a time the harness does not know
-			require.NoError(h.t, h.verify(o.l.id, o.l.reqs, o.l.res), "%sa read that completed during Close returns exact rows", h.prefix())
+			require.NoError(h.T, h.Verify(o.l.id, o.l.reqs, o.l.res), "%sa read that completed during Close returns exact rows", h.prefix())
 			h.asyncVerify = false
 		case errors.Is(o.err, omnicache.ErrClosed), errors.Is(o.err, omnicache.ErrReassigned), errors.Is(o.err, omnicache.ErrAbsentRequired):
 		default:
-			h.t.Fatalf("%sread of step %v during Close: %v", h.prefix(), o.l.id, o.err)
+			h.T.Fatalf("%sread of step %v during Close: %v", h.prefix(), o.l.id, o.err)
 		}
 	}
 	r.late = nil
@@ -271,19 +271,19 @@ func (r *propRun) closeMidReads() {
 }
 
 // closeAndCheck closes the cache and checks nothing is held.
-func (r *propRun) closeAndCheck() {
+func (r *Runner) closeAndCheck() {
 	h := r.h
-	err := guard(h.t, "Close", func() error { return h.c.Close() })
+	err := Guard(h.T, "Close", func() error { return h.C.Close() })
 	h.closed = true
 	if err != nil {
-		require.ErrorIs(h.t, err, omnicache.ErrWriteFailed)
+		require.ErrorIs(h.T, err, omnicache.ErrWriteFailed)
 	}
 	r.checkReleased()
 }
 
-func (r *propRun) checkReleased() {
+func (r *Runner) checkReleased() {
 	h := r.h
-	st := h.c.Stats()
-	require.Zero(h.t, st.PagesInUse, "%sStats.PagesInUse after Close", h.prefix())
-	require.Zero(h.t, st.BudgetCharged, "%sStats.BudgetCharged after Close", h.prefix())
+	st := h.C.Stats()
+	require.Zero(h.T, st.PagesInUse, "%sStats.PagesInUse after Close", h.prefix())
+	require.Zero(h.T, st.BudgetCharged, "%sStats.BudgetCharged after Close", h.prefix())
 }

@@ -1,6 +1,6 @@
-package omnicache_test
+package cachetest
 
-// Harness helpers for the save path, Materialize and the check of served rows.
+// The save path, Materialize and the check of served rows against the oracle.
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
+	"slices"
 
 	"github.com/stretchr/testify/require"
 
@@ -16,55 +16,60 @@ import (
 	"github.com/omnicache/omnicache/gpu"
 )
 
-func (h *harness) isDev(k int) bool {
-	if h.devKeys != nil {
-		return h.devKeys[k]
-	}
-	return h.device
+type saveResult struct {
+	id  omnicache.StepID
+	err error
 }
 
-func (h *harness) isOwned(k int) bool {
-	if h.ownKeys != nil {
-		return h.ownKeys[k]
+func (h *Harness) isDev(k int) bool {
+	if h.DevKeys != nil {
+		return h.DevKeys[k]
 	}
-	return h.owned
+	return h.Device
 }
 
-// outputsFor builds the step's outputs: per key, the rows of the scheduled
+func (h *Harness) isOwned(k int) bool {
+	if h.OwnKeys != nil {
+		return h.OwnKeys[k]
+	}
+	return h.Owned
+}
+
+// OutputsFor builds the step's outputs: per key, the rows of the scheduled
 // requests in batch order.
-func (h *harness) outputsFor(st step) *omnicache.Outputs {
+func (h *Harness) OutputsFor(st Step) *omnicache.Outputs {
 	tokens := 0
 	for _, s := range st.Sched {
-		tokens += s.Count
+		tokens += s.Count()
 	}
 	o := &omnicache.Outputs{Tokens: tokens, Padded: tokens}
 	if len(st.Accepted) > 0 {
 		for _, s := range st.Sched {
-			acc, ok := st.Accepted[s.ID]
+			acc, ok := st.Accepted[s.ID()]
 			if !ok {
-				acc = s.Count
+				acc = s.Count()
 			}
 			o.Accepted = append(o.Accepted, int32(acc))
 		}
 	}
-	for k, key := range h.cfg.Keys {
+	for k, key := range h.Cfg.Keys {
 		rb := key.RowBytes
 		buf := make([]byte, tokens*rb)
 		off := 0
 		for _, s := range st.Sched {
-			acc, ok := st.Accepted[s.ID]
-			for j := 0; j < s.Count; j++ {
-				ver := h.ver[s.ID]
+			acc, ok := st.Accepted[s.ID()]
+			for j := 0; j < s.Count(); j++ {
+				ver := h.ver[s.ID()]
 				if ok && j >= acc {
-					ver = rejectedVer // a rejected draft's row: never to be delivered or hit
+					ver = RejectedVer // a rejected draft's row: never to be delivered or hit
 				}
-				fillRow(buf[off:off+rb], mkTag(k, s.ID, s.Start+j, ver))
+				FillRow(buf[off:off+rb], MkTag(k, s.ID(), s.Start()+j, ver))
 				off += rb
 			}
 		}
 		t := omnicache.Tensor{Rows: tokens, Owned: h.isOwned(k)}
 		switch {
-		case h.omitKeys != nil && h.omitKeys[k]:
+		case h.OmitKeys != nil && h.OmitKeys[k]:
 			t = omnicache.Tensor{} // the step did not emit this key
 		case tokens == 0:
 			t.Host = []byte{}
@@ -87,48 +92,48 @@ func omitted(o *omnicache.Outputs) []bool {
 	return om
 }
 
-// outs builds the outputs of the pending (begun) step.
-func (h *harness) outs() *omnicache.Outputs {
-	h.t.Helper()
-	require.NotNil(h.t, h.pending, "harness: no begun step")
-	return h.outputsFor(h.pending.st)
+// Outs builds the outputs of the pending (begun) step.
+func (h *Harness) Outs() *omnicache.Outputs {
+	h.T.Helper()
+	require.NotNil(h.T, h.pending, "harness: no begun step")
+	return h.OutputsFor(h.pending.st)
 }
 
-// trySave calls Save. On success it records what the step's Materialize
+// TrySave calls Save. On success it records what the step's Materialize
 // must return and applies the step's writes to the model; then it
 // overwrites the non-owned output buffers as an engine reusing them would.
 // A failed Save ends the step (the next call is a Begin).
-func (h *harness) trySave(o *omnicache.Outputs) (omnicache.StepID, error) {
-	h.t.Helper()
-	r := guard(h.t, h.prefix()+"Save", func() saveResult {
-		id, err := h.c.Save(o)
+func (h *Harness) TrySave(o *omnicache.Outputs) (omnicache.StepID, error) {
+	h.T.Helper()
+	r := Guard(h.T, h.prefix()+"Save", func() saveResult {
+		id, err := h.C.Save(o)
 		return saveResult{id, err}
 	})
 	return h.afterSave(o, r)
 }
 
-// saveAsync starts Save on another goroutine (which then is the engine
+// SaveAsync starts Save on another goroutine (which then is the engine
 // goroutine for that call) and returns a join that fails the test if the
-// Save has not returned within the deadline, and does trySave's
+// Save has not returned within the deadline, and does TrySave's
 // bookkeeping.
-func (h *harness) saveAsync(o *omnicache.Outputs) (done <-chan struct{}, join func() (omnicache.StepID, error)) {
+func (h *Harness) SaveAsync(o *omnicache.Outputs) (done <-chan struct{}, join func() (omnicache.StepID, error)) {
 	d := make(chan struct{})
 	var r saveResult
 	go func() {
-		id, err := h.c.Save(o)
+		id, err := h.C.Save(o)
 		r = saveResult{id, err}
 		close(d)
 	}()
 	join = func() (omnicache.StepID, error) {
-		h.t.Helper()
-		guard(h.t, h.prefix()+"Save", func() struct{} { <-d; return struct{}{} })
+		h.T.Helper()
+		Guard(h.T, h.prefix()+"Save", func() struct{} { <-d; return struct{}{} })
 		return h.afterSave(o, r)
 	}
 	return d, join
 }
 
-func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepID, error) {
-	h.t.Helper()
+func (h *Harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepID, error) {
+	h.T.Helper()
 	ps := h.pending
 	h.pending = nil
 	if r.err != nil {
@@ -142,24 +147,24 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 		return r.id, r.err
 	}
 	if ps == nil {
-		h.t.Errorf("%sSave succeeded without a begun step", h.prefix())
+		h.T.Errorf("%sSave succeeded without a begun step", h.prefix())
 		return r.id, nil
 	}
 	if _, dup := h.wants[r.id]; dup {
-		h.t.Errorf("%sSave returned step id %v again (ids are never reused)", h.prefix(), r.id)
+		h.T.Errorf("%sSave returned step id %v again (ids are never reused)", h.prefix(), r.id)
 	}
 	h.nsteps++
 	ord := h.nsteps
 	h.tokensAt = append(h.tokensAt, o.Tokens)
 	omit := omitted(o)
 	for _, s := range ps.st.Sched {
-		acc, spec := ps.st.Accepted[s.ID]
-		for j, sl := range ps.slots[s.ID] {
+		acc, spec := ps.st.Accepted[s.ID()]
+		for j, sl := range ps.slots[s.ID()] {
 			if sl < 0 || int(sl) >= len(h.writtenAt) {
 				continue
 			}
 			for k := range h.model {
-				h.model[k][sl] = mkTag(k, s.ID, s.Start+j, ps.vers[s.ID])
+				h.model[k][sl] = MkTag(k, s.ID(), s.Start()+j, ps.vers[s.ID()])
 				if omit[k] {
 					h.model[k][sl] = 0 // recorded absent: reads as zeros
 				}
@@ -181,21 +186,21 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	sw := &stepWant{ord: ord, byID: map[int64]int{}}
 	h.order = append(h.order, r.id)
 	for _, s := range ps.st.Sched {
-		rw := reqWant{id: s.ID, start: s.Start, count: s.Count, ver: ps.vers[s.ID], omit: omit, acc: s.Count}
-		if a, ok := ps.st.Accepted[s.ID]; ok {
+		rw := reqWant{id: s.ID(), start: s.Start(), count: s.Count(), ver: ps.vers[s.ID()], omit: omit, acc: s.Count()}
+		if a, ok := ps.st.Accepted[s.ID()]; ok {
 			rw.acc = a
 		}
-		rw.end = s.Start + rw.acc
+		rw.end = s.Start() + rw.acc
 		rw.dlCap = math.MaxInt
-		if pl, ok := h.preLen[s.ID]; ok {
-			if s.Start-len(ps.hits[s.ID]) >= pl { // its rows start at 0 with a hit prefix
-				delete(h.preLen, s.ID) // saved past what it had
+		if pl, ok := h.preLen[s.ID()]; ok {
+			if s.Start()-len(ps.hits[s.ID()]) >= pl { // its rows start at 0 with a hit prefix
+				delete(h.preLen, s.ID()) // saved past what it had
 			} else {
 				rw.floor, rw.floorMax = true, pl
 			}
 		}
-		h.lens[s.ID] = max(h.lens[s.ID], rw.end)
-		if hs, ok := ps.hits[s.ID]; ok {
+		h.lens[s.ID()] = max(h.lens[s.ID()], rw.end)
+		if hs, ok := ps.hits[s.ID()]; ok {
 			rw.hitSlots = hs
 			for _, sl := range hs {
 				w := 0
@@ -204,10 +209,10 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 				}
 				rw.hitFrom = append(rw.hitFrom, w)
 			}
-			rw.prefix = make([][]tag, len(h.model))
+			rw.prefix = make([][]Tag, len(h.model))
 			for k := range h.model {
 				for _, sl := range hs {
-					var g tag
+					var g Tag
 					if sl >= 0 && int(sl) < len(h.model[k]) {
 						g = h.model[k][sl]
 					}
@@ -215,11 +220,11 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 				}
 			}
 		}
-		sw.byID[s.ID] = len(sw.reqs)
+		sw.byID[s.ID()] = len(sw.reqs)
 		sw.reqs = append(sw.reqs, rw)
 	}
 	h.wants[r.id] = sw
-	if !h.noScribble {
+	if !h.NoScribble {
 		for _, t := range o.Tensors {
 			if t.Owned {
 				continue
@@ -236,19 +241,19 @@ func (h *harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	return r.id, nil
 }
 
-// save saves the begun step's outputs and returns the step id.
-func (h *harness) save() omnicache.StepID {
-	h.t.Helper()
-	id, err := h.trySave(h.outs())
-	require.NoError(h.t, err, h.prefix()+"Save")
+// Save saves the begun step's outputs and returns the step id.
+func (h *Harness) Save() omnicache.StepID {
+	h.T.Helper()
+	id, err := h.TrySave(h.Outs())
+	require.NoError(h.T, err, h.prefix()+"Save")
 	return id
 }
 
-// step runs Begin and Save for st.
-func (h *harness) step(st step) omnicache.StepID {
-	h.t.Helper()
-	h.begin(st)
-	return h.save()
+// Step runs Begin and Save for st.
+func (h *Harness) Step(st Step) omnicache.StepID {
+	h.T.Helper()
+	h.Begin(st)
+	return h.Save()
 }
 
 func reqList(reqs []int64) []int64 {
@@ -258,11 +263,11 @@ func reqList(reqs []int64) []int64 {
 	return reqs
 }
 
-// matCall calls Materialize into res (no checking).
-func (h *harness) matCall(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
-	h.t.Helper()
-	err := guard(h.t, fmt.Sprintf("%sMaterialize(%v)", h.prefix(), id), func() error {
-		return h.c.Materialize(id, reqs, res)
+// MatCall calls Materialize into res (no checking).
+func (h *Harness) MatCall(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
+	h.T.Helper()
+	err := Guard(h.T, fmt.Sprintf("%sMaterialize(%v)", h.prefix(), id), func() error {
+		return h.C.Materialize(id, reqs, res)
 	})
 	if err == nil || !errors.Is(err, omnicache.ErrUnknownStep) && !errors.Is(err, omnicache.ErrNotInStep) && res != nil {
 		h.dmu.Lock()
@@ -272,47 +277,47 @@ func (h *harness) matCall(id omnicache.StepID, reqs []int64, res *omnicache.Resu
 	return err
 }
 
-// mat materializes reqs (none: the whole step) of step id and checks every
+// Mat materializes reqs (none: the whole step) of step id and checks every
 // row.
-func (h *harness) mat(id omnicache.StepID, reqs ...int64) {
-	h.t.Helper()
+func (h *Harness) Mat(id omnicache.StepID, reqs ...int64) {
+	h.T.Helper()
 	reqs = reqList(reqs)
-	err := h.matCall(id, reqs, &h.res)
-	require.NoError(h.t, err, "%sMaterialize(%v, %v)", h.prefix(), id, reqs)
-	require.NoError(h.t, h.verify(id, reqs, &h.res))
+	err := h.MatCall(id, reqs, &h.Res)
+	require.NoError(h.T, err, "%sMaterialize(%v, %v)", h.prefix(), id, reqs)
+	require.NoError(h.T, h.Verify(id, reqs, &h.Res))
 }
 
-// matDelayed materializes a step whose hit slots may have been reassigned
+// MatDelayed materializes a step whose hit slots may have been reassigned
 // since: ErrReassigned or the original rows are both right, the new
 // tenant's rows never. It reports whether the read errored.
-func (h *harness) matDelayed(id omnicache.StepID, reqs ...int64) (reassigned bool) {
-	h.t.Helper()
+func (h *Harness) MatDelayed(id omnicache.StepID, reqs ...int64) (reassigned bool) {
+	h.T.Helper()
 	reqs = reqList(reqs)
-	err := h.matCall(id, reqs, &h.res)
+	err := h.MatCall(id, reqs, &h.Res)
 	if errors.Is(err, omnicache.ErrReassigned) {
 		return true
 	}
-	require.NoError(h.t, err, "%sdelayed Materialize(%v): want success or ErrReassigned", h.prefix(), id)
-	require.NoError(h.t, h.verify(id, reqs, &h.res), "delayed read must return the original rows")
+	require.NoError(h.T, err, "%sdelayed Materialize(%v): want success or ErrReassigned", h.prefix(), id)
+	require.NoError(h.T, h.Verify(id, reqs, &h.Res), "delayed read must return the original rows")
 	return false
 }
 
-func (h *harness) want(id omnicache.StepID) *stepWant {
-	h.t.Helper()
+func (h *Harness) want(id omnicache.StepID) *stepWant {
+	h.T.Helper()
 	sw, ok := h.wants[id]
 	if !ok {
-		h.t.Fatalf("harness: step id %v was not saved by this harness", id)
+		h.T.Fatalf("harness: step id %v was not saved by this harness", id)
 	}
 	return sw
 }
 
-// rewrittenSince reports whether a hit slot of reqs (nil: all) of step id
+// RewrittenSince reports whether a hit slot of reqs (nil: all) of step id
 // was written by a later step: a delayed read of it may fail with
 // ErrReassigned.
-func (h *harness) rewrittenSince(id omnicache.StepID, reqs []int64) bool {
+func (h *Harness) RewrittenSince(id omnicache.StepID, reqs []int64) bool {
 	sw := h.want(id)
 	for _, rw := range sw.reqs {
-		if reqs != nil && !containsID(reqs, rw.id) {
+		if reqs != nil && !slices.Contains(reqs, rw.id) {
 			continue
 		}
 		for _, sl := range rw.hitSlots {
@@ -324,27 +329,18 @@ func (h *harness) rewrittenSince(id omnicache.StepID, reqs []int64) bool {
 	return false
 }
 
-func containsID(ids []int64, id int64) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}
-
-// verify checks res against what step id must return for reqs (nil: every
+// Verify checks res against what step id must return for reqs (nil: every
 // request in batch order).
-func (h *harness) verify(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
-	h.t.Helper()
-	return h.verifyServed(id, reqs, res, nil)
+func (h *Harness) Verify(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
+	h.T.Helper()
+	return h.VerifyServed(id, reqs, res, nil)
 }
 
-// verifyServed is verify where the requests in failed were not served:
+// VerifyServed is Verify where the requests in failed were not served:
 // their Result.Err must be set and their rows zero; every other request's
 // rows must be exact and its Err nil.
-func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, failed map[int64]error) error {
-	h.t.Helper()
+func (h *Harness) VerifyServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, failed map[int64]error) error {
+	h.T.Helper()
 	sw := h.want(id)
 	order := reqs
 	if order == nil {
@@ -410,21 +406,21 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 			continue
 		}
 		npre -= skip // the rows checked below start skip rows later
-		for k, key := range h.cfg.Keys {
+		for k, key := range h.Cfg.Keys {
 			rb := key.RowBytes
 			rows := res.Rows(i, k)
 			if len(rows) != (npre+rw.count-min(0, npre))*rb && len(rows) != res.Tokens(i)*rb {
 				bad = append(bad, fmt.Sprintf("req %d key %q: %d bytes, want %d", rid, key.Name, len(rows), res.Tokens(i)*rb))
 				continue
 			}
-			if h.keepRows {
+			if h.KeepRows {
 				// The rows with the position they start at: two runs may
 				// deliver a resumed request's rows from different positions
 				// (an asynchronous take's timing); they agree where both have rows.
 				h.rows[rowKey{sw.ord, rid, key.Name}] = append(binary.LittleEndian.AppendUint32(nil, uint32(res.From(i))), rows...)
 			}
 			for j := 0; j < res.Tokens(i); j++ {
-				var w tag
+				var w Tag
 				part := "prefix"
 				if res.Err(i) != nil {
 					part = "failed request" // zeros
@@ -433,12 +429,12 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 				} else {
 					part = "own"
 					if !rw.omit[k] {
-						w = mkTag(k, rid, rw.start+j-npre, rw.ver)
+						w = MkTag(k, rid, rw.start+j-npre, rw.ver)
 					}
 				}
 				got := rows[j*rb : (j+1)*rb]
-				if !bytes.Equal(got, rowOf(w, rb)) {
-					bad = append(bad, fmt.Sprintf("req %d key %q row %d (%s): got %s, want %s", rid, key.Name, j, part, describe(got), w))
+				if !bytes.Equal(got, RowOf(w, rb)) {
+					bad = append(bad, fmt.Sprintf("req %d key %q row %d (%s): got %s, want %s", rid, key.Name, j, part, Describe(got), w))
 				}
 			}
 		}
@@ -446,12 +442,7 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 	if len(bad) == 0 {
 		return nil
 	}
-	more := ""
-	if len(bad) > 12 {
-		more = fmt.Sprintf("\n  ... and %d more", len(bad)-12)
-		bad = bad[:12]
-	}
-	return fmt.Errorf("%s: wrong result:\n  %s%s", head, strings.Join(bad, "\n  "), more)
+	return fmt.Errorf("%s: wrong result:\n  %s", head, listBad(bad))
 }
 
 // expectSkip is how many of the n rows from position lo of request rid in
@@ -463,7 +454,7 @@ func (h *harness) verifyServed(id omnicache.StepID, reqs []int64, res *omnicache
 // nothing. got (the cache's skip) is returned when it lies between the
 // least and the most the harness can tell (an asynchronous Materialize
 // took its step at a time the harness does not know); else the most.
-func (h *harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int {
+func (h *Harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int {
 	least, most := lo, lo
 	older := true
 	for _, sid := range h.order {
@@ -493,3 +484,6 @@ func (h *harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int
 	}
 	return b
 }
+
+// Steps is the number of steps saved through the harness.
+func (h *Harness) Steps() int { return h.nsteps }

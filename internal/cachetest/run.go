@@ -1,10 +1,11 @@
-package omnicache_test
+package cachetest
 
-// propRun: applies the model engine's actions to the cache and checks what it serves.
+// Runner: applies the model engine's actions to the cache and checks what it serves.
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,12 +24,12 @@ type lateMat struct {
 // absentRequired reports whether the hit prefix of reqs (nil: all) of step
 // id covers a row of a required key that no step had written when the step
 // was saved: its read must fail.
-func (h *harness) absentRequired(id omnicache.StepID, reqs []int64) bool {
+func (h *Harness) absentRequired(id omnicache.StepID, reqs []int64) bool {
 	for _, rw := range h.want(id).reqs {
-		if reqs != nil && !containsID(reqs, rw.id) {
+		if reqs != nil && !slices.Contains(reqs, rw.id) {
 			continue
 		}
-		for k, key := range h.cfg.Keys {
+		for k, key := range h.Cfg.Keys {
 			if key.Optional || rw.prefix == nil {
 				continue
 			}
@@ -42,41 +43,31 @@ func (h *harness) absentRequired(id omnicache.StepID, reqs []int64) bool {
 	return false
 }
 
-// checkConsumed checks that a step whose read failed is consumed: a later
-// Discard fails with ErrUnknownStep (or succeeds, if the failed read left
-// it unconsumed).
-func checkConsumed(h *harness, id omnicache.StepID) {
-	h.t.Helper()
-	if err := h.tryDiscard(id); err != nil {
-		require.ErrorIs(h.t, err, omnicache.ErrUnknownStep, "%sDiscard(%v) after a failed read", h.prefix(), id)
-	}
-}
-
 // materializeNow materializes step id right after its Save: the rows must be
 // exactly the step's rows, unless a hit covers never-written rows of a
 // required key (ErrAbsentRequired).
-func materializeNow(h *harness, id omnicache.StepID, reqs []int64) {
-	h.t.Helper()
+func materializeNow(h *Harness, id omnicache.StepID, reqs []int64) {
+	h.T.Helper()
 	if !h.absentRequired(id, reqs) {
-		h.mat(id, reqs...)
+		h.Mat(id, reqs...)
 		return
 	}
-	err := h.matCall(id, reqs, &h.res)
-	require.ErrorIs(h.t, err, omnicache.ErrAbsentRequired, "%sMaterialize(%v, %v): the hit covers never-written rows of a required key", h.prefix(), id, reqs)
-	h.checkServed(id, reqs, &h.res, err, "immediate")
+	err := h.MatCall(id, reqs, &h.Res)
+	require.ErrorIs(h.T, err, omnicache.ErrAbsentRequired, "%sMaterialize(%v, %v): the hit covers never-written rows of a required key", h.prefix(), id, reqs)
+	h.checkServed(id, reqs, &h.Res, err, "immediate")
 }
 
 // consume finishes a late or asynchronous Materialize: ErrReassigned is
 // allowed only if a hit slot was rewritten since the step; a hit over
 // never-written rows of a required key must fail (ErrAbsentRequired, or
 // ErrReassigned once rewritten); otherwise the rows must be exactly the
-// step's (original) rows.
-func consume(h *harness, l lateMat) {
-	h.t.Helper()
+// Step's (original) rows.
+func consume(h *Harness, l lateMat) {
+	h.T.Helper()
 	var err error
 	res := l.res
 	if l.async {
-		err = guard(h.t, fmt.Sprintf("asynchronous Materialize(%v)", l.id), func() error { return <-l.done })
+		err = Guard(h.T, fmt.Sprintf("asynchronous Materialize(%v)", l.id), func() error { return <-l.done })
 		h.dmu.Lock()
 		h.consumed[l.id] = true
 		delete(h.asyncOpen, l.id)
@@ -84,8 +75,8 @@ func consume(h *harness, l lateMat) {
 		h.asyncVerify = true
 		defer func() { h.asyncVerify = false }()
 	} else {
-		res = &h.res
-		err = h.matCall(l.id, l.reqs, res)
+		res = &h.Res
+		err = h.MatCall(l.id, l.reqs, res)
 	}
 	if h.checkServed(l.id, l.reqs, res, err, "late") {
 		h.reassigned[h.want(l.id).ord] = true
@@ -100,55 +91,55 @@ func consume(h *harness, l lateMat) {
 // read-ahead budget that may not have held the step); every other request
 // is served exactly, failed or not its neighbours. It reports whether a
 // request failed with ErrReassigned.
-func (h *harness) checkServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, err error, what string) (reassigned bool) {
-	h.t.Helper()
+func (h *Harness) checkServed(id omnicache.StepID, reqs []int64, res *omnicache.Result, err error, what string) (reassigned bool) {
+	h.T.Helper()
 	var re *omnicache.RequestError
 	if err != nil && !errors.As(err, &re) {
-		h.t.Fatalf("%s%s Materialize(%v, %v): %v", h.prefix(), what, id, reqs, err)
+		h.T.Fatalf("%s%s Materialize(%v, %v): %v", h.prefix(), what, id, reqs, err)
 	}
 	failed := map[int64]error{}
 	if re != nil {
-		require.Equal(h.t, id, re.Step)
+		require.Equal(h.T, id, re.Step)
 		for i, rid := range re.IDs {
 			failed[rid] = re.Errs[i]
 		}
 	}
 	for _, rw := range h.want(id).reqs {
-		if reqs != nil && !containsID(reqs, rw.id) {
+		if reqs != nil && !slices.Contains(reqs, rw.id) {
 			continue
 		}
 		one := []int64{rw.id}
 		absent := h.absentRequired(id, one)
-		mayMove := h.rewrittenSince(id, one) && h.mayReassign()
+		mayMove := h.RewrittenSince(id, one) && h.mayReassign()
 		ferr := failed[rw.id]
 		switch {
 		case ferr == nil:
-			require.False(h.t, absent, "%s%s Materialize(%v): request %d served over never-written rows of a required key", h.prefix(), what, id, rw.id)
+			require.False(h.T, absent, "%s%s Materialize(%v): request %d served over never-written rows of a required key", h.prefix(), what, id, rw.id)
 		case mayMove && errors.Is(ferr, omnicache.ErrReassigned):
 			reassigned = true
 		case absent:
-			require.ErrorIs(h.t, ferr, omnicache.ErrAbsentRequired, "%s%s Materialize(%v): request %d", h.prefix(), what, id, rw.id)
+			require.ErrorIs(h.T, ferr, omnicache.ErrAbsentRequired, "%s%s Materialize(%v): request %d", h.prefix(), what, id, rw.id)
 		default:
-			h.t.Fatalf("%s%s Materialize(%v): request %d failed (hit slots rewritten since: %v, the cache may let them move: %v): %v",
-				h.prefix(), what, id, rw.id, h.rewrittenSince(id, one), h.mayReassign(), ferr)
+			h.T.Fatalf("%s%s Materialize(%v): request %d failed (hit slots rewritten since: %v, the cache may let them move: %v): %v",
+				h.prefix(), what, id, rw.id, h.RewrittenSince(id, one), h.mayReassign(), ferr)
 		}
 	}
-	require.NoError(h.t, h.verifyServed(id, reqs, res, failed))
-	checkConsumed(h, id)
+	require.NoError(h.T, h.VerifyServed(id, reqs, res, failed))
+	h.CheckConsumed(id)
 	return reassigned
 }
 
 // mayReassign reports whether a late read may find its hit rows moved:
 // only without prefetch, or with a read-ahead budget too small to hold
 // every hit step's buffers (such a step is read at Materialize).
-func (h *harness) mayReassign() bool {
-	return h.cfg.DisablePrefetch || (h.cfg.ReadAheadBytes > 0 && h.cfg.ReadAheadBytes < 1<<20)
+func (h *Harness) mayReassign() bool {
+	return h.Cfg.DisablePrefetch || (h.Cfg.ReadAheadBytes > 0 && h.Cfg.ReadAheadBytes < 1<<20)
 }
 
-// propRun applies actions to one harness, step by step.
-type propRun struct {
-	h        *harness
-	maxDelay int // cap on propAction.delay: at most maxDelay steps stay unconsumed across a Save
+// Runner applies actions to one harness, step by step.
+type Runner struct {
+	h        *Harness
+	maxDelay int // cap on Action.delay: at most maxDelay steps stay unconsumed across a Save
 	i        int
 	late     []lateMat
 	// pinnedBudget tolerates a Save failing with ErrBudget when the device
@@ -157,29 +148,63 @@ type propRun struct {
 	pinnedBudget bool
 	broken       error
 	dead         bool // the cache failed or closed on purpose: the run ended
-	stepAborts   int  // begun steps aborted (propAction.abortRetry) and begun again
+	stepAborts   int  // begun steps aborted (Action.abortRetry) and begun again
 }
 
 // outsideID is a request id no schedule uses.
 const outsideID int64 = 1 << 40
 
-// apply runs one action: Begin, Save, the due late reads, this step's
+// NewRunner returns a runner of actions on h. At most maxDelay steps stay
+// unconsumed across a Save (a late or asynchronous read is consumed by
+// then; at least 1). With pinnedBudget a Save may fail with ErrBudget where
+// the device bytes that unconsumed steps may pin and the step's need exceed
+// the budget (a tiny budget): the run then stops (Broken).
+func NewRunner(h *Harness, maxDelay int, pinnedBudget bool) *Runner {
+	return &Runner{h: h, maxDelay: maxDelay, pinnedBudget: pinnedBudget}
+}
+
+// Broken is why the run stopped before its actions ran out (nil: it did
+// not): a Save failed with ErrBudget (pinnedBudget), the device failed,
+// or the cache was closed during reads.
+func (r *Runner) Broken() error { return r.broken }
+
+// Dead reports whether the run ended with the cache failed or closed on
+// purpose (its checks ran): no action may follow, Finish included.
+func (r *Runner) Dead() bool { return r.dead }
+
+// StepAborts is how many begun steps were aborted and begun again.
+func (r *Runner) StepAborts() int { return r.stepAborts }
+
+// RunAll applies acts to h, one after the other, with every late read
+// consumed a step later, then Finish; it returns the run's Capture.
+func RunAll(h *Harness, acts []Action) Capture {
+	h.T.Helper()
+	h.Stride = Stride
+	r := NewRunner(h, 1, false)
+	for _, act := range acts {
+		r.Apply(act)
+	}
+	r.Finish()
+	return h.Capture()
+}
+
+// Apply runs one action: Begin, Save, the due late reads, this step's
 // consumption, and the checks.
-func (r *propRun) apply(act propAction) {
+func (r *Runner) Apply(act Action) {
 	h := r.h
-	h.t.Helper()
+	h.T.Helper()
 	i := r.i
 	r.i++
 	for _, id := range act.unassign {
-		h.unassign(id)
+		h.Unassign(id)
 	}
 	for _, as := range act.assign {
-		h.assign(as.id, as.blocks...)
+		h.Assign(as.id, as.blocks...)
 	}
 	for _, id := range act.bump {
-		h.bump(id)
+		h.Bump(id)
 	}
-	h.devKeys, h.ownKeys, h.omitKeys = act.devKeys, act.ownKeys, act.omitKeys
+	h.DevKeys, h.OwnKeys, h.OmitKeys = act.devKeys, act.ownKeys, act.omitKeys
 	if act.fault > 0 {
 		r.faultStep(act)
 		return
@@ -191,86 +216,86 @@ func (r *propRun) apply(act propAction) {
 	r.misuseBefore(act.misuse)
 	r.badPlanFirst(act)
 	if act.nilArgs {
-		before := h.stats()
-		require.ErrorIs(h.t, h.beginPlan(nil), omnicache.ErrPlan, "%sBegin(nil)", h.prefix())
+		before := h.Stats()
+		require.ErrorIs(h.T, h.BeginPlan(nil), omnicache.ErrPlan, "%sBegin(nil)", h.prefix())
 		r.unchanged("Begin(nil)", before)
 	}
-	err := h.tryBegin(act.st)
-	require.NoError(h.t, err, "%sBegin of step %d", h.prefix(), i)
+	err := h.TryBegin(act.Step)
+	require.NoError(h.T, err, "%sBegin of step %d", h.prefix(), i)
 	if act.nilArgs {
-		_, err := h.trySave(nil)
-		require.ErrorIs(h.t, err, omnicache.ErrOutputs, "%sSave(nil)", h.prefix())
-		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after Save(nil)", h.prefix(), i)
+		_, err := h.TrySave(nil)
+		require.ErrorIs(h.T, err, omnicache.ErrOutputs, "%sSave(nil)", h.prefix())
+		require.NoError(h.T, h.TryBegin(act.Step), "%sBegin of step %d again after Save(nil)", h.prefix(), i)
 	}
 	if r.badSaveFirst(act) {
-		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after its failed Save", h.prefix(), i)
+		require.NoError(h.T, h.TryBegin(act.Step), "%sBegin of step %d again after its failed Save", h.prefix(), i)
 	}
 	if act.abortRetry {
 		// The forward failed: the cache returns to before this Begin
 		// (finished requests stay dropped), and the engine retries the
 		// step; its rows and hits must come out as if it never failed.
-		h.abortBegun()
+		h.AbortBegun()
 		r.stepAborts++
-		require.NoError(h.t, h.tryBegin(act.st), "%sBegin of step %d again after Abort", h.prefix(), i)
+		require.NoError(h.T, h.TryBegin(act.Step), "%sBegin of step %d again after Abort", h.prefix(), i)
 	}
 	if act.misuse == misuseBeginTwice {
-		err := h.beginPlan(&omnicache.Plan{Stride: h.stride})
-		require.ErrorIs(h.t, err, omnicache.ErrSequence, "%sBegin twice (step %d)", h.prefix(), i)
+		err := h.BeginPlan(&omnicache.Plan{Stride: h.Stride})
+		require.ErrorIs(h.T, err, omnicache.ErrSequence, "%sBegin twice (step %d)", h.prefix(), i)
 	}
 	ps := h.pending
-	sid, err := h.trySave(h.outs())
+	sid, err := h.TrySave(h.Outs())
 	if err != nil && r.pinnedBudget && errors.Is(err, omnicache.ErrBudget) {
 		pinned, need := r.pinnedBound(ps), r.needBound(ps)
-		require.Greater(h.t, pinned+need, h.cfg.DeviceBudgetBytes,
+		require.Greater(h.T, pinned+need, h.Cfg.DeviceBudgetBytes,
 			"%sSave of step %d failed (%v) although unconsumed steps pin at most %d device bytes and the step needs at most %d",
 			h.prefix(), i, err, pinned, need)
 		r.breakOn(ps, fmt.Errorf("Save of step %d: %w (unconsumed steps may pin %d bytes, the step needs up to %d)", i, err, pinned, need))
 		return
 	}
-	require.NoError(h.t, err, "%sSave of step %d", h.prefix(), i)
+	require.NoError(h.T, err, "%sSave of step %d", h.prefix(), i)
 	r.consumeDue(i)
 
 	if act.outside {
-		err := h.matCall(sid, []int64{outsideID}, &h.res)
-		require.ErrorIs(h.t, err, omnicache.ErrNotInStep, "%sMaterialize(%v) of a request outside the step", h.prefix(), sid)
+		err := h.MatCall(sid, []int64{outsideID}, &h.Res)
+		require.ErrorIs(h.T, err, omnicache.ErrNotInStep, "%sMaterialize(%v) of a request outside the step", h.prefix(), sid)
 	}
 	reqs := reqList(act.reqs)
 	due := i + min(max(act.delay, 1), max(r.maxDelay, 1))
 	switch act.mode {
 	case matNow:
 		if act.nilArgs {
-			err := h.matCall(sid, reqs, nil)
-			require.ErrorIs(h.t, err, omnicache.ErrOutputs, "%sMaterialize(%v) into a nil Result", h.prefix(), sid)
+			err := h.MatCall(sid, reqs, nil)
+			require.ErrorIs(h.T, err, omnicache.ErrOutputs, "%sMaterialize(%v) into a nil Result", h.prefix(), sid)
 		}
 		materializeNow(h, sid, reqs) // still unconsumed: every row checked
 
 	case matLate:
 		r.late = append(r.late, lateMat{id: sid, reqs: reqs, due: due})
 	case matDiscard:
-		h.discard(sid)
+		h.Discard(sid)
 	case matAsync:
 		l := lateMat{id: sid, reqs: reqs, async: true, done: make(chan error, 1), res: new(omnicache.Result), due: due}
 		h.dmu.Lock()
 		h.asyncOpen[sid] = true
 		h.dmu.Unlock()
-		go func(c *omnicache.Cache) { l.done <- c.Materialize(l.id, l.reqs, l.res) }(h.c)
+		go func(c *omnicache.Cache) { l.done <- c.Materialize(l.id, l.reqs, l.res) }(h.C)
 		r.late = append(r.late, l)
 	}
 	if act.twice && (act.mode == matNow || act.mode == matDiscard) {
-		err := h.matCall(sid, reqs, &h.res)
-		require.ErrorIs(h.t, err, omnicache.ErrUnknownStep, "%sMaterialize(%v) of a consumed step", h.prefix(), sid)
-		require.ErrorIs(h.t, h.tryDiscard(sid), omnicache.ErrUnknownStep, "%sDiscard(%v) of a consumed step", h.prefix(), sid)
+		err := h.MatCall(sid, reqs, &h.Res)
+		require.ErrorIs(h.T, err, omnicache.ErrUnknownStep, "%sMaterialize(%v) of a consumed step", h.prefix(), sid)
+		require.ErrorIs(h.T, h.TryDiscard(sid), omnicache.ErrUnknownStep, "%sDiscard(%v) of a consumed step", h.prefix(), sid)
 	}
-	st := h.stats()
-	require.LessOrEqual(h.t, st.BudgetPeak, st.BudgetLimit, "%sStats.BudgetPeak after step %d", h.prefix(), i)
-	require.LessOrEqual(h.t, st.PagesInUse, max(h.cfg.StagingDepth, omnicache.DefaultStagingDepth), "%sStats.PagesInUse", h.prefix())
+	st := h.Stats()
+	require.LessOrEqual(h.T, st.BudgetPeak, st.BudgetLimit, "%sStats.BudgetPeak after step %d", h.prefix(), i)
+	require.LessOrEqual(h.T, st.PagesInUse, max(h.Cfg.StagingDepth, omnicache.DefaultStagingDepth), "%sStats.PagesInUse", h.prefix())
 	if act.check {
-		h.checkMirror()
+		h.CheckMirror()
 	}
 }
 
 // consumeDue consumes the late and asynchronous reads due by step i.
-func (r *propRun) consumeDue(i int) {
+func (r *Runner) consumeDue(i int) {
 	keep := r.late[:0]
 	for _, l := range r.late {
 		if l.due <= i {
@@ -301,9 +326,9 @@ func rowBytes(cfg omnicache.Config) (deferred, immediate int64) {
 // deferred clones and the deferred clones its hits read while in transit
 // (at most the clones of the steps that last wrote the hit slots), and an
 // asynchronous read in flight may hold parked decode rows.
-func (r *propRun) pinnedBound(ps *pendingStep) int64 {
+func (r *Runner) pinnedBound(ps *pendingStep) int64 {
 	h := r.h
-	def, imm := rowBytes(h.cfg)
+	def, imm := rowBytes(h.Cfg)
 	seen := map[int]bool{}
 	var b int64
 	add := func(ord int) {
@@ -340,11 +365,11 @@ func (r *propRun) pinnedBound(ps *pendingStep) int64 {
 }
 
 // needBound bounds the device bytes the Save of ps reserves.
-func (r *propRun) needBound(ps *pendingStep) int64 {
-	def, imm := rowBytes(r.h.cfg)
+func (r *Runner) needBound(ps *pendingStep) int64 {
+	def, imm := rowBytes(r.h.Cfg)
 	n := 0
 	for _, s := range ps.st.Sched {
-		n += s.Count
+		n += s.Count()
 	}
 	return int64(n) * (def + imm)
 }
@@ -352,7 +377,7 @@ func (r *propRun) needBound(ps *pendingStep) int64 {
 // breakOn ends a run whose Save failed: the slots the step scheduled may or
 // may not have been written, so the model forgets them (and a delayed read
 // of a hit on them may fail with ErrReassigned).
-func (r *propRun) breakOn(ps *pendingStep, err error) {
+func (r *Runner) breakOn(ps *pendingStep, err error) {
 	h := r.h
 	r.broken = err
 	for _, sl := range ps.slots {
@@ -367,11 +392,11 @@ func (r *propRun) breakOn(ps *pendingStep, err error) {
 
 // misuseBefore makes a call that must fail with its documented error and
 // change nothing, before the step's Begin.
-func (r *propRun) misuseBefore(kind int) {
+func (r *Runner) misuseBefore(kind int) {
 	h := r.h
-	bs := int32(h.cfg.BlockSize)
+	bs := int32(h.Cfg.BlockSize)
 	arrival := func(hit int32, blocks ...int32) *omnicache.Plan {
-		return &omnicache.Plan{Stride: h.stride, Arrivals: []int64{outsideID}, HitTokens: []int32{hit}, HitBlocks: blocks}
+		return &omnicache.Plan{Stride: h.Stride, Arrivals: []int64{outsideID}, HitTokens: []int32{hit}, HitBlocks: blocks}
 	}
 	var (
 		p    *omnicache.Plan
@@ -391,32 +416,32 @@ func (r *propRun) misuseBefore(kind int) {
 	case misuseExtraBlocks:
 		p, want = arrival(bs, 0, 1), omnicache.ErrHitBlocks
 	case misuseHitOutOfRange:
-		p, want = arrival(bs, int32(h.cfg.NumBlocks)), omnicache.ErrPlan
+		p, want = arrival(bs, int32(h.Cfg.NumBlocks)), omnicache.ErrPlan
 	case misuseNegativeStart:
-		p = &omnicache.Plan{Stride: h.stride, IDs: []int64{outsideID}, Rows: []int32{0}, Start: []int32{-1}, Count: []int32{1},
-			Table: make([]int32, h.stride)}
+		p = &omnicache.Plan{Stride: h.Stride, IDs: []int64{outsideID}, Rows: []int32{0}, Start: []int32{-1}, Count: []int32{1},
+			Table: make([]int32, h.Stride)}
 		want = omnicache.ErrPlan
 	case misuseSaveFirst:
-		res := guard(h.t, h.prefix()+"Save", func() saveResult {
-			id, err := h.c.Save(h.outputsFor(step{}))
+		res := Guard(h.T, h.prefix()+"Save", func() saveResult {
+			id, err := h.C.Save(h.OutputsFor(Step{}))
 			return saveResult{id, err}
 		})
-		require.ErrorIs(h.t, res.err, omnicache.ErrSequence, "%sSave without Begin", h.prefix())
+		require.ErrorIs(h.T, res.err, omnicache.ErrSequence, "%sSave without Begin", h.prefix())
 		return
 	default:
 		panic(fmt.Sprintf("misuse kind %d", kind))
 	}
-	err := h.beginPlan(p)
-	require.ErrorIs(h.t, err, want, "%sBegin with misuse %d", h.prefix(), kind)
+	err := h.BeginPlan(p)
+	require.ErrorIs(h.T, err, want, "%sBegin with misuse %d", h.prefix(), kind)
 }
 
-// finish consumes what is still unconsumed and checks the whole mirror,
+// Finish consumes what is still unconsumed and checks the whole mirror,
 // deferred keys included.
-func (r *propRun) finish() {
-	r.h.t.Helper()
+func (r *Runner) Finish() {
+	r.h.T.Helper()
 	for _, l := range r.late {
 		consume(r.h, l)
 	}
 	r.late = nil
-	r.h.checkMirror(allKeys(r.h)...)
+	r.h.CheckMirror(r.h.AllKeys()...)
 }

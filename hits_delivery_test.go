@@ -1,5 +1,11 @@
 package omnicache_test
 
+// Delivery: what Materialize delivers to a request over its steps is its
+// rows with no gap and no repeat, whatever came between: rejected draft
+// tokens (speculative decoding), a replaced prompt, a preemption and a
+// resume with or without a hit. A raw-API world (dworld) whose rows the
+// test recomputes.
+
 import (
 	"bytes"
 	"testing"

@@ -4,11 +4,12 @@ package omnicache_test
 // schedule — arrivals with hits on previously written blocks, chunked
 // prefills, decodes, finishes, aborts, preemption with recompute, streamed
 // continuations, LRU block reuse — runs through the cache with the decode
-// buffer on, with it off, and on with a tight device budget. Every
+// buffer on, with it off, on with a tight device budget, with prefetch
+// off, with a tight read-ahead budget and with a lagging committer. Every
 // materialized row is checked against the model (slot → latest row, the
 // writes replayed in step order), the mirrors are checked against the model
-// along the way and at the end, and the three runs' mirrors and
-// materialized rows must be identical. The model engine and its runner are
+// along the way and at the end, and the runs' mirrors and materialized
+// rows must be identical. The model engine and its runner are
 // internal/cachetest's (Engine, RunAll).
 
 import (

@@ -1,11 +1,12 @@
 package omnicache_test
 
-// Bad hits (scenarios 8–11), step ids and staging pages (14–17) and the
-// rest of DESIGN §8's error catalogue (TestErrorCatalogue). Every misuse
+// Lifecycle and misuse: the calls' sequence (Begin, Save, Abort), nil
+// arguments, bad configs and size bounds, bad plans and hits, step ids,
+// outputs that do not match the step, and the closed cache. Every misuse
 // must return its typed error (errors.Is) and leave the cache usable: each
 // one is followed by a correct step (Harness.Usable).
 //
-// §8 entry → test:
+// DESIGN §8's error catalogue → test:
 //   unaligned hit                         TestScenario11_UnalignedHit
 //   hit without block ids                 TestScenario10_HitWithoutBlockIDs
 //   slot count ≠ scheduled tokens         TestScenario17_OutputsMismatch
@@ -13,20 +14,20 @@ package omnicache_test
 //   step larger than a staging page       TestScenario16_StepTooLarge
 //   unknown or already consumed step id   TestScenario14_StepIDMisuse
 //   request outside the step's snapshot   TestScenario14_StepIDMisuse
-//   hit over absent required rows         TestScenario08_AbsentRequired
-//   delayed read of reassigned slots      TestScenario12_DelayedReadReassigned
-//   staging page timeout                  TestScenario15_StagingDepth
+//   hit over absent required rows         TestScenario08_AbsentRequired (hits_test.go)
+//   delayed read of reassigned slots      TestScenario12_DelayedReadReassigned (hits_test.go)
+//   staging page timeout                  TestScenario15_StagingDepth (budget_test.go)
 //   closed cache                          TestErrorCatalogue/closed
 //   bad config                            TestErrorCatalogue/config
 //   block table too narrow (and other
 //   plan inconsistencies)                 TestErrorCatalogue/plan
 //   calls out of sequence                 TestErrorCatalogue/sequence
 //   reservation over the device budget    TestErrorCatalogue/budget
-//   failed write (sticky)                 TestScenario27_StickyWriteFailure
+//   failed write (sticky)                 TestScenario27_StickyWriteFailure (failures_test.go)
 
 import (
 	"errors"
-	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -36,63 +37,8 @@ import (
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/cachetest"
+	"github.com/omnicache/omnicache/tier"
 )
-
-// Scenario 8: a hit over never-written blocks of a required key is an
-// error at Materialize (never served as a miss); the step is consumed and
-// its staging page released (with one page, the next Save does not wait).
-func TestScenario08_AbsentRequired(t *testing.T) {
-	const a, b = 1, 2
-	for _, tc := range []struct {
-		name    string
-		written bool // A wrote the hit's first block
-	}{{"nothing written", false}, {"second hit block never written", true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := cachetest.Config()
-			cfg.StagingDepth = 1
-			h := cachetest.New(t, cfg)
-			if tc.written {
-				h.Assign(a, 5)
-				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
-			}
-			h.Assign(b, 5, 6, 7)
-			s := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}})
-			err := h.MatCall(s, nil, &h.Res)
-			require.ErrorIs(t, err, omnicache.ErrAbsentRequired, "hit over never-written rows of the required key %q", cachetest.KeyHidden.Name)
-			t.Logf("error: %v", err)
-			require.ErrorIs(t, h.MatCall(s, nil, &h.Res), omnicache.ErrUnknownStep, "the failed read consumes the step")
-			h.Usable() // StagingDepth 1: needs the page back
-			assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
-		})
-	}
-}
-
-// Scenario 9: a hit over never-written blocks of an optional key reads
-// exact zero rows.
-func TestScenario09_AbsentOptional(t *testing.T) {
-	const a, b = 1, 2
-	keys := []omnicache.Key{cachetest.KeyAux, {Name: "aux2", RowBytes: 16, Optional: true}}
-	for _, tc := range []struct {
-		name    string
-		written bool
-	}{{"nothing written", false}, {"second hit block never written", true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := cachetest.New(t, cachetest.Config(keys...))
-			if tc.written {
-				h.Assign(a, 5)
-				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
-			}
-			h.Assign(b, 5, 6, 7)
-			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}}))
-			require.Equal(t, 8, h.Res.Prefix(0))
-			for k, key := range h.Cfg.Keys {
-				absent := h.Res.Rows(0, k)[4*key.RowBytes : 8*key.RowBytes]
-				require.Equal(t, make([]byte, len(absent)), absent, "key %q: rows of the never-written block must be exact zeros", key.Name)
-			}
-			h.CheckMirror()
-		})
-	}
-}
 
 // Scenario 10: a hit with hit_tokens > 0 and no block ids fails at Begin;
 // so do too few and left-over block ids. A failed Begin registers nothing:
@@ -177,57 +123,6 @@ func TestScenario14_StepIDMisuse(t *testing.T) {
 	}
 	h.Usable()
 	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
-}
-
-// Scenario 15: with 2 pages, a third Save waits until a step is consumed;
-// with StagingClaimTimeout NoWait it fails at once, naming the unconsumed
-// step ids.
-func TestScenario15_StagingDepth(t *testing.T) {
-	const a, b, c = 1, 2, 3
-	setup := func(t *testing.T, timeout time.Duration) (*cachetest.Harness, omnicache.StepID, omnicache.StepID) {
-		cfg := cachetest.Config()
-		cfg.StagingDepth = 2
-		cfg.StagingClaimTimeout = timeout
-		h := cachetest.New(t, cfg)
-		h.Assign(a, 1)
-		h.Assign(b, 2)
-		h.Assign(c, 3)
-		s1 := h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 2}}, Arrive: []cachetest.A{{ID: a}}})
-		s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}})
-		h.Begin(cachetest.Step{Sched: []cachetest.S{{c, 0, 2}}, Arrive: []cachetest.A{{ID: c}}})
-		return h, s1, s2
-	}
-
-	t.Run("waits for a consumed step", func(t *testing.T) {
-		h, s1, s2 := setup(t, 5*time.Second)
-		done, join := h.SaveAsync(h.Outs())
-		select {
-		case <-done:
-			id, err := join()
-			t.Fatalf("the third Save returned (%v, %v) while both pages were held: it must wait for a consumed step", id, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-		h.Discard(s1) // from this goroutine, while the engine's Save waits
-		s3, err := join()
-		require.NoError(t, err, "the waiting Save must succeed once a page is free")
-		h.Mat(s3)
-		h.Mat(s2)
-		h.Usable()
-	})
-
-	t.Run("NoWait fails at once naming the unconsumed steps", func(t *testing.T) {
-		h, s1, s2 := setup(t, omnicache.NoWait)
-		_, err := h.TrySave(h.Outs())
-		require.ErrorIs(t, err, omnicache.ErrStagingTimeout, "Save with both pages held and NoWait")
-		msg := err.Error()
-		assert.Contains(t, msg, fmt.Sprint(s1), "the error must name unconsumed step %v", s1)
-		assert.Contains(t, msg, fmt.Sprint(s2), "the error must name unconsumed step %v", s2)
-		t.Logf("error: %v", err)
-		h.Mat(s2)
-		h.Mat(s1)
-		h.Sync()
-		h.Usable()
-	})
 }
 
 // Scenario 16: a step with more tokens than a staging page fails at once:
@@ -527,4 +422,137 @@ func TestNilArguments(t *testing.T) {
 	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 2}}, Arrive: []cachetest.A{{ID: b}}})) // the page came back
 	require.NoError(t, h.C.Sync())
 	h.Usable()
+}
+
+// Finding 5: sizes that overflow or exceed what the process can address
+// are ErrConfig naming the field; a step count beyond the staging
+// capacity is rejected by Begin before anything is sized from it.
+func TestBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name, field string
+		mut         func(c *omnicache.Config)
+	}{
+		{"row bytes 1<<40", "RowBytes", func(c *omnicache.Config) { c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 40}} }},
+		{"mirror overflows", "mirror", func(c *omnicache.Config) {
+			c.NumBlocks, c.BlockSize = 1<<20, 1<<10
+			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 29}}
+		}},
+		{"staging depth 1<<40", "StagingDepth", func(c *omnicache.Config) { c.StagingDepth = 1 << 40 }},
+		{"staging capacity 1<<40", "StagingCapacityTokens", func(c *omnicache.Config) { c.StagingCapacityTokens = 1 << 40 }},
+		{"page bytes", "StagingCapacityTokens", func(c *omnicache.Config) {
+			c.StagingCapacityTokens = 1 << 30
+			c.Keys = []omnicache.Key{{Name: "h", RowBytes: 1 << 10}}
+		}},
+		{"slots overflow int32", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1<<30, 4 }},
+		// Products that wrap int64 itself: each passed a multiplied check.
+		{"slots wrap int64", "NumBlocks", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = math.MaxInt, 1<<20 }},
+		{"block size MaxInt", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, math.MaxInt }},
+		{"block size over MaxBlockSize", "BlockSize", func(c *omnicache.Config) { c.NumBlocks, c.BlockSize = 1, omnicache.MaxBlockSize+1 }},
+		{"page bytes wrap int64", "StagingCapacityTokens", func(c *omnicache.Config) {
+			c.StagingCapacityTokens = 1 << 31 / 2
+			c.Keys = []omnicache.Key{{Name: "a", RowBytes: 1 << 30}, {Name: "b", RowBytes: 1 << 30}, {Name: "c", RowBytes: 1 << 30}, {Name: "d", RowBytes: 1 << 30}}
+			c.NumBlocks, c.BlockSize = 1, 1
+		}},
+		{"device budget MaxInt64", "DeviceBudgetBytes", func(c *omnicache.Config) { c.DeviceBudgetBytes = math.MaxInt64 }},
+		{"chunk bytes MaxInt64", "DeferredChunkBytes", func(c *omnicache.Config) { c.DeferredChunkBytes = math.MaxInt64 }},
+		{"read-ahead MaxInt64", "ReadAheadBytes", func(c *omnicache.Config) { c.ReadAheadBytes = math.MaxInt64 }},
+		{"claim timeout MaxInt64", "StagingClaimTimeout", func(c *omnicache.Config) { c.StagingClaimTimeout = math.MaxInt64 }},
+		{"wait timeout MaxInt64", "WaitTimeout", func(c *omnicache.Config) { c.WaitTimeout = math.MaxInt64 }},
+		{"tier import timeout wraps 4×", "ImportTimeout", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), ImportTimeout: math.MaxInt64/4 + 1}
+			c.WaitTimeout = -1
+		}},
+		{"tier import timeout over the max", "ImportTimeout", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), ImportTimeout: omnicache.MaxImportTimeout + 1}
+			c.WaitTimeout = -1
+		}},
+		{"tier publish queue MaxInt", "PublishQueue", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), PublishQueue: math.MaxInt}
+		}},
+		{"tier publish batch MaxInt", "PublishBatch", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), PublishBatch: math.MaxInt}
+		}},
+		{"tier importers", "Importers", func(c *omnicache.Config) {
+			c.Tier = &omnicache.TierConfig{Tier: boundsTier(t, c), Importers: 257}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := cachetest.Config()
+			tc.mut(&cfg)
+			c, err := omnicache.New(cfg)
+			if c != nil {
+				c.Close()
+			}
+			require.ErrorIs(t, err, omnicache.ErrConfig)
+			require.Contains(t, err.Error(), tc.field)
+		})
+	}
+	t.Run("count beyond the page", func(t *testing.T) {
+		h := cachetest.New(t, cachetest.Config())
+		p := &omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{1<<31 - 1},
+			Table: make([]int32, 8), Stride: 8, Arrivals: []int64{1}, HitTokens: []int32{0}}
+		var err error
+		allocs := testing.AllocsPerRun(1, func() { err = h.C.Begin(p) })
+		require.ErrorIs(t, err, omnicache.ErrStepTooLarge)
+		require.Less(t, allocs, 20.0, "Begin allocated before rejecting the count")
+		h.Usable()
+	})
+}
+
+// boundsTier is an embedded tier matching c's layout, closed with the test.
+func boundsTier(t *testing.T, c *omnicache.Config) *tier.Tier {
+	keys := make([]tier.Key, len(c.Keys))
+	for i, k := range c.Keys {
+		keys[i] = tier.Key{Name: k.Name, RowBytes: k.RowBytes}
+	}
+	e, err := tier.NewEmbedded(1 << 20)
+	require.NoError(t, err)
+	tr, err := tier.New(e, tier.Namespace{Model: "bounds", BlockSize: c.BlockSize, Keys: keys}, tier.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// Abort: a forward that fails after Begin abandons the step; the same plan
+// then runs as if the failed attempt never happened (its hit is served),
+// and Abort outside a begun step is ErrSequence.
+func TestAbort(t *testing.T) {
+	const a, b = 1, 2
+	h := cachetest.New(t, cachetest.Config())
+	require.ErrorIs(t, h.C.Abort(), omnicache.ErrSequence, "Abort without Begin")
+	h.Assign(a, 1)
+	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+	h.Assign(b, 1, 2)
+	hit := cachetest.Step{Sched: []cachetest.S{{b, 4, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 4}}, Finished: []int64{a}}
+	before := h.Stats()
+	require.NoError(t, h.TryBegin(hit))
+	h.AbortBegun()
+	after := h.Stats()
+	require.Equal(t, before.LiveRequests-1, after.LiveRequests, "a stays finished, b is gone again")
+	require.ErrorIs(t, h.C.Abort(), omnicache.ErrSequence, "Abort twice")
+	_, err := h.C.Save(&omnicache.Outputs{})
+	require.ErrorIs(t, err, omnicache.ErrSequence, "Save after Abort")
+	h.Mat(h.Step(hit))
+	require.Equal(t, 4, h.Res.Prefix(0), "the hit is served when the step runs again")
+	h.Usable()
+}
+
+// An empty step right after an aborted one must not see the aborted
+// step's requests (a stale batch once made Save index past the empty
+// step's counts, with a deferred key, and panic).
+func TestEmptyStepAfterAbort(t *testing.T) {
+	cfg := cachetest.Config(cachetest.KeyHidden, omnicache.Key{Name: "codes", RowBytes: 8, Deferred: true})
+	c, err := omnicache.New(cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	table := []int32{1, 2, 3, 4}
+	p := &omnicache.Plan{IDs: []int64{1, 2}, Rows: []int32{0, 1}, Start: []int32{0, 0}, Count: []int32{2, 2},
+		Table: table, Stride: 2, Arrivals: []int64{1, 2}, HitTokens: []int32{0, 0}}
+	require.NoError(t, c.Begin(p))
+	require.NoError(t, c.Abort())
+	require.NoError(t, c.Begin(&omnicache.Plan{Table: table, Stride: 2}))
+	var id omnicache.StepID
+	err = cachetest.Guard(t, "Save", func() (err error) { id, err = c.Save(cachetest.EmptyOutputs(2)); return err })
+	require.NoError(t, err)
+	require.NoError(t, c.Discard(id))
 }

@@ -1,11 +1,15 @@
 package omnicache_test
 
-// Behaviour scenarios 1–7 (hits and misses), 12 (delayed read of
-// reassigned slots), 13 and 18 (step ids and staging pages) of
-// shared/SCENARIOS.md. Every Materialize is checked row by row against the
-// harness's model (internal/cachetest).
+// Hits and exact rows, scenarios 1–9 (misses, hits, partial prefixes,
+// streamed continuations, hits on blocks written in the same step, tenant
+// succession, hits over buffered decode rows, never-written required and
+// optional rows), 12 (delayed read of reassigned slots) and 13 (steps
+// consumed by id) of shared/SCENARIOS.md, and a finished request arriving
+// again. Every Materialize is checked row by row against the harness's
+// oracle (internal/cachetest).
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
@@ -224,6 +228,62 @@ func TestScenario07_HitAfterBufferedDecode(t *testing.T) {
 	h.CheckMirror()
 }
 
+// Scenario 8: a hit over never-written blocks of a required key is an
+// error at Materialize (never served as a miss); the step is consumed and
+// its staging page released (with one page, the next Save does not wait).
+func TestScenario08_AbsentRequired(t *testing.T) {
+	const a, b = 1, 2
+	for _, tc := range []struct {
+		name    string
+		written bool // A wrote the hit's first block
+	}{{"nothing written", false}, {"second hit block never written", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := cachetest.Config()
+			cfg.StagingDepth = 1
+			h := cachetest.New(t, cfg)
+			if tc.written {
+				h.Assign(a, 5)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+			}
+			h.Assign(b, 5, 6, 7)
+			s := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}})
+			err := h.MatCall(s, nil, &h.Res)
+			require.ErrorIs(t, err, omnicache.ErrAbsentRequired, "hit over never-written rows of the required key %q", cachetest.KeyHidden.Name)
+			t.Logf("error: %v", err)
+			require.ErrorIs(t, h.MatCall(s, nil, &h.Res), omnicache.ErrUnknownStep, "the failed read consumes the step")
+			h.Usable() // StagingDepth 1: needs the page back
+			assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+		})
+	}
+}
+
+// Scenario 9: a hit over never-written blocks of an optional key reads
+// exact zero rows.
+func TestScenario09_AbsentOptional(t *testing.T) {
+	const a, b = 1, 2
+	keys := []omnicache.Key{cachetest.KeyAux, {Name: "aux2", RowBytes: 16, Optional: true}}
+	for _, tc := range []struct {
+		name    string
+		written bool
+	}{{"nothing written", false}, {"second hit block never written", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := cachetest.New(t, cachetest.Config(keys...))
+			if tc.written {
+				h.Assign(a, 5)
+				h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 4}}, Arrive: []cachetest.A{{ID: a}}}))
+			}
+			h.Assign(b, 5, 6, 7)
+			h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}}}))
+			require.Equal(t, 8, h.Res.Prefix(0))
+			for k, key := range h.Cfg.Keys {
+				absent := h.Res.Rows(0, k)[4*key.RowBytes : 8*key.RowBytes]
+				require.Equal(t, make([]byte, len(absent)), absent, "key %q: rows of the never-written block must be exact zeros", key.Name)
+			}
+			h.CheckMirror()
+		})
+	}
+}
+
 // Scenario 12: a delayed read (materialize a step later) whose hit slots
 // were reassigned meanwhile: ErrReassigned or the preserved original rows,
 // never the new tenant's rows.
@@ -300,44 +360,62 @@ func TestScenario13_ConsumeByID(t *testing.T) {
 	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 }
 
-// Scenario 18: six steps through four pages stay correct (pages recycle):
-// every step is consumed three steps late, so four pages are in use at
-// once; the steps hit blocks written by steps not consumed yet.
-func TestScenario18_PagesRecycle(t *testing.T) {
-	cfg := cachetest.Config()
-	cfg.StagingDepth = 4
-	h := cachetest.New(t, cfg)
-	steps := []struct {
-		id     int64
-		blocks []int32
-		hit    int
-		start  int
-		count  int
-	}{
-		{1, []int32{1, 2}, 0, 0, 8},
-		{2, []int32{1, 3}, 4, 4, 4},     // hits request 1's first block
-		{3, []int32{1, 3, 4}, 8, 8, 4},  // hits request 2's chain
-		{4, []int32{1, 2, 5}, 8, 8, 2},  // hits request 1's chain
-		{5, []int32{6, 7}, 0, 0, 6},     // miss
-		{6, []int32{6, 8, 9}, 4, 4, 6},  // hits request 5's first block
-		{7, []int32{6, 8, 10}, 8, 8, 1}, // hits request 6's chain
+// TestFinishedRearrivesAtItsPosition: a request that finishes and arrives
+// again under the same id, at the same batch position, is a new request
+// (Begin looks it up again rather than keeping the position's handle from
+// the step before): its hit is served, then its own rows.
+func TestFinishedRearrivesAtItsPosition(t *testing.T) {
+	const bs, rb, stride = 4, 8, 4
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 16, BlockSize: bs, Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	var ids []omnicache.StepID
-	for i, s := range steps {
-		h.Assign(s.id, s.blocks...)
-		ids = append(ids, h.Step(cachetest.Step{Sched: []cachetest.S{{s.id, int64(s.start), int64(s.count)}}, Arrive: []cachetest.A{{ID: s.id, Hit: s.hit}}}))
-		require.LessOrEqual(t, h.Stats().PagesInUse, cfg.StagingDepth, "Stats.PagesInUse after step %d", i+1)
-		if i >= 3 {
-			if i == 4 {
-				h.Discard(ids[i-3])
-			} else {
-				h.Mat(ids[i-3])
+	defer c.Close()
+	table := []int32{0, 1, 0, 0, 4, 5, 0, 0, 8, 9, 0, 0} // requests 1, 2, 3: blocks 0-1, 4-5, 8-9
+	rows := func(tag byte, n int) []byte {
+		b := make([]byte, n*rb)
+		for t := 0; t < n; t++ {
+			for j := 0; j < rb; j++ {
+				b[t*rb+j] = tag + byte(t)
 			}
 		}
+		return b
 	}
-	for _, id := range ids[len(ids)-3:] {
-		h.Mat(id)
+	var res omnicache.Result
+	step := func(p *omnicache.Plan, out []byte, n int, read []int64) []byte {
+		t.Helper()
+		if err := c.Begin(p); err != nil {
+			t.Fatal(err)
+		}
+		sid, err := c.Save(&omnicache.Outputs{Tokens: n, Padded: n, Tensors: []omnicache.Tensor{{Host: out, Rows: n}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if read == nil {
+			if err := c.Discard(sid); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}
+		if err := c.Materialize(sid, read, &res); err != nil {
+			t.Fatal(err)
+		}
+		return append([]byte(nil), res.Rows(0, 0)...)
 	}
-	h.CheckMirror()
-	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
+	// Both prefill 4 tokens (a full block each), then decode one.
+	pre := append(rows(10, 4), rows(50, 4)...)
+	step(&omnicache.Plan{IDs: []int64{1, 2}, Rows: []int32{0, 1}, Start: []int32{0, 0}, Count: []int32{4, 4},
+		Table: table, Stride: stride, Arrivals: []int64{1, 2}, HitTokens: []int32{0, 0}}, pre, 8, nil)
+	step(&omnicache.Plan{IDs: []int64{1, 2}, Rows: []int32{0, 1}, Start: []int32{4, 4}, Count: []int32{1, 1},
+		Table: table, Stride: stride}, append(rows(14, 1), rows(54, 1)...), 2, nil)
+	// Request 2 finishes and arrives again at position 1 with a hit on its
+	// first block; it computes token 4 anew. Request 3 arrives first (and
+	// may be given the handle request 2 had).
+	got := step(&omnicache.Plan{IDs: []int64{1, 2, 3}, Rows: []int32{0, 1, 2}, Start: []int32{5, 4, 0}, Count: []int32{1, 1, 1},
+		Table: table, Stride: stride, Finished: []int64{2}, Arrivals: []int64{3, 2}, HitTokens: []int32{0, 4}, HitBlocks: []int32{4}},
+		append(append(rows(15, 1), rows(90, 1)...), rows(120, 1)...), 3, []int64{2})
+	want := append(rows(50, 4), rows(90, 1)...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("request 2 after it arrived again: %v, want its hit block's rows then its own: %v", got, want)
+	}
 }

@@ -1,4 +1,4 @@
-package omnicache_test
+package fuzz
 
 // FuzzCache drives the model engine of internal/cachetest from the
 // fuzzer's bytes instead of a PRNG (cachetest.Engine.NextFrom; the input
@@ -9,11 +9,11 @@ package omnicache_test
 //
 // Run it with
 //
-//	go test -run '^$' -fuzz '^FuzzCache$' -fuzztime 30s .
+//	go test -run '^$' -fuzz '^FuzzCache$' -fuzztime 30s ./fuzz/
 //
 // and replay one input, printing the steps it decodes to, with
 //
-//	FUZZ_TRACE=1 go test -run 'FuzzCache/<name>' -v .
+//	FUZZ_TRACE=1 go test -run 'FuzzCache/<name>' -v ./fuzz/
 
 import (
 	"os"

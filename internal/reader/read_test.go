@@ -1,0 +1,386 @@
+package reader
+
+// The read path's own behaviour, driven through a real write path
+// (writer.Path) on the host device the way the cache drives them: a step's
+// record is made, its hits charged and planned at Begin (prefetch) or at
+// Save, its rows handed to Path.Save, and it is consumed by Read and
+// Release, or given up by Cancel.
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/writer"
+	"github.com/omnicache/omnicache/soa"
+)
+
+const (
+	testBS     = 4 // tokens per block
+	testBlocks = 16
+	waitBound  = 10 * time.Second // a deadlock detector, not a threshold
+)
+
+// The keys: a required hidden state and an optional per-token tensor.
+var testKeys = []writer.KeySpec{{Name: "hidden", RowBytes: 16}, {Name: "aux", RowBytes: 8, Optional: true}}
+
+// rowOf is the content of key k's row at position pos of request id:
+// distinct for every (id, k, pos).
+func rowOf(id int64, k, pos int) []byte {
+	b := make([]byte, testKeys[k].RowBytes)
+	for i := range b {
+		b[i] = byte(int(id)*53 + k*29 + pos*7 + i + 1)
+	}
+	return b
+}
+
+// rowsOf are rowOf's rows of positions [pos, pos+n).
+func rowsOf(id int64, k, pos, n int) []byte {
+	var b []byte
+	for p := pos; p < pos+n; p++ {
+		b = append(b, rowOf(id, k, p)...)
+	}
+	return b
+}
+
+// world is a write path and its read path, and a block table.
+type world struct {
+	t      *testing.T
+	p      *writer.Path
+	rd     *Reader
+	nextID uint64
+	blocks map[int64][]int32 // per request: its blocks, in position order
+}
+
+func newWorld(t *testing.T, opt Options) *world {
+	t.Helper()
+	p := writer.NewPath(writer.Config{
+		Dev: gpu.NewHost(), NumBlocks: testBlocks, BlockSize: testBS, Keys: testKeys,
+		StagingDepth: 4, Capacity: 64, ClaimTimeout: waitBound, Budget: 1 << 20, ChunkBytes: 1 << 20,
+		WaitTimeout: waitBound, CopyWorkers: 1,
+	})
+	t.Cleanup(func() {
+		if err := p.Close(nil, time.Now().Add(waitBound)); err != nil {
+			t.Error(err)
+		}
+	})
+	return &world{t: t, p: p, rd: New(p, opt), blocks: map[int64][]int32{}}
+}
+
+// sched is a request of a step: tokens [start, start+n) of request id.
+type sched struct {
+	id       int64
+	start, n int
+}
+
+// step makes the record of a step of reqs with hits (Hit.Index in reqs),
+// plans its hit read as the cache does (at "Begin" when the read-ahead
+// budget takes it, else after Save), and saves its rows (every key, host
+// tensors).
+func (w *world) step(reqs []sched, hits ...Hit) *Step {
+	w.t.Helper()
+	s := &Step{}
+	s.Reset(len(testKeys))
+	w.nextID++
+	s.ID = w.nextID
+	ws := &writer.Step{Out: make([]writer.Src, len(testKeys))}
+	for i, r := range reqs {
+		s.IDs = append(s.IDs, r.id)
+		s.Start = append(s.Start, int32(r.start))
+		s.Count = append(s.Count, int32(r.n))
+		ws.Handles = append(ws.Handles, soa.Handle(i))
+		for pos := r.start; pos < r.start+r.n; pos++ {
+			bl := w.blocks[r.id]
+			require.Less(w.t, pos/testBS, len(bl), "request %d has no block for position %d", r.id, pos)
+			ws.Slots = append(ws.Slots, bl[pos/testBS]*testBS+int32(pos%testBS))
+		}
+		for k := range testKeys {
+			ws.Out[k].Host = append(ws.Out[k].Host, rowsOf(r.id, k, r.start, r.n)...)
+		}
+	}
+	ws.IDs, ws.Count = s.IDs, s.Count
+	planned := false
+	if len(hits) > 0 && w.rd.Charge(s, hits) {
+		w.rd.Plan(s, hits) // Begin: behind the writes handed over so far
+		planned = true
+	}
+	require.NoError(w.t, w.p.Save(ws, &s.Refs), "Save")
+	if len(hits) > 0 && !planned {
+		w.rd.Plan(s, hits) // behind the step's own rows
+	}
+	return s
+}
+
+// dest is a Result-like Dest: per asked request its prefix and step rows,
+// one buffer per key, requests in the order asked.
+type dest struct {
+	off, n []int // per asked request: its first row, its rows
+	keys   [][]byte
+	errs   []error
+}
+
+func newDest(s *Step, asked []int) *dest {
+	d := &dest{keys: make([][]byte, len(testKeys)), errs: make([]error, len(asked))}
+	rows := 0
+	for _, i := range asked {
+		n := int(s.Prefix(i) + s.Count[i])
+		d.off, d.n = append(d.off, rows), append(d.n, n)
+		rows += n
+	}
+	return d
+}
+
+func (d *dest) Rows(qi, k int) []byte {
+	rb := testKeys[k].RowBytes
+	return d.keys[k][d.off[qi]*rb : (d.off[qi]+d.n[qi])*rb]
+}
+
+func (d *dest) Size() {
+	rows := 0
+	if n := len(d.off); n > 0 {
+		rows = d.off[n-1] + d.n[n-1]
+	}
+	for k := range d.keys {
+		d.keys[k] = make([]byte, rows*testKeys[k].RowBytes)
+	}
+}
+
+func (d *dest) Adopt(k int, buf []byte) []byte {
+	old := d.keys[k]
+	d.keys[k] = buf
+	return old
+}
+
+func (d *dest) Fail(qi int, err error) {
+	d.errs[qi] = err
+	for k := range d.keys {
+		clear(d.Rows(qi, k))
+	}
+}
+
+// read consumes s as Materialize does: the asked requests (step indices;
+// none: every request), then the consumer's Release.
+func (w *world) read(s *Step, asked ...int) (*dest, error) {
+	w.t.Helper()
+	all := len(asked) == 0
+	if all {
+		for i := range s.IDs {
+			asked = append(asked, i)
+		}
+	}
+	s.Qidx = s.Qidx[:0]
+	for _, i := range asked {
+		s.Qidx = append(s.Qidx, int32(i))
+	}
+	d := newDest(s, asked)
+	if !all || !s.Prefetched() {
+		d.Size() // else the read adopts the prefetched buffers
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.rd.Read(s, all, len(asked), d) }()
+	select {
+	case err := <-done:
+		w.rd.Release(s)
+		return d, err
+	case <-time.After(waitBound):
+		w.t.Fatalf("Read of step %d did not return within %v", s.ID, waitBound)
+		return nil, nil
+	}
+}
+
+// wantRows checks asked request qi's rows of every key against request
+// id's rows from position from (owner: whose rows the first pre are).
+func wantRows(t *testing.T, d *dest, qi int, owner int64, pre int, id int64, from int) {
+	t.Helper()
+	require.NoError(t, d.errs[qi], "request %d failed", id)
+	for k := range testKeys {
+		want := append(rowsOf(owner, k, from, pre), rowsOf(id, k, from+pre, d.n[qi]-pre)...)
+		require.Equal(t, want, d.Rows(qi, k), "key %q of request %d", testKeys[k].Name, id)
+	}
+}
+
+// hold queues in-order work that holds the committer until the returned
+// func is called: nothing queued after it runs meanwhile.
+func hold(p *writer.Path) (release func()) {
+	g := make(gate)
+	p.Queue().Push(writer.Task{R: g})
+	return sync.OnceFunc(func() { close(g) })
+}
+
+type gate chan struct{}
+
+func (g gate) RunInOrder(bool) { <-g }
+
+// A hit read returns the rows the writes before its plan landed: request
+// 2 hits request 1's two blocks and computes two more rows; its result is
+// request 1's eight rows, then its own, for every key, read ahead by the
+// committer (prefetch) or at Read. A subset read serves the asked request
+// alone.
+func TestReadServesTheRowsAWriteLanded(t *testing.T) {
+	for _, prefetch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
+			w := newWorld(t, Options{Prefetch: prefetch, Budget: 1 << 20})
+			w.blocks[1] = []int32{1, 2}
+			w.blocks[2] = []int32{1, 2, 3}
+			w.blocks[3] = []int32{7}
+			s1 := w.step([]sched{{1, 0, 8}})
+			d, err := w.read(s1)
+			require.NoError(t, err)
+			wantRows(t, d, 0, 1, 0, 1, 0)
+
+			hits := w.p.Counters().HitRows.Load()
+			s2 := w.step([]sched{{3, 0, 3}, {2, 8, 2}}, Hit{Index: 1, Tokens: 8, Blocks: []int32{1, 2}})
+			require.Equal(t, prefetch, s2.Prefetched())
+			require.True(t, s2.HasHits())
+			d, err = w.read(s2)
+			require.NoError(t, err)
+			wantRows(t, d, 0, 3, 0, 3, 0)
+			wantRows(t, d, 1, 1, 8, 2, 0) // request 1's rows 0..7, then its own 8, 9
+			require.Equal(t, hits+8, w.p.Counters().HitRows.Load(), "hit rows served")
+
+			s3 := w.step([]sched{{3, 3, 1}, {2, 10, 1}})
+			d, err = w.read(s3, 1)
+			require.NoError(t, err)
+			wantRows(t, d, 0, 2, 0, 2, 10)
+		})
+	}
+}
+
+// A hit whose block a newer write claimed before the read is refused with
+// ErrReassigned for that request alone (its rows zeros, the step's other
+// request served) when it is read at Read: without prefetch, or when the
+// read-ahead budget could not hold the step (the error says so). Read
+// ahead by the committer in queue order, the same late read serves the
+// planned rows.
+func TestReadRefusesAReassignedBlock(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opt      Options
+		refused  bool
+		noBudget bool
+	}{
+		{"prefetch", Options{Prefetch: true, Budget: 1 << 20}, false, false},
+		{"no prefetch", Options{}, true, false},
+		{"read-ahead budget exhausted", Options{Prefetch: true, Budget: 1}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, tc.opt)
+			w.blocks[1] = []int32{5}
+			w.blocks[2] = []int32{5, 6}
+			w.blocks[3] = []int32{5} // block 5's next tenant
+			w.blocks[4] = []int32{9}
+			s1 := w.step([]sched{{1, 0, 4}})
+			_, err := w.read(s1)
+			require.NoError(t, err)
+			s2 := w.step([]sched{{2, 4, 1}, {4, 0, 2}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{5}})
+			w.step([]sched{{3, 0, 4}}) // rewrites block 5; never consumed here
+			require.NoError(t, w.p.Sync())
+
+			d, err := w.read(s2)
+			require.NoError(t, err, "a request that cannot be served fails alone")
+			wantRows(t, d, 1, 4, 0, 4, 0)
+			if !tc.refused {
+				wantRows(t, d, 0, 1, 4, 2, 0)
+				return
+			}
+			require.ErrorIs(t, d.errs[0], errs.Reassigned)
+			require.Equal(t, tc.noBudget, strings.Contains(d.errs[0].Error(), "read-ahead budget"), "the error names the read-ahead budget: %v", d.errs[0])
+			for k := range testKeys {
+				require.Equal(t, make([]byte, d.n[0]*testKeys[k].RowBytes), d.Rows(0, k), "a refused request's rows are zeros")
+			}
+		})
+	}
+}
+
+// A hit over a block no write ever touched fails with ErrAbsentRequired
+// (the hidden key is required), whether read ahead or at Read.
+func TestReadRefusesAbsentRequiredRows(t *testing.T) {
+	for _, prefetch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
+			w := newWorld(t, Options{Prefetch: prefetch, Budget: 1 << 20})
+			w.blocks[1] = []int32{3, 4}
+			s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}})
+			require.NoError(t, w.p.Sync())
+			d, err := w.read(s)
+			require.NoError(t, err)
+			require.ErrorIs(t, d.errs[0], errs.AbsentRequired)
+		})
+	}
+}
+
+// A consumed step's record is handed back for reuse (Freed) once the last
+// reference is dropped: the consumer's Release of a step read at Read; the
+// consumer's and the committer's (its read ahead done) of a prefetched
+// one; Cancel of a step given up. Its pins go with it: the staging pages
+// come back. Freed hands each record over once, and keeps at most
+// MaxFreeSteps.
+func TestReleaseRecyclesRecords(t *testing.T) {
+	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
+	w.blocks[1] = []int32{1}
+	w.blocks[2] = []int32{1, 2}
+	s1 := w.step([]sched{{1, 0, 4}})
+	require.Empty(t, w.rd.Freed(nil), "nothing released yet")
+	_, err := w.read(s1)
+	require.NoError(t, err)
+	require.Equal(t, []*Step{s1}, w.rd.Freed(nil), "the consumer's Release was the last reference")
+
+	s2 := w.step([]sched{{2, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{1}})
+	require.True(t, s2.Prefetched())
+	require.NoError(t, w.p.Sync()) // the committer's read ran and dropped its reference
+	_, err = w.read(s2)
+	require.NoError(t, err)
+	s3 := w.step([]sched{{2, 5, 1}})
+	w.rd.Cancel(s3)
+	require.ElementsMatch(t, []*Step{s2, s3}, w.rd.Freed(nil))
+	require.Empty(t, w.rd.Freed(nil), "each record is handed over once")
+	require.NoError(t, w.p.Sync())
+	require.Zero(t, w.p.PagesInUse(), "the released steps' pages came back")
+
+	for i := 0; i < MaxFreeSteps+6; i++ {
+		s := &Step{}
+		s.Reset(len(testKeys))
+		w.rd.Cancel(s)
+	}
+	require.Len(t, w.rd.Freed(nil), MaxFreeSteps, "records kept for reuse")
+}
+
+// Cancel of a prefetched step whose read the committer has not started
+// (it is held up by earlier work) gives the step's read-ahead charge back
+// at once and skips the read; the record comes back once the committer
+// passed the skipped read.
+func TestCancelGivesTheReadAheadBack(t *testing.T) {
+	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
+	w.blocks[1] = []int32{1}
+	w.blocks[2] = []int32{1, 2}
+	s1 := w.step([]sched{{1, 0, 4}})
+	_, err := w.read(s1)
+	require.NoError(t, err)
+	require.NoError(t, w.p.Sync())
+	w.rd.Freed(nil)
+
+	release := hold(w.p)
+	defer release()
+	s2 := w.step([]sched{{2, 4, 2}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{1}})
+	require.True(t, s2.Prefetched())
+	want := int64(0)
+	for _, k := range testKeys {
+		want += int64(4+2) * int64(k.RowBytes) // prefix and step rows of every key
+	}
+	require.Equal(t, want, w.rd.ReadAheadBytes(), "the step's buffers are charged from Begin")
+	dropped := w.p.Counters().PrefetchDropped.Load()
+	w.rd.Cancel(s2)
+	require.Zero(t, w.rd.ReadAheadBytes(), "Cancel gave the charge back at once")
+	require.Equal(t, dropped+1, w.p.Counters().PrefetchDropped.Load())
+	require.Empty(t, w.rd.Freed(nil), "the committer still holds the record")
+	release()
+	require.NoError(t, w.p.Sync())
+	require.Equal(t, []*Step{s2}, w.rd.Freed(nil), "freed once the committer passed the skipped read")
+	require.Zero(t, w.rd.ReadAheadBytes())
+	require.Zero(t, w.p.Counters().PrefetchUsed.Load(), "the skipped read served nothing")
+}

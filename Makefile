@@ -2,7 +2,7 @@
 GO      ?= go
 PKGS    ?= ./...
 FUZZTIME ?= 30s
-FUZZPKGS ?= ./fuzz/ . ./mirror/
+FUZZPKGS ?= ./fuzz/ ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 

@@ -58,12 +58,15 @@ type entry struct {
 	outs omnicache.Outputs
 
 	// parked holds results a Materialize could not fit in the caller's
-	// buffers (OMNICACHE_ERR_SHORT_BUFFER), by step, until asked again.
-	mu     sync.Mutex
-	parked map[uint64]*parkedResult
-	tier   *tier.Tier
-	back   tier.Backend
-	dev    gpu.Device // nil: the host device
+	// buffers (OMNICACHE_ERR_SHORT_BUFFER), by step, until asked again;
+	// nparked is its length, so that a step's discard takes no lock when
+	// nothing is parked (the usual case).
+	mu      sync.Mutex
+	parked  map[uint64]*parkedResult
+	nparked atomic.Int32
+	tier    *tier.Tier
+	back    tier.Backend
+	dev     gpu.Device // nil: the host device
 }
 
 type parkedResult struct {
@@ -370,6 +373,7 @@ func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.i
 	e.closeTier()
 	e.mu.Lock()
 	e.parked = map[uint64]*parkedResult{}
+	e.nparked.Store(0)
 	e.mu.Unlock()
 	return m.fail(err)
 }
@@ -570,12 +574,17 @@ func ocgo_discard(h C.uint64_t, step C.uint64_t, mp *C.char, mcap C.int64_t, mn 
 	return m.fail(e.c.Discard(omnicache.StepID(step)))
 }
 
+// unpark takes step's parked result, nil when none.
 func (e *entry) unpark(step uint64) *parkedResult {
+	if e.nparked.Load() == 0 {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	pr := e.parked[step]
 	if pr != nil {
 		delete(e.parked, step)
+		e.nparked.Store(int32(len(e.parked)))
 	}
 	return pr
 }
@@ -647,6 +656,7 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 		e.mu.Lock()
 		if !e.closed.Load() {
 			e.parked[uint64(step)] = pr
+			e.nparked.Store(int32(len(e.parked)))
 		}
 		e.mu.Unlock()
 		return m.fail(fmt.Errorf("%w: step %d: %d requests and %d rows; call again with buffers that hold them", errShortBuffer, uint64(step), n, total))

@@ -228,8 +228,7 @@ class Plan:
         c = self._c
         c.n_arrivals = c.n_hit_blocks = c.n_finished = c.n_preempted = c.n_resumed = 0
         c.n_full = c.n_tier_blocks = c.n_tier_hashes = 0
-        for f in ("arrivals", "hit_tokens", "hit_blocks", "finished", "preempted", "resumed",
-                  "full_blocks", "full_hashes", "tier_blocks", "tier_hashes"):
+        for f in _PLAN_FIELDS[5:]:
             self._keep.pop(f, None)
         return self
 
@@ -238,10 +237,17 @@ class Plan:
         """The number of scheduled requests."""
         return self._n
 
-    def __getattr__(self, name):
-        if name in _PLAN_FIELDS:
-            return self._keep.get(name)
-        raise AttributeError(name)
+
+def _plan_field(name):
+    return property(lambda self: self._keep.get(name), doc="The plan's %s array as given (None: unset)." % name)
+
+
+# plan.ids, plan.count, ...: the arrays as given. Properties rather than
+# __getattr__, which would slow every attribute access of a Plan (begin
+# reads plan._ref each step).
+for _f in _PLAN_FIELDS:
+    setattr(Plan, _f, _plan_field(_f))
+del _f
 
 
 class Outputs:
@@ -381,7 +387,14 @@ def version():
     return _ffi.lib().omnicache_version().decode()
 
 
-class Cache:
+# Cache's base: the _fast extension's Engine runs a plain step's begin and
+# save in C (no Python frame) and hands anything else to _begin_py and
+# _save_py; without the extension those are begin and save.
+_FAST = _ffi.fast()
+_Engine = object if _FAST is None else _FAST.Engine
+
+
+class Cache(_Engine):
     """The prefix-cache core (omnicache.Cache) in this process.
 
     The engine contract, once per real step::
@@ -440,10 +453,9 @@ class Cache:
         # cached entry points and argument objects: a step's calls convert
         # nothing but the handle and the step id
         hot = _ffi.hot()
-        self._begin, self._save, self._discard = hot.begin, hot.save, hot.discard
-        self._discard_begin = hot.discard_begin
+        self._discard, self._discard_begin = hot.discard, hot.discard_begin
+        self._save = hot.saver()
         self._materialize = L.omnicache_materialize
-        self._stepv, self._stepref = hot.u64()
         self._plan = None
         self._outs = None
         # materialize sizes its buffers from the last step it read (a
@@ -452,27 +464,40 @@ class Cache:
 
     # -- the engine thread --
 
-    def begin(self, plan=None, discard=0, **fields):
-        """Begin a real step with plan (a Plan), or with Plan's fields as
-        keywords. discard, a step id, is discarded first in the same call
-        into the library (an engine that discards the step before saves
-        one crossing a step); if the discard fails nothing is begun."""
-        if plan is None:
+    def _begin_py(self, plan=None, discard=0, **fields):
+        """begin(plan=None, discard=0, **fields): begin a real step with
+        plan (a Plan), or with Plan's fields as keywords. discard, a step
+        id, is discarded first in the same call into the library (an engine
+        that discards the step before saves one crossing a step); if the
+        discard fails nothing is begun."""
+        if fields or plan is None:
+            if plan is not None:
+                raise TypeError("omnicache: begin takes a Plan or keywords, not both")
             plan = Plan(**fields)
-        elif fields:
-            raise TypeError("omnicache: begin takes a Plan or keywords, not both")
-        if discard:
-            rc = self._discard_begin(self._h, discard, plan._ref)
-        else:
-            rc = self._begin(self._h, plan._ref)
+        rc = self._discard_begin(self._h, discard or 0, plan._ref)  # discard 0: none
         if rc:
             _raise(rc)
         self._plan = plan
 
-    def save(self, outputs, tokens=None, padded=None):
-        """Save the begun step's outputs (an Outputs, a {key: tensor} dict or
-        a sequence in key order; tokens defaults to the plan's scheduled
-        tokens) and return its step id."""
+    def _save_py(self, outputs, tokens=None, padded=None):
+        """save(outputs, tokens=None, padded=None): save the begun step's
+        outputs (an Outputs, a {key: tensor} dict or a sequence in key
+        order; tokens defaults to the plan's scheduled tokens) and return
+        its step id."""
+        if type(outputs) is not Outputs or outputs._on_cuda or tokens is not None or padded is not None:
+            outputs = self._outputs(outputs, tokens, padded)
+        sid = self._save(self._h, outputs._ref)
+        if sid < 0:
+            _raise(-sid)
+        return sid
+
+    if _FAST is None:
+        begin, save = _begin_py, _save_py
+
+    def _outputs(self, outputs, tokens, padded):
+        """save's outputs other than a host Outputs saved as it is: converts
+        a dict or sequence, sets tokens and padded, and records the CUDA
+        event."""
         if type(outputs) is not Outputs:
             if self._outs is None:
                 self._outs = Outputs(self)
@@ -487,10 +512,7 @@ class Cache:
             outputs.padded = padded
         if outputs._on_cuda:
             outputs._record()
-        rc = self._save(self._h, outputs._ref, self._stepref)
-        if rc:
-            _raise(rc)
-        return self._stepv[0]
+        return outputs
 
     def abort(self):
         """The forward failed after begin: forget the begun step."""

@@ -451,6 +451,8 @@ func fillPlan(p *omnicache.Plan, cp *C.omnicache_plan) (err error) {
 	setU(&p.FullHashes, cp.full_hashes, cp.n_full, "full_hashes")
 	set32(&p.TierBlocks, cp.tier_blocks, cp.n_tier_blocks, "tier_blocks")
 	setU(&p.TierHashes, cp.tier_hashes, cp.n_tier_hashes, "tier_hashes")
+	set64(&p.Replaced, cp.replaced, cp.n_replaced, "replaced")
+	set32(&p.ReplacedFrom, cp.replaced_from, cp.n_replaced, "replaced_from")
 	if err != nil {
 		return err
 	}
@@ -478,6 +480,10 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 	}
 	if len(ts) != len(e.keys) {
 		return m.fail(fmt.Errorf("%w: %d tensors for %d keys", omnicache.ErrOutputs, len(ts), len(e.keys)))
+	}
+	acc, err := view[int32](co.accepted, co.n_accepted, "accepted")
+	if err != nil {
+		return m.fail(err)
 	}
 	o := &e.outs
 	o.Tokens, o.Padded = int(co.tokens), int(co.padded)
@@ -518,8 +524,10 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 			}
 		}
 	}
+	o.Accepted = acc
 	id, err := e.c.Save(o)
 	clear(o.Tensors) // borrowed for the call: the cache copied the rows
+	o.Accepted = nil
 	if err != nil {
 		return m.fail(err)
 	}
@@ -667,9 +675,12 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 	}
 	prefix := unsafe.Slice((*int32)(unsafe.Pointer(cr.prefix)), n)
 	tokens := unsafe.Slice((*int32)(unsafe.Pointer(cr.tokens)), n)
-	var errs []int32
+	var errs, from []int32
 	if cr.errs != nil {
 		errs = unsafe.Slice((*int32)(unsafe.Pointer(cr.errs)), n)
+	}
+	if cr.from != nil {
+		from = unsafe.Slice((*int32)(unsafe.Pointer(cr.from)), n)
 	}
 	for i := 0; i < n; i++ {
 		if ids != nil {
@@ -678,6 +689,9 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 		prefix[i], tokens[i] = int32(res.Prefix(i)), int32(res.Tokens(i))
 		if errs != nil {
 			errs[i] = int32(code(res.Err(i)))
+		}
+		if from != nil {
+			from[i] = int32(res.From(i))
 		}
 	}
 	for k, key := range e.keys {

@@ -55,6 +55,7 @@ class Plan(ctypes.Structure):
         ("full_blocks", c_ptr), ("full_hashes", c_ptr), ("n_full", c_i64),
         ("tier_blocks", c_ptr), ("n_tier_blocks", c_i64),
         ("tier_hashes", c_ptr), ("n_tier_hashes", c_i64),
+        ("replaced", c_ptr), ("replaced_from", c_ptr), ("n_replaced", c_i64),
     ]
 
 
@@ -64,13 +65,14 @@ class Tensor(ctypes.Structure):
 
 
 class Outputs(ctypes.Structure):
-    _fields_ = [("tokens", c_i64), ("padded", c_i64), ("tensors", ctypes.POINTER(Tensor)), ("ntensors", c_i64)]
+    _fields_ = [("tokens", c_i64), ("padded", c_i64), ("tensors", ctypes.POINTER(Tensor)), ("ntensors", c_i64),
+                ("accepted", c_ptr), ("n_accepted", c_i64)]
 
 
 class Result(ctypes.Structure):
     _fields_ = [
         ("cap_reqs", c_i64),
-        ("ids", c_ptr), ("prefix", c_ptr), ("tokens", c_ptr), ("errs", c_ptr),
+        ("ids", c_ptr), ("prefix", c_ptr), ("tokens", c_ptr), ("errs", c_ptr), ("from_", c_ptr),
         ("key_data", ctypes.POINTER(c_ptr)), ("key_cap", ctypes.POINTER(c_i64)), ("nkeys", c_i64),
         ("n_reqs", c_i64), ("total_rows", c_i64),
     ]
@@ -84,7 +86,7 @@ ALLOC_STAGING_AT_NEW = 4
 ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
 TENSOR_CUDA = 1
-ABI_VERSION = 1  # the layouts above (OMNICACHE_ABI_VERSION)
+ABI_VERSION = 2  # the layouts above (OMNICACHE_ABI_VERSION)
 
 _lib = None
 _lock = threading.Lock()

@@ -183,3 +183,29 @@ def test_begin_discards_the_step_before():
     finally:
         c.close()
 
+
+def test_struct_layouts_match_the_header():
+    """The package's ctypes structs have the header's layout (cffi parses
+    the header's typedefs): sizes and every field's offset."""
+    import ctypes
+    import re
+
+    import cffi
+
+    from omnicache import _ffi
+
+    text = open(os.path.join(os.path.dirname(_ffi.lib_path()), "omnicache.h")).read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    structs = re.findall(r"typedef struct \{.*?\} \w+;", text, flags=re.S)
+    ffi = cffi.FFI()
+    ffi.cdef("\n".join(structs))
+    pairs = {"omnicache_key": _ffi.Key, "omnicache_config": _ffi.Config, "omnicache_plan": _ffi.Plan,
+             "omnicache_tensor": _ffi.Tensor, "omnicache_outputs": _ffi.Outputs, "omnicache_result": _ffi.Result}
+    assert sorted(re.findall(r"\} (\w+);", "\n".join(structs))) == sorted(pairs)
+    for cname, py in pairs.items():
+        assert ffi.sizeof(cname) == ctypes.sizeof(py), cname
+        cfields = [f for f, _ in ffi.typeof(cname).fields]
+        pyfields = [f for f, _ in py._fields_]
+        assert [f.rstrip("_") for f in pyfields] == cfields, cname
+        for f, cf in zip(pyfields, cfields):
+            assert getattr(py, f).offset == ffi.offsetof(cname, cf), (cname, f)

@@ -156,6 +156,7 @@ var codes = []struct {
 	{errPanic, C.OMNICACHE_ERR_PANIC},
 	{errUnsupported, C.OMNICACHE_ERR_UNSUPPORTED},
 	{gpu.ErrNoCUDA, C.OMNICACHE_ERR_UNSUPPORTED},
+	{gpu.ErrNoDevice, C.OMNICACHE_ERR_NO_DEVICE},
 }
 
 func code(err error) C.int {

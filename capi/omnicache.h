@@ -78,7 +78,8 @@ enum {
 	OMNICACHE_ERR_FORKED = 103,       /* called in a process forked after load */
 	OMNICACHE_ERR_PANIC = 104,        /* a panic inside the library (a bug) */
 	OMNICACHE_ERR_UNSUPPORTED = 105,  /* e.g. a CUDA tensor in a build without CUDA */
-	OMNICACHE_ERR_INTERNAL = 106      /* an error with no code of its own */
+	OMNICACHE_ERR_INTERNAL = 106,     /* an error with no code of its own */
+	OMNICACHE_ERR_NO_DEVICE = 107     /* OMNICACHE_DEVICE_CUDA: no such CUDA device (no GPU, no driver, ordinal) */
 };
 
 /* omnicache_key.flags */

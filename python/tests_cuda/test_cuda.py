@@ -88,6 +88,11 @@ def test_cuda_refusals():
     h.close()
 
 
+def test_no_such_device():
+    with pytest.raises(oc.NoDeviceError, match="device 4096 requested"):
+        oc.Cache([oc.Key("hidden", 16)], num_blocks=8, block_size=BS, cuda_device=4096)
+
+
 def test_accepted_rows_on_cuda():
     """Speculative decoding with CUDA rows: only the accepted rows are
     delivered and written; a hit over them serves exactly those rows."""

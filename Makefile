@@ -30,7 +30,18 @@ PYTHON  ?= /usr/bin/python3
 PYLIB   := python/omnicache/_lib
 CAPI_SRC := $(wildcard capi/*.go capi/*.c capi/*.h capi/*.map) $(filter-out %_test.go,$(wildcard *.go */*.go */*/*.go))
 
-python: $(PYLIB)/libomnicache.so $(PYLIB)/omnicache.h ## build libomnicache.so and its header into the Python package (python/omnicache/_lib)
+# The package's extension omnicache._fast (python/omnicache/_fast.c): the
+# per-step calls without ctypes/cffi. Built against $(PYTHON)'s headers
+# (Debian's python3-dev); it does not link libomnicache.so.
+PYINC   = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PYEXT   = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+PYFAST  = python/omnicache/_fast$(PYEXT)
+
+python: $(PYLIB)/libomnicache.so $(PYLIB)/omnicache.h $(PYFAST) ## build libomnicache.so, its header and the _fast extension into the Python package
+
+$(PYFAST): python/omnicache/_fast.c
+	@test -f "$(PYINC)/Python.h" || { echo "make python: $(PYINC)/Python.h missing: install python3-dev (make python-deps)" >&2; exit 1; }
+	$(CC) -O2 -Wall -Werror -fPIC -shared -I$(PYINC) -o $@ $<
 
 $(PYLIB)/libomnicache.so: $(CAPI_SRC) go.mod
 	@mkdir -p $(PYLIB)
@@ -67,7 +78,7 @@ python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools 
 	cd / && $$v/bin/python -c "import numpy as np, omnicache as oc; c = oc.Cache([oc.Key('h', 8)], num_blocks=8, block_size=4); \
 	c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1]); \
 	r = c.materialize(c.save([np.arange(16, dtype=np.uint8).reshape(2, 8)])); assert r.rows(0, 'h').ravel().tolist() == list(range(16)); \
-	c.close(); print('wheel installed in a fresh venv:', oc.__file__, oc.version())"
+	c.close(); b = oc._ffi.hot().backend; assert b == 'fast', b; print('wheel installed in a fresh venv:', oc.__file__, oc.version(), 'calls through', b)"
 
 redis: ## install redis-server with apt-get when missing (.ci/redis.sh; the tier tests start real servers)
 	@bash .ci/redis.sh

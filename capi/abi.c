@@ -59,7 +59,12 @@ static int omnicache_refuse_fork(void) {
 	} while (0)
 #define MSG omnicache_msg(), (int64_t)MSG_CAP, &omnicache_msglen
 
-const char *omnicache_version(void) { return "omnicache " OMNICACHE_VERSION_STRING " (abi 1)"; }
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+const char *omnicache_version(void) {
+	return "omnicache " OMNICACHE_VERSION_STRING " (abi " STR(OMNICACHE_ABI_VERSION) ")";
+}
 
 int omnicache_abi_version(void) { return OMNICACHE_ABI_VERSION; }
 

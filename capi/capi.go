@@ -58,12 +58,15 @@ type entry struct {
 	outs omnicache.Outputs
 
 	// parked holds results a Materialize could not fit in the caller's
-	// buffers (OMNICACHE_ERR_SHORT_BUFFER), by step, until asked again.
-	mu     sync.Mutex
-	parked map[uint64]*parkedResult
-	tier   *tier.Tier
-	back   tier.Backend
-	dev    gpu.Device // nil: the host device
+	// buffers (OMNICACHE_ERR_SHORT_BUFFER), by step, until asked again;
+	// nparked is its length, so that a step's discard takes no lock when
+	// nothing is parked (the usual case).
+	mu      sync.Mutex
+	parked  map[uint64]*parkedResult
+	nparked atomic.Int32
+	tier    *tier.Tier
+	back    tier.Backend
+	dev     gpu.Device // nil: the host device
 }
 
 type parkedResult struct {
@@ -153,6 +156,7 @@ var codes = []struct {
 	{errPanic, C.OMNICACHE_ERR_PANIC},
 	{errUnsupported, C.OMNICACHE_ERR_UNSUPPORTED},
 	{gpu.ErrNoCUDA, C.OMNICACHE_ERR_UNSUPPORTED},
+	{gpu.ErrNoDevice, C.OMNICACHE_ERR_NO_DEVICE},
 }
 
 func code(err error) C.int {
@@ -370,6 +374,7 @@ func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.i
 	e.closeTier()
 	e.mu.Lock()
 	e.parked = map[uint64]*parkedResult{}
+	e.nparked.Store(0)
 	e.mu.Unlock()
 	return m.fail(err)
 }
@@ -447,6 +452,8 @@ func fillPlan(p *omnicache.Plan, cp *C.omnicache_plan) (err error) {
 	setU(&p.FullHashes, cp.full_hashes, cp.n_full, "full_hashes")
 	set32(&p.TierBlocks, cp.tier_blocks, cp.n_tier_blocks, "tier_blocks")
 	setU(&p.TierHashes, cp.tier_hashes, cp.n_tier_hashes, "tier_hashes")
+	set64(&p.Replaced, cp.replaced, cp.n_replaced, "replaced")
+	set32(&p.ReplacedFrom, cp.replaced_from, cp.n_replaced, "replaced_from")
 	if err != nil {
 		return err
 	}
@@ -474,6 +481,10 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 	}
 	if len(ts) != len(e.keys) {
 		return m.fail(fmt.Errorf("%w: %d tensors for %d keys", omnicache.ErrOutputs, len(ts), len(e.keys)))
+	}
+	acc, err := view[int32](co.accepted, co.n_accepted, "accepted")
+	if err != nil {
+		return m.fail(err)
 	}
 	o := &e.outs
 	o.Tokens, o.Padded = int(co.tokens), int(co.padded)
@@ -514,8 +525,10 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 			}
 		}
 	}
+	o.Accepted = acc
 	id, err := e.c.Save(o)
 	clear(o.Tensors) // borrowed for the call: the cache copied the rows
+	o.Accepted = nil
 	if err != nil {
 		return m.fail(err)
 	}
@@ -570,12 +583,17 @@ func ocgo_discard(h C.uint64_t, step C.uint64_t, mp *C.char, mcap C.int64_t, mn 
 	return m.fail(e.c.Discard(omnicache.StepID(step)))
 }
 
+// unpark takes step's parked result, nil when none.
 func (e *entry) unpark(step uint64) *parkedResult {
+	if e.nparked.Load() == 0 {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	pr := e.parked[step]
 	if pr != nil {
 		delete(e.parked, step)
+		e.nparked.Store(int32(len(e.parked)))
 	}
 	return pr
 }
@@ -647,6 +665,7 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 		e.mu.Lock()
 		if !e.closed.Load() {
 			e.parked[uint64(step)] = pr
+			e.nparked.Store(int32(len(e.parked)))
 		}
 		e.mu.Unlock()
 		return m.fail(fmt.Errorf("%w: step %d: %d requests and %d rows; call again with buffers that hold them", errShortBuffer, uint64(step), n, total))
@@ -657,9 +676,12 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 	}
 	prefix := unsafe.Slice((*int32)(unsafe.Pointer(cr.prefix)), n)
 	tokens := unsafe.Slice((*int32)(unsafe.Pointer(cr.tokens)), n)
-	var errs []int32
+	var errs, from []int32
 	if cr.errs != nil {
 		errs = unsafe.Slice((*int32)(unsafe.Pointer(cr.errs)), n)
+	}
+	if cr.from != nil {
+		from = unsafe.Slice((*int32)(unsafe.Pointer(cr.from)), n)
 	}
 	for i := 0; i < n; i++ {
 		if ids != nil {
@@ -668,6 +690,9 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 		prefix[i], tokens[i] = int32(res.Prefix(i)), int32(res.Tokens(i))
 		if errs != nil {
 			errs[i] = int32(code(res.Err(i)))
+		}
+		if from != nil {
+			from[i] = int32(res.From(i))
 		}
 	}
 	for k, key := range e.keys {

@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define OMNICACHE_ABI_VERSION 1
+#define OMNICACHE_ABI_VERSION 2 /* the struct layouts below */
 #define OMNICACHE_VERSION_STRING "0.1.0"
 
 /* Error codes: stable numbers, never reused. */
@@ -78,7 +78,8 @@ enum {
 	OMNICACHE_ERR_FORKED = 103,       /* called in a process forked after load */
 	OMNICACHE_ERR_PANIC = 104,        /* a panic inside the library (a bug) */
 	OMNICACHE_ERR_UNSUPPORTED = 105,  /* e.g. a CUDA tensor in a build without CUDA */
-	OMNICACHE_ERR_INTERNAL = 106      /* an error with no code of its own */
+	OMNICACHE_ERR_INTERNAL = 106,     /* an error with no code of its own */
+	OMNICACHE_ERR_NO_DEVICE = 107     /* OMNICACHE_DEVICE_CUDA: no such CUDA device (no GPU, no driver, ordinal) */
 };
 
 /* omnicache_key.flags */
@@ -152,6 +153,11 @@ typedef struct {
 	int64_t n_tier_blocks;
 	const uint64_t *tier_hashes;
 	int64_t n_tier_hashes;
+	/* streaming input: live requests whose tokens from replaced_from[i] on
+	 * were replaced (Plan.Replaced, Plan.ReplacedFrom) */
+	const int64_t *replaced;      /* n_replaced */
+	const int32_t *replaced_from; /* n_replaced */
+	int64_t n_replaced;
 } omnicache_plan;
 
 /* omnicache_tensor.flags */
@@ -178,20 +184,27 @@ typedef struct {
 	int64_t padded;
 	const omnicache_tensor *tensors; /* one per key, in config order */
 	int64_t ntensors;
+	/* speculative decoding (Outputs.Accepted): per scheduled request, in
+	 * batch order, how many of its scheduled tokens were accepted; NULL
+	 * and 0: all of them */
+	const int32_t *accepted; /* n_accepted */
+	int64_t n_accepted;
 } omnicache_outputs;
 
 /* What omnicache_materialize fills. In: cap_reqs (entries of ids, prefix,
- * tokens and errs; errs may be NULL), per key the destination and its
- * capacity in bytes. Out: n_reqs and total_rows. Key k's rows are written
- * contiguously, request after request, total_rows*row_bytes[k] bytes;
- * request i's rows start at row sum(tokens[:i]) and its first prefix[i]
- * rows are its hit prefix. */
+ * tokens, errs and from; ids, errs and from may be NULL), per key the
+ * destination and its capacity in bytes. Out: n_reqs and total_rows. Key
+ * k's rows are written contiguously, request after request,
+ * total_rows*row_bytes[k] bytes; request i's rows start at row
+ * sum(tokens[:i]), its first prefix[i] rows are its hit prefix, and they
+ * are positions [from[i], from[i]+tokens[i]) of its sequence. */
 typedef struct {
 	int64_t cap_reqs;
 	int64_t *ids;
 	int32_t *prefix;
 	int32_t *tokens;
 	int32_t *errs; /* per request: 0 served, else the code of why not */
+	int32_t *from; /* per request: the position of its first row (Result.From) */
 	void *const *key_data;
 	const int64_t *key_cap;
 	int64_t nkeys;

@@ -145,6 +145,8 @@ def main(argv=None):
     print("load average: %.2f %.2f %.2f (%d CPUs)" % (la[0], la[1], la[2], os.cpu_count()))
     print("step = begin + save (64-byte rows, copied) + discard; median of %d rounds, Go and Python rounds interleaved"
           % a.rounds)
+    from . import _ffi
+    print("python calls the library through %s" % _ffi.hot().backend)
     print("%-12s %10s %10s %10s %13s %10s %15s" % ("shape", "python µs", "go µs", "python-go", "python stall",
                                                   "go stall", "numpy slots µs"))
     for name, reqs, tokens, forward in SHAPES:

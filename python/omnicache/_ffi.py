@@ -55,6 +55,7 @@ class Plan(ctypes.Structure):
         ("full_blocks", c_ptr), ("full_hashes", c_ptr), ("n_full", c_i64),
         ("tier_blocks", c_ptr), ("n_tier_blocks", c_i64),
         ("tier_hashes", c_ptr), ("n_tier_hashes", c_i64),
+        ("replaced", c_ptr), ("replaced_from", c_ptr), ("n_replaced", c_i64),
     ]
 
 
@@ -64,13 +65,14 @@ class Tensor(ctypes.Structure):
 
 
 class Outputs(ctypes.Structure):
-    _fields_ = [("tokens", c_i64), ("padded", c_i64), ("tensors", ctypes.POINTER(Tensor)), ("ntensors", c_i64)]
+    _fields_ = [("tokens", c_i64), ("padded", c_i64), ("tensors", ctypes.POINTER(Tensor)), ("ntensors", c_i64),
+                ("accepted", c_ptr), ("n_accepted", c_i64)]
 
 
 class Result(ctypes.Structure):
     _fields_ = [
         ("cap_reqs", c_i64),
-        ("ids", c_ptr), ("prefix", c_ptr), ("tokens", c_ptr), ("errs", c_ptr),
+        ("ids", c_ptr), ("prefix", c_ptr), ("tokens", c_ptr), ("errs", c_ptr), ("from_", c_ptr),
         ("key_data", ctypes.POINTER(c_ptr)), ("key_cap", ctypes.POINTER(c_i64)), ("nkeys", c_i64),
         ("n_reqs", c_i64), ("total_rows", c_i64),
     ]
@@ -84,6 +86,7 @@ ALLOC_STAGING_AT_NEW = 4
 ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
 TENSOR_CUDA = 1
+ABI_VERSION = 2  # the layouts above (OMNICACHE_ABI_VERSION)
 
 _lib = None
 _lock = threading.Lock()
@@ -132,8 +135,9 @@ def lib():
             for name, (res, args) in sig.items():
                 f = getattr(L, name)
                 f.restype, f.argtypes = res, args
-            if L.omnicache_abi_version() != 1:
-                raise ImportError("omnicache: %s has ABI %d, this package needs 1" % (path, L.omnicache_abi_version()))
+            if L.omnicache_abi_version() != ABI_VERSION:
+                raise ImportError("omnicache: %s has ABI %d, this package needs %d"
+                                  % (path, L.omnicache_abi_version(), ABI_VERSION))
             _lib = L
     return _lib
 
@@ -151,52 +155,95 @@ def last_error():
     return buf.value.decode("utf-8", "replace")
 
 
+def fast():
+    """The omnicache._fast extension when it was built (make python, the
+    wheel) and neither OMNICACHE_NO_FAST nor OMNICACHE_CTYPES is set, else
+    None. Importing it loads nothing."""
+    if os.environ.get("OMNICACHE_NO_FAST") or os.environ.get("OMNICACHE_CTYPES"):
+        return None
+    try:
+        from . import _fast
+    except ImportError:
+        return None
+    return _fast
+
+
 class _Hot:
-    """The per-step entry points (begin, save, discard) through cffi when it
-    is importable (about 100 ns less per call than ctypes), else ctypes.
-    Both release the GIL during the call. ptr(address) makes the pointer
-    argument each backend takes."""
+    """The per-step entry points (discard_begin, which begins without a
+    discard when its step is 0, save, discard), in order of preference:
+
+    - "fast": the omnicache._fast extension (python/omnicache/_fast.c),
+      when fast() has it; its Engine (Cache's base class) runs a plain
+      step's begin and save in C;
+    - "cffi" (about 0.7 µs) when cffi is importable and OMNICACHE_CTYPES is
+      not set;
+    - "ctypes" (about 0.8 µs).
+
+    All three release the GIL during the call. Whatever the backend:
+    discard_begin(h, step, ref) and discard(h, step) return
+    the rc; saver() makes a cache's save(h, ref), which returns the step
+    id (> 0) or -rc; ptr(address) makes the ref of a plan's or outputs'
+    struct."""
 
     def __init__(self):
         L = lib()
+        fast_ = fast()
+        if fast_ is not None:
+            from .core import Outputs, Plan, _raise
+
+            addr = lambda f: ctypes.cast(f, c_ptr).value  # noqa: E731
+            fast_.bind(addr(L.omnicache_discard_begin), addr(L.omnicache_save), addr(L.omnicache_discard),
+                       Plan, Outputs, _raise)
+            self.backend = "fast"
+            self.discard_begin, self.discard = fast_.discard_begin, fast_.discard
+            self.saver = lambda: fast_.save
+            self.ptr = int
+            return
         try:
             import cffi
         except ImportError:
             cffi = None
         if cffi is None or os.environ.get("OMNICACHE_CTYPES"):
             self.backend = "ctypes"
-            self.begin, self.save, self.discard = L.omnicache_begin, L.omnicache_save, L.omnicache_discard
-            self.discard_begin = L.omnicache_discard_begin
+            self.discard_begin, self.discard = L.omnicache_discard_begin, L.omnicache_discard
+            self.saver = lambda: _save_through(L.omnicache_save, (c_u64 * 1)(), ctypes.addressof)
             self.ptr = int
             return
-        self._ffi = ffi = cffi.FFI()
-        ffi.cdef("int omnicache_begin(uint64_t, void *);"
-                 "int omnicache_discard_begin(uint64_t, uint64_t, void *);"
+        ffi = cffi.FFI()
+        ffi.cdef("int omnicache_discard_begin(uint64_t, uint64_t, void *);"
                  "int omnicache_save(uint64_t, void *, void *);"
                  "int omnicache_discard(uint64_t, uint64_t);")
         C = ffi.dlopen(lib_path())
         self.backend = "cffi"
-        self.begin, self.save, self.discard = C.omnicache_begin, C.omnicache_save, C.omnicache_discard
-        self.discard_begin = C.omnicache_discard_begin
+        self.discard_begin, self.discard = C.omnicache_discard_begin, C.omnicache_discard
+        self.saver = lambda: _save_through(C.omnicache_save, ffi.new("uint64_t *"), lambda cell: cell)
         self._keep = (ffi, C)
         cast = ffi.cast
         self.ptr = lambda addr: cast("void *", addr)
 
-    def u64(self):
-        """A uint64 out-parameter: (cell, argument); cell[0] reads it."""
-        if self.backend == "ctypes":
-            cell = (c_u64 * 1)()
-            return cell, ctypes.addressof(cell)
-        cell = self._ffi.new("uint64_t *")
-        return cell, cell
+
+def _save_through(f, cell, arg):
+    """save(h, ref) -> step id or -rc over a ctypes or cffi omnicache_save,
+    with its own uint64 out-cell (one per cache: one thread saves at a
+    time)."""
+    out = arg(cell)
+
+    def save(h, ref):
+        rc = f(h, ref, out)
+        return -rc if rc else cell[0]
+
+    return save
 
 
 _hot = None
 
 
 def hot():
+    """The per-step entry points (loads the library first: _lock is not
+    reentrant)."""
     global _hot
     if _hot is None:
+        lib()
         with _lock:
             if _hot is None:
                 h = _Hot()

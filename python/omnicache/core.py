@@ -102,7 +102,8 @@ class Key:
 
 
 _PLAN_FIELDS = ("ids", "rows", "start", "count", "table", "arrivals", "hit_tokens", "hit_blocks",
-                "finished", "preempted", "resumed", "full_blocks", "full_hashes", "tier_blocks", "tier_hashes")
+                "finished", "preempted", "resumed", "full_blocks", "full_hashes", "tier_blocks", "tier_hashes",
+                "replaced", "replaced_from")
 
 
 class Plan:
@@ -117,7 +118,7 @@ class Plan:
     def __init__(self, ids=None, rows=None, start=None, count=None, table=None, stride=None,
                  arrivals=None, hit_tokens=None, hit_blocks=None, finished=None,
                  preempted=None, resumed=None, full_blocks=None, full_hashes=None,
-                 tier_blocks=None, tier_hashes=None):
+                 tier_blocks=None, tier_hashes=None, replaced=None, replaced_from=None):
         self._c = _ffi.Plan()
         self._ref = _ffi.hot().ptr(ctypes.addressof(self._c))
         self._keep = {}
@@ -138,6 +139,8 @@ class Plan:
             self.set_full(full_blocks, full_hashes)
         if tier_blocks is not None or tier_hashes is not None:
             self.set_tier(tier_blocks, tier_hashes)
+        if replaced is not None or replaced_from is not None:
+            self.set_replaced(replaced, replaced_from)
 
     def set_batch(self, ids, rows, start, count):
         """The batch in token order: request ids, block-table rows, first
@@ -206,12 +209,7 @@ class Plan:
     def set_full(self, blocks, hashes):
         """With a tier: the full blocks this step completes and their
         chained hashes."""
-        b, h = _ints(blocks, "i32", "full_blocks"), _ints(hashes, "u64", "full_hashes")
-        if b[1] != h[1]:
-            raise ValueError("omnicache: %d full blocks, %d full hashes" % (b[1], h[1]))
-        self._c.full_blocks, self._c.full_hashes, self._c.n_full = b[0], h[0], b[1]
-        self._keep["full_blocks"], self._keep["full_hashes"] = b[2], h[2]
-        return self
+        return self._pair("full_blocks", "i32", blocks, "full_hashes", "u64", hashes, "n_full")
 
     def set_tier(self, blocks, hashes):
         """With a tier: per arrival how many trailing hit blocks are imported
@@ -222,14 +220,36 @@ class Plan:
         self._keep["tier_blocks"], self._keep["tier_hashes"] = b[2], h[2]
         return self
 
+    def set_replaced(self, ids, positions):
+        """Streaming input: live requests whose tokens from positions[i] on
+        were replaced (omnicache.Plan.Replaced, ReplacedFrom). Their rows
+        from that position on are neither hit nor delivered any more (steps
+        saved before and not consumed yet leave them out) and delivery
+        restarts there: the engine recomputes from that position. A position
+        past the tokens the request's saved steps cover, or a request not
+        live, is PlanError at begin."""
+        return self._pair("replaced", "i64", ids, "replaced_from", "i32", positions, "n_replaced")
+
+    def _pair(self, fa, ka, a, fb, kb, b, fn):
+        """Sets two arrays of one length: fields fa and fb (of kinds ka, kb)
+        and their length fn."""
+        pa, pb = _ints(a, ka, fa), _ints(b, kb, fb)
+        if pa[1] != pb[1]:
+            raise ValueError("omnicache: %d %s, %d %s: want one length" % (pa[1], fa, pb[1], fb))
+        c = self._c
+        setattr(c, fa, pa[0])
+        setattr(c, fb, pb[0])
+        setattr(c, fn, pa[1])
+        self._keep[fa], self._keep[fb] = pa[2], pb[2]
+        return self
+
     def clear_events(self):
-        """Drops arrivals, finished, preempted, resumed, full and tier blocks
-        (a plain step again)."""
+        """Drops arrivals, finished, preempted, resumed, full and tier
+        blocks and replaced requests (a plain step again)."""
         c = self._c
         c.n_arrivals = c.n_hit_blocks = c.n_finished = c.n_preempted = c.n_resumed = 0
-        c.n_full = c.n_tier_blocks = c.n_tier_hashes = 0
-        for f in ("arrivals", "hit_tokens", "hit_blocks", "finished", "preempted", "resumed",
-                  "full_blocks", "full_hashes", "tier_blocks", "tier_hashes"):
+        c.n_full = c.n_tier_blocks = c.n_tier_hashes = c.n_replaced = 0
+        for f in _PLAN_FIELDS[5:]:
             self._keep.pop(f, None)
         return self
 
@@ -238,19 +258,28 @@ class Plan:
         """The number of scheduled requests."""
         return self._n
 
-    def __getattr__(self, name):
-        if name in _PLAN_FIELDS:
-            return self._keep.get(name)
-        raise AttributeError(name)
+
+def _plan_field(name):
+    return property(lambda self: self._keep.get(name), doc="The plan's %s array as given (None: unset)." % name)
+
+
+# plan.ids, plan.count, ...: the arrays as given. Properties rather than
+# __getattr__, which would slow every attribute access of a Plan (begin
+# reads plan._ref each step).
+for _f in _PLAN_FIELDS:
+    setattr(Plan, _f, _plan_field(_f))
+del _f
 
 
 class Outputs:
     """One step's outputs, one tensor per key (Cache.keys order), reusable:
     set a key once when the engine writes the same buffer every step. A key
     set to None is omitted (optional keys only). Host rows are copied
-    before Cache.save returns."""
+    before Cache.save returns. accepted (speculative decoding): per
+    scheduled request, in batch order, how many of its scheduled tokens were
+    accepted (int32; None: all)."""
 
-    def __init__(self, cache, tensors=None, tokens=0, padded=None):
+    def __init__(self, cache, tensors=None, tokens=0, padded=None, accepted=None):
         self._keys = cache.keys
         nk = len(self._keys)
         self._arr = (_ffi.Tensor * nk)()
@@ -262,10 +291,13 @@ class Outputs:
         self._cuda_dev = cache.cuda_device
         self._on_cuda = set()  # keys set to CUDA tensors
         self._event = None
+        self._accepted = None
         if tensors is not None:
             self.update(tensors)
         self.tokens = tokens
         self.padded = padded
+        if accepted is not None:
+            self.accepted = accepted
 
     def update(self, tensors):
         """Sets keys from a {name: tensor} mapping or a sequence in key order."""
@@ -313,6 +345,20 @@ class Outputs:
         self._event = ev  # alive until the next save
 
     @property
+    def accepted(self):
+        """Per scheduled request the accepted token counts (None: all). The
+        rows of rejected tokens are never delivered and never become part of
+        a hit (omnicache.Outputs.Accepted); a count outside [0, count] is
+        OutputsError at save."""
+        return self._accepted
+
+    @accepted.setter
+    def accepted(self, counts):
+        p, n, keep = _ints(counts, "i32", "accepted")
+        self._c.accepted, self._c.n_accepted = p, n
+        self._accepted = keep
+
+    @property
     def tokens(self):
         return self._tokens
 
@@ -331,12 +377,14 @@ class Outputs:
 
 class Result:
     """What materialize returns: per request (in the order asked) its id,
-    hit prefix rows and total rows; per key one uint8 array [total_rows,
-    row_bytes] with the requests' rows one after another. rows(i, key)
-    gives request i's ``[hit prefix | this step]`` rows."""
+    hit prefix rows, total rows and ``from_``, the position of its first row
+    (omnicache.Result.From: its rows are positions [from_, from_ + tokens)
+    of its sequence; 0 with a hit prefix); per key one uint8 array
+    [total_rows, row_bytes] with the requests' rows one after another.
+    rows(i, key) gives request i's ``[hit prefix | this step]`` rows."""
 
-    def __init__(self, keys, ids, prefix, tokens, errs, bufs):
-        self.ids, self.prefix, self.tokens, self.errors = ids, prefix, tokens, errs
+    def __init__(self, keys, ids, prefix, tokens, errs, from_, bufs):
+        self.ids, self.prefix, self.tokens, self.errors, self.from_ = ids, prefix, tokens, errs, from_
         self.offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(tokens, out=self.offsets[1:])
         self._keys = keys
@@ -381,7 +429,14 @@ def version():
     return _ffi.lib().omnicache_version().decode()
 
 
-class Cache:
+# Cache's base: the _fast extension's Engine runs a plain step's begin and
+# save in C (no Python frame) and hands anything else to _begin_py and
+# _save_py; without the extension those are begin and save.
+_FAST = _ffi.fast()
+_Engine = object if _FAST is None else _FAST.Engine
+
+
+class Cache(_Engine):
     """The prefix-cache core (omnicache.Cache) in this process.
 
     The engine contract, once per real step::
@@ -440,10 +495,9 @@ class Cache:
         # cached entry points and argument objects: a step's calls convert
         # nothing but the handle and the step id
         hot = _ffi.hot()
-        self._begin, self._save, self._discard = hot.begin, hot.save, hot.discard
-        self._discard_begin = hot.discard_begin
+        self._discard, self._discard_begin = hot.discard, hot.discard_begin
+        self._save = hot.saver()
         self._materialize = L.omnicache_materialize
-        self._stepv, self._stepref = hot.u64()
         self._plan = None
         self._outs = None
         # materialize sizes its buffers from the last step it read (a
@@ -452,34 +506,53 @@ class Cache:
 
     # -- the engine thread --
 
-    def begin(self, plan=None, discard=0, **fields):
-        """Begin a real step with plan (a Plan), or with Plan's fields as
-        keywords. discard, a step id, is discarded first in the same call
-        into the library (an engine that discards the step before saves
-        one crossing a step); if the discard fails nothing is begun."""
-        if plan is None:
+    def _begin_py(self, plan=None, discard=0, **fields):
+        """begin(plan=None, discard=0, **fields): begin a real step with
+        plan (a Plan), or with Plan's fields as keywords. discard, a step
+        id, is discarded first in the same call into the library (an engine
+        that discards the step before saves one crossing a step); if the
+        discard fails nothing is begun."""
+        if fields or plan is None:
+            if plan is not None:
+                raise TypeError("omnicache: begin takes a Plan or keywords, not both")
             plan = Plan(**fields)
-        elif fields:
-            raise TypeError("omnicache: begin takes a Plan or keywords, not both")
-        if discard:
-            rc = self._discard_begin(self._h, discard, plan._ref)
-        else:
-            rc = self._begin(self._h, plan._ref)
+        rc = self._discard_begin(self._h, discard or 0, plan._ref)  # discard 0: none
         if rc:
             _raise(rc)
         self._plan = plan
 
-    def save(self, outputs, tokens=None, padded=None):
-        """Save the begun step's outputs (an Outputs, a {key: tensor} dict or
-        a sequence in key order; tokens defaults to the plan's scheduled
-        tokens) and return its step id."""
+    def _save_py(self, outputs, tokens=None, padded=None, accepted=None):
+        """save(outputs, tokens=None, padded=None, accepted=None): save the
+        begun step's outputs (an Outputs, a {key: tensor} dict or a sequence
+        in key order; tokens defaults to the plan's scheduled tokens) and
+        return its step id. tokens, padded and accepted, when given, are set
+        on an Outputs (and stay); with a dict or sequence accepted applies
+        to this save only."""
+        if type(outputs) is not Outputs or outputs._on_cuda or tokens is not None or padded is not None \
+                or accepted is not None:
+            outputs = self._outputs(outputs, tokens, padded, accepted)
+        sid = self._save(self._h, outputs._ref)
+        if sid < 0:
+            _raise(-sid)
+        return sid
+
+    if _FAST is None:
+        begin, save = _begin_py, _save_py
+
+    def _outputs(self, outputs, tokens, padded, accepted):
+        """save's outputs other than a host Outputs saved as it is: converts
+        a dict or sequence, sets tokens, padded and accepted, and records
+        the CUDA event."""
         if type(outputs) is not Outputs:
             if self._outs is None:
                 self._outs = Outputs(self)
             outputs = self._outs.update(outputs)
+            outputs.accepted = accepted
             if tokens is None:
                 plan = self._plan
                 tokens = int(np.asarray(plan.count).sum()) if plan is not None and plan.n else 0
+        elif accepted is not None:
+            outputs.accepted = accepted
         if tokens is not None:
             outputs.tokens = tokens
             outputs.padded = padded
@@ -487,10 +560,7 @@ class Cache:
             outputs.padded = padded
         if outputs._on_cuda:
             outputs._record()
-        rc = self._save(self._h, outputs._ref, self._stepref)
-        if rc:
-            _raise(rc)
-        return self._stepv[0]
+        return outputs
 
     def abort(self):
         """The forward failed after begin: forget the begun step."""
@@ -544,9 +614,11 @@ class Cache:
             prefix = np.empty(n, np.int32)
             tokens = np.empty(n, np.int32)
             errs = np.zeros(n, np.int32)
+            from_ = np.empty(n, np.int32)
             bufs = [np.empty((rows, k.row_bytes), np.uint8) for k in keys]
             res.cap_reqs = n
             res.ids, res.prefix, res.tokens, res.errs = ids.ctypes.data, prefix.ctypes.data, tokens.ctypes.data, errs.ctypes.data
+            res.from_ = from_.ctypes.data
             for i, b in enumerate(bufs):
                 kd[i], kc[i] = b.ctypes.data, b.nbytes
             rc = self._materialize(self._h, step, rp, rn, ctypes.addressof(res))
@@ -557,7 +629,7 @@ class Cache:
             _raise(rc)
         n, rows = res.n_reqs, res.total_rows
         self._hint = (n, rows)
-        out = Result(keys, ids[:n], prefix[:n], tokens[:n], errs[:n], [b[:rows] for b in bufs])
+        out = Result(keys, ids[:n], prefix[:n], tokens[:n], errs[:n], from_[:n], [b[:rows] for b in bufs])
         if rc:
             e = error(rc, _ffi.last_error())
             e.result = out

@@ -50,6 +50,7 @@ ForkedError = _cls("ForkedError", 103, "Called in a process forked after the lib
 PanicError = _cls("PanicError", 104, "A panic inside the library (a bug).")
 UnsupportedError = _cls("UnsupportedError", 105, "Not supported by this build (e.g. CUDA tensors).")
 InternalError = _cls("InternalError", 106, "An error with no code of its own.")
+NoDeviceError = _cls("NoDeviceError", 107, "gpu.ErrNoDevice: no such CUDA device (no GPU, no driver, or the ordinal).")
 
 
 class StagingTimeoutError(OmnicacheError):
@@ -70,7 +71,7 @@ ERRORS = {c.code: c for c in [
     NotInStepError, AbsentRequiredError, ReassignedError, BudgetError, WriteFailedError,
     DeviceTimeoutError, TierMissError, TierUnavailableError, TierAuthError, TierConfigError,
     TierClosedError, ResetError, TierCircuitOpenError, ArgumentError, BadHandleError, ShortBufferError, ForkedError, PanicError,
-    UnsupportedError, InternalError]}
+    UnsupportedError, InternalError, NoDeviceError]}
 
 
 def error(code, message):

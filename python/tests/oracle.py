@@ -36,3 +36,30 @@ class Mirror:
             if r is not None:
                 out[i] = np.frombuffer(r, np.uint8)
         return out
+
+
+class Delivery:
+    """What materialize delivered to each request, in order, and the
+    position its delivery is at (omnicache.Result.From): a request's rows
+    continue where its last delivery stopped, with no gap and no repeat,
+    except after a replace (restart)."""
+
+    def __init__(self, rb):
+        self.rb = rb
+        self.got = {}  # request -> delivered rows, concatenated
+        self.at = {}  # request -> the position delivery is at
+
+    def take(self, res, key):
+        for i, rid in enumerate(res.ids):
+            rid, n = int(rid), int(res.tokens[i])
+            if n == 0:
+                continue
+            assert int(res.from_[i]) == self.at.get(rid, 0), \
+                "request %d delivered from %d, delivery is at %d" % (rid, res.from_[i], self.at.get(rid, 0))
+            self.got[rid] = np.concatenate([self.got.get(rid, np.zeros((0, self.rb), np.uint8)), res.rows(i, key)])
+            self.at[rid] = self.at.get(rid, 0) + n
+
+    def restart(self, rid, pos):
+        """rid's tokens from pos on were replaced: delivery restarts there."""
+        self.got[rid] = self.got[rid][:pos]
+        self.at[rid] = pos

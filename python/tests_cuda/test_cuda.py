@@ -86,3 +86,35 @@ def test_cuda_refusals():
         h.save([torch.zeros(2, 4, device="cuda")], tokens=2)
     c.close()
     h.close()
+
+
+def test_no_such_device():
+    with pytest.raises(oc.NoDeviceError, match="device 4096 requested"):
+        oc.Cache([oc.Key("hidden", 16)], num_blocks=8, block_size=BS, cuda_device=4096)
+
+
+def test_accepted_rows_on_cuda():
+    """Speculative decoding with CUDA rows: only the accepted rows are
+    delivered and written; a hit over them serves exactly those rows."""
+    c = cache()
+    table = np.arange(16, dtype=np.int32).reshape(2, 8)
+    h1, h2, h3 = torch.randn(4, 4), torch.randn(3, 4), torch.randn(2, 4)
+
+    def rows(r):
+        return torch.from_numpy(r.keys["hidden"].copy()).view(torch.float32)
+
+    c.begin(ids=[1], rows=[0], start=[0], count=[4], table=table, arrivals=[1])
+    r = c.materialize(c.save({"hidden": h1.cuda(), "mm": None}))
+    assert torch.equal(rows(r), h1)
+    c.begin(ids=[1], rows=[0], start=[4], count=[3], table=table)  # one token and two drafts
+    r = c.materialize(c.save({"hidden": h2.cuda(), "mm": None}, accepted=[2]))
+    assert list(r.tokens) == [2] and list(r.from_) == [4] and torch.equal(rows(r), h2[:2])
+    c.begin(ids=[1], rows=[0], start=[6], count=[2], table=table)
+    r = c.materialize(c.save({"hidden": h3.cuda(), "mm": None}))
+    assert list(r.from_) == [6] and torch.equal(rows(r), h3)
+    h4 = torch.randn(1, 4)
+    c.begin(ids=[2], rows=[1], start=[8], count=[1], table=table, arrivals=[2], hit_tokens=[8], hit_blocks=[0, 1])
+    r = c.materialize(c.save({"hidden": h4.cuda(), "mm": None}))
+    assert list(r.prefix) == [8] and list(r.from_) == [0]
+    assert torch.equal(rows(r), torch.cat([h1, h2[:2], h3, h4]))
+    c.close()

@@ -24,11 +24,11 @@ test-go: ## run the Go tests with -race; without redis-server the Redis tests ar
 		sort $$skips | sed 's/^/  /'; fi; \
 	rm -f $$skips; exit $$rc
 
-# The C ABI (capi/) as a shared library inside the Python package. Only
-# omnicache_* symbols are exported (capi/omnicache.map).
+# The C ABI (internal/capi/) as a shared library inside the Python package. Only
+# omnicache_* symbols are exported (internal/capi/omnicache.map).
 PYTHON  ?= /usr/bin/python3
 PYLIB   := python/omnicache/_lib
-CAPI_SRC := $(wildcard capi/*.go capi/*.c capi/*.h capi/*.map) $(filter-out %_test.go,$(wildcard *.go */*.go */*/*.go))
+CAPI_SRC := $(wildcard internal/capi/*.go internal/capi/*.c internal/capi/*.h internal/capi/*.map) $(filter-out %_test.go,$(wildcard *.go */*.go */*/*.go))
 
 # The package's extension omnicache._fast (python/omnicache/_fast.c): the
 # per-step calls without ctypes/cffi. Built against $(PYTHON)'s headers
@@ -45,18 +45,18 @@ $(PYFAST): python/omnicache/_fast.c
 
 $(PYLIB)/libomnicache.so: $(CAPI_SRC) go.mod
 	@mkdir -p $(PYLIB)
-	$(GO) build -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o $@ ./capi
-	@rm -f $(PYLIB)/libomnicache.h # cgo's generated header; the public one is capi/omnicache.h
+	$(GO) build -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/internal/capi/omnicache.map" -o $@ ./internal/capi
+	@rm -f $(PYLIB)/libomnicache.h # cgo's generated header; the public one is internal/capi/omnicache.h
 	@if nm -D --defined-only $@ | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; rm -f $@; exit 1; fi
 
 python-cuda: ## build the library with the CUDA device into .gpu/libomnicache-cuda.so (same CGO flags as gpu-test; load it with OMNICACHE_LIB)
-	$(GO) vet -tags cuda ./gpu/ ./capi/
-	$(GO) build -tags cuda -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/capi/omnicache.map" -o .gpu/libomnicache-cuda.so ./capi
+	$(GO) vet -tags cuda ./gpu/ ./internal/capi/
+	$(GO) build -tags cuda -buildmode=c-shared -trimpath -ldflags="-s -extldflags=-Wl,--version-script=$(CURDIR)/internal/capi/omnicache.map" -o .gpu/libomnicache-cuda.so ./internal/capi
 	@rm -f .gpu/libomnicache-cuda.h
-	cp capi/omnicache.h .gpu/omnicache.h
+	cp internal/capi/omnicache.h .gpu/omnicache.h
 	@if nm -D --defined-only .gpu/libomnicache-cuda.so | awk '{print $$3}' | grep -v '^omnicache_' ; then echo "symbols other than omnicache_* exported" >&2; exit 1; fi
 
-$(PYLIB)/omnicache.h: capi/omnicache.h
+$(PYLIB)/omnicache.h: internal/capi/omnicache.h
 	@mkdir -p $(PYLIB)
 	cp $< $@
 
@@ -67,7 +67,7 @@ test-python: python-deps python ## run the Python package's tests (pytest, Debia
 	cd python && $(PYTHON) -m pytest -q tests
 
 bench-python: python ## per-step cost from Python vs the same step from Go, and numpy's slot mapping
-	$(GO) test -c -o .bench-capi.test ./capi/
+	$(GO) test -c -o .bench-capi.test ./internal/capi/
 	cd python && $(PYTHON) -m omnicache._bench --go-bin ../.bench-capi.test
 
 python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools and install it into a fresh venv, no network

@@ -1,6 +1,6 @@
 """make bench-python: the per-step cost of the engine contract seen from
 Python through this package, beside the same step called from Go
-(capi/bench_test.go, BenchmarkCAPIStep: its output is passed with --go)
+(internal/capi/bench_test.go, BenchmarkCAPIStep: its output is passed with --go)
 and beside a vectorized numpy slot mapping, the floor of what a pure-Python
 manager spends on every step before it copies anything.
 
@@ -13,7 +13,7 @@ library (Cache.begin's discard), + save(outputs, a non-owned host array of
 (the engine's own in-place plan update is outside the timer), with an
 untimed spin between steps standing for the forward (50 µs for decode,
 1 ms for prefill: the committer writes the step meanwhile;
-capi/bench_test.go does the same). "stall" is the part of a step Save
+internal/capi/bench_test.go does the same). "stall" is the part of a step Save
 waited for a staging page. Each figure
 is the median of ROUNDS rounds of STEPS steps.
 """
@@ -30,7 +30,7 @@ import numpy as np
 
 from . import Cache, Key, Plan
 
-# name, requests, tokens each, untimed forward (ns): capi/bench_test.go's BenchShapes
+# name, requests, tokens each, untimed forward (ns): internal/capi/bench_test.go's BenchShapes
 SHAPES = [("decode16", 16, 1, 50_000), ("decode64", 64, 1, 50_000), ("prefill2048", 1, 2048, 1_000_000)]
 BS, ROW, STRIDE = 16, 64, 128
 
@@ -137,7 +137,7 @@ def go_round(go_bin, name, steps):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m omnicache._bench")
-    ap.add_argument("--go-bin", help="the capi test binary (go test -c ./capi/): Go rounds interleaved with Python's")
+    ap.add_argument("--go-bin", help="the capi test binary (go test -c ./internal/capi/): Go rounds interleaved with Python's")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args(argv)

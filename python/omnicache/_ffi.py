@@ -1,4 +1,4 @@
-"""ctypes bindings of libomnicache.so (capi/omnicache.h), loaded lazily.
+"""ctypes bindings of libomnicache.so (internal/capi/omnicache.h), loaded lazily.
 
 The library starts a Go runtime when it is loaded, and a Go runtime does not
 survive a fork: importing this package loads nothing; the first Cache (or

@@ -1,4 +1,4 @@
-"""Exceptions: one class per error code of the library (capi/omnicache.h),
+"""Exceptions: one class per error code of the library (internal/capi/omnicache.h),
 each naming the Go sentinel it mirrors, all under OmnicacheError."""
 
 import re

@@ -1,6 +1,6 @@
 /*
  * omnicache.h: the C ABI of omnicache, the per-token output prefix cache
- * (libomnicache.so, built from capi/ with go build -buildmode=c-shared).
+ * (libomnicache.so, built from internal/capi/ with go build -buildmode=c-shared).
  *
  * Handles. omnicache_new returns an opaque integer handle naming one cache;
  * no Go pointer ever crosses the ABI. A closed handle answers

@@ -1,6 +1,7 @@
 package omnicache
 
 import (
+	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/tier"
 )
@@ -42,14 +43,21 @@ func (c *Cache) Histograms() []Histogram {
 	}
 	h := c.path.Hists()
 	out := []Histogram{
-		tier.NewHistogram("hit_read_wait_seconds", "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).", c.hitWait, 1e9),
-		tier.NewHistogram("staging_page_wait_seconds", "Time a Save waited for a free staging page (0 when one was free).", h.PageWait, 1e9),
-		tier.NewHistogram("committer_wait_seconds", "Time the engine goroutine waited for the committer (Sync, device byte budget pressure).", h.CommitterWait, 1e9),
-		tier.NewHistogram("device_to_host_copy_seconds", "Time of a write's device-to-host copies, from their issue to the committer seeing them complete.", h.CopyTime, 1e9),
-		tier.NewHistogram("device_to_host_copy_bytes", "Bytes of a write's device-to-host copies.", h.CopyBytes, 1),
+		histogramOf("hit_read_wait_seconds", "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).", c.hitWait, 1e9),
+		histogramOf("staging_page_wait_seconds", "Time a Save waited for a free staging page (0 when one was free).", h.PageWait, 1e9),
+		histogramOf("committer_wait_seconds", "Time the engine goroutine waited for the committer (Sync, device byte budget pressure).", h.CommitterWait, 1e9),
+		histogramOf("device_to_host_copy_seconds", "Time of a write's device-to-host copies, from their issue to the committer seeing them complete.", h.CopyTime, 1e9),
+		histogramOf("device_to_host_copy_bytes", "Bytes of a write's device-to-host copies.", h.CopyBytes, 1),
 	}
 	if c.tl != nil {
 		out = append(out, c.tl.Store().Histograms()...)
 	}
 	return out
+}
+
+// histogramOf is h's state as a Histogram (div: h's unit into the
+// metric's, 1e9 for nanoseconds to seconds).
+func histogramOf(name, help string, h *hist.H, div float64) Histogram {
+	b, c, n, sum := h.Export(div)
+	return Histogram{Name: name, Help: help, Bounds: b, Counts: c, Count: n, Sum: sum}
 }

@@ -21,13 +21,12 @@ type Histogram struct {
 	Sum        float64
 }
 
-// NewHistogram is h's state as a Histogram; div turns h's unit into the
+// newHistogram is h's state as a Histogram; div turns h's unit into the
 // metric's (1e9: nanoseconds to seconds). For this module's packages (h is
 // internal).
-func NewHistogram(name, help string, h *hist.H, div float64) Histogram {
-	s := h.Snapshot()
-	b, c := s.Cumulative(div)
-	return Histogram{Name: name, Help: help, Bounds: b, Counts: c, Count: s.Count, Sum: float64(s.Sum) / div}
+func newHistogram(name, help string, h *hist.H, div float64) Histogram {
+	b, c, n, sum := h.Export(div)
+	return Histogram{Name: name, Help: help, Bounds: b, Counts: c, Count: n, Sum: sum}
 }
 
 // tierHists are a tier's histograms (Options.Histograms); nil: off.
@@ -71,10 +70,10 @@ func (t *Tier) Histograms() []Histogram {
 		return nil
 	}
 	return []Histogram{
-		NewHistogram("tier_lookup_seconds", "Time of one tier Lookup (the scheduler's query of leading blocks).", h.lookup, 1e9),
-		NewHistogram("tier_get_seconds", "Time of one tier get batch (an import's fetch) on the backend.", h.get, 1e9),
-		NewHistogram("tier_set_seconds", "Time of one tier set batch (a publisher's store) on the backend.", h.set, 1e9),
-		NewHistogram("tier_get_bytes", "Value bytes one tier get batch read.", h.getBytes, 1),
-		NewHistogram("tier_set_bytes", "Value bytes one tier set batch stored.", h.setBytes, 1),
+		newHistogram("tier_lookup_seconds", "Time of one tier Lookup (the scheduler's query of leading blocks).", h.lookup, 1e9),
+		newHistogram("tier_get_seconds", "Time of one tier get batch (an import's fetch) on the backend.", h.get, 1e9),
+		newHistogram("tier_set_seconds", "Time of one tier set batch (a publisher's store) on the backend.", h.set, 1e9),
+		newHistogram("tier_get_bytes", "Value bytes one tier get batch read.", h.getBytes, 1),
+		newHistogram("tier_set_bytes", "Value bytes one tier set batch stored.", h.setBytes, 1),
 	}
 }

@@ -91,6 +91,15 @@ const (
 	SizeBase, SizeBuckets = 256, 23
 )
 
+// Export is h's state now in a metric's unit (div turns h's unit into
+// it: 1e9 for nanoseconds to seconds): the buckets' upper bounds, the
+// cumulative counts at or under each, every observation and their sum.
+func (h *H) Export(div float64) (bounds []float64, counts []uint64, count uint64, sum float64) {
+	s := h.Snapshot()
+	bounds, counts = s.Cumulative(div)
+	return bounds, counts, s.Count, float64(s.Sum) / div
+}
+
 // NewDur is a duration histogram (nanoseconds), NewSize a byte-size one.
 func NewDur() *H  { return New(DurBase, DurBuckets) }
 func NewSize() *H { return New(SizeBase, SizeBuckets) }

@@ -55,38 +55,48 @@ func (e *Embedded) Purge(_ context.Context, prefix string) (int, error) {
 // is pinned (every key is checked first). Pinned bytes count in the
 // bound: a Set that finds no room beside them fails with ErrNoRoom.
 func (e *Embedded) Pin(_ context.Context, keys []string) []error {
-	errs := make([]error, len(keys))
-	hs := e.hashKeys(keys)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return closedErrs(len(keys))
-	}
-	xs := make([]int32, len(keys))
-	failed := false
-	for i, k := range keys {
-		if xs[i] = e.find(hs[i], k); xs[i] < 0 {
-			errs[i] = fmt.Errorf("%w: %s", ErrMiss, k)
-			failed = true
+	return e.control(keys, func(hs []uint64, errs []error) {
+		xs := make([]int32, len(keys))
+		failed := false
+		for i, k := range keys {
+			if xs[i] = e.find(hs[i], k); xs[i] < 0 {
+				errs[i] = fmt.Errorf("%w: %s", ErrMiss, k)
+				failed = true
+			}
 		}
-	}
-	if failed {
-		return errs
-	}
-	for _, x := range xs {
-		if en := &e.ents[x]; !en.kept {
-			e.unlink(x)
-			en.kept = true
-			e.pinned += int64(en.klen) + int64(en.vlen)
+		if failed {
+			return
 		}
-	}
-	return errs
+		for _, x := range xs {
+			if en := &e.ents[x]; !en.kept {
+				e.unlink(x)
+				en.kept = true
+				e.pinned += int64(en.klen) + int64(en.vlen)
+			}
+		}
+	})
 }
 
 // Unpin implements Pinner: the values go back to the eviction queues (the
 // main one's head: they were kept for a reason). A key not held, or not
 // pinned, is no error.
 func (e *Embedded) Unpin(_ context.Context, keys []string) []error {
+	return e.control(keys, func(hs []uint64, _ []error) {
+		for i, k := range keys {
+			if x := e.find(hs[i], k); x >= 0 && e.ents[x].kept {
+				en := &e.ents[x]
+				en.kept = false
+				e.pinned -= int64(en.klen) + int64(en.vlen)
+				e.push(x, qMain)
+			}
+		}
+	})
+}
+
+// control runs f with keys' hashes and a nil error per key under the
+// store's lock, and returns the errors f left; ErrClosed for every key
+// once the store is closed.
+func (e *Embedded) control(keys []string, f func(hs []uint64, errs []error)) []error {
 	errs := make([]error, len(keys))
 	hs := e.hashKeys(keys)
 	e.mu.Lock()
@@ -94,14 +104,7 @@ func (e *Embedded) Unpin(_ context.Context, keys []string) []error {
 	if e.closed {
 		return closedErrs(len(keys))
 	}
-	for i, k := range keys {
-		if x := e.find(hs[i], k); x >= 0 && e.ents[x].kept {
-			en := &e.ents[x]
-			en.kept = false
-			e.pinned -= int64(en.klen) + int64(en.vlen)
-			e.push(x, qMain)
-		}
-	}
+	f(hs, errs)
 	return errs
 }
 

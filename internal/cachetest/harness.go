@@ -64,6 +64,9 @@ type reqWant struct {
 	// Materialize may already have taken the step (either is right).
 	end   int
 	loose bool
+	// takenEnd: with loose, the end before the cut, which a Materialize
+	// that took the step before the replace delivered up to.
+	takenEnd int
 	// dlCap: a replace after this step moved the request's delivery back
 	// to dlCap: what this step delivered counts only up to there.
 	dlCap int
@@ -187,6 +190,9 @@ func (h *Harness) replaced(id int64, at int) {
 		}
 		lo := rw.start - len(rw.hitSlots)
 		if e := max(lo, min(rw.end, at)); e < rw.end {
+			if h.asyncOpen[sid] && !rw.loose {
+				rw.takenEnd = rw.end
+			}
 			rw.end = e
 			rw.loose = rw.loose || h.asyncOpen[sid]
 		}

@@ -222,3 +222,23 @@ func TestPathHungDeviceTimesOut(t *testing.T) {
 	f.fault.Release()
 	f.close() // now it stops, and everything is freed
 }
+
+// A step of more rows than a page holds fails with ErrStepTooLarge before
+// anything is claimed (the root refuses it at Begin; the path checks it
+// too): the state is unchanged and a step that fits then lands exactly.
+func TestPathStepLargerThanAPage(t *testing.T) {
+	f := newFixture(t, false, nil)
+	f.mustSave(f.step(nil, req{h: 5, slots: slotRange(0, 3)}))
+	f.sync()
+	before := f.snap()
+	_, err := f.save(f.step(nil, req{h: 6, slots: slotRange(4, int32(f.cfg.Capacity)+1)}))
+	require.ErrorIs(t, err, errs.StepTooLarge)
+	require.Equal(t, before, f.snap(), "state after the refused Save")
+	require.Zero(t, f.failPins, "the refused step pins nothing")
+	require.NoError(t, f.p.Err(), "a refused step is not sticky")
+	f.mustSave(f.step(nil, req{h: 6, slots: slotRange(4, int32(f.cfg.Capacity))}))
+	f.finish(5, 6)
+	f.p.FlushFinished()
+	f.sync()
+	f.check()
+}

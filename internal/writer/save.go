@@ -60,6 +60,11 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 	defer p.spare.Ahead()
 	n := len(s.Slots)
 	imm := len(p.lay.Imm) > 0
+	if imm && n > p.cap {
+		// The root refuses such a step at Begin; checked here too, so that
+		// no caller can stage past a page.
+		return fmt.Errorf("%w: %d rows, a page holds %d", errs.StepTooLarge, n, p.cap)
+	}
 	park := s.Pure && imm
 	if park && p.buf.K > 0 && !p.buf.Fits(n, p.cap) {
 		if err := p.FlushBuffer(); err != nil {

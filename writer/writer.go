@@ -65,7 +65,6 @@ type Writer struct {
 	p      *writer.Path
 	rows   []int
 	nslots int
-	page   int // rows a staging page holds
 	step   writer.Step
 	refs   writer.Refs
 	closed bool
@@ -128,7 +127,7 @@ func New(cfg Config) (*Writer, error) {
 		StagingDepth: depth, Capacity: pageRows, ClaimTimeout: claim,
 		Budget: budget, WaitTimeout: wait,
 	})
-	w := &Writer{p: p, rows: append([]int(nil), cfg.RowBytes...), nslots: cfg.NumBlocks * cfg.BlockSize, page: pageRows}
+	w := &Writer{p: p, rows: append([]int(nil), cfg.RowBytes...), nslots: cfg.NumBlocks * cfg.BlockSize}
 	w.step.Out = make([]writer.Src, len(keys))
 	w.step.Count = make([]int32, 1)
 	w.step.IDs = make([]int64, 1)
@@ -155,9 +154,6 @@ func (w *Writer) Write(slots []int32, rows [][]byte, dev []gpu.Buffer) error {
 		return fmt.Errorf("%w: writer: host rows and device buffers both given", errs.Outputs)
 	case rows != nil && len(rows) != len(w.rows), dev != nil && len(dev) != len(w.rows), rows == nil && dev == nil:
 		return fmt.Errorf("%w: writer: rows for %d keys", errs.Outputs, len(w.rows))
-	}
-	if n > w.page {
-		return fmt.Errorf("%w: %d rows, a page holds %d", errs.StepTooLarge, n, w.page)
 	}
 	for _, s := range slots {
 		if s < 0 || int(s) >= w.nslots {

@@ -329,6 +329,23 @@ func (h *Harness) RewrittenSince(id omnicache.StepID, reqs []int64) bool {
 	return false
 }
 
+// rejectedFrom reports whether a hit slot of reqs (nil: every request) in
+// step id holds a rejected draft written by that step or a later one.
+func (h *Harness) rejectedFrom(id omnicache.StepID, reqs []int64) bool {
+	sw := h.want(id)
+	for _, rw := range sw.reqs {
+		if reqs != nil && !slices.Contains(reqs, rw.id) {
+			continue
+		}
+		for _, sl := range rw.hitSlots {
+			if sl >= 0 && int(sl) < len(h.writtenAt) && h.writtenAt[sl] >= sw.ord && h.rejected[sl] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Verify checks res against what step id must return for reqs (nil: every
 // request in batch order).
 func (h *Harness) Verify(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {

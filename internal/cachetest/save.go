@@ -315,30 +315,26 @@ func (h *Harness) want(id omnicache.StepID) *stepWant {
 // was written by a later step: a delayed read of it may fail with
 // ErrReassigned.
 func (h *Harness) RewrittenSince(id omnicache.StepID, reqs []int64) bool {
-	sw := h.want(id)
-	for _, rw := range sw.reqs {
-		if reqs != nil && !slices.Contains(reqs, rw.id) {
-			continue
-		}
-		for _, sl := range rw.hitSlots {
-			if sl >= 0 && int(sl) < len(h.writtenAt) && h.writtenAt[sl] > sw.ord {
-				return true
-			}
-		}
-	}
-	return false
+	return h.anyHitSlot(id, reqs, func(sl int32, ord int) bool { return h.writtenAt[sl] > ord })
 }
 
 // rejectedFrom reports whether a hit slot of reqs (nil: every request) in
 // step id holds a rejected draft written by that step or a later one.
 func (h *Harness) rejectedFrom(id omnicache.StepID, reqs []int64) bool {
+	return h.anyHitSlot(id, reqs, func(sl int32, ord int) bool { return h.writtenAt[sl] >= ord && h.rejected[sl] })
+}
+
+// anyHitSlot reports whether pred holds for a hit slot (one the harness
+// tracks) of reqs (nil: every request) in step id; ord is the step's
+// ordinal.
+func (h *Harness) anyHitSlot(id omnicache.StepID, reqs []int64, pred func(sl int32, ord int) bool) bool {
 	sw := h.want(id)
 	for _, rw := range sw.reqs {
 		if reqs != nil && !slices.Contains(reqs, rw.id) {
 			continue
 		}
 		for _, sl := range rw.hitSlots {
-			if sl >= 0 && int(sl) < len(h.writtenAt) && h.writtenAt[sl] >= sw.ord && h.rejected[sl] {
+			if sl >= 0 && int(sl) < len(h.writtenAt) && pred(sl, sw.ord) {
 				return true
 			}
 		}

@@ -59,6 +59,11 @@ const DefaultAheadWait = 50 * time.Microsecond
 // doing itself before it waits on the step's lock (see RunInOrder).
 const engineReadSpin = 50 * time.Microsecond
 
+// Test hooks (nil outside tests): testHookReadingAhead runs on the
+// consumer once it claimed a read (pfEngine), testHookSawEngine on the
+// committer once it found the consumer reading.
+var testHookReadingAhead, testHookSawEngine func(s *Step)
+
 // bufPool keeps idle prefetch buffers (and the buffers Results hand back
 // when they adopt prefetched ones) for reuse, up to max bytes.
 type bufPool struct {
@@ -186,17 +191,31 @@ func (s *Step) WaitSeq() uint64 {
 // order (writer.InOrder).
 func (s *Step) RunInOrder(failed bool) {
 	r := s.rd
+	// Claim the read unless the consumer took it. Each decision rests on
+	// the state just loaded: pfCancelled and pfTaken are final, and a read
+	// the consumer hands back returns to pfQueued, so a failed claim looks
+	// again rather than take the state it saw before for the one now.
 	claimed := false
+claim:
 	for {
-		if claimed = s.pfState.CompareAndSwap(pfQueued, pfStarted); claimed || s.pfState.Load() != pfEngine {
-			break // claimed, or consumed (pfCancelled, pfTaken): nothing to read
+		switch s.pfState.Load() {
+		case pfQueued:
+			if claimed = s.pfState.CompareAndSwap(pfQueued, pfStarted); claimed {
+				break claim
+			}
+		case pfEngine:
+			// The consumer is reading the rows itself (readAhead): wait
+			// until it is done (spinning first: it is µs), then read them
+			// unless it served them.
+			if testHookSawEngine != nil {
+				testHookSawEngine(s)
+			}
+			spin.Until(engineReadSpin, func() bool { return s.pfState.Load() != pfEngine })
+			s.engMu.Lock()
+			s.engMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
+		default:
+			break claim // consumed (pfCancelled, pfTaken): nothing to read
 		}
-		// The consumer is reading the rows itself (readAhead): wait until
-		// it is done (spinning first: it is µs), then read them unless it
-		// served them.
-		spin.Until(engineReadSpin, func() bool { return s.pfState.Load() != pfEngine })
-		s.engMu.Lock()
-		s.engMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
 	}
 	if claimed {
 		if failed {
@@ -318,6 +337,18 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 			return err
 		}
 		return fmt.Errorf("%w: the prefetch of step %d was skipped", errs.WriteFailed, s.ID)
+	}
+	if s.pfState.Load() != pfStarted {
+		// The committer passed the read without running it: never the
+		// case (the consumer reads itself only what it then serves), but
+		// a prefetch not run holds no rows, and serving its empty buffers
+		// would deliver a hit without its prefix and without an error.
+		// Read it here instead, with every check of a late read.
+		if all {
+			dst.Size()
+		}
+		_, err := r.readDirect(s, all, nq, dst, false)
+		return err
 	}
 	r.st.PrefetchUsed.Add(1)
 	if all {

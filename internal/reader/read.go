@@ -81,6 +81,9 @@ func (r *Reader) readAhead(s *Step, all bool, nq int, dst Dest) (done bool, err 
 	if !s.pfState.CompareAndSwap(pfQueued, pfEngine) {
 		return false, nil
 	}
+	if testHookReadingAhead != nil {
+		testHookReadingAhead(s)
+	}
 	if all {
 		dst.Size()
 	}

@@ -384,3 +384,65 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 	require.Zero(t, w.rd.ReadAheadBytes())
 	require.Zero(t, w.p.Counters().PrefetchUsed.Load(), "the skipped read served nothing")
 }
+
+// A read ahead the consumer hands back (a request it cannot serve) is run
+// by the committer even when the committer reached it while the consumer
+// was reading: it waits for the hand-back and then reads in order, so the
+// request still gets its error. Here the committer finds the consumer
+// reading (pfEngine) and the consumer hands the read back before the
+// committer looks again: the read must not be taken as served.
+func TestHandedBackReadRunsOnTheCommitter(t *testing.T) {
+	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
+	w.blocks[1] = []int32{3, 4}
+	release := hold(w.p) // the committer reaches the read only once the consumer reads
+	defer release()
+	s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}}) // block 3: never written
+	require.True(t, s.Prefetched())
+	w.rd.SetAheadWait(0) // the consumer reads ahead at once
+
+	sawEngine := make(chan struct{})
+	testHookReadingAhead = func(*Step) {
+		release()
+		select { // the committer tried to claim the read and found it taken
+		case <-sawEngine:
+		case <-time.After(waitBound):
+			t.Error("the committer never reached the read")
+		}
+	}
+	testHookSawEngine = func(s *Step) {
+		testHookSawEngine = nil
+		close(sawEngine)
+		deadline := time.Now().Add(waitBound)
+		for s.pfState.Load() == pfEngine && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Microsecond) // until the consumer handed the read back
+		}
+	}
+	defer func() { testHookReadingAhead, testHookSawEngine = nil, nil }()
+
+	handed := w.p.Counters().HandedBack.Load()
+	d, err := w.read(s)
+	require.NoError(t, err)
+	require.Equal(t, handed+1, w.p.Counters().HandedBack.Load(), "the consumer handed the read back")
+	require.ErrorIs(t, d.errs[0], errs.AbsentRequired, "the committer read it and found block 3 absent")
+	require.Equal(t, int64(1), w.p.Counters().PrefetchUsed.Load())
+}
+
+// A prefetched step whose read the committer passed without running it
+// (a state the protocol never leaves: here set by hand) is read at Read
+// with every check of a late read, never served from empty buffers.
+func TestUnrunPrefetchIsReadLate(t *testing.T) {
+	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
+	w.blocks[1] = []int32{3, 4}
+	release := hold(w.p)
+	s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}}) // block 3: never written
+	require.True(t, s.Prefetched())
+	s.pfState.Store(pfTaken) // the committer will find the read taken and skip it
+	release()
+	require.NoError(t, w.p.Sync())
+	d, err := w.read(s)
+	require.NoError(t, err)
+	require.ErrorIs(t, d.errs[0], errs.AbsentRequired)
+	for k := range testKeys {
+		require.Equal(t, make([]byte, d.n[0]*testKeys[k].RowBytes), d.Rows(0, k), "a refused request's rows are zeros")
+	}
+}

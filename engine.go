@@ -67,7 +67,7 @@ type engine struct {
 	starts    []idStart      // scratch: fresh batch requests by id
 	hits      []reader.Hit   // the begun step's hits (planned at Begin)
 	rec       *reader.Step   // the begun step's record when made at Begin (a hit step, prefetch on)
-	recStash  []*reader.Step // recycled records, taken from Cache.recFreeMu or recFree a list at a time (newRec)
+	recStash  []*reader.Step // recycled records, taken a list at a time from Cache.recFreeMu (Save) or reader.Reader.Freed (newRec)
 	planned   bool           // rec's hits were planned (and their read queued) at Begin
 	blockMark []uint32       // scratch: per block, the markGen of the last hitsOverlapStep
 	markGen   uint32

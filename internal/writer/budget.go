@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/omnicache/omnicache/internal/errs"
 )
@@ -81,11 +80,7 @@ func (p *Path) reserve(n int64) error {
 	if limit := p.budget.Limit(); n <= limit && n > limit-pinned && p.q.Pending() > 0 {
 		// A hit read queued to the committer pins the clones it reads
 		// until it ran: let the committer get there, then look again.
-		t0 := time.Now()
-		err := p.drain()
-		p.st.StallNanos.Add(int64(time.Since(t0)))
-		p.cfg.Hists.committerWait(t0)
-		if err != nil {
+		if err := p.drain(); err != nil {
 			return err
 		}
 		p.mu.Lock()
@@ -112,11 +107,7 @@ func (p *Path) reserve(n int64) error {
 		case p.forceOldestDeferred():
 			p.st.BudgetFlushes.Add(1)
 		case p.q.Pending() > 0:
-			t0 := time.Now()
-			err := p.drain()
-			p.st.StallNanos.Add(int64(time.Since(t0)))
-			p.cfg.Hists.committerWait(t0)
-			if err != nil {
+			if err := p.drain(); err != nil {
 				return err
 			}
 		default:

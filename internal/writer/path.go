@@ -344,8 +344,16 @@ func (p *Path) WaitDev(ev gpu.Event) error {
 // goroutine.
 func (p *Path) Kick() { p.q.Kick() }
 
-// drain waits (bounded, see WaitSeq) for everything handed over so far.
-func (p *Path) drain() error { return p.WaitSeq(p.q.Pushed()) }
+// drain waits (bounded, see WaitSeq) for everything handed over so far,
+// for room in the device budget: the wait is the engine goroutine's stall
+// (Counters.StallNanos, the committer-wait histogram).
+func (p *Path) drain() error {
+	t0 := time.Now()
+	err := p.WaitSeq(p.q.Pushed())
+	p.st.StallNanos.Add(int64(time.Since(t0)))
+	p.cfg.Hists.committerWait(t0)
+	return err
+}
 
 func (p *Path) newID() uint64 { p.nextID++; return p.nextID }
 

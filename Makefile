@@ -6,7 +6,7 @@ FUZZPKGS ?= ./fuzz/ ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test test-go test-python python python-cuda python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay profile replay replay-full fit
+.PHONY: help test test-go test-python python python-cuda python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay gpu-bundle profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -126,6 +126,30 @@ gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cu
 gpu-replay: ## build the replay with the CUDA device into .gpu/omnicache (same CGO flags as gpu-test; docs/operations.md)
 	$(GO) vet -tags cuda ./cmd/omnicache/
 	$(GO) build -tags cuda -o .gpu/omnicache ./cmd/omnicache
+
+# The device bundle: everything a GPU machine without Go needs, stripped to
+# stay under the device tool's 64 MiB carry limit; .gpu/run.sh runs it
+# (.ci/gpu-run.sh; docs/operations.md). Same CGO flags as gpu-test.
+GPU_STRIP := -ldflags=-s\ -w -trimpath
+GPU_BUNDLE_MAX_MIB ?= 60
+
+gpu-bundle: ## build the CUDA tests, replay, library and Python package into .gpu/ with .gpu/run.sh (docs/operations.md)
+	$(GO) vet -tags cuda ./gpu/ ./internal/replay/ ./cmd/omnicache/ ./internal/capi/
+	@mkdir -p .gpu
+	$(GO) test -tags cuda -c $(GPU_STRIP) -o .gpu/gpu.test ./gpu/
+	$(GO) test -tags cuda -c $(GPU_STRIP) -o .gpu/replay.test ./internal/replay/
+	$(GO) build -tags cuda $(GPU_STRIP) -o .gpu/omnicache ./cmd/omnicache
+	$(GO) build -tags cuda -buildmode=c-shared -trimpath -ldflags="-s -w -extldflags=-Wl,--version-script=$(CURDIR)/internal/capi/omnicache.map" -o .gpu/libomnicache-cuda.so ./internal/capi
+	@rm -f .gpu/libomnicache-cuda.h
+	cp internal/capi/omnicache.h .gpu/omnicache.h
+	cp bench/testdata/mooncake/synthetic_trace.jsonl .gpu/
+	rm -rf .gpu/python && mkdir -p .gpu/python/omnicache
+	cp python/omnicache/*.py python/omnicache/_fast.c .gpu/python/omnicache/
+	cp -r python/tests python/tests_cuda .gpu/python/
+	find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
+	cp .ci/gpu-run.sh .gpu/run.sh && chmod +x .gpu/run.sh
+	@n=$$(du -sm .gpu | cut -f1); echo "gpu-bundle: .gpu is $$n MiB (carry limit 64)"; \
+	if [ $$n -gt $(GPU_BUNDLE_MAX_MIB) ]; then echo "gpu-bundle: over $(GPU_BUNDLE_MAX_MIB) MiB: remove .gpu/extra or old files" >&2; exit 1; fi
 
 profile: ## CPU-profile the default replay into cpu.pprof
 	$(GO) run ./cmd/omnicache replay --cpuprofile cpu.pprof

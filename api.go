@@ -186,6 +186,27 @@ type Config struct {
 	CopyWorkers int
 	// Device stages copies; nil means the host device (gpu.NewHost()).
 	Device gpu.Device
+	// MirrorDirect makes the committer copy a step's device rows (of at
+	// least MirrorDirectMinBytes) straight from the device into the host mirror, a run of
+	// consecutive slots per copy, instead of into the step's staging page
+	// and then across the host's cores into the mirror: the rows reach the
+	// mirror at the copy engine's rate, and no host core copies them
+	// (BenchmarkStaging in gpu/: op=cache-pipelined-direct against
+	// op=cache-pipelined). On a device that registers host memory
+	// (gpu.HostRegistrar: CUDA), each mirror chunk is registered as it is
+	// first written, so the mirror's written memory is page-locked: it
+	// cannot be swapped out. A direct step keeps its device rows (the clone
+	// of a tensor not owned, or the owned tensor) until it is consumed,
+	// and Materialize reads them from the device: DeviceBudgetBytes must
+	// hold StagingDepth+1 pages of immediate rows (New refuses it
+	// otherwise). Host tensors and the decode buffer's writes take the
+	// staging path either way.
+	MirrorDirect bool
+	// MirrorDirectMinBytes is the least a step's immediate rows weigh to
+	// be written direct under MirrorDirect (0: 1 MiB; smaller steps take
+	// the staging path, where one copy into the page beats a device copy
+	// per run of slots).
+	MirrorDirectMinBytes int64
 	// Histograms records latencies and sizes into lock-free histograms
 	// (Cache.Histograms; the metrics package exports them): the hit read
 	// wait of Materialize, the staging page wait, the engine goroutine's

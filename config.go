@@ -141,6 +141,15 @@ func validate(cfg *Config) (writer.Config, error) {
 	if !mulLE(int64(cfg.StagingCapacityTokens), immRow, MaxPageBytes) {
 		return bad("StagingCapacityTokens×Σ RowBytes = %d×%d bytes a page exceeds %d", cfg.StagingCapacityTokens, immRow, int64(MaxPageBytes))
 	}
+	if cfg.MirrorDirectMinBytes < 0 || cfg.MirrorDirectMinBytes > MaxPageBytes {
+		return bad("MirrorDirectMinBytes %d not in [0, %d]", cfg.MirrorDirectMinBytes, int64(MaxPageBytes))
+	}
+	if pageB := int64(cfg.StagingCapacityTokens) * immRow; cfg.MirrorDirect && !mulLE(int64(cfg.StagingDepth)+1, pageB, cfg.DeviceBudgetBytes) {
+		// Every step not consumed yet may hold its device rows (a direct
+		// write's): StagingDepth pages' worth, and one more for the writes
+		// the budget must still force out.
+		return bad("MirrorDirect needs DeviceBudgetBytes %d ≥ (StagingDepth+1)×%d bytes a page", cfg.DeviceBudgetBytes, pageB)
+	}
 	dev := cfg.Device
 	if dev == nil {
 		dev = gpu.NewHost()
@@ -151,5 +160,6 @@ func validate(cfg *Config) (writer.Config, error) {
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
 		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, SyncSpin: cfg.SyncSpin, ReleaseHost: cfg.ReleaseHost,
 		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes, Hists: newWriterHists(cfg.Histograms),
+		Direct: cfg.MirrorDirect, DirectMinBytes: cfg.MirrorDirectMinBytes,
 	}, nil
 }

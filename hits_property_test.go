@@ -33,18 +33,25 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		BlockSize:           cachetest.BlockSize,
 		StagingClaimTimeout: cachetest.Config().StagingClaimTimeout,
 	}
+	// direct is MirrorDirect for every step with device rows (the budget
+	// holds StagingDepth+1 pages of them).
+	direct := func(c *omnicache.Config) {
+		c.MirrorDirect, c.MirrorDirectMinBytes = true, 1
+		c.DeviceBudgetBytes = 8 << 20
+	}
 	runs := []struct {
-		name string
-		mut  func(*omnicache.Config)
+		name       string
+		mut        func(*omnicache.Config)
+		dev, owned bool // outputs as device tensors (owned: handed over)
 	}{
-		{"buffer on", func(*omnicache.Config) {}},
-		{"buffer off", func(c *omnicache.Config) { c.DisableDecodeBuffer = true }},
-		{"buffer on, tight budget", func(c *omnicache.Config) {
+		{name: "buffer on", mut: func(*omnicache.Config) {}},
+		{name: "buffer off", mut: func(c *omnicache.Config) { c.DisableDecodeBuffer = true }},
+		{name: "buffer on, tight budget", mut: func(c *omnicache.Config) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
 			c.DeferredChunkBytes = 512
 		}},
-		{"prefetch off", func(c *omnicache.Config) { c.DisablePrefetch = true }},
-		{"tight read-ahead", func(c *omnicache.Config) {
+		{name: "prefetch off", mut: func(c *omnicache.Config) { c.DisablePrefetch = true }},
+		{name: "tight read-ahead", mut: func(c *omnicache.Config) {
 			// Some hit steps' prefetch buffers do not fit: read at
 			// Materialize, racing reassignment.
 			c.ReadAheadBytes = 1024
@@ -52,7 +59,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			dev.DelayWaits(100 * time.Microsecond)
 			c.Device = dev
 		}},
-		{"buffer on, lagging committer", func(c *omnicache.Config) {
+		{name: "buffer on, lagging committer", mut: func(c *omnicache.Config) {
 			// Every device wait takes longer: the committer falls behind
 			// the engine, so writes skip slots newer writes claimed and
 			// delayed reads race reassignment (the read protocol's case).
@@ -60,6 +67,18 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			dev.DelayWaits(100 * time.Microsecond)
 			c.Device = dev
 		}},
+		{name: "device tensors", mut: func(*omnicache.Config) {}, dev: true},
+		{name: "direct, device tensors", mut: direct, dev: true},
+		{name: "direct, owned device tensors, lagging committer", mut: func(c *omnicache.Config) {
+			direct(c)
+			dev := gputest.NewFaulty(gpu.NewHost())
+			dev.DelayWaits(100 * time.Microsecond)
+			c.Device = dev
+		}, dev: true, owned: true},
+		{name: "direct, device tensors, prefetch off", mut: func(c *omnicache.Config) {
+			direct(c)
+			c.DisablePrefetch = true
+		}, dev: true},
 	}
 	// Seed 4 is seed 1's schedule with sparse steps: aux and an optional
 	// deferred key omitted at random.
@@ -99,6 +118,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					cfg := base
 					run.mut(&cfg)
 					h := cachetest.New(t, cfg)
+					h.Device, h.Owned = run.dev, run.owned
 					h.Label = run.name
 					h.KeepRows = true
 					caps[i] = cachetest.RunAll(h, acts)

@@ -12,7 +12,10 @@
 #                 replay.test -test.run TestVerifyOnCUDA, the Python
 #                 package's tests (python/tests) and CUDA tests
 #                 (python/tests_cuda) against the CUDA library
-#   bench         BenchmarkStaging (COUNT runs of every op, default 6)
+#   bench         BenchmarkStaging: COUNT runs (default 6) of the ops the
+#                 targets compare (plain-pinned, cache-staging,
+#                 cache-pipelined and its MirrorDirect variants),
+#                 COUNT_OTHER runs (default 2) of every other op
 #   replay        omnicache replay --device cuda on its defaults, then the
 #                 synthetic trace under --verify
 #   python-bench  the Python step cost with host and CUDA tensors
@@ -26,6 +29,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 logs=$here/logs
 mkdir -p "$logs"
 COUNT=${COUNT:-6}
+COUNT_OTHER=${COUNT_OTHER:-2}
+MAIN_OPS='plain-pinned|cache-staging|cache-pipelined|cache-pipelined-direct|cache-pipelined-direct-owned'
+OTHER_OPS='plain-pinned-gap|device-pinned|cache|cache-owned|cache-staging-owned|cache-staging-owned-w4|cache-staging-memalloc'
+OTHER_OPS+='|cache-pipelined-hostalloc|cache-pipelined-allcores|cache-direct|cache-pipelined-materialize'
+OTHER_OPS+='|cache-pipelined-direct-materialize' 
 PY=${PYTHON:-python3}
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests bench replay python-bench extra)
@@ -101,9 +109,13 @@ run_tests() {
 }
 
 run_bench() {
-	step "BenchmarkStaging x$COUNT" staging.txt "$here/gpu.test" -test.run '^$' -test.bench BenchmarkStaging -test.count "$COUNT"
+	step "BenchmarkStaging main ops x$COUNT" staging.txt "$here/gpu.test" -test.run '^$' \
+		-test.bench "BenchmarkStaging/^op=($MAIN_OPS)\$" -test.count "$COUNT"
+	step "BenchmarkStaging other ops x$COUNT_OTHER" staging-other.txt "$here/gpu.test" -test.run '^$' \
+		-test.bench "BenchmarkStaging/^op=($OTHER_OPS)\$" -test.count "$COUNT_OTHER"
 	echo "== BenchmarkStaging medians (GB/s) and the share of plain-pinned"
-	staging_table "$logs/staging.txt" | tee "$logs/staging-table.txt"
+	cat "$logs/staging.txt" "$logs/staging-other.txt" >"$logs/staging-all.txt"
+	staging_table "$logs/staging-all.txt" | tee "$logs/staging-table.txt"
 	while read -r line; do note "  $line" ""; done <"$logs/staging-table.txt"
 }
 
@@ -130,8 +142,12 @@ staging_median() {
 
 run_replay() {
 	step "replay --device cuda (defaults)" replay.txt "$here/omnicache" replay --device cuda --check
+	step "replay --device cuda --mirror-direct" replay-direct.txt "$here/omnicache" replay --device cuda --mirror-direct \
+		--workloads "${DIRECT_WORKLOADS:-P1024_h50_c64|P4096_h0_c1|P16384_h0_c64|long_doc_qa}"
 	step "replay --device cuda --trace --verify" replay-verify.txt "$here/omnicache" replay --device cuda \
 		--trace "$here/synthetic_trace.jsonl" --verify --repeat 1
+	step "replay --device cuda --trace --verify --mirror-direct" replay-verify-direct.txt "$here/omnicache" replay \
+		--device cuda --trace "$here/synthetic_trace.jsonl" --verify --repeat 1 --mirror-direct
 }
 
 run_python_bench() {

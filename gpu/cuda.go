@@ -86,8 +86,9 @@ type CUDA struct {
 	batched           atomic.Int64 // copies issued in batches (BatchedCopies)
 
 	memMu sync.Mutex
-	mem   map[uintptr]devAlloc // live device allocations (Alloc's)
-	host  map[uintptr]pinned   // live pinned host allocations
+	mem   map[uintptr]devAlloc       // live device allocations (Alloc's)
+	host  map[uintptr]pinned         // live pinned host allocations
+	reg   map[uintptr]unsafe.Pointer // live RegisterHost spans by base address
 	// spare keeps pooled buffers Free gave back, by size, for Alloc to
 	// hand out again without a driver call (a step's clone costs the
 	// engine goroutine two: cuCtxSetCurrent and the pool allocation;
@@ -176,6 +177,7 @@ func NewCUDAWith(ordinal int, opt CUDAOptions) (Device, error) {
 		mem:       make(map[uintptr]devAlloc),
 		hostAlloc: opt.HostAlloc,
 		host:      make(map[uintptr]pinned),
+		reg:       make(map[uintptr]unsafe.Pointer),
 	}
 	d.canBatch = batchInit()
 	if !opt.SyncAlloc && poolsSupported(ordinal) {
@@ -531,6 +533,10 @@ func (d *CUDA) Close() error {
 		}
 	}
 	d.spare, d.spareBytes, d.spareOff = nil, 0, true
+	for _, p := range d.reg {
+		hostUnregister(p) // still mapped by its owner, who unregisters no more
+	}
+	clear(d.reg)
 	d.memMu.Unlock()
 	if d.usePool {
 		if err := d.pool.destroy(); err != nil {

@@ -42,6 +42,16 @@ package gpu_test
 //	op=cache-pipelined-hostalloc  the same with staging pages from
 //	                    cuMemHostAlloc (CUDAOptions.HostAlloc)
 //	op=cache-pipelined-allcores  the same with CopyWorkers = GOMAXPROCS
+//	op=cache-direct     op=cache with Config.MirrorDirect: the rows go from
+//	                    the clone straight into the mirror (registered
+//	                    chunks), no staging copy and no host scatter
+//	op=cache-pipelined-direct  op=cache-pipelined with Config.MirrorDirect
+//	op=cache-pipelined-direct-owned  the same with owned tensors
+//	op=cache-pipelined-materialize  op=cache-pipelined consuming each step
+//	                    with Materialize (its 64 MiB of rows into a Result,
+//	                    as an engine does) instead of Discard
+//	op=cache-pipelined-direct-materialize  the same with MirrorDirect (the
+//	                    step's rows read back from the device)
 
 import (
 	"fmt"
@@ -81,6 +91,21 @@ func (d *tapDevice) CopyDtoH(dst []byte, src gpu.Buffer, off int) error {
 func (d *tapDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
 	d.copied.Store(true)
 	return gpu.CopyDtoHAll(d.Device, dst, src)
+}
+
+// The mirror's chunks are registered with the CUDA device under it
+// (Config.MirrorDirect); copies into them count as copies.
+func (d *tapDevice) RegisterHost(p []byte) error {
+	return d.Device.(gpu.HostRegistrar).RegisterHost(p)
+}
+
+func (d *tapDevice) UnregisterHost(p []byte) error {
+	return d.Device.(gpu.HostRegistrar).UnregisterHost(p)
+}
+
+func (d *tapDevice) CopyDtoHRegistered(dst [][]byte, src []gpu.Buffer) error {
+	d.copied.Store(true)
+	return d.Device.(gpu.HostRegistrar).CopyDtoHRegistered(dst, src)
 }
 
 func (d *tapDevice) Record() (gpu.Event, error) {
@@ -171,7 +196,11 @@ func BenchmarkStaging(b *testing.B) {
 		staging  bool // wait for the step's event only
 		pipeline bool // Sync once, rotating slot ranges
 		opt      gpu.CUDAOptions
-		workers  int // Config.CopyWorkers (0: the default)
+		workers  int  // Config.CopyWorkers (0: the default)
+		direct   bool // Config.MirrorDirect
+		// materialize consumes each step with Materialize (its rows into
+		// a Result) instead of Discard
+		materialize bool
 	}
 	for _, v := range []variant{
 		{op: "cache"},
@@ -183,6 +212,11 @@ func BenchmarkStaging(b *testing.B) {
 		{op: "cache-pipelined", pipeline: true},
 		{op: "cache-pipelined-hostalloc", pipeline: true, opt: gpu.CUDAOptions{HostAlloc: true}},
 		{op: "cache-pipelined-allcores", pipeline: true, workers: runtime.GOMAXPROCS(0)},
+		{op: "cache-direct", direct: true},
+		{op: "cache-pipelined-direct", pipeline: true, direct: true},
+		{op: "cache-pipelined-direct-owned", pipeline: true, owned: true, direct: true},
+		{op: "cache-pipelined-materialize", pipeline: true, materialize: true},
+		{op: "cache-pipelined-direct-materialize", pipeline: true, direct: true, materialize: true},
 	} {
 		b.Run(name(v.op), func(b *testing.B) {
 			cd := newCUDA(b, v.opt)
@@ -196,6 +230,7 @@ func BenchmarkStaging(b *testing.B) {
 				DisableDecodeBuffer:   true,
 				Device:                d,
 				CopyWorkers:           v.workers,
+				MirrorDirect:          v.direct,
 			})
 			must(b, err)
 			defer c.Close()
@@ -211,6 +246,7 @@ func BenchmarkStaging(b *testing.B) {
 
 			var req int64
 			var saveNs, waitNs time.Duration
+			var res omnicache.Result
 			step := func(tensor gpu.Buffer) {
 				t0 := time.Now()
 				req++
@@ -248,7 +284,11 @@ func BenchmarkStaging(b *testing.B) {
 					saveNs += t1.Sub(t0)
 					waitNs += time.Since(t1)
 				}
-				if err := c.Discard(id); err != nil {
+				if v.materialize {
+					if err := c.Materialize(id, nil, &res); err != nil {
+						b.Fatal(err)
+					}
+				} else if err := c.Discard(id); err != nil {
 					b.Fatal(err)
 				}
 				if !v.staging && !v.pipeline {

@@ -161,16 +161,22 @@ func (e *e2eEngine) peekEqual(k int, req int64, r, n int, want bool) {
 }
 
 func TestCUDACacheEndToEnd(t *testing.T) {
-	for _, owned := range []bool{false, true} {
-		t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+	for _, tc := range []struct{ owned, direct bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		owned := tc.owned
+		t.Run(fmt.Sprintf("owned=%v/direct=%v", owned, tc.direct), func(t *testing.T) {
 			d := newCUDA(t, gpu.CUDAOptions{})
-			c, err := omnicache.New(omnicache.Config{
+			cfg := omnicache.Config{
 				NumBlocks:             e2eBlocks,
 				BlockSize:             e2eBlock,
 				Keys:                  e2eKeys,
 				StagingCapacityTokens: 256,
 				Device:                d,
-			})
+			}
+			if tc.direct {
+				// Every step's device rows straight into the mirror.
+				cfg.MirrorDirect, cfg.MirrorDirectMinBytes = true, 1
+			}
+			c, err := omnicache.New(cfg)
 			must(t, err)
 			e := &e2eEngine{t: t, d: d, c: c, owned: owned}
 			for _, k := range e2eKeys {
@@ -289,12 +295,19 @@ func TestCUDACacheEndToEnd(t *testing.T) {
 // from a non-owned device tensor, whose device→host copy Save issues
 // itself behind the clone. The tensor is overwritten on the stream right
 // after Save returns; the step's own rows, the mirror's and a later hit
-// read the rows it held at Save.
+// read the rows it held at Save, staged or copied straight into the
+// mirror (MirrorDirect).
 func TestCUDALargeClonedStep(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) { testCUDALargeClonedStep(t, direct) })
+	}
+}
+
+func testCUDALargeClonedStep(t *testing.T, direct bool) {
 	const rb, tok, bs = 128 << 10, 48, 16
 	d := newCUDA(t, gpu.CUDAOptions{})
 	c, err := omnicache.New(omnicache.Config{NumBlocks: 8, BlockSize: bs, StagingCapacityTokens: 64,
-		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d})
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d, MirrorDirect: direct})
 	must(t, err)
 	defer c.Close()
 	src := pattern(tok*rb, 5)

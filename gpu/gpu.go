@@ -52,6 +52,15 @@ type Buffer struct {
 // IsZero reports whether b names no memory.
 func (b Buffer) IsZero() bool { return b.Size == 0 && b.Host == nil && b.Ptr == 0 }
 
+// Slice is the n bytes of b from offset off (a span inside b; the caller
+// checks the bounds).
+func (b Buffer) Slice(off, n int) Buffer {
+	if b.Host != nil {
+		return Buffer{Host: b.Host[off : off+n], Size: n}
+	}
+	return Buffer{Ptr: b.Ptr + uintptr(off), Size: n}
+}
+
 // HostBuffer wraps Go memory as a host-device Buffer.
 func HostBuffer(p []byte) Buffer { return Buffer{Host: p, Size: len(p)} }
 
@@ -101,6 +110,21 @@ type Device interface {
 // before anything is issued.
 type BatchCopier interface {
 	CopyDtoHBatch(dst [][]byte, src []Buffer) error
+}
+
+// HostRegistrar is a Device whose device→host copies run at the copy
+// engine's rate only into host memory registered with its driver (CUDA:
+// cuMemHostRegister, page-locked). RegisterHost registers p (memory the
+// caller mapped and keeps mapped until UnregisterHost returns); a copy into
+// memory not registered still lands, synchronously and slower.
+// UnregisterHost undoes it once no copy into p is in flight.
+// CopyDtoHRegistered is CopyDtoHBatch for destinations that each lie in
+// one span registered with RegisterHost: issued as one batch where the
+// driver has it, without looking the destinations up.
+type HostRegistrar interface {
+	RegisterHost(p []byte) error
+	UnregisterHost(p []byte) error
+	CopyDtoHRegistered(dst [][]byte, src []Buffer) error
 }
 
 // CopyDtoHAll issues dst[i] ← src[i] (from offset 0) for every i: in one

@@ -114,12 +114,26 @@ type Mirror struct {
 	numChunks int
 	top       []atomic.Pointer[leaf]
 	resident  atomic.Int64
+	hooks     Hooks
 }
 
 // New returns an empty mirror of numSlots rows of rowBytes bytes. It
 // allocates only the mirror header and a top-level directory of at most 1024
 // pointers, whatever the size: no row memory is allocated or touched.
-func New(numSlots, rowBytes int) (*Mirror, error) {
+func New(numSlots, rowBytes int) (*Mirror, error) { return NewWithHooks(numSlots, rowBytes, Hooks{}) }
+
+// Hooks are told about a mirror's chunks: Made when the writer goroutine
+// made a chunk (before any row is written to it), Freed by Free before the
+// chunk's memory goes back to the OS. The cache registers chunks with its
+// device through them, so that a device can copy rows straight into the
+// mirror (gpu.HostRegistrar).
+type Hooks struct {
+	Made  func(chunk []byte)
+	Freed func(chunk []byte)
+}
+
+// NewWithHooks is New with hooks on the chunks' lifetimes.
+func NewWithHooks(numSlots, rowBytes int, h Hooks) (*Mirror, error) {
 	switch {
 	case numSlots <= 0:
 		return nil, fmt.Errorf("mirror.New(%d, %d): %w", numSlots, rowBytes, ErrNumSlots)
@@ -146,8 +160,25 @@ func New(numSlots, rowBytes int) (*Mirror, error) {
 		leafMask:  1<<leafShift - 1,
 		numChunks: numChunks,
 		top:       make([]atomic.Pointer[leaf], (numChunks-1)>>leafShift+1),
+		hooks:     h,
 	}, nil
 }
+
+// Span returns the memory of the n rows from slot s on, which lie in one
+// chunk (s+n <= ChunkEnd(s)), making the chunk: a device copies rows
+// straight into it. Its rows follow Write's rules. Writer goroutine only.
+func (m *Mirror) Span(s int32, n int) []byte {
+	if s < 0 || n < 0 || int(s)+n > int(m.ChunkEnd(s)) {
+		panic(fmt.Sprintf("mirror: Span(%d, %d) outside one chunk", s, n))
+	}
+	b := m.chunkW(uint32(s) >> m.rowShift)
+	off := int(uint32(s)&m.rowMask) * m.rowBytes
+	return b[off : off+n*m.rowBytes]
+}
+
+// ChunkEnd is the slot past the last row of slot s's chunk (at most
+// NumSlots).
+func (m *Mirror) ChunkEnd(s int32) int32 { return m.runLimit(uint32(s) >> m.rowShift) }
 
 // RowBytes returns the size of one row.
 func (m *Mirror) RowBytes() int { return m.rowBytes }
@@ -349,6 +380,9 @@ func (m *Mirror) newChunk(lf *leaf, c uint32) *chunk {
 	}
 	b, _ := alloc(rows * m.rowBytes)
 	ch := &chunk{b: b}
+	if m.hooks.Made != nil {
+		m.hooks.Made(ch.b)
+	}
 	(*lf)[c&m.leafMask].Store(ch)
 	m.resident.Add(int64(len(ch.b)))
 	return ch
@@ -365,6 +399,9 @@ func (m *Mirror) Free() {
 		for j := range *lf {
 			if ch := (*lf)[j].Load(); ch != nil {
 				(*lf)[j].Store(nil)
+				if m.hooks.Freed != nil {
+					m.hooks.Freed(ch.b)
+				}
 				hostmem.Free(ch.b)
 			}
 		}

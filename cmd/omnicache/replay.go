@@ -65,6 +65,7 @@ type replayFlags struct {
 	allocStaging  string
 	holdWait      string
 	decodeBuffer  bool
+	mirrorDirect  bool
 	pace          bool
 	stepTime      time.Duration
 	seed          uint64
@@ -135,6 +136,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.holdWait, "hold-wait", "spin", "how the engine goroutine waits out a held forward: spin (as an engine thread synchronizing with its device does under CUDA's default scheduling, cudaDeviceScheduleAuto, with fewer contexts than CPUs: it keeps its core and its caches) or sleep (then spin the last 100µs; as under cudaDeviceScheduleBlockingSync)")
 	fs.StringVar(&f.allocStaging, "alloc-staging", "auto", "when the cache allocates its staging pages: ahead (the first in New, the others in the background from New on, Config.AllocStagingAhead), new (all in New, Config.AllocStagingAtNew), first-use, or auto (ahead with cuda, first-use on the host)")
 	fs.BoolVar(&f.decodeBuffer, "decode-buffer", true, "let the cache park pure-decode steps")
+	fs.BoolVar(&f.mirrorDirect, "mirror-direct", false, "copy steps' device rows straight into the mirror (Config.MirrorDirect; with --device cuda)")
 	fs.BoolVar(&f.pace, "pace", true, "wait outside the timed calls for a free staging page (reported as stall)")
 	fs.DurationVar(&f.stepTime, "step-time", 0, "price every step at this constant model step time instead of the fitted step cost (default for a trace: 20ms)")
 	fs.Uint64Var(&f.seed, "seed", 0, "prompt seed (0: each workload's dataset seed)")
@@ -375,6 +377,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		KVBlocks:            f.kvBlocks,
 		StagingDepth:        f.stagingDepth,
 		DisableDecodeBuffer: !f.decodeBuffer,
+		MirrorDirect:        f.mirrorDirect,
 		Pace:                f.pace,
 		StepTime:            f.stepTime,
 		ForceStepTime:       f.stepTime > 0,

@@ -32,7 +32,8 @@ const (
 //	           0x80 a lagging committer (every device Wait takes longer)
 //	        c1 block size 1 + c1%8; 0x08 sparse steps (an omission byte
 //	           follows each step's cons byte), 0x10 the deferred key is
-//	           optional     c2 staging depth 2 + c2%3
+//	           optional, 0x20 device rows copied straight into the
+//	           mirror (MirrorDirect, every step)   c2 staging depth 2 + c2%3
 //	        c3 blocks 4 + c3%13        c4 prefill chunk 1 + c4%8
 //	        c5 initial tensor modes (bit 2k: key k on the device, 2k+1: owned)
 //	step    ev  events: 0x01 arrival, 0x02 arrival hitting cached blocks,
@@ -193,6 +194,20 @@ func SetupFrom(in *Input) *Setup {
 	}
 	if c0&0x20 != 0 {
 		cfg.DeferredChunkBytes = 2 * int64(KeyCodes.RowBytes)
+	}
+	if c1&0x20 != 0 {
+		// Every step with device rows is copied straight into the mirror
+		// (and read back from the device until consumed): the budget must
+		// hold depth+1 pages of them besides what the bits above left.
+		cfg.MirrorDirect, cfg.MirrorDirectMinBytes = true, 1
+		_, imm := rowBytes(cfg)
+		page := int64(omnicache.DefaultStagingCapacityTokens) * imm
+		if cap := cfg.StagingCapacityTokens; cap > 0 {
+			page = int64(cap) * imm
+		}
+		if cfg.DeviceBudgetBytes > 0 {
+			cfg.DeviceBudgetBytes += int64(depth+1) * page
+		}
 	}
 	switch cb >> 3 % 3 {
 	case 1:

@@ -58,6 +58,43 @@ func (m *meteredDevice) CopyDtoHBatch(dst [][]byte, src []gpu.Buffer) error {
 	return err
 }
 
+// RegisterHost and UnregisterHost forward to a device that registers host
+// memory (gpu.HostRegistrar: CUDA), so that the cache's mirror chunks are
+// registered under MirrorDirect; on another device registration is
+// refused and the cache copies through the general path.
+func (m *meteredDevice) RegisterHost(p []byte) error {
+	if r, ok := m.Device.(gpu.HostRegistrar); ok {
+		return r.RegisterHost(p)
+	}
+	return errNoRegistrar
+}
+
+func (m *meteredDevice) UnregisterHost(p []byte) error {
+	if r, ok := m.Device.(gpu.HostRegistrar); ok {
+		return r.UnregisterHost(p)
+	}
+	return nil
+}
+
+// CopyDtoHRegistered forwards copies into registered memory and counts
+// their bytes.
+func (m *meteredDevice) CopyDtoHRegistered(dst [][]byte, src []gpu.Buffer) error {
+	var err error
+	if r, ok := m.Device.(gpu.HostRegistrar); ok {
+		err = r.CopyDtoHRegistered(dst, src)
+	} else {
+		err = gpu.CopyDtoHAll(m.Device, dst, src)
+	}
+	if err == nil {
+		for _, p := range dst {
+			m.dtoh.Add(int64(len(p)))
+		}
+	}
+	return err
+}
+
+var errNoRegistrar = errors.New("replay: the device does not register host memory")
+
 // Wait times waits for events that may be pending (the host device's
 // events are complete when recorded and are handle 0).
 func (m *meteredDevice) Wait(e gpu.Event) error {

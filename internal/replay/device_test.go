@@ -24,14 +24,16 @@ func rowBytesOf(keys []omnicache.Key) int {
 // TestVerifyRealCacheDeviceOutputs: the forward's outputs in device
 // buffers, the oracle's rows copied host→device, every materialized row
 // and the mirror checked, in every buffer mode, with preemption (tiny
-// pool) and without.
+// pool) and without, the steps' rows staged or copied straight into the
+// mirror (MirrorDirect).
 func TestVerifyRealCacheDeviceOutputs(t *testing.T) {
 	spec := small().Spec(3)
 	for _, kv := range []int{0, 16} {
 		for _, owned := range []bool{true, false} {
-			for _, buffer := range []bool{true, false} {
+			for _, mode := range []int{0, 1, 2} { // buffer on, off; off and direct
+				buffer, direct := mode == 0, mode == 2
 				o := Options{Cache: true, Verify: true, NotOwned: !owned, KVBlocks: kv, MaxBatchedTokens: 128,
-					DisableDecodeBuffer: !buffer, Pace: true, Device: gpu.NewHost(), DeviceOutputs: true}
+					DisableDecodeBuffer: !buffer, MirrorDirect: direct, Pace: true, Device: gpu.NewHost(), DeviceOutputs: true}
 				rep, err := Replay(spec, o)
 				if err != nil {
 					t.Fatalf("kv=%d owned=%v buffer=%v: %v", kv, owned, buffer, err)

@@ -81,6 +81,10 @@ type Options struct {
 	StagingDepth int
 	// DisableDecodeBuffer turns the cache's decode buffer off.
 	DisableDecodeBuffer bool
+	// MirrorDirect has the cache copy steps' device rows straight into its
+	// mirror (Config.MirrorDirect, every step of device rows); the device
+	// budget then holds StagingDepth+2 pages.
+	MirrorDirect bool
 	// AllocStagingAtNew makes the cache allocate every staging page in New
 	// (Config.AllocStagingAtNew; first_request_ns includes it).
 	AllocStagingAtNew bool

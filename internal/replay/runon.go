@@ -30,6 +30,16 @@ func (r *runner) runOn() error {
 		depth = omnicache.DefaultStagingDepth
 	}
 	rowBytes := keyRowBytes(spec.Keys)
+	if o.MirrorDirect {
+		var immRow int64
+		for _, k := range spec.Keys {
+			if !k.Deferred {
+				immRow += int64(k.RowBytes)
+			}
+		}
+		cfg.MirrorDirect, cfg.MirrorDirectMinBytes = true, 1
+		cfg.DeviceBudgetBytes = max(omnicache.DefaultDeviceBudgetBytes, int64(depth+2)*int64(o.MaxBatchedTokens)*immRow)
+	}
 	dev := o.Device
 	if dev == nil {
 		dev = gpu.NewHost()

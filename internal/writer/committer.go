@@ -85,8 +85,9 @@ type Committer struct {
 	pubK     []uint64
 	gatherSl []int32
 	// copyLate's batch (committer goroutine)
-	late  lateCopier
-	ahead []*Write // issueAhead's scratch
+	late   lateCopier
+	direct directCopier // commitDirect's batch
+	ahead  []*Write     // issueAhead's scratch
 	// pollAhead is issueAhead, made once: the scatter calls it between
 	// its parts (a method value made per call would allocate).
 	pollAhead func()
@@ -210,9 +211,12 @@ func (c *Committer) run() {
 		failed := c.cfg.Owner.Failed()
 		if !failed {
 			var err error
-			if t.W != nil {
+			switch {
+			case t.W != nil && t.W.Direct:
+				err = c.commitDirect(t.W)
+			case t.W != nil:
 				err = c.commitImm(t.W, t.Ev)
-			} else {
+			default:
 				err = c.commitDeferred(t.Segs)
 			}
 			if err != nil {

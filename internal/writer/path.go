@@ -43,6 +43,12 @@ type Config struct {
 	Gather Gather
 	// Hists, when set, receives the path's latencies and sizes.
 	Hists *Hists
+	// Direct makes the committer copy a step's device rows straight into
+	// the mirror (see Write.Direct) when they weigh at least
+	// DirectMinBytes (0: directMinBytes); on a gpu.HostRegistrar device the
+	// mirror's chunks are registered with it as they are made.
+	Direct         bool
+	DirectMinBytes int64
 }
 
 // Layout is the key layout both paths share, read-only after NewPath.
@@ -69,6 +75,7 @@ type Path struct {
 	// (lazyBytes of immediate rows; see writeStep).
 	lazyTokens int
 	pageO      []int // per key: offset of its region in a page (immediate keys)
+	immRowB    int   // bytes of one row of every immediate key
 
 	pages   *Pages
 	spare   *Spare // page memory allocated one page ahead
@@ -135,6 +142,9 @@ func NewPath(cfg Config) *Path {
 	if cfg.SyncSpin == 0 {
 		cfg.SyncSpin = waitSpin
 	}
+	if cfg.DirectMinBytes == 0 {
+		cfg.DirectMinBytes = directMinBytes
+	}
 	nslots := cfg.NumBlocks * cfg.BlockSize
 	immRowB := 0
 	p := &Path{
@@ -179,7 +189,12 @@ func NewPath(cfg Config) *Path {
 	p.spare = NewSpare(p.dev.AllocHost, p.pageB, cfg.StagingDepth)
 	p.budget = NewBudget(cfg.Budget)
 	p.q = NewQueue[Task](2 * cfg.StagingDepth)
-	p.mirrors = NewMirrors(nslots, l.RowBytes)
+	var reg gpu.HostRegistrar
+	if cfg.Direct {
+		reg, _ = p.dev.(gpu.HostRegistrar)
+	}
+	p.mirrors = NewMirrors(nslots, l.RowBytes, reg)
+	p.immRowB = immRowB
 	p.late.h = cfg.Hists
 	p.com = NewCommitter(CommitterConfig{
 		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,

@@ -165,6 +165,13 @@ type fixture struct {
 // must have freed everything).
 func newFixture(t *testing.T, faulty bool, mod func(*Config)) *fixture {
 	t.Helper()
+	return newFixtureDev(t, faulty, mod, nil)
+}
+
+// newFixtureDev is newFixture with the device wrapped by wrap (nil: not),
+// outside the counting and the faults.
+func newFixtureDev(t *testing.T, faulty bool, mod func(*Config), wrap func(gpu.Device) gpu.Device) *fixture {
+	t.Helper()
 	f := &fixture{t: t, cfg: defaultConfig(), cd: newCountDev(), pend: map[soa.Handle][]pendRow{},
 		live: map[*Refs]bool{}, released: map[*byte]bool{}}
 	if mod != nil {
@@ -174,6 +181,9 @@ func newFixture(t *testing.T, faulty bool, mod func(*Config)) *fixture {
 	if faulty {
 		f.fault = gputest.NewFaulty(f.cd)
 		f.cfg.Dev = f.fault
+	}
+	if wrap != nil {
+		f.cfg.Dev = wrap(f.cfg.Dev)
 	}
 	f.cfg.ReleaseHost = func(b []byte) {
 		f.relMu.Lock()

@@ -341,7 +341,8 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 	}
 	w.Steps = 1
 	lazy := len(s.Slots) <= p.lazyTokens
-	if cloned && w.DevLive && !lazy {
+	w.Direct = p.cfg.Direct && w.DevLive && int64(len(s.Slots)*p.immRowB) >= p.cfg.DirectMinBytes
+	if cloned && w.DevLive && !lazy && !w.Direct {
 		// Save waits for this step's clones before it returns: a large
 		// step's copies out of them are issued now, behind the clones on
 		// the stream, while the clones run. The copies then start when the
@@ -391,6 +392,13 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 // its start matters, and a wake is small beside it).
 const lazyBytes = 4 << 20
 
+// directMinBytes is the least a step's immediate rows weigh for a direct
+// write (Config.Direct) by default: below it the device's per-copy cost and the
+// device read at Materialize outweigh the host copy a direct write saves
+// (the committer splits a scatter across its workers from the same size:
+// mirror.DefaultSplitBytes).
+const directMinBytes = 1 << 20
+
 // handOver queues immediate write w for the committer: with its device
 // rows to copy (CopyLate) when it has any, else with ev, the event its
 // Save recorded after its host rows (0 for a flush). lazy leaves a polling
@@ -398,7 +406,7 @@ const lazyBytes = 4 << 20
 // of the step being saved (see Rider): the full blocks complete once w
 // lands ride on it, unless steps stay parked. Engine goroutine.
 func (p *Path) handOver(w *Write, ev gpu.Event, lazy bool, blocks []int32, own bool) {
-	if w.CopyLate = w.DevLive; w.CopyLate && !w.lateIssued {
+	if w.CopyLate = w.DevLive && !w.Direct; w.CopyLate && !w.lateIssued {
 		p.com.NoteLate()
 	}
 	if p.cfg.Rider != nil && p.buf.K == 0 {

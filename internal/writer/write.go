@@ -75,6 +75,12 @@ type Write struct {
 	// into Staged) are the committer's to issue, not the engine
 	// goroutine's (see Path.writeStep and Path.FlushBuffer).
 	CopyLate bool
+	// Direct: a one-step write whose device rows the committer copies
+	// straight into the mirror (Config.Direct), never into Staged: they
+	// stay live on the device, where every read of the write's rows takes
+	// them (Materialize, a hit read while the write is in flight), until
+	// the write is released.
+	Direct bool
 	// lateEv is the event after the late copies once they were issued
 	// ahead of the write's turn (lateIssued): by the committer
 	// (issueAhead), or by Save before the hand-over for a large step whose

@@ -103,7 +103,7 @@ run_tests() {
 	step "replay.test TestVerifyOnCUDA" replay-verify.log "$here/replay.test" -test.run TestVerifyOnCUDA -test.v
 	py_setup
 	pushd "$here/python" >/dev/null
-	step "python/tests (CUDA library)" pytest-host.log env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests
+	step "python/tests (CUDA library)" pytest-host.log env PYTHONPATH=. OMNICACHE_CUDA_BUILD=1 $PY -m pytest -q -p no:cacheprovider tests
 	step "python/tests_cuda" pytest-cuda.log env PYTHONPATH=. $PY -m pytest -q -p no:cacheprovider tests_cuda
 	popd >/dev/null
 }

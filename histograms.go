@@ -29,6 +29,13 @@ func newWriterHists(on bool) *writer.Hists {
 //	device_to_host_copy_seconds   a write's device→host copies, issue to completion seen
 //	device_to_host_copy_bytes     their bytes
 //
+// With a tier, the link's own, whatever Config.Histograms says:
+//
+//	tier_publish_lag_seconds      a full block's Begin to its store in the tier
+//	                              (with TierConfig.PublishBarrier)
+//	tier_import_seconds           a step's Begin to its tier blocks' rows in the mirror
+//	tier_import_wait_seconds      a consumer's wait for its step's import
+//
 // With a tier whose histograms are on (tier.Options.Histograms), its own
 // follow (tier_lookup_seconds, ...; see tier.Tier.Histograms): a tier
 // shared by several caches reports the same values through each. Any
@@ -37,7 +44,7 @@ func (c *Cache) Histograms() []Histogram {
 	if c.hitWait == nil {
 		var out []Histogram
 		if c.tl != nil {
-			out = c.tl.Store().Histograms()
+			out = append(c.linkHistograms(), c.tl.Store().Histograms()...)
 		}
 		return out
 	}
@@ -50,9 +57,20 @@ func (c *Cache) Histograms() []Histogram {
 		histogramOf("device_to_host_copy_bytes", "Bytes of a write's device-to-host copies.", h.CopyBytes, 1),
 	}
 	if c.tl != nil {
+		out = append(out, c.linkHistograms()...)
 		out = append(out, c.tl.Store().Histograms()...)
 	}
 	return out
+}
+
+// linkHistograms are the tier link's own, kept whenever a tier is set.
+func (c *Cache) linkHistograms() []Histogram {
+	lag, imp, wait := c.tl.Histograms()
+	return []Histogram{
+		histogramOf("tier_publish_lag_seconds", "Time from the Begin of the step that completed a full block to the block stored in the tier (with TierConfig.PublishBarrier).", lag, 1e9),
+		histogramOf("tier_import_seconds", "Time from the Begin of a step with tier blocks to their rows in the mirror.", imp, 1e9),
+		histogramOf("tier_import_wait_seconds", "Time a step's consumer waited for its tier import to be in the mirror (0 when it was).", wait, 1e9),
+	}
 }
 
 // histogramOf is h's state as a Histogram (div: h's unit into the

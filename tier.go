@@ -39,12 +39,27 @@ import (
 //     as reassigned until a write puts rows there: never a wrong row.
 //
 // A tier keeps immediate keys only: New refuses a tier with deferred keys.
+//
+// Prefill/decode disaggregation rides on the same three things: the
+// prefill instance publishes a request's full blocks (Plan.FullBlocks) and,
+// with TierConfig.PublishBarrier, waits for them (Cache.WaitPublished)
+// before it reports the request's KV transferred; the decode instance
+// names the transferred prompt's blocks as the arrival's hit and as its
+// tier blocks (Plan.TierBlocks), so their rows are imported, or the
+// request fails with a *TierImportError and the engine recomputes it.
 
 // ErrTierMiss: an arrival's tier block could not be imported (evicted,
 // corrupt, unreachable or too slow). The request's error is a
 // *TierImportError (errors.As) that matches ErrTierMiss and the tier's own
 // cause (tier.ErrMiss, tier.ErrCorrupt, tier.ErrUnavailable).
 var ErrTierMiss = errors.New("omnicache: tier block not imported")
+
+// ErrNotPublished: a block WaitPublished waited for was not stored in the
+// tier: dropped (the publish queue was full), skipped (its rows were not
+// all committed), not admitted (TierConfig.AdmitAfter), refused by the
+// store, abandoned (Reset, Close), or never noted. The error is a
+// *TierPublishError (errors.As) naming the block and the cause.
+var ErrNotPublished = errors.New("omnicache: tier block not published")
 
 // Defaults of TierConfig's zero fields.
 const (
@@ -95,6 +110,13 @@ type TierConfig struct {
 	// row bytes imported and latency from Begin to the rows being in the
 	// mirror.
 	OnImport func(ImportEvent)
+	// PublishBarrier tracks the outcome of every full block noted for
+	// publishing (stored, or why not), so that WaitPublished can wait for
+	// a request's blocks: a prefill instance of a disaggregated deployment
+	// reports a request's KV transferred only once its rows are in the
+	// tier too. It costs the engine goroutine a map update per full block
+	// noted and remembers the latest 65,536 outcomes.
+	PublishBarrier bool
 }
 
 // ImportEvent describes one step's import (TierConfig.OnImport).
@@ -122,6 +144,20 @@ func (e *TierImportError) Error() string {
 
 // Unwrap matches ErrTierMiss and the tier's cause.
 func (e *TierImportError) Unwrap() []error { return []error{ErrTierMiss, e.Err} }
+
+// TierPublishError is WaitPublished's error for a block that was not
+// stored in the tier.
+type TierPublishError struct {
+	Hash uint64
+	Err  error // the cause: the store's error, or why the block was not stored
+}
+
+func (e *TierPublishError) Error() string {
+	return fmt.Sprintf("%v: block %016x: %v", ErrNotPublished, e.Hash, e.Err)
+}
+
+// Unwrap matches ErrNotPublished and the cause.
+func (e *TierPublishError) Unwrap() []error { return []error{ErrNotPublished, e.Err} }
 
 // newTierLink validates cfg's tier against the cache's layout and starts
 // the link's goroutines (nil, nil without a tier).
@@ -184,7 +220,8 @@ func newTierLink(cfg *Config) (*tierlink.Link, error) {
 		return bad("ImportTimeout %v exceeds a quarter of WaitTimeout %v", c.ImportTimeout, cfg.WaitTimeout)
 	}
 	lc := tierlink.Config{NKeys: len(cfg.Keys), ImportTimeout: c.ImportTimeout, PublishQueue: c.PublishQueue,
-		PublishBatch: c.PublishBatch, AdmitAfter: c.AdmitAfter, Importers: c.Importers, Publishers: c.Publishers}
+		PublishBatch: c.PublishBatch, AdmitAfter: c.AdmitAfter, Importers: c.Importers, Publishers: c.Publishers,
+		Barrier: c.PublishBarrier}
 	if on := c.OnImport; on != nil {
 		lc.OnImport = func(e tierlink.Event) { on(ImportEvent(e)) }
 	}
@@ -206,6 +243,29 @@ func (c *Cache) Lookup(ctx context.Context, hashes []uint64) (int, error) {
 		return 0, ErrClosed
 	}
 	return c.tl.Lookup(ctx, hashes)
+}
+
+// WaitPublished returns once every block of hashes (the chained hashes
+// the engine gave as Plan.FullHashes: a request's full prompt blocks) is in
+// the tier: stored by this cache since it was last computed, or found
+// stored by this tier lately. It needs TierConfig.PublishBarrier (else
+// ErrConfig). A block that was not stored fails it at once with a
+// *TierPublishError (ErrNotPublished); ctx bounds the wait (its error
+// says how many blocks were still being stored). Call it once the steps
+// that computed the blocks were saved: a block noted by a step not begun
+// yet is unknown. Any goroutine.
+func (c *Cache) WaitPublished(ctx context.Context, hashes []uint64) error {
+	if c.tl == nil || !c.cfg.Tier.PublishBarrier {
+		return fmt.Errorf("%w: WaitPublished without a tier's PublishBarrier (Config.Tier)", ErrConfig)
+	}
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	err := c.tl.WaitPublished(ctx, hashes)
+	if pe, ok := errors.AsType[*tierlink.PublishError](err); ok {
+		return &TierPublishError{Hash: pe.Hash, Err: pe.Err}
+	}
+	return err
 }
 
 // ---- the link's answers in the calls ----

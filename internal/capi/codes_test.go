@@ -85,6 +85,7 @@ var sentinelValues = map[string]error{
 	"omnicache.ErrWriteFailed":    omnicache.ErrWriteFailed,
 	"omnicache.ErrDeviceTimeout":  omnicache.ErrDeviceTimeout,
 	"omnicache.ErrTierMiss":       omnicache.ErrTierMiss,
+	"omnicache.ErrNotPublished":   omnicache.ErrNotPublished,
 	"tier.ErrMiss":                tier.ErrMiss,
 	"tier.ErrCorrupt":             tier.ErrCorrupt,
 	"tier.ErrUnavailable":         tier.ErrUnavailable,

@@ -52,7 +52,8 @@ var codes = []struct {
 	{omnicache.ErrDeviceTimeout, C.OMNICACHE_ERR_DEVICE_TIMEOUT},
 	{omnicache.ErrTierMiss, C.OMNICACHE_ERR_TIER_MISS},
 	{omnicache.ErrReset, C.OMNICACHE_ERR_RESET},
-	{tier.ErrCircuitOpen, C.OMNICACHE_ERR_TIER_CIRCUIT_OPEN}, // before ErrUnavailable, which it wraps
+	{omnicache.ErrNotPublished, C.OMNICACHE_ERR_NOT_PUBLISHED}, // before the store's error it may wrap
+	{tier.ErrCircuitOpen, C.OMNICACHE_ERR_TIER_CIRCUIT_OPEN},   // before ErrUnavailable, which it wraps
 	{tier.ErrUnavailable, C.OMNICACHE_ERR_TIER_UNAVAILABLE},
 	{tier.ErrAuth, C.OMNICACHE_ERR_TIER_AUTH},
 	{tier.ErrConfig, C.OMNICACHE_ERR_TIER_CONFIG},

@@ -71,6 +71,7 @@ enum {
 	OMNICACHE_ERR_TIER_CLOSED = 22,      /* tier.ErrClosed */
 	OMNICACHE_ERR_RESET = 23,            /* ErrReset: the step was saved before a reset */
 	OMNICACHE_ERR_TIER_CIRCUIT_OPEN = 24,/* tier.ErrCircuitOpen (also a tier.ErrUnavailable) */
+	OMNICACHE_ERR_NOT_PUBLISHED = 25,    /* ErrNotPublished: a block WaitPublished waited for was not stored */
 	/* the ABI's own */
 	OMNICACHE_ERR_ARGUMENT = 100,     /* a NULL pointer, negative length, bad flag */
 	OMNICACHE_ERR_BAD_HANDLE = 101,   /* no such cache */

@@ -143,6 +143,7 @@ func (j *Import) Applied(why []error, failed bool) {
 	j.why = why
 	l := j.l
 	ev := Event{Blocks: len(j.blocks), Latency: time.Since(j.start)}
+	l.importTime.Observe(int64(ev.Latency))
 	for _, err := range why {
 		if err != nil || failed {
 			ev.Failed++
@@ -197,14 +198,21 @@ func (l *Link) Take(id uint64) *Import {
 // consumer's goroutine.
 func (j *Import) Failures(p *writer.Path, ids []int64) []Failure {
 	timeout := 2 * j.l.cfg.ImportTimeout
-	t := time.NewTimer(timeout)
-	defer t.Stop()
 	timedOut := false
-	p.Kick()
 	select {
 	case <-j.applied:
-	case <-t.C:
-		timedOut = true // the committer is behind: fail the imports' requests
+		j.l.importWait.Observe(0)
+	default:
+		t0 := time.Now()
+		t := time.NewTimer(timeout)
+		p.Kick()
+		select {
+		case <-j.applied:
+		case <-t.C:
+			timedOut = true // the committer is behind: fail the imports' requests
+		}
+		t.Stop()
+		j.l.importWait.Observe(int64(time.Since(t0)))
 	}
 	var out []Failure
 	for qi, id := range ids {

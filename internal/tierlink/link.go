@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -75,6 +76,8 @@ type Config struct {
 	Importers, Publishers      int
 	// OnImport, when set, is called once per import that ran (committer).
 	OnImport func(Event)
+	// Barrier tracks every noted block's outcome for WaitPublished.
+	Barrier bool
 }
 
 // Event describes one step's import (the root's ImportEvent).
@@ -124,13 +127,23 @@ type Link struct {
 	stopping                                       atomic.Bool   // Close: queued blocks are dropped, not stored
 	epoch                                          atomic.Uint64 // bumped by Reset: batches sent before are dropped
 	imported, importFailed, bytesImp               atomic.Int64
+
+	bar *barrier // Config.Barrier: outcomes of the blocks noted
+	// publishLag: noted (the step's Begin) to stored, per block stored
+	// (with Barrier); importTime: Begin to rows in the mirror, per import;
+	// importWait: the consumer's wait for an import (Failures).
+	publishLag, importTime, importWait *hist.H
 }
 
 // New starts the link's importer and publisher goroutines over store t.
 func New(t Store, cfg Config) *Link {
 	l := &Link{cfg: cfg, t: t, byStep: map[uint64]*Import{},
 		fetchQ: make(chan *Import, 4*cfg.Importers), pubQ: make(chan *pubBatch, cfg.PublishQueue),
-		batchFree: make(chan *pubBatch, cfg.PublishQueue)}
+		batchFree:  make(chan *pubBatch, cfg.PublishQueue),
+		publishLag: hist.NewDur(), importTime: hist.NewDur(), importWait: hist.NewDur()}
+	if cfg.Barrier {
+		l.bar = newBarrier()
+	}
 	// Goroutines labelled for CPU profiles, as the committer.
 	run := func(label string, f func()) {
 		l.wg.Add(1)
@@ -165,6 +178,18 @@ func (l *Link) Close() {
 	close(l.fetchQ)
 	close(l.pubQ)
 	l.wg.Wait()
+	if l.bar != nil {
+		l.bar.abandon()
+	}
+}
+
+// observeLag records a stored block's publish lag.
+func (l *Link) observeLag(d time.Duration) { l.publishLag.Observe(int64(d)) }
+
+// Histograms are the link's own: publish lag (with Barrier), import time
+// and the consumers' import waits, in nanoseconds.
+func (l *Link) Histograms() (publishLag, importTime, importWait *hist.H) {
+	return l.publishLag, l.importTime, l.importWait
 }
 
 // Lookup returns how many leading blocks of hashes the tier holds, bounded

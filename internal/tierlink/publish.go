@@ -29,6 +29,9 @@ func (l *Link) Begin(fullBlocks []int32, fullHashes []uint64) {
 	e.pubMark = len(e.pubBlocks)
 	e.pubBlocks = append(e.pubBlocks, fullBlocks...)
 	e.pubHashes = append(e.pubHashes, fullHashes...)
+	if l.bar != nil {
+		l.bar.note(fullHashes)
+	}
 }
 
 // Unbegin drops the begun step's import and full blocks (its queued
@@ -39,6 +42,9 @@ func (l *Link) Unbegin() {
 	e.begun = false
 	e.imp = nil
 	if e.pubMark < len(e.pubBlocks) {
+		if l.bar != nil {
+			l.bar.unnote(e.pubHashes[e.pubMark:])
+		}
 		e.pubBlocks, e.pubHashes = e.pubBlocks[:e.pubMark], e.pubHashes[:e.pubMark]
 	}
 }
@@ -113,10 +119,12 @@ func (g *publishGather) Rows(h uint64, ki int) []byte {
 	if ki == 0 {
 		if tl.t.StoredRecently(h) {
 			tl.recent.Add(1)
+			tl.resolve(h, nil)
 			return nil
 		}
 		if tl.cfg.AdmitAfter > 1 && tl.t.Sightings().See(h) < tl.cfg.AdmitAfter {
 			tl.unadmitted.Add(1)
+			tl.resolve(h, ErrPublishUnadmitted)
 			return nil
 		}
 		n := 0
@@ -125,6 +133,7 @@ func (g *publishGather) Rows(h uint64, ki int) []byte {
 		}
 		if tl.queued.Load()+int64(n) >= int64(tl.cfg.PublishQueue) {
 			tl.dropped.Add(1)
+			tl.resolve(h, ErrPublishDropped)
 			return nil
 		}
 		if g.cur == nil {
@@ -146,6 +155,7 @@ func (g *publishGather) Rows(h uint64, ki int) []byte {
 func (g *publishGather) Block(h uint64, ok bool) {
 	if !ok {
 		g.tl.skipped.Add(1)
+		g.tl.resolve(h, ErrPublishSkipped)
 		return
 	}
 	g.cur.hashes = append(g.cur.hashes, h)
@@ -179,8 +189,18 @@ func (g *publishGather) send() {
 		tl.queued.Add(-n)
 		tl.pending.Add(-n)
 		tl.dropped.Add(n)
+		if tl.bar != nil {
+			tl.bar.resolve(b.hashes, ErrPublishDropped, nil)
+		}
 		tl.t.Recycle(b.vals)
 		tl.freeBatch(b)
+	}
+}
+
+// resolve records block h's outcome for the barrier (if any).
+func (tl *Link) resolve(h uint64, err error) {
+	if tl.bar != nil {
+		tl.bar.resolve([]uint64{h}, err, nil)
 	}
 }
 
@@ -208,6 +228,9 @@ func (tl *Link) publish() {
 		tl.queued.Add(-n)
 		tl.pending.Add(-n)
 		tl.dropped.Add(n)
+		if tl.bar != nil {
+			tl.bar.resolve(b.hashes, ErrPublishAbandoned, nil)
+		}
 		tl.t.Recycle(b.vals)
 		tl.freeBatch(b)
 	}
@@ -248,6 +271,9 @@ func (tl *Link) publish() {
 				tl.pubErrs.Add(int64(len(h))) // the store failed in part or whole
 			} else {
 				tl.published.Add(int64(len(h)))
+			}
+			if tl.bar != nil {
+				tl.bar.resolve(h, err, tl.observeLag)
 			}
 			tl.pending.Add(-int64(len(h)))
 		}

@@ -122,6 +122,11 @@ type Rider interface {
 func (c *Committer) gather(blocks []int32, keys []uint64, failed bool) {
 	g := c.cfg.Gather
 	if failed {
+		// The write failed: its rows never landed, so no block is
+		// published (each one counted, and told to a publish barrier).
+		for _, key := range keys {
+			g.Block(key, false)
+		}
 		g.Done(true)
 		return
 	}

@@ -43,6 +43,7 @@ TierConfigError = _cls("TierConfigError", 21, "tier.ErrConfig: a bad tier spec o
 TierClosedError = _cls("TierClosedError", 22, "tier.ErrClosed: the tier was closed.")
 ResetError = _cls("ResetError", 23, "ErrReset: the step was saved before a reset dropped its rows.")
 TierCircuitOpenError = _cls("TierCircuitOpenError", 24, "tier.ErrCircuitOpen: the tier's store timed out; tier calls fail at once until it answers.")
+NotPublishedError = _cls("NotPublishedError", 25, "ErrNotPublished: a block wait_published waited for was not stored in the tier.")
 ArgumentError = _cls("ArgumentError", 100, "A bad argument at the C ABI (NULL pointer, negative length, bad flag).", (OmnicacheError, ValueError))
 BadHandleError = _cls("BadHandleError", 101, "No such cache handle.")
 ShortBufferError = _cls("ShortBufferError", 102, "Result buffers too small (the rows are kept: ask again).")
@@ -70,7 +71,7 @@ ERRORS = {c.code: c for c in [
     TokenCountError, OutputsError, StepTooLargeError, StagingTimeoutError, UnknownStepError,
     NotInStepError, AbsentRequiredError, ReassignedError, BudgetError, WriteFailedError,
     DeviceTimeoutError, TierMissError, TierUnavailableError, TierAuthError, TierConfigError,
-    TierClosedError, ResetError, TierCircuitOpenError, ArgumentError, BadHandleError, ShortBufferError, ForkedError, PanicError,
+    TierClosedError, ResetError, TierCircuitOpenError, NotPublishedError, ArgumentError, BadHandleError, ShortBufferError, ForkedError, PanicError,
     UnsupportedError, InternalError, NoDeviceError]}
 
 

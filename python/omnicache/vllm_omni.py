@@ -1,214 +1,95 @@
 """An adapter with the shape of vLLM-Omni's output prefix cache manager
 (``vllm_omni/core/prefix_cache``: interface, adapter, manager), over the
-omnicache core. Names, fields, defaults and call shapes follow the upstream
-manager, so the adapter can sit where it sits; docs/python.md lists what
-maps and what does not.
+omnicache core. Names, fields, defaults, call shapes and failure messages
+follow the upstream manager, so the adapter can sit where it sits;
+docs/python.md lists what maps and what does not.
 
 The engine side, once per real step::
 
-    m.new_step_starts(step_or_events, num_scheduled_tokens=...)
-    ... forward ...
+    step = adapter.translate_step(scheduler_output)
+    m.new_step_starts(step)                      # before the engine drops finished requests
+    layout = adapter.build_write_layout(group_view, num_scheduled_tokens=...)
+    m.prepare_read_plans(layout)                 # optional: hit reads start now
+    ... forward ...                              # failed: m.abort_prepared_step()
     sid = m.save_outputs(hidden_states, mm_outputs, num_tokens_unpadded=n,
                          num_tokens_padded=p, write_layout=layout)
-    out = m.materialize(sid, req_ids)   # or m.discard_step(sid)
+    out = m.materialize(sid, req_ids)            # or m.discard_step(sid)
 
 String request ids map to the core's integer ids (a request keeps its id
 while it lives). The core is created at the first save_outputs, from the
-keys and row sizes that step carries (or at once with ``keys=``).
+keys, row sizes and device that step's tensors have (or at once with
+``keys=``).
 """
 
-import dataclasses
-import enum
 import threading
 import warnings
-from typing import Any, Dict, FrozenSet, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from . import core
-from .errors import OmnicacheError, StagingTimeoutError
+from ._vo_interface import (HIDDEN_KEY, ModelCachePolicy, OmniPrefixCacheStagingTimeoutError,
+                            OmniPrefixCacheUnmatchError, PrefixCacheConfig, PrefixCacheEventKind,
+                            PrefixCacheRequestEvent, PrefixCacheSchedulerAdapter, PrefixCacheStep, PrefixCacheWrite,
+                            PrefixCacheWriteLayout, StageCacheOutputs)
+from ._vo_state import KeyMeta, Pending, Req, build_batch, make_plan, plan_events, select_device, step_events
+from .errors import (AbsentRequiredError, NoDeviceError, OmnicacheError, ReassignedError, StagingTimeoutError,
+                     TierMissError, UnsupportedError, WriteFailedError)
 
-HIDDEN_KEY = "__hidden_states__"
-
-
-class OmniPrefixCacheUnmatchError(RuntimeError):
-    """A contract, config or occupancy error: a hit over absent rows, a step
-    id consumed twice or never saved, a step larger than a staging page, a
-    failed write (sticky: every later call raises it). The core's exception
-    is the __cause__."""
-
-
-class OmniPrefixCacheStagingTimeoutError(OmniPrefixCacheUnmatchError):
-    """A save found no free staging page in time (``unconsumed``: the step
-    ids holding the pages)."""
-
-    unconsumed = ()
+Unmatch = OmniPrefixCacheUnmatchError
+_UNREADABLE = (AbsentRequiredError, ReassignedError, TierMissError)
 
 
-# ---- interface ----
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixCacheConfig:
-    num_blocks: int
-    block_size: int
-    gpu_staging_bytes: int = 512 << 20
-    staging_depth: int = 4
-    staging_capacity_tokens: int = 1024
-    staging_claim_timeout_s: float = 30.0
-    copy_chunk_bytes: int = 16 << 20
-
-    @classmethod
-    def from_vllm_config(cls, *, num_blocks, block_size, scheduler_config=None, model_config=None):
-        """capacity = the scheduler's max_num_batched_tokens, else
-        max_model_len (from either config), else 1024; at least 1."""
-        cap = getattr(scheduler_config, "max_num_batched_tokens", None)
-        if not cap:
-            cap = getattr(scheduler_config, "max_model_len", None) or getattr(model_config, "max_model_len", None)
-        return cls(num_blocks=num_blocks, block_size=block_size, staging_capacity_tokens=max(1, int(cap or 1024)))
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelCachePolicy:
-    needs_full_hidden_states: bool = True
-    deferred_keys: FrozenSet[str] = frozenset()
-    mm_outputs_written_in_sample: bool = False
-
-    def __post_init__(self):
-        if self.needs_full_hidden_states and self.mm_outputs_written_in_sample:
-            raise ValueError("ModelCachePolicy: mm_outputs_written_in_sample with needs_full_hidden_states")
-
-    @property
-    def hidden_key(self):
-        return HIDDEN_KEY if self.needs_full_hidden_states else None
-
-    @classmethod
-    def from_model(cls, model):
-        """Reads the legacy model attributes (have_multimodal_outputs-style
-        flags are not needed by this adapter)."""
-        return cls(
-            needs_full_hidden_states=bool(getattr(model, "needs_full_hidden_states", True)),
-            deferred_keys=frozenset(getattr(model, "prefix_cache_deferred_keys", ()) or ()),
-            mm_outputs_written_in_sample=bool(getattr(model, "mm_outputs_written_in_sample", False)),
-        )
-
-
-class StageCacheOutputs(NamedTuple):
-    hidden_states: Optional[Dict[str, Any]]
-    mm_outputs: Dict[str, Dict[str, Any]]
-
-
-# ---- adapter ----
-
-
-class PrefixCacheEventKind(str, enum.Enum):
-    STARTED = "started"
-    EXTENDED = "extended"
-    RESUMED = "resumed"
-    FINISHED = "finished"
-    ABORTED = "aborted"
-    REPLACED = "replaced"
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixCacheRequestEvent:
-    req_id: str
-    kind: PrefixCacheEventKind
-    hit_start: int = 0
-    hit_end: int = 0
-    block_ids: Tuple[Tuple[int, ...], ...] = ()
-    scheduled_tokens: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixCacheStep:
-    events: Tuple[PrefixCacheRequestEvent, ...]
-    scheduled_tokens: Tuple[Tuple[str, int], ...] = ()
-
-    def __iter__(self):
-        return iter(self.events)
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixCacheWrite:
-    req_id: str
-    row_start: int
-    row_end: int
-    slots: Tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixCacheWriteLayout:
-    writes: Tuple[PrefixCacheWrite, ...]
-    total_rows: int
-
-
-# ---- manager ----
-
-
-class _Req:
-    __slots__ = ("iid", "pos", "blocks")
-
-    def __init__(self, iid, pos, blocks):
-        self.iid, self.pos, self.blocks = iid, pos, blocks
-
-
-def _kind(k):
-    return PrefixCacheEventKind(getattr(k, "value", k))
-
-
-class _KeyMeta:
-    """How a key's rows were shaped at its first save (to rebuild them)."""
-
-    __slots__ = ("name", "row_bytes", "dtype", "trailing", "torch")
-
-    def __init__(self, name, t):
-        self.name = name
-        self.torch = core._torch_tensor(t)
-        self.dtype = t.dtype
-        self.trailing = tuple(t.shape[1:])
-        n = int(np.prod(self.trailing)) if self.trailing else 1
-        self.row_bytes = n * (t.element_size() if self.torch else t.dtype.itemsize)
-
-    def build(self, rows):
-        """rows: a uint8 [tokens, row_bytes] numpy view."""
-        if self.torch:
-            import torch
-
-            return torch.from_numpy(rows).view(self.dtype).reshape((-1,) + self.trailing)
-        return rows.view(self.dtype).reshape((-1,) + self.trailing)
+def _is_rows(v, n, padded):
+    """A tensor or array of this step's per-token rows: two or more
+    dimensions, the first n or padded."""
+    if not (core._torch_tensor(v) or isinstance(v, np.ndarray)) or v.ndim < 2:
+        return False
+    return int(v.shape[0]) in (n, padded)
 
 
 class OmniPrefixCacheManager:
     """The upstream manager's surface over the omnicache core.
 
-    ``eager`` is accepted for the upstream signature: this build copies
-    host tensors synchronously (CUDA tensors are moved to the host before
-    the save). ``keys`` ({name: row_bytes}, the hidden key as HIDDEN_KEY)
-    creates the core at once instead of at the first save_outputs.
+    ``eager`` is accepted for the upstream signature and changes nothing.
+    ``prefetch_reads`` (default on): a step's hit reads start when the core
+    begins the step, at prepare_read_plans, and run while the forward runs;
+    off, they run at materialize. ``keys`` ({name: row_bytes}, the hidden
+    key as HIDDEN_KEY) creates the core at once, on
+    ``config.cuda_device``, instead of at the first save_outputs.
+
+    A call that raises changes nothing, except that a step whose save
+    failed stays registered (save it again, or let the next
+    new_step_starts drop it). Engine thread: new_step_starts,
+    prepare_read_plans, abort_prepared_step, save_outputs; materialize,
+    discard_step, memory_stats and stats from any thread.
     """
 
-    def __init__(self, config: PrefixCacheConfig, *, eager=None, keys=None):
+    def __init__(self, config: PrefixCacheConfig, *, eager=None, prefetch_reads=True, keys=None):
         self.config = config
         self.eager = True if eager is None else bool(eager)
+        self.prefetch_reads = bool(prefetch_reads)
         self.policy = ModelCachePolicy()
         self._core = None
-        self._meta = {}  # key name -> _KeyMeta (how to rebuild its rows)
+        self._names, self._index = [], {}
+        self._meta = {}  # key name -> KeyMeta (how to rebuild its rows)
         self._ignored = set()
-        self._live: Dict[str, _Req] = {}
-        self._next = 0
-        self._pending = None
-        self._steps: Dict[int, Dict[str, int]] = {}
+        self._live = {}  # req_id -> Req
+        self._next = 0  # core ids: 1, 2, ... (0 is never a request's)
+        self._pend = None  # the step registered and not saved (Pending)
+        self._steps = {}  # step id -> {req_id: core id}
         self._lock = threading.Lock()  # _steps: materialize may run on another thread
+        self._fatal = None  # a failed write's message: every later call raises it
+        self._table = np.zeros((8, 8), np.int32)  # block-table scratch (only a step's entries are read)
+        self._zeros = np.zeros(0, np.uint8)
         if keys:
-            self._create({k: v for k, v in keys.items()})
+            self._create(dict(keys), config.cuda_device)
 
     def register_policy(self, policy: ModelCachePolicy):
         self.policy = policy
 
     # -- the core --
 
-    def _create(self, row_bytes):
+    def _create(self, row_bytes, device):
         c = self.config
         names = sorted(row_bytes, key=lambda k: (k != HIDDEN_KEY, k))
         keys = [core.Key(k, row_bytes[k], optional=k != HIDDEN_KEY, deferred=k in self.policy.deferred_keys)
@@ -218,176 +99,381 @@ class OmniPrefixCacheManager:
                 keys, c.num_blocks, c.block_size, staging_depth=c.staging_depth,
                 staging_capacity_tokens=c.staging_capacity_tokens,
                 staging_claim_timeout_s=c.staging_claim_timeout_s if c.staging_claim_timeout_s > 0 else -1,
-                device_budget_bytes=c.gpu_staging_bytes, deferred_chunk_bytes=c.copy_chunk_bytes)
+                device_budget_bytes=c.gpu_staging_bytes, deferred_chunk_bytes=c.copy_chunk_bytes,
+                prefetch=self.prefetch_reads, cuda_device=device)
+        except (UnsupportedError, NoDeviceError) as e:
+            raise Unmatch("the cache cannot stage through cuda:%d: %s (the outputs are CUDA tensors or "
+                          "PrefixCacheConfig.cuda_device is set: load a CUDA build of the library, make python-cuda "
+                          "and OMNICACHE_LIB)" % (device, e)) from e
         except OmnicacheError as e:
-            raise OmniPrefixCacheUnmatchError(str(e)) from e
+            raise Unmatch(str(e)) from e
         self._names = names
         self._index = {k: i for i, k in enumerate(names)}
 
-    @staticmethod
-    def _wrap(e):
+    def _wrap(self, e):
+        """The upstream exception for a core error (the core's is its
+        __cause__); a failed write is remembered: every later call raises
+        it."""
         if isinstance(e, StagingTimeoutError):
-            w = OmniPrefixCacheStagingTimeoutError(str(e))
-            w.unconsumed = tuple(e.unconsumed)
+            with self._lock:
+                ids = sorted(self._steps)
+            w = OmniPrefixCacheStagingTimeoutError("%s; unconsumed step contexts (ids=%s) or a stuck write" % (e, ids))
+            w.unconsumed = tuple(ids)
             return w
-        return OmniPrefixCacheUnmatchError(str(e))
+        if isinstance(e, WriteFailedError):
+            if self._fatal is None:
+                self._fatal = "prefix cache write failed; cached rows lost behind published hashes (%s)" % e
+            return Unmatch(self._fatal)
+        return Unmatch(str(e))
+
+    def _check(self):
+        if self._fatal is not None:
+            raise Unmatch(self._fatal)
+
+    def _abort_core(self, p):
+        """Undoes the core's Begin of the pending step (its hit reads are
+        dropped)."""
+        try:
+            self._core.abort()
+        except OmnicacheError as e:
+            raise self._wrap(e) from e
+        finally:
+            p.begun = False
 
     # -- the engine loop --
 
     def new_step_starts(self, events_or_step, *, num_scheduled_tokens=None):
         """Once per real step, before the engine drops finished requests:
-        registers arrivals and their hits, and the finished/aborted requests
-        whose pending writes must land. The core's Begin runs at
-        save_outputs, with the batch order the write layout gives."""
-        if num_scheduled_tokens is None:
-            num_scheduled_tokens = dict(getattr(events_or_step, "scheduled_tokens", ()) or ())
-        bs = self.config.block_size
-        arrivals, hits, hit_blocks, finished, resumed = [], [], [], [], []
-        for ev in events_or_step:
-            kind, rid = _kind(ev.kind), ev.req_id
-            blocks = list(ev.block_ids[0]) if ev.block_ids else None
-            r = self._live.get(rid)
-            if kind in (PrefixCacheEventKind.FINISHED, PrefixCacheEventKind.ABORTED):
-                if r is not None:
-                    finished.append(r.iid)
-                    del self._live[rid]
-                continue
-            if kind == PrefixCacheEventKind.REPLACED:
-                continue  # reserved upstream
-            if kind == PrefixCacheEventKind.RESUMED and r is not None:
-                resumed.append(r.iid)
-                if blocks is not None:
-                    r.blocks = blocks
-                if ev.hit_end:
-                    r.pos = ev.hit_end
-                continue
-            if r is None:  # STARTED (or a first sight of any other kind)
-                hit = int(ev.hit_end)
+        registers arrivals and their hits, resumes (the preemption and the
+        resume, positions from the event, its hit as a hit), continuations,
+        and the finished/aborted requests whose pending writes must land.
+        Events are checked before anything is registered. A step registered
+        before and never saved is not overwritten: with no scheduled tokens
+        its events carry over to this step; with some, it is dropped (see
+        docs/python.md)."""
+        self._check()
+        events, sched = step_events(events_or_step, num_scheduled_tokens)
+        p = self._pend
+        gone = p.counts() if p is not None else {}
+        ending, ops = plan_events(events, self._live, lambda r: r.pos + gone.get(r.rid, 0), self.config.block_size,
+                                  self.config.num_blocks)
+        if gone:
+            self._drop(p)
+        elif p is not None and p.begun:
+            self._abort_core(p)  # begun empty by prepare: begun again with this step's events too
+        p = self._pend
+        if p is None:
+            p = self._pend = Pending()
+        p.sched, p.layout, p.batch, p.prepared = sched, None, None, False
+        for rid in ending:
+            r = self._live.pop(rid, None)
+            if r is not None:
+                p.finished.append(r.iid)
+                p.arrivals.pop(rid, None)
+                p.preempted.pop(rid, None)
+                p.resumed.pop(rid, None)
+        for op, ev, r, blocks in ops:
+            rid, hit = ev.req_id, int(ev.hit_end)
+            if op == "arrive":
                 self._next += 1
-                r = self._live[rid] = _Req(self._next, hit, blocks or [])
-                arrivals.append(r.iid)
-                hits.append(hit)
-                hit_blocks.extend((blocks or [])[: hit // bs] if hit > 0 else [])  # too few: the core's HitBlocks
-            else:  # EXTENDED: a live request arriving again, a continuation (not a hit)
-                arrivals.append(r.iid)
-                hits.append(0)
-                r.pos = int(ev.hit_end) if ev.hit_end else r.pos
-                if blocks is not None:
-                    r.blocks = blocks
-        self._pending = (dict(num_scheduled_tokens or {}), arrivals, hits, hit_blocks, finished, resumed)
+                r = self._live[rid] = Req(rid, self._next, hit)
+                p.arrivals[rid] = (r, hit, blocks)
+            elif op == "resume":
+                r.pos = hit
+                p.preempted[rid] = p.resumed[rid] = r
+                if hit:
+                    p.arrivals[rid] = (r, hit, blocks)  # the core serves a resumed request's hit as an arrival's
+                else:
+                    p.arrivals.pop(rid, None)
+            else:
+                r.pos = hit  # a continuation arrives at its computed tokens
 
-    def _batch(self, sched, write_layout, ntok):
-        """The batch in row order: requests, starts, counts, and the block
-        table (grown from each write's slots)."""
-        bs = self.config.block_size
-        order = []
-        if write_layout is not None:
-            row = 0
-            for w in write_layout.writes:
-                if w.row_start != row:
-                    raise OmniPrefixCacheUnmatchError(
-                        "write layout: request %r starts at row %d, expected %d (rows must follow each other)"
-                        % (w.req_id, w.row_start, row))
-                order.append((w.req_id, w.row_end - w.row_start, w.slots))
-                row = w.row_end
-        else:
-            order = [(rid, int(n), None) for rid, n in sched.items() if int(n) > 0]
-        reqs = []
-        for rid, n, sl in order:
+    def _drop(self, p):
+        """The pending step computed rows that were never saved (its forward
+        or its save failed, and the engine went on). With a core, the step
+        is begun with its events and saved with every row rejected and
+        discarded: its KV slots hold nothing an older tenant wrote (a later
+        hit over them is refused, never served stale rows), its finished
+        requests leave, its arrivals and resumes are registered. Without a
+        core nothing was ever written: only its unscheduled events carry
+        over. Either way its requests' positions move past its rows, as the
+        engine's did. Raises, changing nothing, when the step's slots are
+        unknown or the core refuses."""
+        counts = p.counts()
+        if self._core is None:
+            keep = Pending()
+            keep.finished = list(p.finished)
+            for name in ("arrivals", "preempted", "resumed"):
+                getattr(keep, name).update((k, v) for k, v in getattr(p, name).items() if k not in counts)
+            self._advance(counts)
+            self._pend = keep
+            return
+        if p.layout is None:
+            raise Unmatch("new_step_starts: the step registered before scheduled %d tokens and was never saved, and "
+                          "its write layout is unknown: save_outputs it, or give its layout to prepare_read_plans "
+                          "or abort_prepared_step so that the cache can drop its slots" % sum(counts.values()))
+        batch = build_batch(p.layout, self._live, self.config.block_size, self.config.num_blocks, self._table)
+        self._table = batch.table
+        if p.begun:
+            self._abort_core(p)
+        n = batch.ntok
+        outs = self._zero_outputs(n)
+        try:
+            self._core.begin(make_plan(batch, p, sentinel_finish=True))
+            p.begun = True
+            sid = self._core.save(outs, tokens=n, padded=n, accepted=np.zeros(len(batch.reqs), np.int32))
+        except OmnicacheError as e:
+            p.begun = False
+            raise self._wrap(e) from e
+        except BaseException:
+            if p.begun:
+                self._abort_core(p)
+            raise
+        p.begun = False
+        self._advance(counts)
+        self._pend = None
+        try:
+            self._core.discard(sid)
+        except OmnicacheError as e:
+            raise self._wrap(e) from e
+
+    def _advance(self, counts):
+        for rid, n in counts.items():
             r = self._live.get(rid)
-            if r is None:
-                raise OmniPrefixCacheUnmatchError("request %r scheduled but never started" % rid)
-            if sl is not None and len(sl):
-                sl = np.asarray(sl, np.int64)
-                if len(sl) != n:
-                    raise OmniPrefixCacheUnmatchError("request %r: %d slots for %d rows" % (rid, len(sl), n))
-                idx = (r.pos + np.arange(n)) // bs
-                need = int(idx[-1]) + 1
-                if len(r.blocks) < need:
-                    r.blocks = list(r.blocks) + [0] * (need - len(r.blocks))
-                for i, b in zip(idx.tolist(), (sl // bs).tolist()):
-                    r.blocks[i] = b
-            elif n and len(r.blocks) * bs < r.pos + n:
-                raise OmniPrefixCacheUnmatchError(
-                    "request %r: %d block ids cover %d tokens, the step needs %d (pass write_layout)"
-                    % (rid, len(r.blocks), len(r.blocks) * bs, r.pos + n))
-            reqs.append((rid, r, n))
-        stride = max([len(r.blocks) for _, r, _ in reqs] + [1])
-        table = np.zeros((max(1, len(reqs)), stride), np.int32)
-        for i, (_, r, _) in enumerate(reqs):
-            table[i, : len(r.blocks)] = r.blocks
-        return reqs, table
+            if r is not None:
+                r.pos += n
+
+    def _zero_outputs(self, n):
+        """Outputs of n rows for a step whose rows are all rejected or that
+        has none: zeros for the required (hidden) key, optional keys
+        omitted."""
+        outs = []
+        for name, k in zip(self._names, self._core.keys):
+            if k.optional:
+                outs.append(None)
+                continue
+            need = n * k.row_bytes
+            if self._zeros.size < max(need, k.row_bytes):
+                self._zeros = np.zeros(max(need, k.row_bytes), np.uint8)
+            outs.append(self._zeros[:need].reshape(n, k.row_bytes) if n else self._zeros[:k.row_bytes].reshape(1, -1))
+        return outs
+
+    def _layout_batch(self, p, layout):
+        """The checked batch of layout for the pending step p (also against
+        its scheduled counts), recorded as the step's layout."""
+        batch = build_batch(layout, self._live, self.config.block_size, self.config.num_blocks, self._table)
+        self._table = batch.table
+        if p.sched:
+            total = 0
+            for r, n in zip(batch.reqs, batch.counts.tolist()):
+                want = p.sched.get(r.rid, 0)
+                if want != n:
+                    raise Unmatch("write layout gives req %s %d rows, num_scheduled_tokens %d" % (r.rid, n, want))
+                total += n
+            if total != sum(p.sched.values()):
+                raise Unmatch("write layout covers %d of the %d scheduled tokens" % (total, sum(p.sched.values())))
+        p.layout, p.batch = layout, batch
+        return batch
+
+    def prepare_read_plans(self, write_layout: PrefixCacheWriteLayout):
+        """After new_step_starts, before the forward: checks the step's
+        write layout and, once the core exists, begins the step in the core,
+        whose hit reads then run while the forward runs (prefetch_reads).
+        save_outputs must then get this layout."""
+        self._check()
+        p = self._pend
+        if p is None:
+            raise Unmatch("prepare_read_plans without new_step_starts")
+        if p.prepared:
+            raise Unmatch("prefix-cache write layout prepared more than once for one step")
+        old = p.layout, p.batch
+        batch = self._layout_batch(p, write_layout)
+        if self._core is not None:
+            try:
+                self._core.begin(make_plan(batch, p))
+            except OmnicacheError as e:
+                p.layout, p.batch = old
+                raise self._wrap(e) from e
+            p.begun = True
+        p.prepared = True
+
+    def abort_prepared_step(self, write_layout=None):
+        """The forward failed before save_outputs: drops the step's hit
+        reads (the core's Begin is undone). The step stays registered: save
+        it, or the next new_step_starts drops it. write_layout, when the
+        step was not prepared, tells the cache the step's slots for that
+        drop."""
+        self._check()
+        p = self._pend
+        if p is None:
+            return
+        if write_layout is not None and not p.prepared:
+            self._layout_batch(p, write_layout)
+        p.prepared = False
+        if p.begun:
+            self._abort_core(p)
+
+    def _step_tensors(self, hidden, mm, n, padded):
+        """The step's rows per key (made contiguous; checked against each
+        key's dtype and shape) and the devices they are on, before anything
+        is begun."""
+        out = {}
+        if n > 0:
+            if self.policy.needs_full_hidden_states:
+                if hidden is None:
+                    raise Unmatch("hidden_states is None, and the policy needs full hidden states "
+                                  "(ModelCachePolicy(needs_full_hidden_states=False) saves none)")
+                if not (core._torch_tensor(hidden) or isinstance(hidden, np.ndarray)):
+                    raise TypeError("hidden_states: a %s; want a torch tensor or a numpy array" % type(hidden).__name__)
+                rows = int(hidden.shape[0]) if hidden.ndim >= 2 else 0
+                if rows < n:
+                    raise Unmatch("hidden_states has %d rows, need %d" % (rows, n))
+                out[HIDDEN_KEY] = hidden
+            for k, v in (mm or {}).items():
+                if k != HIDDEN_KEY and _is_rows(v, n, padded):
+                    out[k] = v
+        devices = set()
+        for k, v in list(out.items()):
+            if core._torch_tensor(v):
+                devices.add((v.device.type, v.device.index))
+                if not v.is_contiguous():
+                    v = out[k] = v.contiguous()  # on the device, in stream order
+            else:
+                devices.add(("cpu", None))
+                if not v.flags.c_contiguous:
+                    v = out[k] = np.ascontiguousarray(v)
+            m = self._meta.get(k)
+            if m is not None:
+                m.check(v)
+        return out, devices
+
+    def _ensure_core(self, tensors, devices):
+        """Creates the core from the first step's keys and device, or
+        checks the step's devices and new keys against it."""
+        if self._core is None:
+            if not tensors:
+                raise Unmatch("the first save_outputs carries no rows: the cache's keys come from its tensors "
+                              "(or pass keys= to the manager)")
+            dev = select_device(self.config.cuda_device, devices)
+            metas = {k: KeyMeta(k, v) for k, v in tensors.items()}
+            self._create({k: m.row_bytes for k, m in metas.items()}, dev)
+            self._meta.update(metas)
+            return
+        have = self._core.cuda_device
+        if have is None:
+            cuda = sorted("cuda:%d" % (i or 0) for t, i in devices if t == "cuda")
+            if cuda:
+                raise Unmatch("outputs on %s, but the cache stages through the host (its first save's outputs were "
+                              "host tensors): set PrefixCacheConfig.cuda_device to stage CUDA outputs" % cuda[0])
+        select_device(have, devices)
+        for k, v in tensors.items():
+            if k in self._meta:
+                continue
+            i = self._index.get(k)
+            if i is None:
+                if k not in self._ignored:
+                    self._ignored.add(k)
+                    warnings.warn("omnicache.vllm_omni: key %r first appeared after the cache was created: not "
+                                  "cached" % k)
+                continue
+            m = KeyMeta(k, v)
+            if m.row_bytes != self._core.keys[i].row_bytes:
+                raise Unmatch("key %s: rows of %d bytes, the cache's key has %d" % (k, m.row_bytes,
+                                                                                  self._core.keys[i].row_bytes))
+            self._meta[k] = m
+
+    def _save(self, p, hidden_states, mm_outputs, num_tokens_unpadded, num_tokens_padded, write_layout):
+        """save_outputs' checks, then the core's Begin (unless
+        prepare_read_plans began the step) and Save: (step id, batch)."""
+        if write_layout is None:
+            raise ValueError("save_outputs requires an adapter-produced write_layout")
+        n, padded = int(num_tokens_unpadded), int(num_tokens_padded)
+        if n < 0 or padded < n:
+            raise ValueError("num_tokens_unpadded %d, num_tokens_padded %d: want 0 <= unpadded <= padded"
+                             % (n, padded))
+        cap = self.config.staging_capacity_tokens
+        if n > cap:
+            raise Unmatch("step has %d tokens; staging capacity is %d" % (n, cap))
+        if p.prepared:
+            if write_layout is not p.layout and write_layout != p.layout:
+                raise Unmatch("save write layout differs from the pre-forward layout")
+            batch = p.batch
+        else:
+            batch = self._layout_batch(p, write_layout)
+        if batch.ntok != n:
+            raise Unmatch("slot mapping covers %d of %d scheduled tokens; CPU-side slot derivation out of sync with "
+                          "the batch" % (batch.ntok, n))
+        tensors, devices = self._step_tensors(hidden_states, mm_outputs, n, padded)
+        self._ensure_core(tensors, devices)
+        outs = self._zero_outputs(0) if n == 0 else [tensors.get(k) for k in self._names]
+        if not p.begun:
+            self._core.begin(make_plan(batch, p))
+            p.begun = True
+        return self._core.save(outs, tokens=n, padded=padded), batch
 
     def save_outputs(self, hidden_states, mm_outputs, *, num_tokens_unpadded, num_tokens_padded,
                      write_layout=None) -> int:
         """After the forward: saves the step's rows (hidden_states and the
         per-token tensors of mm_outputs, first dimension the step's tokens,
-        padded or not) and returns the step id, to be consumed exactly once
-        (materialize or discard_step)."""
-        if self._pending is None:
-            raise OmniPrefixCacheUnmatchError("save_outputs without new_step_starts")
-        sched, arrivals, hits, hit_blocks, finished, resumed = self._pending
-        tensors = {}
-        if hidden_states is not None and self.policy.needs_full_hidden_states:
-            tensors[HIDDEN_KEY] = hidden_states
-        for k, v in (mm_outputs or {}).items():
-            if core._torch_tensor(v) or isinstance(v, np.ndarray):
-                tensors[k] = v
-        for k, v in list(tensors.items()):
-            if core._torch_tensor(v):
-                if v.device.type != "cpu":
-                    v = v.to("cpu")
-                tensors[k] = v.contiguous()
-            else:
-                tensors[k] = np.ascontiguousarray(v)
-        for k, v in tensors.items():
-            if k not in self._meta and (self._core is None or k in self._index):
-                self._meta[k] = _KeyMeta(k, v)
-        if self._core is None:
-            self._create({k: m.row_bytes for k, m in self._meta.items()})
-        outs = []
-        for k in self._names:
-            outs.append(tensors.pop(k, None))
-        for k in tensors:
-            if k not in self._ignored:
-                self._ignored.add(k)
-                warnings.warn("omnicache.vllm_omni: key %r first appeared after the cache was created: not cached" % k)
-        reqs, table = self._batch(sched, write_layout, num_tokens_unpadded)
-        n = len(reqs)
-        plan = core.Plan(
-            ids=np.fromiter((r.iid for _, r, _ in reqs), np.int64, n),
-            rows=np.arange(n, dtype=np.int32),
-            start=np.fromiter((r.pos for _, r, _ in reqs), np.int32, n),
-            count=np.fromiter((c for _, _, c in reqs), np.int32, n),
-            table=table, arrivals=np.array(arrivals, np.int64), hit_tokens=np.array(hits, np.int32),
-            hit_blocks=np.array(hit_blocks, np.int32), finished=np.array(finished, np.int64),
-            resumed=np.array(resumed, np.int64))
+        padded or not; host or CUDA tensors, handed to the core as they are)
+        at the write layout's slots and returns the step id, to be consumed
+        exactly once (materialize or discard_step). Everything is checked
+        before the core begins the step; a failure after that undoes the
+        core's Begin, and the step stays registered for a retry."""
+        self._check()
+        p = self._pend
+        if p is None:
+            if write_layout is None:
+                raise ValueError("save_outputs requires an adapter-produced write_layout")
+            raise Unmatch("save_outputs without new_step_starts: call it once per real step, before the forward")
         try:
-            self._core.begin(plan)
-            sid = self._core.save(outs, tokens=int(num_tokens_unpadded), padded=int(num_tokens_padded))
+            sid, batch = self._save(p, hidden_states, mm_outputs, num_tokens_unpadded, num_tokens_padded,
+                                    write_layout)
         except OmnicacheError as e:
+            p.begun = False  # the core's Begin or Save failed: nothing is begun (a failed Save undid its Begin)
             raise self._wrap(e) from e
-        self._pending = None
-        for _, r, c in reqs:
+        except BaseException:
+            if p.begun:
+                self._abort_core(p)  # begun by prepare_read_plans or above: undone
+            raise
+        p.begun = False
+        for r, c in zip(batch.reqs, batch.counts.tolist()):
             r.pos += c
+        self._pend = None
         with self._lock:
-            self._steps[sid] = {rid: r.iid for rid, r, _ in reqs}
+            self._steps[sid] = batch.ids_map()
         return sid
 
-    def materialize(self, step_id, req_ids) -> StageCacheOutputs:
-        """Per save-time request of req_ids its full-prompt rows
-        ``[cached prefix | this step]``, per key; consumes the step."""
+    def _take(self, step_id):
         with self._lock:
             ids = self._steps.pop(step_id, None)
-        if ids is None:
-            raise OmniPrefixCacheUnmatchError("step id %r was never saved or was already consumed" % (step_id,))
+            if ids is None:
+                raise Unmatch("step context %s missing (have %s); already consumed or never saved"
+                              % (step_id, sorted(self._steps)))
+        return ids
+
+    def materialize(self, step_id, req_ids) -> StageCacheOutputs:
+        """Per save-time request of req_ids its rows ``[cached prefix | this
+        step]``, per key (a resumed request: only the rows it was not
+        delivered before); consumes the step."""
+        self._check()
+        ids = self._take(step_id)
+        req_ids = list(req_ids)
+        outside = [r for r in req_ids if r not in ids]
+        if outside:
+            try:
+                self._core.discard(step_id)
+            except OmnicacheError:
+                pass  # the step is consumed either way; the caller's error is the one to raise
+            raise Unmatch("materialize(step %s) got req ids outside the save snapshot: %s"
+                          % (step_id, sorted(outside)[:8]))
         try:
-            iids = [ids[r] for r in req_ids]
-        except KeyError as e:
-            self._core.discard(step_id)
-            raise OmniPrefixCacheUnmatchError("request %r was not saved in step %r" % (e.args[0], step_id)) from None
-        try:
-            res = self._core.materialize(step_id, np.array(iids, np.int64))
+            res = self._core.materialize(step_id, np.fromiter((ids[r] for r in req_ids), np.int64, len(req_ids)))
+        except _UNREADABLE as e:
+            back = {v: k for k, v in ids.items()}
+            rid = back.get(e.failed[0], e.failed[0]) if getattr(e, "failed", None) else "?"
+            key = HIDDEN_KEY if HIDDEN_KEY in self._index else self._names[0]
+            raise Unmatch("hit span for req %s key=%s is not readable (%s)" % (rid, key, e)) from e
         except OmnicacheError as e:
             raise self._wrap(e) from e
         hidden, mm = None, {}
@@ -402,14 +488,34 @@ class OmniPrefixCacheManager:
 
     def discard_step(self, step_id):
         """Consumes a step id without reading it."""
-        with self._lock:
-            ids = self._steps.pop(step_id, None)
-        if ids is None:
-            raise OmniPrefixCacheUnmatchError("step id %r was never saved or was already consumed" % (step_id,))
+        self._check()
+        self._take(step_id)
         try:
             self._core.discard(step_id)
         except OmnicacheError as e:
             raise self._wrap(e) from e
+
+    def memory_stats(self):
+        """Bytes the cache holds now: ``host_mirror_bytes`` (host memory
+        backing the rows kept), ``host_staging_bytes`` (staging pages held by
+        steps not consumed yet), ``host_read_ahead_bytes`` (hit rows read
+        ahead for steps not consumed yet), ``device_bytes`` (device copies:
+        step and deferred clones, parked decode rows; on the host device
+        they are host memory) and ``device_budget_bytes`` (their bound).
+        Zeros before the core exists."""
+        out = dict.fromkeys(("host_mirror_bytes", "host_staging_bytes", "host_read_ahead_bytes", "device_bytes",
+                             "device_budget_bytes"), 0)
+        if self._core is None:
+            return out
+        try:
+            st = self._core.stats()
+        except OmnicacheError as e:
+            raise self._wrap(e) from e
+        page = self.config.staging_capacity_tokens * sum(k.row_bytes for k in self._core.keys if not k.deferred)
+        out.update(host_mirror_bytes=st["MirrorResidentBytes"], host_staging_bytes=st["PagesInUse"] * page,
+                   host_read_ahead_bytes=st["ReadAheadBytes"], device_bytes=st["BudgetCharged"],
+                   device_budget_bytes=st["BudgetLimit"])
+        return out
 
     def stats(self):
         """The core's counters (empty before the core exists)."""
@@ -425,4 +531,5 @@ class OmniPrefixCacheManager:
 
 __all__ = ["HIDDEN_KEY", "OmniPrefixCacheUnmatchError", "OmniPrefixCacheStagingTimeoutError", "PrefixCacheConfig",
            "ModelCachePolicy", "StageCacheOutputs", "PrefixCacheEventKind", "PrefixCacheRequestEvent",
-           "PrefixCacheStep", "PrefixCacheWrite", "PrefixCacheWriteLayout", "OmniPrefixCacheManager"]
+           "PrefixCacheStep", "PrefixCacheWrite", "PrefixCacheWriteLayout", "PrefixCacheSchedulerAdapter",
+           "OmniPrefixCacheManager"]

@@ -169,3 +169,24 @@ def test_first_step_dropped_before_the_core_exists():
     with pytest.raises(U, match="hit span for req b key=__hidden_states__ is not readable"):
         w.m.materialize(sid, ["b"])  # b's hit was carried: its prefix, a's block 1, was never saved
     assert w.m.stats()["HitRequests"] == 1
+
+
+def test_dropped_resume_step():
+    """A resume's step is prepared, its forward fails and the engine goes on:
+    the resume reaches the core with the dropped step, a's recomputed rows
+    (and its row 10) are lost, it goes on at 11, and a hit over its new
+    blocks is refused, not served the older tenant's rows."""
+    w = World()
+    w.mat(w.step([w.start("t", [11, 12])], {"t": 8}), ["t"])  # the older tenant of blocks 11 and 12
+    w.mat(w.step([w.finish("t"), w.start("a", [1, 2, 3])], {"a": 8}), ["a"])
+    w.mat(w.step([], {"a": 2}), ["a"])
+    w.m.new_step_starts([w.resume("a", [11, 12, 13])], num_scheduled_tokens={"a": 11})
+    lay, _ = w.schedule({"a": 11})
+    w.m.prepare_read_plans(lay)
+    w.m.abort_prepared_step()
+    w.lost({"a": 11})
+    w.mat(w.step([], {"a": 1}), ["a"])
+    np.testing.assert_array_equal(w.got["a"], np.concatenate([w.want("a", 10), w.want("a", 1, start=11)]))
+    sid = w.step([w.start("c", [11, 12, 14], hit=8)], {"c": 1})
+    with pytest.raises(U, match="hit span for req c key=__hidden_states__ is not readable"):
+        w.m.materialize(sid, ["c"])

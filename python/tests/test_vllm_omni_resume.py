@@ -124,3 +124,26 @@ def test_resume_hit_without_blocks_refused_at_registration():
     w.mat(w.step([], {"a": 1}), ["a"])
     np.testing.assert_array_equal(w.got["a"], w.want("a", 11))
     assert BS == 4
+
+
+@pytest.mark.parametrize("hit", [0, 4])
+def test_resume_begun_aborted_then_saved(hit):
+    """The resume's step is begun by prepare_read_plans, its forward fails
+    (abort_prepared_step) and runs again: the core's Begin of the
+    preemption and resume is undone and done again, and a is still
+    delivered 0..10 once, b its hit exactly."""
+    w = World()
+    run_ten(w, [1, 2, 3])
+    w.mat(w.step([w.start("b", [8, 9])], {"b": 4}), ["b"])
+    blocks = [1, 11, 12] if hit else [11, 12, 13]
+    w.m.new_step_starts([w.resume("a", blocks, hit=hit)], num_scheduled_tokens={"a": 11 - hit})
+    lay, h = w.schedule({"a": 11 - hit})
+    w.m.prepare_read_plans(lay)
+    w.m.abort_prepared_step()
+    w.m.prepare_read_plans(lay)
+    sid = w.m.save_outputs(h, {}, num_tokens_unpadded=11 - hit, num_tokens_padded=11 - hit, write_layout=lay)
+    w.commit(lay, h, {"a": 11 - hit})
+    w.mat(sid, ["a"])
+    np.testing.assert_array_equal(w.got["a"], w.want("a", 11))
+    out = w.mat(w.step([w.start("c", blocks[:2] + [14], hit=8)], {"c": 1}), ["c"])
+    np.testing.assert_array_equal(out.hidden_states["c"], np.concatenate([w.want("a", 8), w.want("c", 1, start=8)]))

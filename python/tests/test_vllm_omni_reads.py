@@ -85,6 +85,7 @@ def test_memory_stats():
     lay, h = hit_step(w)
     w.m.prepare_read_plans(lay)
     sid = w.m.save_outputs(h, {}, num_tokens_unpadded=2, num_tokens_padded=2, write_layout=lay)
+    w.m._core.sync()  # the committer writes the mirror in the background
     ms, st = w.m.memory_stats(), w.m.stats()
     assert ms["host_mirror_bytes"] == st["MirrorResidentBytes"] > 0
     assert ms["host_staging_bytes"] == st["PagesInUse"] * 64 * RB and st["PagesInUse"] >= 1  # sid holds its page

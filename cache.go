@@ -365,7 +365,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 			dst.keep = append(dst.keep, rec.End[i]-lo)
 		}
 	}
-	if !all || !rec.Prefetched() {
+	if !all || !rec.Prefetched() || !dst.adopts() {
 		dst.size() // else the read adopts the prefetched buffers
 	}
 	switch {

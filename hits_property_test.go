@@ -43,8 +43,10 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		name       string
 		mut        func(*omnicache.Config)
 		dev, owned bool // outputs as device tensors (owned: handed over)
+		into       bool // Materialize into the test's buffers (Result.Into)
 	}{
 		{name: "buffer on", mut: func(*omnicache.Config) {}},
+		{name: "buffer on, into the caller's buffers", mut: func(*omnicache.Config) {}, into: true},
 		{name: "buffer off", mut: func(c *omnicache.Config) { c.DisableDecodeBuffer = true }},
 		{name: "buffer on, tight budget", mut: func(c *omnicache.Config) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
@@ -69,6 +71,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		}},
 		{name: "device tensors", mut: func(*omnicache.Config) {}, dev: true},
 		{name: "direct, device tensors", mut: direct, dev: true},
+		{name: "direct, device tensors, into the caller's buffers", mut: direct, dev: true, into: true},
 		{name: "direct, owned device tensors, lagging committer", mut: func(c *omnicache.Config) {
 			direct(c)
 			dev := gputest.NewFaulty(gpu.NewHost())
@@ -121,6 +124,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					h.Device, h.Owned = run.dev, run.owned
 					h.Label = run.name
 					h.KeepRows = true
+					h.Into = run.into
 					caps[i] = cachetest.RunAll(h, acts)
 					st := h.Stats()
 					t.Logf("cache: %d tasks, %d rows skipped (a newer write claimed them), %d delayed reads reassigned", st.WriteTasks, st.RowsSkipped, h.ReassignedReads())

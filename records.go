@@ -66,6 +66,41 @@ func (c *Cache) takeLocked(id StepID, reqs []int64) (*reader.Step, error) {
 	return nil, fmt.Errorf("%w: %d", ErrUnknownStep, id)
 }
 
+// StepRows returns how many requests, and how many rows per key at most,
+// Materialize(id, reqs, ...) returns, without consuming the step: per asked
+// request its hit prefix and its scheduled tokens. The Result may hold
+// fewer rows (rejected drafts, replaced rows, rows a resumed request had
+// already are left out), never more: size the buffers of Result.Into with
+// it. ErrUnknownStep and ErrNotInStep as Materialize. Any goroutine.
+func (c *Cache) StepRows(id StepID, reqs []int64) (n, rows int, err error) {
+	if err := c.enter(); err != nil {
+		return 0, 0, err
+	}
+	defer c.leave()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.steps {
+		if r.ID != uint64(id) {
+			continue
+		}
+		if reqs == nil {
+			for i := range r.IDs {
+				rows += int(r.Prefix(i) + r.Count[i])
+			}
+			return len(r.IDs), rows, nil
+		}
+		for _, q := range reqs {
+			j := r.Find(q)
+			if j < 0 {
+				return 0, 0, fmt.Errorf("%w: request %d in step %d", ErrNotInStep, q, id)
+			}
+			rows += int(r.Prefix(j) + r.Count[j])
+		}
+		return len(reqs), rows, nil
+	}
+	return 0, 0, fmt.Errorf("%w: %d", ErrUnknownStep, id)
+}
+
 // drop releases a consumed step: its record is recycled, and its pins
 // dropped, once its prefetch (if any) is done with it too.
 func (c *Cache) drop(r *reader.Step) { c.rd.Release(r) }

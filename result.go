@@ -12,8 +12,10 @@ type Result struct {
 	from     []int32 // per request: the position of its first row
 	off      []int32 // row offset of request i within every key's buffer
 	rowBytes []int
-	keys     [][]byte
-	errs     []error // per request: why its rows were not served (nil: served)
+	keys     [][]byte // per key: the rows of the last Materialize
+	own      [][]byte // per key: the Result's own buffer, kept for reuse
+	into     [][]byte // per key: the caller's buffer (Into); nil: own memory
+	errs     []error  // per request: why its rows were not served (nil: served)
 	nfail    int
 	keep     []int32 // Materialize's scratch: rows kept per request when its step was trimmed
 	skip     []int32 // Materialize's scratch: rows left out at the front per request (delivered already)
@@ -35,11 +37,36 @@ func (r *Result) trimFront(i int, n int32) {
 // are then zeros; Materialize returned a *RequestError).
 func (r *Result) Err(i int) error { return r.errs[i] }
 
+// Into makes the Materializes into r write key k's rows into bufs[k], the
+// caller's memory, rather than into buffers of r's own, when cap(bufs[k])
+// holds them (Cache.StepRows tells how many rows a step will have at most;
+// a buffer too small for a step makes that key's rows go to r's own
+// memory): request i's rows are then bufs[k][off*RowBytes:] for the row
+// offset off that Offset(i) returns, with no copy beyond the one from the
+// cache's memory. Into(nil) returns to r's own buffers; until then r
+// references bufs (Rows hands out views of them).
+func (r *Result) Into(bufs [][]byte) {
+	r.into = bufs
+	if bufs == nil {
+		for k := range r.keys {
+			r.keys[k] = nil
+		}
+	}
+}
+
+// Offset is the row of key buffers at which request i's rows begin:
+// Rows(i, k) is the buffer's rows [Offset(i), Offset(i)+Tokens(i)).
+func (r *Result) Offset(i int) int { return int(r.off[i]) }
+
+// adopts reports whether the read path may hand r its own buffers (adopt)
+// instead of writing into those r has sized: not with the caller's memory.
+func (r *Result) adopts() bool { return r.into == nil }
+
 // adopt makes buf key k's buffer (laid out as Rows expects for every
-// request added) and returns the buffer it replaces.
+// request added) and returns r's own buffer it replaces. Only when adopts.
 func (r *Result) adopt(k int, buf []byte) []byte {
-	old := r.keys[k]
-	r.keys[k] = buf
+	old := r.own[k]
+	r.own[k], r.keys[k] = buf, buf
 	return old
 }
 
@@ -96,6 +123,9 @@ func (r *Result) reset(rowBytes []int) {
 		r.keys = make([][]byte, len(rowBytes))
 	}
 	r.keys = r.keys[:len(rowBytes)]
+	if len(r.own) < len(rowBytes) {
+		r.own = append(r.own, make([][]byte, len(rowBytes)-len(r.own))...)
+	}
 }
 
 // trim makes request i hold only its first n rows (n ≤ Tokens(i)): the
@@ -120,7 +150,8 @@ func (r *Result) add(id int64, prefix, tokens, from int32) {
 	r.errs = append(r.errs, nil)
 }
 
-// size grows every key buffer to hold the rows added so far.
+// size makes every key buffer hold the rows added so far: the caller's
+// (Into) when it has room, else r's own, grown when short.
 func (r *Result) size() {
 	total := 0
 	if n := len(r.off); n > 0 {
@@ -128,10 +159,14 @@ func (r *Result) size() {
 	}
 	for k, rb := range r.rowBytes {
 		need := total * rb
-		if cap(r.keys[k]) < need {
-			r.keys[k] = make([]byte, need)
+		if k < len(r.into) && cap(r.into[k]) >= need {
+			r.keys[k] = r.into[k][:need]
+			continue
 		}
-		r.keys[k] = r.keys[k][:need]
+		if cap(r.own[k]) < need {
+			r.own[k] = make([]byte, need)
+		}
+		r.keys[k] = r.own[k][:need]
 	}
 }
 
@@ -140,5 +175,6 @@ type dest struct{ r *Result }
 
 func (d dest) Rows(qi, k int) []byte          { return d.r.Rows(qi, k) }
 func (d dest) Size()                          { d.r.size() }
+func (d dest) Adopts() bool                   { return d.r.adopts() }
 func (d dest) Adopt(k int, buf []byte) []byte { return d.r.adopt(k, buf) }
 func (d dest) Fail(qi int, err error)         { d.r.fail(qi, err) }

@@ -116,6 +116,10 @@ type Harness struct {
 	// KeepRows records every materialized row (Capture) to compare two
 	// caches run through one schedule (CompareCaptures).
 	KeepRows bool
+	// Into makes MatCall read into buffers of the test's own
+	// (Result.Into), sized with Cache.StepRows, and check that every
+	// served row landed in them.
+	Into bool
 	// Stride is the block table's stride of the plans (Stride by default).
 	Stride int
 

@@ -263,12 +263,20 @@ func reqList(reqs []int64) []int64 {
 	return reqs
 }
 
-// MatCall calls Materialize into res (no checking).
+// MatCall calls Materialize into res (no checking of the rows; with Into,
+// of where they landed).
 func (h *Harness) MatCall(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
 	h.T.Helper()
+	var into func(error)
+	if h.Into && res != nil {
+		into = h.into(id, reqs, res)
+	}
 	err := Guard(h.T, fmt.Sprintf("%sMaterialize(%v)", h.prefix(), id), func() error {
 		return h.C.Materialize(id, reqs, res)
 	})
+	if into != nil {
+		into(err)
+	}
 	if err == nil || !errors.Is(err, omnicache.ErrUnknownStep) && !errors.Is(err, omnicache.ErrNotInStep) && res != nil {
 		h.dmu.Lock()
 		h.consumed[id] = true
@@ -511,3 +519,44 @@ func (h *Harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int
 
 // Steps is the number of steps saved through the harness.
 func (h *Harness) Steps() int { return h.nsteps }
+
+// into hands res buffers of its own for key rows (Result.Into), as many
+// rows as Cache.StepRows says, filled with a pattern no row has; the
+// returned check, given Materialize's error, requires that it failed as
+// StepRows did, or that every request's rows lie inside those buffers,
+// after each other (no copy into the Result's own memory), and no more
+// rows than StepRows said.
+func (h *Harness) into(id omnicache.StepID, reqs []int64, res *omnicache.Result) func(error) {
+	n, rows, serr := h.C.StepRows(id, reqs)
+	bufs := make([][]byte, len(h.Cfg.Keys))
+	for k, key := range h.Cfg.Keys {
+		bufs[k] = bytes.Repeat([]byte{0xA5}, rows*key.RowBytes)
+	}
+	res.Into(bufs)
+	return func(err error) {
+		h.T.Helper()
+		if serr != nil {
+			require.Error(h.T, err, "%sMaterialize(%v) after StepRows failed with %v", h.prefix(), id, serr)
+			return
+		}
+		var re *omnicache.RequestError
+		if err != nil && !errors.As(err, &re) {
+			return // a whole-call failure: nothing served
+		}
+		require.Equal(h.T, n, res.Len(), "%sStepRows(%v): requests", h.prefix(), id)
+		for k, key := range h.Cfg.Keys {
+			end := 0
+			for i := 0; i < res.Len(); i++ {
+				off, m := res.Offset(i), res.Tokens(i)
+				require.GreaterOrEqual(h.T, off, end, "%srequest %d's rows overlap the one before", h.prefix(), res.ID(i))
+				require.LessOrEqual(h.T, off+m, rows, "%srequest %d's rows past the %d rows StepRows(%v) said", h.prefix(), res.ID(i), rows, id)
+				if m > 0 {
+					got := res.Rows(i, k)
+					lo := off * key.RowBytes
+					require.True(h.T, &got[0] == &bufs[k][lo], "%skey %q of request %d not served in the caller's buffer", h.prefix(), key.Name, res.ID(i))
+				}
+				end = off + m
+			}
+		}
+	}
+}

@@ -327,7 +327,8 @@ func (r *Reader) CancelKept(s *Step) bool {
 
 // consumePrefetched serves the asked requests of a prefetched step: the
 // prefix rows are in s.pf (adopted whole into dst when every request is
-// asked), the step's own rows are copied after them.
+// asked and dst adopts buffers, else copied into dst's), the step's own
+// rows are copied after them.
 func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 	if err := r.p.WaitSeq(s.pfSeq); err != nil {
 		return err
@@ -351,7 +352,8 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 		return err
 	}
 	r.st.PrefetchUsed.Add(1)
-	if all {
+	adopt := all && dst.Adopts()
+	if adopt {
 		for k := range s.pf {
 			r.pool.put(dst.Adopt(k, s.pf[k]))
 			s.pf[k] = nil
@@ -374,7 +376,7 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 		for k := range r.lay.Keys {
 			rb := r.lay.RowBytes[k]
 			out := dst.Rows(qi, k)
-			if !all && pre > 0 {
+			if !adopt && pre > 0 {
 				lo := int(s.pfOff[i]) * rb
 				r.p.Committer().Workers().Copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
 			}

@@ -12,14 +12,18 @@ import (
 
 // Dest receives a step's rows: Rows(qi, k) is the qi-th asked request's
 // buffer for key k, prefix rows first. Size makes those buffers (a
-// Materialize of a whole prefetched step leaves them to Adopt). Adopt makes
-// buf (laid out as the whole step's rows, every request in batch order) key
-// k's buffer and returns the one it replaces. Fail records that request
-// qi's rows cannot be served (its rows read as zeros); the other requests
-// are served.
+// Materialize of a whole prefetched step leaves them to Adopt when Adopts).
+// Adopts reports whether the destination takes buffers of the read path:
+// one writing into its caller's memory does not, and a prefetched step's
+// hit rows are copied into the buffers Size made. Adopt makes buf (laid
+// out as the whole step's rows, every request in batch order) key k's
+// buffer and returns the one it replaces. Fail records that request qi's
+// rows cannot be served (its rows read as zeros); the other requests are
+// served.
 type Dest interface {
 	Rows(qi, k int) []byte
 	Size()
+	Adopts() bool
 	Adopt(k int, buf []byte) []byte
 	Fail(qi int, err error)
 }

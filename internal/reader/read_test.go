@@ -56,6 +56,7 @@ type world struct {
 	rd     *Reader
 	nextID uint64
 	blocks map[int64][]int32 // per request: its blocks, in position order
+	into   bool              // read into destinations that take no buffers (Dest.Adopts false)
 }
 
 func newWorld(t *testing.T, opt Options) *world {
@@ -123,6 +124,7 @@ type dest struct {
 	off, n []int // per asked request: its first row, its rows
 	keys   [][]byte
 	errs   []error
+	into   bool // the buffers are the caller's: nothing adopted
 }
 
 func newDest(s *Step, asked []int) *dest {
@@ -151,7 +153,12 @@ func (d *dest) Size() {
 	}
 }
 
+func (d *dest) Adopts() bool { return !d.into }
+
 func (d *dest) Adopt(k int, buf []byte) []byte {
+	if d.into {
+		panic("Adopt of a destination that takes no buffers")
+	}
 	old := d.keys[k]
 	d.keys[k] = buf
 	return old
@@ -179,7 +186,8 @@ func (w *world) read(s *Step, asked ...int) (*dest, error) {
 		s.Qidx = append(s.Qidx, int32(i))
 	}
 	d := newDest(s, asked)
-	if !all || !s.Prefetched() {
+	d.into = w.into
+	if !all || !s.Prefetched() || d.into {
 		d.Size() // else the read adopts the prefetched buffers
 	}
 	done := make(chan error, 1)
@@ -220,12 +228,15 @@ func (g gate) RunInOrder(bool) { <-g }
 // A hit read returns the rows the writes before its plan landed: request
 // 2 hits request 1's two blocks and computes two more rows; its result is
 // request 1's eight rows, then its own, for every key, read ahead by the
-// committer (prefetch) or at Read. A subset read serves the asked request
-// alone.
+// committer (prefetch) or at Read, into buffers of the read path's
+// (adopted) or of the destination's own (into, after the committer's read
+// ahead ran). A subset read serves the asked request alone.
 func TestReadServesTheRowsAWriteLanded(t *testing.T) {
-	for _, prefetch := range []bool{true, false} {
-		t.Run(fmt.Sprintf("prefetch=%v", prefetch), func(t *testing.T) {
+	for _, tc := range []struct{ prefetch, into bool }{{true, false}, {true, true}, {false, false}, {false, true}} {
+		prefetch := tc.prefetch
+		t.Run(fmt.Sprintf("prefetch=%v/into=%v", prefetch, tc.into), func(t *testing.T) {
 			w := newWorld(t, Options{Prefetch: prefetch, Budget: 1 << 20})
+			w.into = tc.into
 			w.blocks[1] = []int32{1, 2}
 			w.blocks[2] = []int32{1, 2, 3}
 			w.blocks[3] = []int32{7}
@@ -238,6 +249,10 @@ func TestReadServesTheRowsAWriteLanded(t *testing.T) {
 			s2 := w.step([]sched{{3, 0, 3}, {2, 8, 2}}, Hit{Index: 1, Tokens: 8, Blocks: []int32{1, 2}})
 			require.Equal(t, prefetch, s2.Prefetched())
 			require.True(t, s2.HasHits())
+			if tc.into {
+				// the committer's read ahead done: Read serves its buffers
+				require.NoError(t, w.p.Sync())
+			}
 			d, err = w.read(s2)
 			require.NoError(t, err)
 			wantRows(t, d, 0, 3, 0, 3, 0)

@@ -130,6 +130,20 @@ int omnicache_materialize(uint64_t h, uint64_t step, const int64_t *reqs, int64_
 	return ocgo_materialize(h, step, (int64_t *)reqs, nreqs, res, MSG);
 }
 
+int omnicache_step_rows(uint64_t h, uint64_t step, const int64_t *reqs, int64_t nreqs, int64_t *n_reqs,
+			int64_t *rows) {
+	ENTER;
+	return ocgo_step_rows(h, step, (int64_t *)reqs, nreqs, n_reqs, rows, MSG);
+}
+
+int omnicache_slots(const int32_t *table, int64_t table_len, int64_t stride, const int32_t *rows,
+		    const int32_t *start, const int32_t *count, int64_t n, int64_t block_size, int64_t *dst,
+		    int64_t cap, int64_t *written) {
+	ENTER;
+	return ocgo_slots((int32_t *)table, table_len, stride, (int32_t *)rows, (int32_t *)start, (int32_t *)count, n,
+			  block_size, dst, cap, written, MSG);
+}
+
 int omnicache_lookup(uint64_t h, const uint64_t *hashes, int64_t n, int64_t *held) {
 	ENTER;
 	return ocgo_lookup(h, (uint64_t *)hashes, n, held, MSG);

@@ -54,21 +54,9 @@ type entry struct {
 	plan omnicache.Plan
 	outs omnicache.Outputs
 
-	// parked holds results a Materialize could not fit in the caller's
-	// buffers (OMNICACHE_ERR_SHORT_BUFFER), by step, until asked again;
-	// nparked is its length, so that a step's discard takes no lock when
-	// nothing is parked (the usual case).
-	mu      sync.Mutex
-	parked  map[uint64]*parkedResult
-	nparked atomic.Int32
-	tier    *tier.Tier
-	back    tier.Backend
-	dev     gpu.Device // nil: the host device
-}
-
-type parkedResult struct {
-	res *omnicache.Result
-	err error
+	tier *tier.Tier
+	back tier.Backend
+	dev  gpu.Device // nil: the host device
 }
 
 var (
@@ -207,7 +195,7 @@ func newEntry(cc *C.omnicache_config) (*entry, error) {
 			Deferred: k.flags&C.OMNICACHE_KEY_DEFERRED != 0,
 		})
 	}
-	e := &entry{keys: cfg.Keys, parked: map[uint64]*parkedResult{}}
+	e := &entry{keys: cfg.Keys}
 	if cc.tier_spec != nil {
 		back, err := tier.Open(C.GoString(cc.tier_spec), tier.RedisOptions{})
 		if err != nil {
@@ -275,9 +263,5 @@ func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.i
 	}
 	err = e.c.Close()
 	e.closeTier()
-	e.mu.Lock()
-	e.parked = map[uint64]*parkedResult{}
-	e.nparked.Store(0)
-	e.mu.Unlock()
 	return m.fail(err)
 }

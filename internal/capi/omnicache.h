@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define OMNICACHE_ABI_VERSION 2 /* the struct layouts below */
+#define OMNICACHE_ABI_VERSION 3 /* the struct layouts and calls below */
 #define OMNICACHE_VERSION_STRING "0.1.0"
 
 /* Error codes: stable numbers, never reused. */
@@ -235,14 +235,39 @@ int omnicache_sync(uint64_t h);
  * removes the tier namespace's values from the shared store. */
 int omnicache_reset(uint64_t h, int purge_tier);
 int omnicache_discard(uint64_t h, uint64_t step);
-/* reqs NULL: every request of the step, in batch order. With
- * OMNICACHE_ERR_SHORT_BUFFER the step's rows are kept: call again with the
- * same step and buffers of n_reqs entries and total_rows rows. With a
- * per-request failure (ABSENT_REQUIRED, REASSIGNED, TIER_MISS) every row is
- * written (failed requests' as zeros), errs names each, and the code of the
- * first failed request is returned. */
+/* reqs NULL: every request of the step, in batch order. The rows are
+ * written straight into the caller's key buffers (the one copy out of the
+ * cache's memory). Buffers too small for the step (fewer than n_reqs
+ * request entries, or a key with fewer than total_rows rows) are
+ * OMNICACHE_ERR_SHORT_BUFFER with n_reqs and total_rows set to the sizes
+ * needed, and consume nothing: call again with the same step (or size the
+ * buffers first with omnicache_step_rows). On return n_reqs and total_rows
+ * are what was written. With a per-request failure (ABSENT_REQUIRED,
+ * REASSIGNED, TIER_MISS) every row is written (failed requests' as zeros),
+ * errs names each, and the code of the first failed request is returned. */
 int omnicache_materialize(uint64_t h, uint64_t step, const int64_t *reqs, int64_t nreqs,
 			  omnicache_result *res);
+/* How many requests, and rows per key at most, omnicache_materialize(h,
+ * step, reqs, nreqs, ...) returns (each asked request's hit prefix and
+ * scheduled tokens; rejected drafts and rows left out make fewer), without
+ * consuming the step: the sizes of its buffers. UNKNOWN_STEP and
+ * NOT_IN_STEP as omnicache_materialize. */
+int omnicache_step_rows(uint64_t h, uint64_t step, const int64_t *reqs, int64_t nreqs, int64_t *n_reqs,
+			int64_t *rows);
+/* The KV slot of every token a step schedules, requests in batch order
+ * (Go package slots, Map: SIMD where the CPU has it): request i's
+ * positions [start[i], start[i]+count[i]) on block-table row rows[i] are in
+ * slots table[rows[i]*stride + pos/block_size]*block_size + pos%block_size
+ * (int32 arithmetic, widened to int64). table is row-major, table_len
+ * entries. The whole batch is checked before anything is written: a row
+ * outside the table, a negative start or count, a position beyond its row
+ * or a block size out of range is OMNICACHE_ERR_ARGUMENT (the message names
+ * the request). dst holds cap entries; *written is the number of slots
+ * (with OMNICACHE_ERR_SHORT_BUFFER: the number needed); dst's entries
+ * after them are scratch. No cache: any thread, any time. */
+int omnicache_slots(const int32_t *table, int64_t table_len, int64_t stride, const int32_t *rows,
+		    const int32_t *start, const int32_t *count, int64_t n, int64_t block_size, int64_t *dst,
+		    int64_t cap, int64_t *written);
 /* How many leading blocks of hashes the tier holds. */
 int omnicache_lookup(uint64_t h, const uint64_t *hashes, int64_t n, int64_t *held);
 /* Stats as int64 counters in the order of omnicache_stat_names; *n_out is

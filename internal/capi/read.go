@@ -20,22 +20,49 @@ import (
 	"github.com/omnicache/omnicache"
 )
 
-// unpark takes step's parked result, nil when none.
-func (e *entry) unpark(step uint64) *parkedResult {
-	if e.nparked.Load() == 0 {
-		return nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	pr := e.parked[step]
-	if pr != nil {
-		delete(e.parked, step)
-		e.nparked.Store(int32(len(e.parked)))
-	}
-	return pr
+// scratch is a materialize call's Result and its view of the caller's
+// key buffers, reused across calls.
+type scratch struct {
+	res  omnicache.Result
+	into [][]byte
 }
 
-var results = sync.Pool{New: func() any { return new(omnicache.Result) }}
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
+
+//export ocgo_step_rows
+func ocgo_step_rows(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t, nOut *C.int64_t, rowsOut *C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	m := msgBuf{mp, mcap, mn}
+	defer m.recoverInto(&rc)
+	e, err := lookup(h)
+	if err != nil {
+		return m.fail(err)
+	}
+	if nOut == nil || rowsOut == nil {
+		return m.fail(fmt.Errorf("%w: NULL n_reqs or rows", errArgument))
+	}
+	_, n, rows, err := e.stepRows(step, reqs, nreqs)
+	if err != nil {
+		return m.fail(err)
+	}
+	*nOut, *rowsOut = C.int64_t(n), C.int64_t(rows)
+	return C.OMNICACHE_OK
+}
+
+// stepRows is Cache.StepRows of a materialize call's request list (reqs
+// NULL: every request; else the caller's ids, maybe none), which it
+// returns as q.
+func (e *entry) stepRows(step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t) (q []int64, n, rows int, err error) {
+	if reqs != nil {
+		if q, err = view[int64](reqs, nreqs, "reqs"); err != nil {
+			return nil, 0, 0, err
+		}
+		if q == nil {
+			q = []int64{} // an empty list, not every request
+		}
+	}
+	n, rows, err = e.c.StepRows(omnicache.StepID(step), q)
+	return q, n, rows, err
+}
 
 //export ocgo_materialize
 func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t, cr *C.omnicache_result, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
@@ -62,51 +89,51 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 	if err != nil {
 		return m.fail(err)
 	}
-	if e.closed.Load() {
-		return m.fail(omnicache.ErrClosed)
+	// The sizes first: buffers that cannot hold the step's rows consume
+	// nothing, and buffers that can are the Result's own (no copy).
+	q, n, rows, err := e.stepRows(step, reqs, nreqs)
+	if err != nil {
+		return m.fail(err)
 	}
-	pr := e.unpark(uint64(step))
-	if pr == nil {
-		var q []int64
-		if reqs != nil {
-			if q, err = view[int64](reqs, nreqs, "reqs"); err != nil {
-				return m.fail(err)
-			}
-			if q == nil {
-				q = []int64{} // an empty list, not every request
-			}
+	cr.n_reqs, cr.total_rows = C.int64_t(n), C.int64_t(rows)
+	short := int64(cr.cap_reqs) < int64(n)
+	for k, key := range e.keys {
+		if need := rows * key.RowBytes; caps[k] < int64(need) || (data[k] == nil && need > 0) {
+			short = true
 		}
-		res := results.Get().(*omnicache.Result)
-		err = e.c.Materialize(omnicache.StepID(step), q, res)
-		var re *omnicache.RequestError
-		if err != nil && !errors.As(err, &re) {
-			results.Put(res)
-			return m.fail(err)
-		}
-		pr = &parkedResult{res: res, err: err}
 	}
-	res := pr.res
-	n := res.Len()
+	if short {
+		return m.fail(fmt.Errorf("%w: step %d: %d requests and %d rows; call again with buffers that hold them", errShortBuffer, uint64(step), n, rows))
+	}
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	into := sc.into[:0]
+	for k, key := range e.keys {
+		var b []byte
+		if need := rows * key.RowBytes; need > 0 {
+			b = unsafe.Slice((*byte)(data[k]), need)
+		}
+		into = append(into, b)
+	}
+	sc.into = into
+	res := &sc.res
+	res.Into(into)
+	defer func() {
+		// the caller's memory is the caller's after the call
+		res.Into(nil)
+		clear(sc.into)
+	}()
+	err = e.c.Materialize(omnicache.StepID(step), q, res)
+	var re *omnicache.RequestError
+	if err != nil && !errors.As(err, &re) {
+		return m.fail(err)
+	}
+	n = res.Len()
 	total := 0
 	for i := 0; i < n; i++ {
 		total += res.Tokens(i)
 	}
 	cr.n_reqs, cr.total_rows = C.int64_t(n), C.int64_t(total)
-	short := int64(cr.cap_reqs) < int64(n)
-	for k, key := range e.keys {
-		if caps[k] < int64(total)*int64(key.RowBytes) || (data[k] == nil && total*key.RowBytes > 0) {
-			short = true
-		}
-	}
-	if short {
-		e.mu.Lock()
-		if !e.closed.Load() {
-			e.parked[uint64(step)] = pr
-			e.nparked.Store(int32(len(e.parked)))
-		}
-		e.mu.Unlock()
-		return m.fail(fmt.Errorf("%w: step %d: %d requests and %d rows; call again with buffers that hold them", errShortBuffer, uint64(step), n, total))
-	}
 	var ids []int64
 	if cr.ids != nil {
 		ids = unsafe.Slice((*int64)(unsafe.Pointer(cr.ids)), n)
@@ -132,25 +159,32 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 			from[i] = int32(res.From(i))
 		}
 	}
-	for k, key := range e.keys {
-		if total*key.RowBytes == 0 {
-			continue
-		}
-		dst := unsafe.Slice((*byte)(data[k]), total*key.RowBytes)
-		off := 0
-		for i := 0; i < n; i++ {
-			off += copy(dst[off:], res.Rows(i, k))
-		}
-	}
-	err = pr.err
-	results.Put(res)
+	compact(res, into, e.keys)
 	if err != nil {
-		var re *omnicache.RequestError
-		errors.As(err, &re)
 		m.fail(err)
 		return code(re.Errs[0]) // the first failed request's cause
 	}
 	return C.OMNICACHE_OK
+}
+
+// compact lays each key's rows out request after request from the start
+// of the caller's buffer, as the ABI promises. The Result wrote them in
+// place, each request at its Offset: they already are, unless rows were
+// left out (rejected drafts, replaced rows, rows a resumed request had),
+// which leaves gaps the rows after them move down over (copy is a
+// memmove), or a key's rows went to the Result's own memory.
+func compact(res *omnicache.Result, into [][]byte, keys []omnicache.Key) {
+	for k, key := range keys {
+		rb := key.RowBytes
+		at := 0
+		for i := 0; i < res.Len(); i++ {
+			nb := res.Tokens(i) * rb
+			if src := res.Rows(i, k); nb > 0 && &src[0] != &into[k][at] {
+				copy(into[k][at:at+nb], src)
+			}
+			at += nb
+		}
+	}
 }
 
 //export ocgo_lookup

@@ -26,7 +26,7 @@ func ocgo_discard_begin(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, mp 
 	if err != nil {
 		return m.fail(err)
 	}
-	if step != 0 && e.unpark(uint64(step)) == nil {
+	if step != 0 {
 		if err := e.c.Discard(omnicache.StepID(step)); err != nil {
 			return m.fail(err) // nothing begun
 		}
@@ -215,9 +215,6 @@ func ocgo_discard(h C.uint64_t, step C.uint64_t, mp *C.char, mcap C.int64_t, mn 
 	e, err := lookup(h)
 	if err != nil {
 		return m.fail(err)
-	}
-	if e.unpark(uint64(step)) != nil {
-		return C.OMNICACHE_OK // consumed by the Materialize that parked it
 	}
 	return m.fail(e.c.Discard(omnicache.StepID(step)))
 }

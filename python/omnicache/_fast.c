@@ -27,15 +27,20 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef int (*discard_begin_fn)(uint64_t h, uint64_t discard, const void *plan);
 typedef int (*save_fn)(uint64_t h, const void *outputs, uint64_t *step);
 typedef int (*discard_fn)(uint64_t h, uint64_t step);
+typedef int (*slots_fn)(const int32_t *table, int64_t table_len, int64_t stride, const int32_t *rows,
+			const int32_t *start, const int32_t *count, int64_t n, int64_t block_size, int64_t *dst,
+			int64_t cap, int64_t *written);
 
 /* One library per process (omnicache._ffi loads one); set by bind(). */
 static discard_begin_fn f_discard_begin;
 static save_fn f_save;
 static discard_fn f_discard;
+static slots_fn f_slots;
 static PyObject *plan_type, *outputs_type; /* omnicache.Plan, omnicache.Outputs */
 static PyObject *raise_fn;                  /* raise_fn(rc) raises rc's exception */
 
@@ -242,33 +247,35 @@ static PyType_Spec engine_spec = {
 /* ---- module functions ---- */
 
 PyDoc_STRVAR(bind_doc,
-	     "bind(discard_begin, save, discard, Plan, Outputs, raise_fn): the entry points'\n"
-	     "addresses (omnicache_discard_begin, omnicache_save, omnicache_discard), the\n"
-	     "classes Engine's fast paths take, and raise_fn(rc), which raises rc's exception.");
+	     "bind(discard_begin, save, discard, slots, Plan, Outputs, raise_fn): the entry\n"
+	     "points' addresses (omnicache_discard_begin, omnicache_save, omnicache_discard,\n"
+	     "omnicache_slots), the classes Engine's fast paths take, and raise_fn(rc), which\n"
+	     "raises rc's exception.");
 
 static PyObject *fast_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-	const void *p[3];
-	if (!nargs_is(nargs, 6, "bind")) return NULL;
-	for (int i = 0; i < 3; i++) {
+	const void *p[4];
+	if (!nargs_is(nargs, 7, "bind")) return NULL;
+	for (int i = 0; i < 4; i++) {
 		if (addr(args[i], &p[i]) < 0) return NULL;
 		if (p[i] == NULL) {
 			PyErr_SetString(PyExc_ValueError, "omnicache._fast.bind: a NULL entry point");
 			return NULL;
 		}
 	}
-	if (!PyType_Check(args[3]) || !PyType_Check(args[4]) || !PyCallable_Check(args[5])) {
+	if (!PyType_Check(args[4]) || !PyType_Check(args[5]) || !PyCallable_Check(args[6])) {
 		PyErr_SetString(PyExc_TypeError, "omnicache._fast.bind: want Plan, Outputs (classes) and a raise function");
 		return NULL;
 	}
-	Py_INCREF(args[3]);
-	Py_XSETREF(plan_type, args[3]);
 	Py_INCREF(args[4]);
-	Py_XSETREF(outputs_type, args[4]);
+	Py_XSETREF(plan_type, args[4]);
 	Py_INCREF(args[5]);
-	Py_XSETREF(raise_fn, args[5]);
+	Py_XSETREF(outputs_type, args[5]);
+	Py_INCREF(args[6]);
+	Py_XSETREF(raise_fn, args[6]);
 	f_discard_begin = (discard_begin_fn)p[0];
 	f_save = (save_fn)p[1];
 	f_discard = (discard_fn)p[2];
+	f_slots = (slots_fn)p[3];
 	Py_RETURN_NONE;
 }
 
@@ -316,11 +323,187 @@ static PyObject *fast_discard(PyObject *self, PyObject *const *args, Py_ssize_t 
 	return PyLong_FromLong(rc);
 }
 
+/* ---- the slot mapping of a group view (omnicache.slots) ---- */
+
+/* int32_2d views obj (numpy int32, C-contiguous, through the buffer
+ * protocol) as [rows][cols]; ndim 1 gives cols 1. */
+static int int32_view(PyObject *obj, Py_buffer *b, int ndim, const char *what) {
+	if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+	if (b->itemsize != 4 || b->format == NULL || (strcmp(b->format, "i") != 0 && strcmp(b->format, "=i") != 0 &&
+						      strcmp(b->format, "<i") != 0 && strcmp(b->format, "l") != 0) ||
+	    b->ndim != ndim) {
+		PyErr_Format(PyExc_TypeError, "omnicache: %s: want a C-contiguous int32 array of %d dimensions (format %s, %d)",
+			     what, ndim, b->format ? b->format : "?", b->ndim);
+		PyBuffer_Release(b); /* sets b->obj to NULL */
+		return -1;
+	}
+	return 0;
+}
+
+/* A request's count: an int in [0, 2^31). */
+static int count_of(PyObject *o, PyObject *id, int32_t *out) {
+	long v = PyLong_AsLong(o);
+	if (v == -1 && PyErr_Occurred()) return -1;
+	if (v < 0 || v > INT32_MAX) {
+		PyErr_Format(PyExc_ValueError, "omnicache: request %R: %ld scheduled tokens", id, v);
+		return -1;
+	}
+	*out = (int32_t)v;
+	return 0;
+}
+
+#define SLOTS_STACK 128 /* requests whose rows, starts and counts fit on the stack */
+#define SLOTS_NOGIL 4096 /* slots from which the GIL is released around the call */
+
+PyDoc_STRVAR(slots_doc,
+	     "slots(req_ids, num_scheduled, batch, index, table, computed, block_size, empty, dtype)\n--\n\n"
+	     "FullAttentionGroupView.step_slots_cpu in C: per request of req_ids (a sequence)\n"
+	     "its row (i when batch[i] is the same object, else index[id]; index None: the\n"
+	     "ids' places in batch), its\n"
+	     "start (computed[row]) and count (num_scheduled[id], a dict, or num_scheduled[i]),\n"
+	     "then omnicache_slots over table (int32 [rows][blocks]) into empty(total, dtype).");
+
+/* index_of builds {batch[i]: i} for the ids of batch that are not None. */
+static PyObject *index_of(PyObject **bat, Py_ssize_t nbat) {
+	PyObject *d = PyDict_New();
+	if (d == NULL) return NULL;
+	for (Py_ssize_t i = 0; i < nbat; i++) {
+		if (bat[i] == Py_None) continue;
+		PyObject *v = PyLong_FromSsize_t(i);
+		if (v == NULL || PyDict_SetItem(d, bat[i], v) < 0) {
+			Py_XDECREF(v);
+			Py_DECREF(d);
+			return NULL;
+		}
+		Py_DECREF(v);
+	}
+	return d;
+}
+
+static PyObject *fast_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+	if (!nargs_is(nargs, 9, "slots")) return NULL;
+	if (f_slots == NULL) {
+		PyErr_SetString(PyExc_RuntimeError, "omnicache._fast: bind() was not called");
+		return NULL;
+	}
+	long bs = PyLong_AsLong(args[6]);
+	if (bs == -1 && PyErr_Occurred()) return NULL;
+	PyObject *req_ids = NULL, *sched = NULL, *batch = NULL, *index = args[3], *own_index = NULL;
+	PyObject *out = NULL, *tot = NULL;
+	Py_buffer tb = {0}, cb = {0};
+	int32_t stack[3 * SLOTS_STACK], *buf = stack;
+	int by_id = PyDict_Check(args[1]);
+	if ((req_ids = PySequence_Fast(args[0], "omnicache: req_ids: want a sequence")) == NULL) goto done;
+	if ((batch = PySequence_Fast(args[2], "omnicache: the batch's req_ids: want a sequence")) == NULL) goto done;
+	if (by_id) {
+		Py_INCREF(args[1]);
+		sched = args[1];
+	} else if ((sched = PySequence_Fast(args[1], "omnicache: num_scheduled: want a dict or a sequence")) == NULL) {
+		goto done;
+	}
+	Py_ssize_t n = PySequence_Fast_GET_SIZE(req_ids);
+	if (!by_id && PySequence_Fast_GET_SIZE(sched) != n) {
+		PyErr_Format(PyExc_ValueError, "omnicache: %zd requests, %zd scheduled counts", n,
+			     PySequence_Fast_GET_SIZE(sched));
+		goto done;
+	}
+	PyObject **ids = PySequence_Fast_ITEMS(req_ids);
+	PyObject **bat = PySequence_Fast_ITEMS(batch);
+	Py_ssize_t nbat = PySequence_Fast_GET_SIZE(batch);
+	if (int32_view(args[4], &tb, 2, "block table") < 0) goto done;
+	if (int32_view(args[5], &cb, 1, "num_computed_tokens") < 0) goto done;
+	const int32_t *computed = cb.buf;
+	Py_ssize_t ncomp = cb.shape[0];
+	if (n > SLOTS_STACK && (buf = PyMem_Malloc(3 * n * sizeof(int32_t))) == NULL) {
+		buf = stack;
+		PyErr_NoMemory();
+		goto done;
+	}
+	int32_t *rows = buf, *start = buf + n, *count = buf + 2 * n;
+	int64_t total = 0;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *id = ids[i];
+		Py_ssize_t row;
+		if (i < nbat && bat[i] == id) {
+			row = i; /* the batch's own order: the usual case, no lookup */
+		} else {
+			if (index == Py_None) {
+				if ((own_index = index_of(bat, nbat)) == NULL) goto done;
+				index = own_index;
+			}
+			PyObject *r = PyDict_GetItemWithError(index, id);
+			if (r == NULL) {
+				if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "omnicache: request %R is not in the batch", id);
+				goto done;
+			}
+			row = PyLong_AsSsize_t(r);
+			if (row == -1 && PyErr_Occurred()) goto done;
+		}
+		if (row < 0 || row >= ncomp || row > INT32_MAX) {
+			PyErr_Format(PyExc_ValueError, "omnicache: request %R: row %zd, the batch has %zd rows", id, row, ncomp);
+			goto done;
+		}
+		PyObject *c = by_id ? PyDict_GetItemWithError(sched, id) : PySequence_Fast_ITEMS(sched)[i];
+		if (c == NULL) {
+			if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "omnicache: request %R has no scheduled tokens", id);
+			goto done;
+		}
+		if (count_of(c, id, &count[i]) < 0) goto done;
+		rows[i] = (int32_t)row;
+		start[i] = computed[row];
+		total += count[i];
+	}
+	if ((tot = PyLong_FromLongLong(total)) == NULL) goto done;
+	PyObject *eargs[2] = {tot, args[8]};
+	if ((out = PyObject_Vectorcall(args[7], eargs, 2, NULL)) == NULL) goto done;
+	Py_buffer ob;
+	if (PyObject_GetBuffer(out, &ob, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto fail;
+	if (ob.len != total * 8) {
+		PyBuffer_Release(&ob);
+		PyErr_Format(PyExc_ValueError, "omnicache: empty(%lld) made %zd bytes", (long long)total, ob.len);
+		goto fail;
+	}
+	int rc;
+	int64_t written = 0;
+	const int32_t *table = tb.buf;
+	int64_t tlen = tb.shape[0] * tb.shape[1], stride = tb.shape[1];
+	if (total >= SLOTS_NOGIL) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = f_slots(table, tlen, stride, rows, start, count, n, bs, ob.buf, total, &written);
+		Py_END_ALLOW_THREADS
+	} else {
+		rc = f_slots(table, tlen, stride, rows, start, count, n, bs, ob.buf, total, &written);
+	}
+	PyBuffer_Release(&ob);
+	if (rc == 0 && written != total) {
+		PyErr_Format(PyExc_RuntimeError, "omnicache: %lld slots written of %lld", (long long)written, (long long)total);
+		goto fail;
+	}
+	if (rc != 0) {
+		fail(rc);
+		goto fail;
+	}
+	goto done;
+fail:
+	Py_CLEAR(out);
+done:
+	Py_XDECREF(tot);
+	Py_XDECREF(own_index);
+	if (buf != stack) PyMem_Free(buf);
+	if (cb.obj != NULL) PyBuffer_Release(&cb);
+	if (tb.obj != NULL) PyBuffer_Release(&tb);
+	Py_XDECREF(sched);
+	Py_XDECREF(batch);
+	Py_XDECREF(req_ids);
+	return out;
+}
+
 static PyMethodDef methods[] = {
 	{"bind", (PyCFunction)(void (*)(void))fast_bind, METH_FASTCALL, bind_doc},
 	{"discard_begin", (PyCFunction)(void (*)(void))fast_discard_begin, METH_FASTCALL, discard_begin_doc},
 	{"save", (PyCFunction)(void (*)(void))fast_save, METH_FASTCALL, save_doc},
 	{"discard", (PyCFunction)(void (*)(void))fast_discard, METH_FASTCALL, discard_doc},
+	{"slots", (PyCFunction)(void (*)(void))fast_slots, METH_FASTCALL, slots_doc},
 	{NULL, NULL, 0, NULL},
 };
 

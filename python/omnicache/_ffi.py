@@ -86,7 +86,7 @@ ALLOC_STAGING_AT_NEW = 4
 ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
 TENSOR_CUDA = 1
-ABI_VERSION = 2  # the layouts above (OMNICACHE_ABI_VERSION)
+ABI_VERSION = 3  # the layouts above and the calls below (OMNICACHE_ABI_VERSION)
 
 _lib = None
 _lock = threading.Lock()
@@ -128,6 +128,9 @@ def lib():
                 "omnicache_reset": (ctypes.c_int, [c_u64, ctypes.c_int]),
                 "omnicache_discard": (ctypes.c_int, [c_u64, c_u64]),
                 "omnicache_materialize": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr]),
+                "omnicache_step_rows": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, P(c_i64), P(c_i64)]),
+                "omnicache_slots": (ctypes.c_int, [c_ptr, c_i64, c_i64, c_ptr, c_ptr, c_ptr, c_i64, c_i64, c_ptr,
+                                                   c_i64, P(c_i64)]),
                 "omnicache_lookup": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
                 "omnicache_stats": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
                 "omnicache_stat_names": (c_i64, [ctypes.c_char_p, c_i64]),
@@ -193,7 +196,7 @@ class _Hot:
 
             addr = lambda f: ctypes.cast(f, c_ptr).value  # noqa: E731
             fast_.bind(addr(L.omnicache_discard_begin), addr(L.omnicache_save), addr(L.omnicache_discard),
-                       Plan, Outputs, _raise)
+                       addr(L.omnicache_slots), Plan, Outputs, _raise)
             self.backend = "fast"
             self.discard_begin, self.discard = fast_.discard_begin, fast_.discard
             self.saver = lambda: fast_.save

@@ -379,28 +379,42 @@ class Result:
     """What materialize returns: per request (in the order asked) its id,
     hit prefix rows, total rows and ``from_``, the position of its first row
     (omnicache.Result.From: its rows are positions [from_, from_ + tokens)
-    of its sequence; 0 with a hit prefix); per key one uint8 array
-    [total_rows, row_bytes] with the requests' rows one after another.
-    rows(i, key) gives request i's ``[hit prefix | this step]`` rows."""
+    of its sequence; 0 with a hit prefix); per key one buffer (``keys``,
+    by name: numpy uint8 [total_rows, row_bytes], or what materialize's
+    alloc made) with the requests' rows one after another. rows(i, key)
+    gives request i's ``[hit prefix | this step]`` rows, split(key) every
+    request's."""
 
     def __init__(self, keys, ids, prefix, tokens, errs, from_, bufs):
         self.ids, self.prefix, self.tokens, self.errors, self.from_ = ids, prefix, tokens, errs, from_
         self.offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(tokens, out=self.offsets[1:])
         self._keys = keys
-        self._index = {k.name: i for i, k in enumerate(keys)}
         self.keys = {k.name: b for k, b in zip(keys, bufs)}
 
     def __len__(self):
         return len(self.ids)
 
+    def _name(self, key):
+        return key if isinstance(key, str) else self._keys[key].name
+
     def rows(self, i, key, dtype=None):
-        """Request i's rows of key (name or index) as a [tokens, row_bytes]
-        uint8 view (or viewed as dtype)."""
-        name = key if isinstance(key, str) else self._keys[key].name
+        """Request i's rows of key (name or index): a view of the key's
+        buffer (with the default buffers, [tokens, row_bytes] uint8; viewed
+        as dtype when given)."""
         lo, hi = self.offsets[i], self.offsets[i + 1]
-        r = self.keys[name][lo:hi]
+        r = self.keys[self._name(key)][lo:hi]
         return r if dtype is None else r.view(dtype)
+
+    def split(self, key):
+        """Every request's rows of key (name or index), in order: views of
+        the key's buffer along its first dimension (torch's split for a
+        tensor)."""
+        b = self.keys[self._name(key)]
+        if _torch_tensor(b):
+            return b.split(self.tokens.tolist())
+        o = self.offsets.tolist()
+        return [b[o[i]:o[i + 1]] for i in range(len(o) - 1)]
 
     def error(self, i):
         """None when request i was served, else its exception."""
@@ -497,12 +511,9 @@ class Cache(_Engine):
         hot = _ffi.hot()
         self._discard, self._discard_begin = hot.discard, hot.discard_begin
         self._save = hot.saver()
-        self._materialize = L.omnicache_materialize
+        self._materialize, self._step_rows = L.omnicache_materialize, L.omnicache_step_rows
         self._plan = None
         self._outs = None
-        # materialize sizes its buffers from the last step it read (a
-        # short guess costs a second call, never a wrong result)
-        self._hint = (0, 0)
 
     # -- the engine thread --
 
@@ -590,46 +601,64 @@ class Cache(_Engine):
         if rc:
             _raise(rc)
 
-    def materialize(self, step, reqs=None):
+    def materialize(self, step, reqs=None, alloc=None):
         """Consume step and return its rows (a Result) for reqs (request
         ids; None: every request of the step, in batch order). When some
         requests could not be served (AbsentRequiredError, ReassignedError,
         TierMissError) the exception carries ``result`` (their rows zero,
-        Result.error(i) naming each) and ``failed`` (their ids)."""
-        n, rows = self._hint
+        Result.error(i) naming each) and ``failed`` (their ids).
+
+        The rows are written straight into the Result's buffers, one per
+        key, the requests' rows after each other (the one copy out of the
+        cache's memory). alloc(key, rows), when given, makes them: a
+        C-contiguous host numpy array or torch tensor whose first
+        dimension is rows, at least ``rows``, of key.row_bytes bytes each
+        (e.g. ``torch.empty((rows, 2048))`` for rows of 2048 float32, or
+        pinned memory); by default numpy uint8 ``[rows, key.row_bytes]``.
+        Result.split(key) gives each request's rows as views of it."""
         rp, rn, keep = None, -1, None
         if reqs is not None:
             rp, rn, keep = _ints(reqs, "i64", "reqs")
-            n = rn
             if rp is None:
                 rp = ctypes.addressof(_EMPTY)  # an empty list, not every request
+        h = self._h
+        n, rows = _ffi.c_i64(), _ffi.c_i64()
+        rc = self._step_rows(h, step, rp, rn, ctypes.byref(n), ctypes.byref(rows))
+        if rc:
+            _raise(rc)
+        n, rows = n.value, rows.value
         keys = self.keys
         nk = len(keys)
         res = _ffi.Result()
         kd = (_ffi.c_ptr * nk)()
         kc = (_ffi.c_i64 * nk)()
         res.key_data, res.key_cap, res.nkeys = kd, kc, nk
-        for _ in range(3):
+        for _ in range(2):  # a second time only if the step changed between the calls (it cannot grow)
             ids = np.empty(n, np.int64)
-            prefix = np.empty(n, np.int32)
-            tokens = np.empty(n, np.int32)
-            errs = np.zeros(n, np.int32)
-            from_ = np.empty(n, np.int32)
-            bufs = [np.empty((rows, k.row_bytes), np.uint8) for k in keys]
-            res.cap_reqs = n
-            res.ids, res.prefix, res.tokens, res.errs = ids.ctypes.data, prefix.ctypes.data, tokens.ctypes.data, errs.ctypes.data
-            res.from_ = from_.ctypes.data
-            for i, b in enumerate(bufs):
-                kd[i], kc[i] = b.ctypes.data, b.nbytes
-            rc = self._materialize(self._h, step, rp, rn, ctypes.addressof(res))
+            meta = np.empty((4, n), np.int32)  # prefix, tokens, errs, from
+            res.cap_reqs, res.ids, res.prefix, res.tokens = n, ids.ctypes.data, meta[0].ctypes.data, meta[1].ctypes.data
+            res.errs, res.from_ = meta[2].ctypes.data, meta[3].ctypes.data
+            bufs = []
+            for i, k in enumerate(keys):
+                if alloc is None:
+                    b = np.empty((rows, k.row_bytes), np.uint8)
+                    kd[i], kc[i] = b.ctypes.data, b.nbytes
+                else:
+                    b = alloc(k, rows)
+                    ptr, nbytes, got, b, _ = _rows(b, k.row_bytes, k.name)
+                    if got < rows:
+                        raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, got))
+                    kd[i], kc[i] = ptr, nbytes
+                bufs.append(b)
+            rc = self._materialize(h, step, rp, rn, ctypes.addressof(res))
             if rc != _ERR_SHORT_BUFFER:
                 break
             n, rows = res.n_reqs, res.total_rows
         if rc and rc not in _PER_REQUEST:
             _raise(rc)
         n, rows = res.n_reqs, res.total_rows
-        self._hint = (n, rows)
-        out = Result(keys, ids[:n], prefix[:n], tokens[:n], errs[:n], from_[:n], [b[:rows] for b in bufs])
+        out = Result(keys, ids[:n], meta[0, :n], meta[1, :n], meta[2, :n], meta[3, :n],
+                     [b if len(b) == rows else b[:rows] for b in bufs])
         if rc:
             e = error(rc, _ffi.last_error())
             e.result = out

@@ -271,17 +271,25 @@ def test_abi_short_buffer_keeps_the_rows():
     c.close()
 
 
-def test_materialize_retries_short_buffers():
-    """The package sizes its buffers from its estimate and asks again when
-    a hit made them short."""
+def test_materialize_sizes_its_buffers_with_step_rows():
+    """The package asks the library for the step's sizes (hit prefixes
+    included) before it makes the buffers: exact, and the query consumes
+    nothing, also when it fails."""
     c = cache()
     c.discard(step(c, ids=(1,), count=(8,)))
     c.sync()
     sid = step(c, ids=(2,), rows=[0], start=[8], count=[1], arrivals=[2], hit_tokens=[8], hit_blocks=[0, 1],
                finished=[1])
-    c._hint = (0, 0)  # no estimate at all
+    L = _ffi.lib()
+    n, rows = _ffi.c_i64(), _ffi.c_i64()
+    assert L.omnicache_step_rows(c._h, sid, None, -1, ctypes.byref(n), ctypes.byref(rows)) == 0
+    assert (n.value, rows.value) == (1, 9)
+    with pytest.raises(oc.NotInStepError):
+        c.materialize(sid, [3])
     r = c.materialize(sid, [2])
-    assert list(r.prefix) == [8] and list(r.tokens) == [9]
+    assert list(r.prefix) == [8] and list(r.tokens) == [9] and r.keys["hidden"].shape == (9, 16)
+    with pytest.raises(oc.UnknownStepError):
+        c.materialize(sid)
     c.close()
 
 

@@ -1,0 +1,111 @@
+"""FullAttentionGroupView: the step's KV slots from a block table through
+the library's slot kernels, exact against a plain Python reference."""
+
+import os
+
+import numpy as np
+import pytest
+
+import omnicache as oc
+from omnicache import _ffi
+from omnicache.slots import FullAttentionGroupView, WriteLayout
+from omnicache.vllm_omni import PrefixCacheWriteLayout
+
+NO_TORCH = os.environ.get("OMNICACHE_TEST_NO_TORCH") == "1"
+
+
+def reference(table, bs, computed, rows, counts):
+    """Each scheduled token's slot, one position at a time."""
+    out = []
+    for r, c in zip(rows, counts):
+        for pos in range(int(computed[r]), int(computed[r]) + int(c)):
+            out.append(int(table[r][pos // bs]) * bs + pos % bs)
+    return out
+
+
+def random_case(rng):
+    """A block table, its computed tokens, the batch's ids (with holes) and
+    one step's scheduled requests (a subset, maybe shuffled) and counts."""
+    nrows = int(rng.integers(1, 33))
+    blocks = int(rng.integers(1, 65))
+    bs = int(rng.choice([1, 2, 3, 4, 8, 16, 32]))
+    table = rng.integers(0, (1 << 31) // (bs * 2), size=(nrows, blocks), dtype=np.int32)
+    cap = blocks * bs
+    computed = rng.integers(0, cap + 1, size=nrows, dtype=np.int32)
+    ids = ["req-%d" % i for i in range(nrows)]
+    for i in rng.choice(nrows, size=int(rng.integers(0, max(1, nrows // 4))), replace=False):
+        ids[i] = None  # a hole: a row the batch does not use
+    live = [i for i in range(nrows) if ids[i] is not None]
+    sched_rows = [i for i in live if rng.random() < 0.8]
+    if rng.random() < 0.3:
+        rng.shuffle(sched_rows)
+    counts = [int(rng.integers(0, cap - computed[i] + 1)) for i in sched_rows]
+    return table, bs, computed, ids, sched_rows, counts
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_slots_exact_on_random_tables(fallback):
+    """1,000 random tables and steps: every slot equals the reference's,
+    whichever way the counts and the rows are given."""
+    rng = np.random.default_rng(51)
+    for case in range(1000):
+        table, bs, computed, ids, rows, counts = random_case(rng)
+        index = {r: i for i, r in enumerate(ids) if r is not None} if case % 2 else None
+        v = FullAttentionGroupView(table, bs, computed, ids, req_id_to_index=index)
+        req = [ids[i] for i in rows]
+        sched = dict(zip(req, counts)) if case % 3 else counts
+        got = v._slots_ctypes(req, sched) if fallback else v.step_slots_cpu(req, sched)
+        assert got.dtype == np.int64 and got.tolist() == reference(table, bs, computed, rows, counts), case
+
+
+def test_the_fast_path_is_used():
+    v = FullAttentionGroupView(np.zeros((1, 1), np.int32), 16, np.zeros(1, np.int32), ["a"])
+    assert (v._cslots is not None) == (_ffi.hot().backend == "fast")
+    assert _ffi.hot().backend == "fast" or os.environ.get("OMNICACHE_NO_FAST") or os.environ.get("OMNICACHE_CTYPES")
+
+
+@pytest.mark.skipif(NO_TORCH, reason="OMNICACHE_TEST_NO_TORCH=1")
+def test_torch_table_gives_torch_slots_and_reads_in_place():
+    import torch
+
+    table = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    computed = torch.tensor([0, 5, 2], dtype=torch.int32)
+    v = FullAttentionGroupView(table, 4, computed, ["a", "b", "c"])
+    s = v.step_slots_cpu(["b", "c"], {"b": 2, "c": 3})
+    assert s.dtype == torch.int64 and s.tolist() == [4 * 5 + 1, 4 * 5 + 2, 8 * 4 + 2, 8 * 4 + 3, 9 * 4 + 0]
+    table[1, 1] = 40  # the engine updates its table and counts in place
+    computed[1] = 6
+    assert v.step_slots_cpu(["b"], [1]).tolist() == [40 * 4 + 2]
+
+
+def test_refusals_return_nothing():
+    table = np.arange(8, dtype=np.int32).reshape(2, 4)
+    v = FullAttentionGroupView(table, 4, np.array([0, 14], np.int32), ["a", "b"])
+    with pytest.raises(KeyError, match="'x' is not in the batch"):
+        v.step_slots_cpu(["a", "x"], [1, 1])
+    with pytest.raises(KeyError, match="'b' has no scheduled tokens"):
+        v.step_slots_cpu(["a", "b"], {"a": 1})
+    with pytest.raises(ValueError, match="-1 scheduled tokens"):
+        v.step_slots_cpu(["a"], [-1])
+    with pytest.raises(ValueError, match="1 requests, 2 scheduled counts"):
+        v.step_slots_cpu(["a"], [1, 1])
+    with pytest.raises(oc.ArgumentError, match=r"request 1: positions \[14, 17\), a row holds 16"):
+        v.step_slots_cpu(["a", "b"], [2, 3])  # b's row ends at position 16
+    with pytest.raises(TypeError, match="int32"):
+        FullAttentionGroupView(table.astype(np.int64), 4, np.zeros(2, np.int32), ["a", "b"])
+    with pytest.raises(ValueError, match="num_computed_tokens has 1 rows"):
+        FullAttentionGroupView(table, 4, np.zeros(1, np.int32), ["a", "b"])
+    assert v.step_slots_cpu([], []).tolist() == []
+
+
+def test_build_write_layout():
+    """The batch's order, one write per scheduled request, rows after each
+    other, each write's slots; slots_cpu holds them all."""
+    table = np.array([[7, 8], [3, 4], [5, 6]], np.int32)
+    v = FullAttentionGroupView(table, 2, np.array([1, 0, 3], np.int32), ["a", None, "c"])
+    assert v.batch_req_ids() == ["a", "c"]
+    lay = v.build_write_layout({"c": 1, "a": 2, "z": 0})
+    assert isinstance(lay, PrefixCacheWriteLayout) and isinstance(lay, WriteLayout)
+    assert [(w.req_id, w.row_start, w.row_end, w.slots) for w in lay.writes] == [
+        ("a", 0, 2, (7 * 2 + 1, 8 * 2 + 0)), ("c", 2, 3, (6 * 2 + 1,))]
+    assert lay.total_rows == 3 and lay.slots_cpu.tolist() == [15, 16, 13]

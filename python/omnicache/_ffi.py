@@ -78,6 +78,12 @@ class Result(ctypes.Structure):
     ]
 
 
+class Cells(ctypes.Structure):
+    """Two int64 out-cells in one object (omnicache_step_rows' n_reqs and rows)."""
+
+    _fields_ = [("n", c_i64), ("rows", c_i64)]
+
+
 KEY_OPTIONAL = 1
 KEY_DEFERRED = 2
 DISABLE_DECODE_BUFFER = 1
@@ -128,7 +134,7 @@ def lib():
                 "omnicache_reset": (ctypes.c_int, [c_u64, ctypes.c_int]),
                 "omnicache_discard": (ctypes.c_int, [c_u64, c_u64]),
                 "omnicache_materialize": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr]),
-                "omnicache_step_rows": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, P(c_i64), P(c_i64)]),
+                "omnicache_step_rows": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr, c_ptr]),
                 "omnicache_slots": (ctypes.c_int, [c_ptr, c_i64, c_i64, c_ptr, c_ptr, c_ptr, c_i64, c_i64, c_ptr,
                                                    c_i64, P(c_i64)]),
                 "omnicache_lookup": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),

@@ -388,7 +388,7 @@ class Result:
     def __init__(self, keys, ids, prefix, tokens, errs, from_, bufs):
         self.ids, self.prefix, self.tokens, self.errors, self.from_ = ids, prefix, tokens, errs, from_
         self.offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(tokens, out=self.offsets[1:])
+        tokens.cumsum(out=self.offsets[1:])
         self._keys = keys
         self.keys = {k.name: b for k, b in zip(keys, bufs)}
 
@@ -411,6 +411,8 @@ class Result:
         the key's buffer along its first dimension (torch's split for a
         tensor)."""
         b = self.keys[self._name(key)]
+        if len(self.ids) == 1:
+            return (b,)  # the one request's rows are the whole buffer
         if _torch_tensor(b):
             return b.split(self.tokens.tolist())
         o = self.offsets.tolist()
@@ -512,6 +514,7 @@ class Cache(_Engine):
         self._discard, self._discard_begin = hot.discard, hot.discard_begin
         self._save = hot.saver()
         self._materialize, self._step_rows = L.omnicache_materialize, L.omnicache_step_rows
+        self._kd, self._kc = _ffi.c_ptr * len(self.keys), _ffi.c_i64 * len(self.keys)
         self._plan = None
         self._outs = None
 
@@ -622,22 +625,22 @@ class Cache(_Engine):
             if rp is None:
                 rp = ctypes.addressof(_EMPTY)  # an empty list, not every request
         h = self._h
-        n, rows = _ffi.c_i64(), _ffi.c_i64()
-        rc = self._step_rows(h, step, rp, rn, ctypes.byref(n), ctypes.byref(rows))
+        cells = _ffi.Cells()  # n_reqs and rows out of step_rows
+        a = ctypes.addressof(cells)
+        rc = self._step_rows(h, step, rp, rn, a, a + 8)
         if rc:
             _raise(rc)
-        n, rows = n.value, rows.value
+        n, rows = cells.n, cells.rows
         keys = self.keys
-        nk = len(keys)
         res = _ffi.Result()
-        kd = (_ffi.c_ptr * nk)()
-        kc = (_ffi.c_i64 * nk)()
-        res.key_data, res.key_cap, res.nkeys = kd, kc, nk
+        kd, kc = self._kd(), self._kc()
+        res.key_data, res.key_cap, res.nkeys = kd, kc, len(keys)
         for _ in range(2):  # a second time only if the step changed between the calls (it cannot grow)
-            ids = np.empty(n, np.int64)
-            meta = np.empty((4, n), np.int32)  # prefix, tokens, errs, from
-            res.cap_reqs, res.ids, res.prefix, res.tokens = n, ids.ctypes.data, meta[0].ctypes.data, meta[1].ctypes.data
-            res.errs, res.from_ = meta[2].ctypes.data, meta[3].ctypes.data
+            # per request: id (int64) | prefix, tokens, errs, from (int32), in one allocation
+            meta = np.empty(6 * n, np.int32)
+            a = meta.ctypes.data
+            res.cap_reqs, res.ids, res.prefix, res.tokens, res.errs, res.from_ = (
+                n, a, a + 8 * n, a + 12 * n, a + 16 * n, a + 20 * n)
             bufs = []
             for i, k in enumerate(keys):
                 if alloc is None:
@@ -656,9 +659,9 @@ class Cache(_Engine):
             n, rows = res.n_reqs, res.total_rows
         if rc and rc not in _PER_REQUEST:
             _raise(rc)
-        n, rows = res.n_reqs, res.total_rows
-        out = Result(keys, ids[:n], meta[0, :n], meta[1, :n], meta[2, :n], meta[3, :n],
-                     [b if len(b) == rows else b[:rows] for b in bufs])
+        m, rows = res.n_reqs, res.total_rows
+        out = Result(keys, meta[:2 * m].view(np.int64), meta[2 * n:2 * n + m], meta[3 * n:3 * n + m],
+                     meta[4 * n:4 * n + m], meta[5 * n:5 * n + m], [b if len(b) == rows else b[:rows] for b in bufs])
         if rc:
             e = error(rc, _ffi.last_error())
             e.result = out

@@ -282,7 +282,7 @@ def test_materialize_sizes_its_buffers_with_step_rows():
                finished=[1])
     L = _ffi.lib()
     n, rows = _ffi.c_i64(), _ffi.c_i64()
-    assert L.omnicache_step_rows(c._h, sid, None, -1, ctypes.byref(n), ctypes.byref(rows)) == 0
+    assert L.omnicache_step_rows(c._h, sid, None, -1, ctypes.addressof(n), ctypes.addressof(rows)) == 0
     assert (n.value, rows.value) == (1, 9)
     with pytest.raises(oc.NotInStepError):
         c.materialize(sid, [3])

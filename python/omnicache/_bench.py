@@ -101,27 +101,6 @@ def bench_step(reqs, tokens, forward, steps, rounds):
     return statistics.median(per_round), stall
 
 
-def slot_mapping(reqs, tokens, steps, rounds):
-    """The vectorized numpy slot mapping of one step (the reference's fix)."""
-    table = np.arange(reqs * STRIDE, dtype=np.int32).reshape(reqs, STRIDE)
-    start = np.full(reqs, 0 if tokens > 1 else 100, np.int64)
-    count = np.full(reqs, tokens, np.int64)
-    rows = np.arange(reqs)
-    clock = time.perf_counter_ns
-    per_round = []
-    for _ in range(rounds):
-        t0 = clock()
-        for _ in range(steps):
-            total = int(count.sum())
-            req = np.repeat(rows, count)
-            first = np.cumsum(count) - count
-            pos = np.repeat(start, count) + (np.arange(total) - np.repeat(first, count))
-            slots = table[req, pos // BS].astype(np.int64) * BS + pos % BS
-        per_round.append((clock() - t0) / steps)
-    assert len(slots) == reqs * tokens
-    return statistics.median(per_round)
-
-
 def go_round(go_bin, name, steps):
     """One round of BenchmarkCAPIStep/shape=name from the compiled capi test
     binary: (step ns, stall ns)."""
@@ -135,20 +114,89 @@ def go_round(go_bin, name, steps):
     raise RuntimeError("no BenchmarkCAPIStep/shape=%s line in:\n%s" % (name, out))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m omnicache._bench")
-    ap.add_argument("--go-bin", help="the capi test binary (go test -c ./internal/capi/): Go rounds interleaved with Python's")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=5)
-    a = ap.parse_args(argv)
-    la = os.getloadavg()
-    print("load average: %.2f %.2f %.2f (%d CPUs)" % (la[0], la[1], la[2], os.cpu_count()))
-    print("step = begin + save (64-byte rows, copied) + discard; median of %d rounds, Go and Python rounds interleaved"
-          % a.rounds)
+
+# The slot mapping's shapes: name, requests, tokens each.
+SLOT_SHAPES = [("decode16", 16, 1), ("decode64", 64, 1), ("prefill16384", 1, 16384)]
+SLOT_ROWS, SLOT_BLOCKS = 256, 1024
+
+
+def numpy_slots(table, bs, computed, index, req_ids, sched):
+    """step_slots_cpu's call as a vectorized numpy mapping: each request's
+    row and count looked up, then every position at once."""
+    n = len(req_ids)
+    idx = np.fromiter([index[r] for r in req_ids], np.int64, n)
+    cnt = np.fromiter([sched[r] for r in req_ids], np.int64, n)
+    start = computed[idx].astype(np.int64)
+    total = int(cnt.sum())
+    req = np.repeat(idx, cnt)
+    first = np.cumsum(cnt) - cnt
+    pos = np.repeat(start, cnt) + (np.arange(total) - np.repeat(first, cnt))
+    return table[req, pos // bs].astype(np.int64) * bs + pos % bs
+
+
+def bench_slots(rounds, calls):
+    """Per shape: (ours, numpy) lists of µs a call, one entry a round, the
+    two interleaved round by round."""
+    from .slots import FullAttentionGroupView
+
+    rng = np.random.default_rng(0)
+    table = rng.integers(0, 1 << 20, size=(SLOT_ROWS, SLOT_BLOCKS), dtype=np.int32)
+    ids = ["req-%d" % i for i in range(SLOT_ROWS)]
+    index = {r: i for i, r in enumerate(ids)}
+    clock = time.perf_counter_ns
+    out = []
+    for name, reqs, tokens in SLOT_SHAPES:
+        computed = np.full(SLOT_ROWS, 0 if tokens > 1 else 100, np.int32)
+        view = FullAttentionGroupView(table, BS, computed, ids, req_id_to_index=index)
+        req = view.batch_req_ids()[:reqs]
+        sched = {r: tokens for r in req}
+        want = numpy_slots(table, BS, computed, index, req, sched)
+        if not np.array_equal(view.step_slots_cpu(req, sched), want):
+            raise AssertionError("step_slots_cpu differs from the numpy mapping at %s" % name)
+        n = calls if tokens == 1 else max(1, calls // 200)
+        ours, ref = [], []
+        for _ in range(rounds):
+            t0 = clock()
+            for _ in range(n):
+                view.step_slots_cpu(req, sched)
+            t1 = clock()
+            for _ in range(n):
+                numpy_slots(table, BS, computed, index, req, sched)
+            t2 = clock()
+            ours.append((t1 - t0) / n / 1e3)
+            ref.append((t2 - t1) / n / 1e3)
+        out.append((name, ours, ref))
+    return out
+
+
+def cuda_refusal():
+    """None when a CUDA device can run the --cuda part, else why not."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees none"
+    from .errors import NoDeviceError, UnsupportedError
+
+    try:
+        Cache([Key("hidden", 16)], num_blocks=8, block_size=BS, cuda_device=0).close()
+    except (UnsupportedError, NoDeviceError) as e:
+        return "the library cannot use cuda:0 (%s)" % e
+    return None
+
+
+def fmt(xs):
+    """median [min–max] of xs."""
+    return "%.2f [%.2f–%.2f]" % (statistics.median(xs), min(xs), max(xs))
+
+
+def print_steps(a):
+    print("\n## step = begin + save (64-byte rows, copied) + discard; median of %d rounds, Go and Python rounds "
+          "interleaved" % a.rounds)
     from . import _ffi
     print("python calls the library through %s" % _ffi.hot().backend)
-    print("%-12s %10s %10s %10s %13s %10s %15s" % ("shape", "python µs", "go µs", "python-go", "python stall",
-                                                  "go stall", "numpy slots µs"))
+    print("%-12s %10s %10s %10s %13s %10s" % ("shape", "python µs", "go µs", "python-go", "python stall", "go stall"))
     for name, reqs, tokens, forward in SHAPES:
         steps = a.steps if tokens == 1 else max(1, a.steps // 10)
         py, go = [], []
@@ -157,15 +205,62 @@ def main(argv=None):
                 go.append(go_round(a.go_bin, name, steps))
             py.append(bench_step(reqs, tokens, forward, steps, 1))
         p, pst = statistics.median(x for x, _ in py), statistics.median(x for _, x in py)
-        sm = slot_mapping(reqs, tokens, max(1, steps // 4), a.rounds) / 1e3
         if go:
             g, gst = statistics.median(x for x, _ in go), statistics.median(x for _, x in go)
             gs, ds, gsts = "%10.2f" % (g / 1e3), "%+10.2f" % ((p - g) / 1e3), "%10.2f" % (gst / 1e3)
         else:
             gs = ds = gsts = "%10s" % "-"
-        print("%-12s %10.2f %s %s %13.2f %s %15.2f" % (name, p / 1e3, gs, ds, pst / 1e3, gsts, sm))
+        print("%-12s %10.2f %s %s %13.2f %s" % (name, p / 1e3, gs, ds, pst / 1e3, gsts))
+
+
+def print_slots(a):
+    print("\n## slot mapping: FullAttentionGroupView.step_slots_cpu against a vectorized numpy mapping of the same "
+          "call, µs a call, median [min–max] of %d rounds" % a.rounds)
+    print("%-14s %-26s %-26s %s" % ("shape", "step_slots_cpu", "numpy", "numpy/ours"))
+    for name, ours, ref in bench_slots(a.rounds, a.steps * 5):
+        print("%-14s %-26s %-26s %.1fx" % (name, fmt(ours), fmt(ref), statistics.median(ref) / statistics.median(ours)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m omnicache._bench")
+    ap.add_argument("--go-bin", help="the capi test binary (go test -c ./internal/capi/): Go rounds interleaved with Python's")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--cuda", action="store_true",
+                    help="also the rows part with CUDA tensors on cuda:0 (a CUDA build of the library); no Go")
+    ap.add_argument("--only", choices=["steps", "slots", "rows"], help="run one part")
+    a = ap.parse_args(argv)
+    if a.cuda:
+        why = cuda_refusal()
+        if why:
+            print("omnicache._bench --cuda: no CUDA device: %s" % why, file=sys.stderr)
+            return 1
+        a.go_bin = None
     la = os.getloadavg()
-    print("load average after: %.2f %.2f %.2f" % la)
+    print("load average: %.2f %.2f %.2f (%d CPUs)" % (la[0], la[1], la[2], os.cpu_count()))
+    if a.only in (None, "steps"):
+        print_steps(a)
+    if a.only in (None, "slots"):
+        print_slots(a)
+    if a.only in (None, "rows"):
+        from . import _bench_rows as br
+
+        try:
+            import torch
+        except ImportError:
+            print("\n## rows: torch is not installed: skipped")
+            torch = None
+        if torch is not None:
+            steps = max(20, a.steps // 5)
+            print("\n## rows: 2048-wide float32 hidden rows and one 4-wide mm key, block size 16, %d rounds; "
+                  "engine = begin + save, materialize = Cache.materialize into torch buffers + Result.split, "
+                  "whole step = engine + materialize; µs a step, median [min–max] of the rounds' medians" % a.rounds)
+            br.print_rows(br.bench_rows(torch, a.rounds, steps), "host")
+            if a.cuda:
+                print("torch %s, %s" % (torch.__version__, torch.cuda.get_device_name(0)))
+                br.print_rows(br.bench_rows(torch, a.rounds, steps, cuda=True), "cuda")
+    la = os.getloadavg()
+    print("\nload average after: %.2f %.2f %.2f" % la)
     return 0
 
 

@@ -135,8 +135,9 @@ def numpy_slots(table, bs, computed, index, req_ids, sched):
 
 
 def bench_slots(rounds, calls):
-    """Per shape: (ours, numpy) lists of µs a call, one entry a round, the
-    two interleaved round by round."""
+    """Per shape: (ours, numpy) lists of µs a call, one entry a round: the
+    median over blocks of calls, the two alternating block by block (a
+    preemption spoils a block, not the round)."""
     from .slots import FullAttentionGroupView
 
     rng = np.random.default_rng(0)
@@ -153,18 +154,23 @@ def bench_slots(rounds, calls):
         want = numpy_slots(table, BS, computed, index, req, sched)
         if not np.array_equal(view.step_slots_cpu(req, sched), want):
             raise AssertionError("step_slots_cpu differs from the numpy mapping at %s" % name)
-        n = calls if tokens == 1 else max(1, calls // 200)
+        k = 20 if tokens == 1 else 1  # calls a block
+        blocks = max(5, calls // (k * 20)) if tokens == 1 else max(5, calls // 400)
         ours, ref = [], []
         for _ in range(rounds):
-            t0 = clock()
-            for _ in range(n):
-                view.step_slots_cpu(req, sched)
-            t1 = clock()
-            for _ in range(n):
-                numpy_slots(table, BS, computed, index, req, sched)
-            t2 = clock()
-            ours.append((t1 - t0) / n / 1e3)
-            ref.append((t2 - t1) / n / 1e3)
+            o, r = [], []
+            for _ in range(blocks):
+                t0 = clock()
+                for _ in range(k):
+                    view.step_slots_cpu(req, sched)
+                t1 = clock()
+                for _ in range(k):
+                    numpy_slots(table, BS, computed, index, req, sched)
+                t2 = clock()
+                o.append((t1 - t0) / k / 1e3)
+                r.append((t2 - t1) / k / 1e3)
+            ours.append(statistics.median(o))
+            ref.append(statistics.median(r))
         out.append((name, ours, ref))
     return out
 

@@ -54,8 +54,11 @@ class RowBench:
         g = torch.Generator().manual_seed(51)
         self.hs = torch.randn(ntok, W, generator=g).to(dev)
         self.mm = torch.randn(ntok, MMW, generator=g).to(dev)
-        # what the forward writes into the outputs each step (--cuda: on the producer stream)
-        self.src = (self.hs.clone(), self.mm.clone()) if cuda else None
+        # --cuda: what the forward writes into the outputs, on the producer stream, the two
+        # alternating (a clone that ran before the write would give the other's rows)
+        self.src = [(self.hs.clone(), self.mm.clone()),
+                    (torch.randn(ntok, W, generator=g).to(dev), torch.randn(ntok, MMW, generator=g).to(dev))] \
+            if cuda else None
         self.stream = torch.cuda.Stream(device=0) if cuda else None
         self.outs = Outputs(self.c, [self.hs, self.mm], tokens=ntok)
         self.prefix = (self.hs[:0], self.mm[:0])
@@ -137,8 +140,9 @@ class RowBench:
         t1 = clock()
         if self.cuda:
             with torch.cuda.stream(self.stream):  # the forward writes the outputs on its stream
-                self.hs.copy_(self.src[0])
-                self.mm.copy_(self.src[1])
+                h, m = self.src[self.n % 2]
+                self.hs.copy_(h)
+                self.mm.copy_(m)
             spin(self.forward)
             self.stream.synchronize()  # the forward is over: the engine part is the cache's
         else:

@@ -109,3 +109,24 @@ def test_build_write_layout():
     assert [(w.req_id, w.row_start, w.row_end, w.slots) for w in lay.writes] == [
         ("a", 0, 2, (7 * 2 + 1, 8 * 2 + 0)), ("c", 2, 3, (6 * 2 + 1,))]
     assert lay.total_rows == 3 and lay.slots_cpu.tolist() == [15, 16, 13]
+
+
+def test_abi_slots_short_buffer_and_bad_rows_write_nothing():
+    """omnicache_slots: a dst too short is SHORT_BUFFER with the number
+    needed; a row outside the table ARGUMENT; neither writes a slot."""
+    import ctypes
+
+    L = _ffi.lib()
+    table = np.arange(8, dtype=np.int32).reshape(2, 4)
+    rows, start, count = np.array([1], np.int32), np.array([2], np.int32), np.array([3], np.int32)
+    dst = np.full(4, -7, np.int64)
+    written = _ffi.c_i64()
+
+    def call(rows, cap):
+        return L.omnicache_slots(table.ctypes.data, table.size, 4, rows.ctypes.data, start.ctypes.data,
+                                 count.ctypes.data, 1, 4, dst.ctypes.data, cap, ctypes.byref(written))
+
+    assert call(rows, 2) == 102 and written.value == 3 and (dst == -7).all()
+    assert call(np.array([2], np.int32), 4) == 100 and "row 2, table of 2 rows" in _ffi.last_error()
+    assert (dst == -7).all()
+    assert call(rows, 4) == 0 and written.value == 3 and dst[:3].tolist() == [4 * 4 + 2, 4 * 4 + 3, 5 * 4 + 0]

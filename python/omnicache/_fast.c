@@ -359,8 +359,8 @@ PyDoc_STRVAR(slots_doc,
 	     "slots(req_ids, num_scheduled, batch, index, table, computed, block_size, empty, dtype)\n--\n\n"
 	     "FullAttentionGroupView.step_slots_cpu in C: per request of req_ids (a sequence)\n"
 	     "its row (i when batch[i] is the same object, else index[id]; index None: the\n"
-	     "ids' places in batch), its\n"
-	     "start (computed[row]) and count (num_scheduled[id], a dict, or num_scheduled[i]),\n"
+	     "ids' places in batch), its start (computed[row]) and count (num_scheduled[id]\n"
+	     "of a dict, 0 when absent, or num_scheduled[i]),\n"
 	     "then omnicache_slots over table (int32 [rows][blocks]) into empty(total, dtype).");
 
 /* index_of builds {batch[i]: i} for the ids of batch that are not None. */
@@ -444,11 +444,12 @@ static PyObject *fast_slots(PyObject *self, PyObject *const *args, Py_ssize_t na
 			goto done;
 		}
 		PyObject *c = by_id ? PyDict_GetItemWithError(sched, id) : PySequence_Fast_ITEMS(sched)[i];
+		if (c == NULL && PyErr_Occurred()) goto done;
 		if (c == NULL) {
-			if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "omnicache: request %R has no scheduled tokens", id);
+			count[i] = 0; /* not in the dict: nothing scheduled */
+		} else if (count_of(c, id, &count[i]) < 0) {
 			goto done;
 		}
-		if (count_of(c, id, &count[i]) < 0) goto done;
 		rows[i] = (int32_t)row;
 		start[i] = computed[row];
 		total += count[i];

@@ -16,25 +16,14 @@ they are, every call: the engine updates them in place. Token position
 """
 
 import ctypes
-import dataclasses
-from typing import Any
 
 import numpy as np
 
 from . import _ffi
 from .core import _raise, _torch_tensor
-from .vllm_omni import PrefixCacheWrite, PrefixCacheWriteLayout
+from .vllm_omni import PrefixCacheSchedulerAdapter
 
 _I64 = np.dtype(np.int64)
-
-
-@dataclasses.dataclass(frozen=True)
-class WriteLayout(PrefixCacheWriteLayout):
-    """A PrefixCacheWriteLayout with ``slots_cpu``: the step's slots as one
-    int64 array (a CPU tensor when the block table is one), the writes'
-    slots one after another."""
-
-    slots_cpu: Any = None
 
 
 def _host_int32(x, ndim, what):
@@ -93,11 +82,11 @@ class FullAttentionGroupView:
         """The KV slot of every token scheduled this step, requests in the
         order of req_ids (a list or tuple): request r's positions
         ``[computed, computed + n)``, n its scheduled tokens
-        (num_scheduled[r] for a dict, else num_scheduled[i], aligned with
-        req_ids). One int64 numpy array (a torch tensor for a torch block
-        table). A request outside the batch is KeyError; a row or position
-        beyond the block table ValueError (omnicache.ArgumentError), and
-        nothing is returned."""
+        (num_scheduled[r] for a dict, 0 when it has no entry; else
+        num_scheduled[i], aligned with req_ids). One int64 numpy array (a
+        torch tensor for a torch block table). A request outside the batch
+        is KeyError; a row or position beyond the block table ValueError
+        (omnicache.ArgumentError), and nothing is returned."""
         if self._cslots is not None:
             out = self._cslots(req_ids, num_scheduled, self._req_ids, self._index, self._table, self._computed,
                                self.block_size, np.empty, _I64)
@@ -120,7 +109,7 @@ class FullAttentionGroupView:
         for i, r in enumerate(req_ids):
             if r not in index:
                 raise KeyError("omnicache: request %r is not in the batch" % (r,))
-            c = int(num_scheduled[r] if by_id else num_scheduled[i])
+            c = int(num_scheduled.get(r, 0) if by_id else num_scheduled[i])
             if c < 0 or c > 0x7FFFFFFF:
                 raise ValueError("omnicache: request %r: %d scheduled tokens" % (r, c))
             rows[i], count[i] = index[r], c
@@ -139,19 +128,10 @@ class FullAttentionGroupView:
         return out
 
     def build_write_layout(self, num_scheduled_tokens):
-        """The step's write layout in the batch's row order: one write per
-        request scheduled (num_scheduled_tokens: request id -> tokens; a
-        request absent or with 0 tokens has none), its rows after the one
-        before, its slots; ``slots_cpu`` holds every slot (step_slots_cpu)."""
-        req_ids = [r for r in self.batch_req_ids() if num_scheduled_tokens.get(r, 0) > 0]
-        counts = [int(num_scheduled_tokens[r]) for r in req_ids]
-        slots = self.step_slots_cpu(req_ids, counts)
-        flat = (slots.numpy() if self._torch else slots).tolist()
-        writes, row = [], 0
-        for r, c in zip(req_ids, counts):
-            writes.append(PrefixCacheWrite(req_id=r, row_start=row, row_end=row + c, slots=tuple(flat[row:row + c])))
-            row += c
-        return WriteLayout(writes=tuple(writes), total_rows=row, slots_cpu=slots)
+        """The step's write layout in the batch's row order, its
+        ``slots_cpu`` from step_slots_cpu: PrefixCacheSchedulerAdapter's
+        build_write_layout over this view."""
+        return PrefixCacheSchedulerAdapter().build_write_layout(self, num_scheduled_tokens=num_scheduled_tokens)
 
 
-__all__ = ["FullAttentionGroupView", "WriteLayout"]
+__all__ = ["FullAttentionGroupView"]

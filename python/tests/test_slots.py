@@ -8,7 +8,7 @@ import pytest
 
 import omnicache as oc
 from omnicache import _ffi
-from omnicache.slots import FullAttentionGroupView, WriteLayout
+from omnicache.slots import FullAttentionGroupView
 from omnicache.vllm_omni import PrefixCacheWriteLayout
 
 NO_TORCH = os.environ.get("OMNICACHE_TEST_NO_TORCH") == "1"
@@ -53,7 +53,8 @@ def test_slots_exact_on_random_tables(fallback):
         index = {r: i for i, r in enumerate(ids) if r is not None} if case % 2 else None
         v = FullAttentionGroupView(table, bs, computed, ids, req_id_to_index=index)
         req = [ids[i] for i in rows]
-        sched = dict(zip(req, counts)) if case % 3 else counts
+        # a dict may leave out requests with nothing scheduled
+        sched = {r: c for r, c in zip(req, counts) if c or case % 5} if case % 3 else counts
         got = v._slots_ctypes(req, sched) if fallback else v.step_slots_cpu(req, sched)
         assert got.dtype == np.int64 and got.tolist() == reference(table, bs, computed, rows, counts), case
 
@@ -83,8 +84,7 @@ def test_refusals_return_nothing():
     v = FullAttentionGroupView(table, 4, np.array([0, 14], np.int32), ["a", "b"])
     with pytest.raises(KeyError, match="'x' is not in the batch"):
         v.step_slots_cpu(["a", "x"], [1, 1])
-    with pytest.raises(KeyError, match="'b' has no scheduled tokens"):
-        v.step_slots_cpu(["a", "b"], {"a": 1})
+    assert v.step_slots_cpu(["a", "b"], {"a": 1}).tolist() == [0]  # b: no entry, nothing scheduled
     with pytest.raises(ValueError, match="-1 scheduled tokens"):
         v.step_slots_cpu(["a"], [-1])
     with pytest.raises(ValueError, match="1 requests, 2 scheduled counts"):
@@ -99,16 +99,54 @@ def test_refusals_return_nothing():
 
 
 def test_build_write_layout():
-    """The batch's order, one write per scheduled request, rows after each
-    other, each write's slots; slots_cpu holds them all."""
-    table = np.array([[7, 8], [3, 4], [5, 6]], np.int32)
-    v = FullAttentionGroupView(table, 2, np.array([1, 0, 3], np.int32), ["a", None, "c"])
-    assert v.batch_req_ids() == ["a", "c"]
-    lay = v.build_write_layout({"c": 1, "a": 2, "z": 0})
-    assert isinstance(lay, PrefixCacheWriteLayout) and isinstance(lay, WriteLayout)
-    assert [(w.req_id, w.row_start, w.row_end, w.slots) for w in lay.writes] == [
-        ("a", 0, 2, (7 * 2 + 1, 8 * 2 + 0)), ("c", 2, 3, (6 * 2 + 1,))]
-    assert lay.total_rows == 3 and lay.slots_cpu.tolist() == [15, 16, 13]
+    """The batch's order, one write per request of the batch (none for one
+    with no tokens scheduled), rows after each other; slots_cpu holds
+    every row's slot (the adapter's layout)."""
+    table = np.array([[7, 8], [3, 4], [5, 6], [9, 9]], np.int32)
+    v = FullAttentionGroupView(table, 2, np.array([1, 0, 3, 0], np.int32), ["a", None, "c", "idle"])
+    assert v.batch_req_ids() == ["a", "c", "idle"]
+    lay = v.build_write_layout({"c": 1, "a": 2})
+    assert isinstance(lay, PrefixCacheWriteLayout)
+    assert [(w.req_id, w.row_start, w.row_end) for w in lay.writes] == [("a", 0, 2), ("c", 2, 3), ("idle", 3, 3)]
+    assert lay.total_rows == 3 and lay.slots_cpu.tolist() == [7 * 2 + 1, 8 * 2 + 0, 6 * 2 + 1]
+
+
+@pytest.mark.skipif(NO_TORCH, reason="OMNICACHE_TEST_NO_TORCH=1")
+def test_manager_fed_through_the_group_view():
+    """An engine's persistent block table and computed tokens, updated in
+    place, give the manager its layouts: a prefill, then a request hitting
+    its first two blocks beside its decode; rows exact."""
+    import torch
+
+    from omnicache import vllm_omni as vo
+
+    bs = 4
+    table, computed, ids = np.zeros((4, 8), np.int32), np.zeros(4, np.int32), []
+    view = FullAttentionGroupView(table, bs, computed, ids)
+    a = vo.PrefixCacheSchedulerAdapter()
+    m = vo.OmniPrefixCacheManager(vo.PrefixCacheConfig(num_blocks=32, block_size=bs))
+    full = torch.arange(12 * 3, dtype=torch.float32).reshape(12, 3)
+
+    def step(events, sched, rows):
+        m.new_step_starts(vo.PrefixCacheStep(tuple(events), tuple(sched.items())))
+        lay = view.build_write_layout(sched)
+        n = lay.total_rows
+        sid = m.save_outputs(rows, {}, num_tokens_unpadded=n, num_tokens_padded=n, write_layout=lay)
+        for r, k in sched.items():
+            computed[ids.index(r)] += k
+        return m.materialize(sid, list(sched)).hidden_states
+
+    ids.append("x")
+    table[0, :3] = [1, 2, 3]
+    out = step([vo.PrefixCacheRequestEvent("x", vo.PrefixCacheEventKind.STARTED, block_ids=((1, 2, 3),))],
+               {"x": 8}, full[:8])
+    assert torch.equal(out["x"], full[:8])
+    ids.append("y")
+    table[1, :3], computed[1] = [1, 2, 4], 8
+    out = step([vo.PrefixCacheRequestEvent("y", vo.PrefixCacheEventKind.STARTED, 0, 8, ((1, 2, 4),))],
+               {"x": 1, "y": 1}, torch.stack([full[8], full[8]]))
+    assert torch.equal(out["x"], full[8:9]) and torch.equal(out["y"], full[:9])
+    m.shutdown()
 
 
 def test_abi_slots_short_buffer_and_bad_rows_write_nothing():

@@ -468,7 +468,8 @@ class OmniPrefixCacheManager:
             raise Unmatch("materialize(step %s) got req ids outside the save snapshot: %s"
                           % (step_id, sorted(outside)[:8]))
         try:
-            res = self._core.materialize(step_id, np.fromiter((ids[r] for r in req_ids), np.int64, len(req_ids)))
+            res = self._core.materialize(step_id, np.fromiter((ids[r] for r in req_ids), np.int64, len(req_ids)),
+                                         alloc=self._alloc)
         except _UNREADABLE as e:
             back = {v: k for k, v in ids.items()}
             rid = back.get(e.failed[0], e.failed[0]) if getattr(e, "failed", None) else "?"
@@ -478,13 +479,27 @@ class OmniPrefixCacheManager:
             raise self._wrap(e) from e
         hidden, mm = None, {}
         for k in self._names:
-            meta = self._meta.get(k)  # None: never saved, rows as bytes
-            per = {rid: meta.build(res.rows(i, k)) if meta else res.rows(i, k) for i, rid in enumerate(req_ids)}
+            # Each request's rows are a view of the key's one buffer, made
+            # in the key's dtype and row shape (_alloc): no copy beyond the
+            # one out of the cache.
+            per = dict(zip(req_ids, res.split(k)))
             if k == HIDDEN_KEY:
                 hidden = per
             else:
                 mm[k] = per
         return StageCacheOutputs(hidden_states=hidden, mm_outputs=mm)
+
+    def _alloc(self, key, rows):
+        """A materialized key's buffer: host memory in the dtype and row
+        shape of its saved tensors (uint8 rows for a key never saved)."""
+        meta = self._meta.get(key.name)
+        if meta is None:
+            return np.empty((rows, key.row_bytes), np.uint8)
+        if meta.torch:
+            import torch
+
+            return torch.empty((rows,) + meta.trailing, dtype=meta.dtype)
+        return np.empty((rows,) + meta.trailing, meta.dtype)
 
     def discard_step(self, step_id):
         """Consumes a step id without reading it."""

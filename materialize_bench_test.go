@@ -25,7 +25,7 @@ func BenchmarkMaterialize(b *testing.B) {
 	}
 	for _, workers := range ws {
 		b.Run(fmt.Sprintf("hit=%dx%d/row=%d/workers=%d", hbReqs, hbHit, hbRow, workers), func(b *testing.B) {
-			hb := newHitBench(b, omnicache.Config{CopyWorkers: workers, DisablePrefetch: true})
+			hb := newHitBench(b, omnicache.Config{CopyWorkers: workers, DisablePrefetch: true}, true)
 			b.SetBytes(hbReqs * hbHit * hbRow)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -61,8 +61,8 @@ type hitBench struct {
 }
 
 // newHitBench fills a cache made from cfg (shape fields set here) with the
-// prefixes and runs one warm-up hit step, checking its rows.
-func newHitBench(b *testing.B, cfg omnicache.Config) *hitBench {
+// prefixes and, when warm, runs warm-up hit steps, checking their rows.
+func newHitBench(b *testing.B, cfg omnicache.Config, warm bool) *hitBench {
 	cfg.NumBlocks, cfg.BlockSize = hbReqs*hbStride, hbBS
 	cfg.Keys = []omnicache.Key{{Name: "hidden", RowBytes: hbRow}}
 	cfg.StagingCapacityTokens, cfg.StagingDepth = 8*hbHit, 2
@@ -126,12 +126,20 @@ func newHitBench(b *testing.B, cfg omnicache.Config) *hitBench {
 	}
 	one := make([]byte, hbReqs*hbRow)
 	hb.outs = omnicache.Outputs{Tokens: hbReqs, Tensors: []omnicache.Tensor{{Host: one, Rows: hbReqs}}}
+	if !warm {
+		return hb
+	}
 	hb.step(b, true, nil) // warm the Result
+	hb.check(b)
+	hb.step(b, true, nil) // and the prefetch buffers (the adopted Result's old ones)
+	return hb
+}
+
+// check checks the last hit step's result: every request's prefix rows.
+func (hb *hitBench) check(b *testing.B) {
 	if hb.res.Prefix(0) != hbHit || hb.res.Rows(hbReqs-1, 0)[0] != hb.first {
 		b.Fatalf("prefix %d rows, first byte %d: want %d, %d", hb.res.Prefix(0), hb.res.Rows(hbReqs-1, 0)[0], hbHit, hb.first)
 	}
-	hb.step(b, true, nil) // and the prefetch buffers (the adopted Result's old ones)
-	return hb
 }
 
 // step runs one step: Begin (the hit step, or the miss step), forward
@@ -171,11 +179,38 @@ func (hb *hitBench) step(b *testing.B, hit bool, forward func()) time.Duration {
 // and the copy workers) and Materialize adopts them; off, Materialize
 // gathers them on the engine goroutine. hit=0 is the miss step of the same
 // shape (the same 64 tokens, no hit), for comparison.
+//
+// first/ is a fresh cache's first hit step, each op on a new cache and a
+// new Result (both made, and the prefixes written, outside the timer):
+// what an engine's first long hit after start costs. With prefetch, no
+// buffer of the size is idle yet: the committer makes them during the
+// forward and Materialize adopts them, where without prefetch Materialize
+// sizes the Result itself. Run it with -benchtime 1x (every op is a first
+// step anyway; more ops only repeat it) and -count 6 or more.
 func BenchmarkHitStep(b *testing.B) {
 	const forward = 20 * time.Millisecond
+	sleep := func() { time.Sleep(forward) }
+	onOff := map[bool]string{true: "on", false: "off"}
+	for _, prefetch := range []bool{true, false} {
+		b.Run(fmt.Sprintf("first/hit=%dx%d/row=%d/prefetch=%s", hbReqs, hbHit, hbRow, onOff[prefetch]), func(b *testing.B) {
+			b.ReportAllocs()
+			var engine time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				hb := newHitBench(b, omnicache.Config{DisablePrefetch: !prefetch}, false)
+				runtime.GC() // the caches of the ops before are garbage
+				b.StartTimer()
+				engine += hb.step(b, true, sleep)
+				b.StopTimer()
+				hb.check(b)
+				must(b, hb.c.Close())
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(engine.Nanoseconds())/float64(b.N), "engine-ns/op")
+		})
+	}
 	run := func(b *testing.B, cfg omnicache.Config, hit bool) {
-		hb := newHitBench(b, cfg)
-		sleep := func() { time.Sleep(forward) }
+		hb := newHitBench(b, cfg, true)
 		b.ReportAllocs()
 		// The caches of the sub-benchmarks run before are garbage (GiBs of
 		// buffers): collect them now, not during the timed steps.
@@ -188,7 +223,7 @@ func BenchmarkHitStep(b *testing.B) {
 		b.ReportMetric(float64(engine.Nanoseconds())/float64(b.N), "engine-ns/op")
 	}
 	for _, prefetch := range []bool{true, false} {
-		b.Run(fmt.Sprintf("hit=%dx%d/row=%d/prefetch=%s", hbReqs, hbHit, hbRow, map[bool]string{true: "on", false: "off"}[prefetch]), func(b *testing.B) {
+		b.Run(fmt.Sprintf("hit=%dx%d/row=%d/prefetch=%s", hbReqs, hbHit, hbRow, onOff[prefetch]), func(b *testing.B) {
 			run(b, omnicache.Config{DisablePrefetch: !prefetch}, true)
 		})
 	}

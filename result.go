@@ -153,10 +153,7 @@ func (r *Result) add(id int64, prefix, tokens, from int32) {
 // size makes every key buffer hold the rows added so far: the caller's
 // (Into) when it has room, else r's own, grown when short.
 func (r *Result) size() {
-	total := 0
-	if n := len(r.off); n > 0 {
-		total = int(r.off[n-1] + r.tokens[n-1])
-	}
+	total := r.rows()
 	for k, rb := range r.rowBytes {
 		need := total * rb
 		if k < len(r.into) && cap(r.into[k]) >= need {
@@ -170,11 +167,33 @@ func (r *Result) size() {
 	}
 }
 
+// rows is the number of rows of the requests added.
+func (r *Result) rows() int {
+	if n := len(r.off); n > 0 {
+		return int(r.off[n-1] + r.tokens[n-1])
+	}
+	return 0
+}
+
+// fits reports whether r's buffers hold the rows of the requests added
+// already: size would allocate nothing.
+func (r *Result) fits() bool {
+	total := r.rows()
+	for k, rb := range r.rowBytes {
+		need := total * rb
+		if !(k < len(r.into) && cap(r.into[k]) >= need) && cap(r.own[k]) < need {
+			return false
+		}
+	}
+	return true
+}
+
 // dest is the read path's view of a Result (reader.Dest).
 type dest struct{ r *Result }
 
 func (d dest) Rows(qi, k int) []byte          { return d.r.Rows(qi, k) }
 func (d dest) Size()                          { d.r.size() }
 func (d dest) Adopts() bool                   { return d.r.adopts() }
+func (d dest) Fits() bool                     { return d.r.fits() }
 func (d dest) Adopt(k int, buf []byte) []byte { return d.r.adopt(k, buf) }
 func (d dest) Fail(qi int, err error)         { d.r.fail(qi, err) }

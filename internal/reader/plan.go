@@ -65,6 +65,7 @@ func (r *Reader) Freed(stash []*Step) []*Step {
 func New(p *writer.Path, opt Options) *Reader {
 	r := &Reader{p: p, lay: p.Layout(), st: p.Counters(), opt: opt, wait: DefaultAheadWait}
 	r.pool.max = opt.Budget
+	r.pool.workers = p.Committer().Workers().N()
 	return r
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/hostmem"
 	"github.com/omnicache/omnicache/internal/spin"
 	"github.com/omnicache/omnicache/internal/writer"
 )
@@ -36,6 +37,20 @@ import (
 // is not prefetched: its hits are read at Materialize, on the caller's
 // goroutine, and fail with ErrReassigned (naming the budget) if a newer
 // write claimed their blocks first.
+//
+// Cold buffers. The committer takes a read's buffers before it claims the
+// read (pfAlloc meanwhile): idle ones from the pool, or, when the pool
+// holds none of the size (a cache's first hits, a step larger than any
+// before), new ones (bufPool.fresh), hundreds of MiB to fault in. A
+// consumer that comes meanwhile reads the rows itself, as it reads a read
+// not started (readAhead: the committer is held at the read, so the rows
+// are still the planned ones), when its destination holds them already or
+// it asks for some requests only (its destination is sized then); the new
+// buffers go to the pool for the next hit. A consumer whose destination
+// would have to allocate as much waits and adopts the committer's buffers
+// instead: the allocation is done once, during the forward. So the first
+// prefetched hit costs the consumer no more than the same read without
+// prefetch (BenchmarkHitStep/first).
 
 // Options configure a Reader.
 type Options struct {
@@ -71,10 +86,16 @@ type bufPool struct {
 	free  [][]byte
 	bytes int64
 	max   int64
+	// workers split the faulting-in of a new buffer (the copy workers).
+	workers int
 }
 
+// testHookFresh runs (tests only) on the committer before it allocates a
+// new prefetch buffer of n bytes.
+var testHookFresh func(n int)
+
 // get returns a buffer of n bytes (contents undefined): the smallest idle
-// one that holds n, else a new one.
+// one that holds n, else a new one (fresh).
 func (b *bufPool) get(n int) []byte {
 	b.mu.Lock()
 	best := -1
@@ -94,7 +115,27 @@ func (b *bufPool) get(n int) []byte {
 		return f[:n]
 	}
 	b.mu.Unlock()
-	return make([]byte, n)
+	return b.fresh(n)
+}
+
+// fresh allocates a buffer of n bytes and, from hostmem.Threshold on,
+// faults its pages in at once, split over the workers
+// (hostmem.PopulateParallel), before the read writes into it: written into
+// untouched memory, the read would take a page fault per 4 KiB page, most
+// of a second for 384 MiB on a VM, where the kernel faults the same pages
+// in bulk in tens of ms (mirror's BenchmarkFirstTouch shows the per-page
+// cost). Memory the runtime hands back for reuse is cleared by make, which
+// faults it in page by page all the same: see "Cold buffers" above for
+// why the consumer does not wait for it.
+func (b *bufPool) fresh(n int) []byte {
+	if testHookFresh != nil {
+		testHookFresh(n)
+	}
+	buf := make([]byte, n)
+	if n >= hostmem.Threshold {
+		hostmem.PopulateParallel(buf, b.workers)
+	}
+	return buf
 }
 
 // put keeps f for reuse if it fits under max (else the GC takes it).
@@ -157,7 +198,8 @@ func (r *Reader) Charge(s *Step, hits []Hit) bool {
 
 // queue hands s's read (its buffers charged by Charge) to the committer.
 // Engine goroutine (Plan). The buffers are taken by the read itself: a
-// new one is hundreds of MiB to zero, no work for the engine goroutine.
+// new one is hundreds of MiB to fault in, no work for the engine goroutine
+// (see "Cold buffers").
 func (r *Reader) queue(s *Step) {
 	s.pfErr = grow(s.pfErr, len(s.IDs))
 	clear(s.pfErr)
@@ -191,13 +233,20 @@ func (s *Step) WaitSeq() uint64 {
 // order (writer.InOrder).
 func (s *Step) RunInOrder(failed bool) {
 	r := s.rd
-	// Claim the read unless the consumer took it. Each decision rests on
-	// the state just loaded: pfCancelled and pfTaken are final, and a read
-	// the consumer hands back returns to pfQueued, so a failed claim looks
-	// again rather than take the state it saw before for the one now.
+	// Take the buffers first, the read still open to the consumer (see
+	// "Cold buffers"), then claim it unless the consumer took it. Each
+	// decision rests on the state just loaded: pfCancelled and pfTaken are
+	// final, and a read the consumer hands back returns to pfQueued, so a
+	// failed claim looks again rather than take the state it saw before for
+	// the one now. Buffers taken for a read the consumer served go back to
+	// the pool with the step's release.
 	claimed := false
+	if !failed && s.pfState.CompareAndSwap(pfQueued, pfAlloc) {
+		r.takeBuffers(s)
+		claimed = s.pfState.CompareAndSwap(pfAlloc, pfStarted)
+	}
 claim:
-	for {
+	for !claimed {
 		switch s.pfState.Load() {
 		case pfQueued:
 			if claimed = s.pfState.CompareAndSwap(pfQueued, pfStarted); claimed {
@@ -221,12 +270,8 @@ claim:
 		if failed {
 			s.pfFailed = true
 		} else {
-			rows := 0
-			if n := len(s.IDs); n > 0 {
-				rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
-			}
-			for _, rb := range r.lay.RowBytes {
-				s.pf = append(s.pf, r.pool.get(rows*rb))
+			if len(s.pf) == 0 { // claimed after a hand-back
+				r.takeBuffers(s)
 			}
 			r.readInOrder(s)
 		}
@@ -235,6 +280,18 @@ claim:
 	// out before the step is consumed.
 	r.p.Unpin(&s.planPins)
 	r.Release(s)
+}
+
+// takeBuffers gives s its read's buffers, one per key, laid out as the
+// step's Result (pfOff). The committer.
+func (r *Reader) takeBuffers(s *Step) {
+	rows := 0
+	if n := len(s.IDs); n > 0 {
+		rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
+	}
+	for _, rb := range r.lay.RowBytes {
+		s.pf = append(s.pf, r.pool.get(rows*rb))
+	}
 }
 
 // readInOrder reads every hit prefix of s into its buffers. Nothing can
@@ -318,7 +375,7 @@ func (r *Reader) Cancel(s *Step) {
 func (r *Reader) CancelKept(s *Step) bool {
 	if s.pfSeq != 0 {
 		r.st.PrefetchDropped.Add(1)
-		if s.pfState.CompareAndSwap(pfQueued, pfCancelled) {
+		if s.pfState.CompareAndSwap(pfQueued, pfCancelled) || s.pfState.CompareAndSwap(pfAlloc, pfCancelled) {
 			r.uncharge(s)
 		}
 	}

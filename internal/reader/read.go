@@ -15,15 +15,17 @@ import (
 // Materialize of a whole prefetched step leaves them to Adopt when Adopts).
 // Adopts reports whether the destination takes buffers of the read path:
 // one writing into its caller's memory does not, and a prefetched step's
-// hit rows are copied into the buffers Size made. Adopt makes buf (laid
-// out as the whole step's rows, every request in batch order) key k's
-// buffer and returns the one it replaces. Fail records that request qi's
-// rows cannot be served (its rows read as zeros); the other requests are
-// served.
+// hit rows are copied into the buffers Size made. Fits reports whether the
+// buffers Size needs are there already (it would allocate nothing). Adopt
+// makes buf (laid out as the whole step's rows, every request in batch
+// order) key k's buffer and returns the one it replaces. Fail records that
+// request qi's rows cannot be served (its rows read as zeros); the other
+// requests are served.
 type Dest interface {
 	Rows(qi, k int) []byte
 	Size()
 	Adopts() bool
+	Fits() bool
 	Adopt(k int, buf []byte) []byte
 	Fail(qi int, err error)
 }
@@ -36,7 +38,7 @@ type Dest interface {
 // are read; an error returned fails the whole call (a write failure).
 func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 	if s.Prefetched() {
-		if r.readsSelf(s) {
+		if r.readsSelf(s, all, dst) {
 			if done, err := r.readAhead(s, all, nq, dst); done {
 				return err
 			}
@@ -50,17 +52,22 @@ func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 // readsSelf decides who reads a prefetched step's hits, its read not
 // started yet: the consumer when the committer sleeps (rather than wake
 // it and wait), or when the committer, working, does not start the read
-// within the ahead wait (a backlog holds it up); else the committer, which
-// the consumer then waits for (see prefetch.go).
-func (r *Reader) readsSelf(s *Step) bool {
-	if s.pfState.Load() != pfQueued {
-		return false // read, or being read, by the committer
+// within the ahead wait (a backlog holds it up); while the committer takes
+// new buffers for it, the consumer when dst needs none (see "Cold buffers"
+// in prefetch.go); else the committer, which the consumer then waits for.
+func (r *Reader) readsSelf(s *Step, all bool, dst Dest) bool {
+	st := s.pfState.Load()
+	if st == pfQueued && !r.p.Queue().Asleep() {
+		spin.Until(r.wait, func() bool { return s.pfState.Load() != pfQueued }) // no spin on one P
+		st = s.pfState.Load()
 	}
-	if r.p.Queue().Asleep() {
+	switch st {
+	case pfQueued:
 		return true
+	case pfAlloc:
+		return !all || dst.Fits()
 	}
-	spin.Until(r.wait, func() bool { return s.pfState.Load() != pfQueued }) // no spin on one P
-	return s.pfState.Load() == pfQueued
+	return false // read, or being read, by the committer
 }
 
 // readAhead serves a prefetched step whose read the committer has not
@@ -77,12 +84,12 @@ func (r *Reader) readsSelf(s *Step) bool {
 // docs/design.md). done reports that dst was served (or err failed the
 // call).
 func (r *Reader) readAhead(s *Step, all bool, nq int, dst Dest) (done bool, err error) {
-	if s.pfState.Load() != pfQueued {
+	if st := s.pfState.Load(); st != pfQueued && st != pfAlloc {
 		return false, nil // read, or being read, by the committer
 	}
 	s.engMu.Lock()
 	defer s.engMu.Unlock()
-	if !s.pfState.CompareAndSwap(pfQueued, pfEngine) {
+	if !s.pfState.CompareAndSwap(pfQueued, pfEngine) && !s.pfState.CompareAndSwap(pfAlloc, pfEngine) {
 		return false, nil
 	}
 	if testHookReadingAhead != nil {

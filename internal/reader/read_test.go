@@ -57,6 +57,9 @@ type world struct {
 	nextID uint64
 	blocks map[int64][]int32 // per request: its blocks, in position order
 	into   bool              // read into destinations that take no buffers (Dest.Adopts false)
+	// sized: read sizes the destination of a whole prefetched step too
+	// (a Result that held as many rows before).
+	sized bool
 }
 
 func newWorld(t *testing.T, opt Options) *world {
@@ -154,6 +157,18 @@ func (d *dest) Size() {
 }
 
 func (d *dest) Adopts() bool { return !d.into }
+func (d *dest) Fits() bool {
+	rows := 0
+	if n := len(d.off); n > 0 {
+		rows = d.off[n-1] + d.n[n-1]
+	}
+	for k := range d.keys {
+		if cap(d.keys[k]) < rows*testKeys[k].RowBytes {
+			return false
+		}
+	}
+	return true
+}
 
 func (d *dest) Adopt(k int, buf []byte) []byte {
 	if d.into {
@@ -187,7 +202,7 @@ func (w *world) read(s *Step, asked ...int) (*dest, error) {
 	}
 	d := newDest(s, asked)
 	d.into = w.into
-	if !all || !s.Prefetched() || d.into {
+	if !all || !s.Prefetched() || d.into || w.sized {
 		d.Size() // else the read adopts the prefetched buffers
 	}
 	done := make(chan error, 1)

@@ -108,11 +108,12 @@ type Step struct {
 	pfErr    []error  // per request: its prefix could not be served
 	pfFailed bool     // the committer skipped the read: the path had failed
 	noBudget bool     // planned without read-ahead: the budget was exhausted
-	// pfState: pfQueued until the committer starts the read (pfStarted)
-	// or the consumer gives it up first (pfCancelled: Discard, Abort, a
-	// failed Save; the read is skipped), or reads the rows itself
-	// (pfEngine while it does, holding engMu; then pfTaken, or pfQueued
-	// again when it handed the read back): see Reader.readAhead.
+	// pfState: pfQueued until the committer takes the read's buffers
+	// (pfAlloc) and starts the read (pfStarted), or the consumer gives it
+	// up first (pfCancelled: Discard, Abort, a failed Save; the read is
+	// skipped), or reads the rows itself (pfEngine while it does, holding
+	// engMu; then pfTaken, or pfQueued again when it handed the read
+	// back): see Reader.readAhead and "Cold buffers" in prefetch.go.
 	pfState atomic.Int32
 	engMu   sync.Mutex
 	// pfCharge is the read-ahead charge still held: the bytes Charge
@@ -129,6 +130,7 @@ const (
 	pfCancelled
 	pfEngine
 	pfTaken
+	pfAlloc
 )
 
 // plan entry kinds for deferred hit rows.

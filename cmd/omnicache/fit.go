@@ -62,5 +62,8 @@ func readTable(path string) ([]replay.Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	if len(ws) == 0 {
+		return nil, fmt.Errorf("--table %s: no workloads (a line a workload: docs/replay.md)", path)
+	}
 	return ws, nil
 }

@@ -249,6 +249,12 @@ func TestReplayTraceRecordChecks(t *testing.T) {
 		// Within the model length but not the KV pool.
 		pool := writeTrace(t, goodRecord, `{"timestamp": 1, "input_length": 5000, "output_length": 4, "hash_ids": [1]}`)
 		oneLine(t, 2, []string{"--trace", pool, "--json-parser", parser, "--kv-blocks", "64"}, "record 2", "KV pool")
+		// A record that names fewer 512-token blocks than its prompt has,
+		// or arrives before time 0, with its line.
+		few := writeTrace(t, goodRecord, `{"timestamp": 1, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2]}`)
+		oneLine(t, 2, []string{"--trace", few, "--json-parser", parser}, "record 2 (line 2)", "2 hash_ids for input_length 1100: want 3")
+		neg := writeTrace(t, goodRecord, goodRecord, `{"timestamp": -1, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}`)
+		oneLine(t, 2, []string{"--trace", neg, "--json-parser", parser}, "record 3 (line 3)", "timestamp -1")
 		bad := writeTrace(t, goodRecord, goodRecord, goodRecord, `{"timestamp": 3, "input_length": 8, "output_`, goodRecord)
 		oneLine(t, 2, []string{"--trace", bad, "--json-parser", parser}, "record 4", "line 4")
 	}

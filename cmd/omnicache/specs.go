@@ -92,7 +92,7 @@ func buildSpecs(f *replayFlags) ([]replay.Spec, error) {
 		specs = append(specs, w.Scaled(scale).Spec(f.seed))
 	}
 	if len(specs) == 0 {
-		return nil, fmt.Errorf("no workload matches %q", f.workloads)
+		return nil, fmt.Errorf("--workloads %q matches no workload of the table", f.workloads)
 	}
 	if f.scaleSet && !scaled {
 		return nil, fmt.Errorf("--scale and --full scale the reference table's workloads; the field's workloads selected are generated at their own sizes")
@@ -139,16 +139,23 @@ func loadAverage() string {
 }
 
 // parseFlags parses a command's flags: ok is false when the command must
-// exit with code (0 after -h, 2 for a bad flag or an argument).
+// exit with code (0 after -h, which prints fs.Usage; 2 for a bad flag or an
+// argument, which print one line and where the flags are described, not
+// the whole usage).
 func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, false
-		}
-		return 2, false
+	usage := fs.Usage
+	fs.Usage = func() {} // the flag package prints the error line itself
+	err := fs.Parse(args)
+	fs.Usage = usage
+	if errors.Is(err, flag.ErrHelp) {
+		usage()
+		return 0, false
 	}
-	if fs.NArg() > 0 {
+	if err == nil && fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", fs.Name(), fs.Args())
+	}
+	if err != nil || fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "run 'omnicache %s -h' for its flags\n", fs.Name())
 		return 2, false
 	}
 	return 0, true

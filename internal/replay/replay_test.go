@@ -442,11 +442,13 @@ func TestVerifyRealCacheModes(t *testing.T) {
 	}
 }
 
-// TestCheckTrace: records out of the model length or the KV pool are errors
-// naming the record, checked before anything is sized from them.
+// TestCheckTrace: records out of the model length or the KV pool, with a
+// negative timestamp or fewer hash ids than their prompt's blocks, are
+// errors naming the record (and its line, read from a file), checked before
+// anything is sized from them.
 func TestCheckTrace(t *testing.T) {
 	lim := TraceLimits{MaxModelLen: 1000, KVBlocks: 32, BlockSize: 16} // pool: 512 tokens
-	ok := TraceRecord{InputLength: 100, OutputLength: 10}
+	ok := TraceRecord{InputLength: 100, OutputLength: 10, HashIDs: []int64{1}}
 	for _, c := range []struct {
 		rec  TraceRecord
 		want string
@@ -459,6 +461,8 @@ func TestCheckTrace(t *testing.T) {
 		{TraceRecord{InputLength: 600, OutputLength: 10}, "KV pool"},
 		{TraceRecord{InputLength: 0, OutputLength: 10}, "> 0"},
 		{TraceRecord{InputLength: 10, OutputLength: -1}, "> 0"},
+		{TraceRecord{InputLength: 10, OutputLength: 1, HashIDs: []int64{1}, Timestamp: -1}, "timestamp -1"},
+		{TraceRecord{InputLength: 500, OutputLength: 1}, "0 hash_ids for input_length 500: want 1"},
 	} {
 		recs := []TraceRecord{ok, ok, c.rec}
 		err := CheckTrace(recs, lim)
@@ -469,8 +473,16 @@ func TestCheckTrace(t *testing.T) {
 			t.Errorf("TraceSpec accepted %+v: %v", c.rec, err)
 		}
 	}
-	if err := CheckTrace([]TraceRecord{ok, {InputLength: 500, OutputLength: 12}}, lim); err != nil {
+	if err := CheckTrace([]TraceRecord{ok, {InputLength: 500, OutputLength: 12, HashIDs: []int64{1}}}, lim); err != nil {
 		t.Fatalf("a record of exactly the pool: %v", err)
+	}
+	recs, err := ParseTrace([]byte(`{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}`+"\n\n"+
+		`{"timestamp": -3, "input_length": 10, "output_length": 2, "hash_ids": [1]}`+"\n"), ParserAuto, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckTrace(recs, lim); err == nil || !strings.Contains(err.Error(), "record 2 (line 3): timestamp -3") {
+		t.Fatalf("negative timestamp in a file: %v", err)
 	}
 }
 

@@ -60,8 +60,9 @@ const TraceBlockTokens = 512
 
 // TraceToken is the synthesized token at position p of a trace request:
 // a function of (hash_ids[p/512], p%512) only, so equal hash ids give equal
-// tokens. Positions past the hash ids (a trace that names fewer blocks than
-// its input length) take tokens unique to the request.
+// tokens. Positions past the hash ids (records made in code: CheckTrace
+// refuses a trace that names fewer blocks than its prompt has) take tokens
+// unique to the request.
 func TraceToken(hashIDs []int64, req int, p int) int32 {
 	var x uint64
 	if b := p / TraceBlockTokens; b < len(hashIDs) {

@@ -14,12 +14,16 @@ import (
 	"github.com/omnicache/omnicache/internal/replay/sim"
 )
 
-// TraceRecord is one request of a Mooncake-style JSONL trace.
+// TraceRecord is one request of a Mooncake-style JSONL trace: its arrival
+// (ms, not replayed: requests are admitted in file order), its prompt and
+// output lengths and one hash id per TraceBlockTokens of its prompt.
 type TraceRecord struct {
 	Timestamp    int64   `json:"timestamp"`
 	InputLength  int     `json:"input_length"`
 	OutputLength int     `json:"output_length"`
 	HashIDs      []int64 `json:"hash_ids"`
+	// Line is the record's line in the file (from 1), for errors.
+	Line int `json:"-"`
 }
 
 // Trace parsers for ParseTrace.
@@ -85,11 +89,20 @@ func ParseTrace(data []byte, parser string, limit int) ([]TraceRecord, error) {
 	}
 	for i, r := range recs {
 		if r.InputLength <= 0 || r.OutputLength <= 0 {
-			return nil, fmt.Errorf("%w: record %d: input_length %d, output_length %d: both must be > 0",
-				ErrTraceRecord, i+1, r.InputLength, r.OutputLength)
+			return nil, fmt.Errorf("%w: %s: input_length %d, output_length %d: both must be > 0",
+				ErrTraceRecord, recordAt(i, r), r.InputLength, r.OutputLength)
 		}
 	}
 	return recs, nil
+}
+
+// recordAt names record i (from 0) for an error: its number and, read
+// from a file, its line.
+func recordAt(i int, r TraceRecord) string {
+	if r.Line == 0 {
+		return fmt.Sprintf("record %d", i+1)
+	}
+	return fmt.Sprintf("record %d (line %d)", i+1, r.Line)
 }
 
 // firstLines cuts data after its n-th non-empty line.
@@ -119,6 +132,7 @@ func parseStd(data []byte) ([]TraceRecord, error) {
 		} else if err != nil {
 			return nil, fmt.Errorf("record %d (line %d): %w", len(recs)+1, lineAt(data, start), err)
 		}
+		r.Line = lineAt(data, start)
 		recs = append(recs, r)
 	}
 }
@@ -150,9 +164,23 @@ func parseSIMD(data []byte) ([]TraceRecord, error) {
 	var el simdjson.Element
 	var arr simdjson.Array
 	var scratch []int64
+	line, off := 0, 0 // the line of the record: ParseND takes one a line
 	err = pj.ForEach(func(it simdjson.Iter) error {
 		var r TraceRecord
 		n := len(recs) + 1
+		for {
+			line++
+			end := bytes.IndexByte(data[off:], '\n')
+			if end < 0 {
+				end = len(data) - off
+			}
+			blank := len(bytes.TrimSpace(data[off:off+end])) == 0
+			off = min(off+end+1, len(data))
+			if !blank || off == len(data) {
+				break
+			}
+		}
+		r.Line = line
 		geti := func(name string) (int64, error) {
 			e, err := it.FindElement(&el, name)
 			if err != nil {
@@ -225,7 +253,9 @@ type TraceLimits struct {
 var ErrTraceRecord = errors.New("bench: trace record out of range")
 
 // CheckTrace checks every record against the limits before anything is sized
-// from it; the error names the first record out of range.
+// from it, and its arrival time (not negative) and hash ids (one per
+// TraceBlockTokens of its prompt); the error names the first record out of
+// range.
 func CheckTrace(recs []TraceRecord, lim TraceLimits) error {
 	if lim.MaxModelLen <= 0 || lim.KVBlocks <= 0 || lim.BlockSize <= 0 {
 		return fmt.Errorf("bench: trace limits %+v: every limit must be > 0", lim)
@@ -233,18 +263,25 @@ func CheckTrace(recs []TraceRecord, lim TraceLimits) error {
 	pool := int64(lim.KVBlocks) * int64(lim.BlockSize)
 	for i, r := range recs {
 		if r.InputLength <= 0 || r.OutputLength <= 0 {
-			return fmt.Errorf("%w: record %d: input_length %d, output_length %d: both must be > 0",
-				ErrTraceRecord, i+1, r.InputLength, r.OutputLength)
+			return fmt.Errorf("%w: %s: input_length %d, output_length %d: both must be > 0",
+				ErrTraceRecord, recordAt(i, r), r.InputLength, r.OutputLength)
 		}
 		// Each length alone first: their sum could wrap past the check.
 		total := int64(r.InputLength) + int64(r.OutputLength)
 		if r.InputLength > lim.MaxModelLen || r.OutputLength > lim.MaxModelLen || total > int64(lim.MaxModelLen) {
-			return fmt.Errorf("%w: record %d: input_length %d + output_length %d = %d tokens, more than the model length %d",
-				ErrTraceRecord, i+1, r.InputLength, r.OutputLength, total, lim.MaxModelLen)
+			return fmt.Errorf("%w: %s: input_length %d + output_length %d = %d tokens, more than the model length %d",
+				ErrTraceRecord, recordAt(i, r), r.InputLength, r.OutputLength, total, lim.MaxModelLen)
 		}
 		if total > pool {
-			return fmt.Errorf("%w: record %d: %d tokens, more than the KV pool (%d blocks of %d tokens)",
-				ErrTraceRecord, i+1, total, lim.KVBlocks, lim.BlockSize)
+			return fmt.Errorf("%w: %s: %d tokens, more than the KV pool (%d blocks of %d tokens)",
+				ErrTraceRecord, recordAt(i, r), total, lim.KVBlocks, lim.BlockSize)
+		}
+		if r.Timestamp < 0 {
+			return fmt.Errorf("%w: %s: timestamp %d: must be >= 0 (ms)", ErrTraceRecord, recordAt(i, r), r.Timestamp)
+		}
+		if need := (r.InputLength + TraceBlockTokens - 1) / TraceBlockTokens; len(r.HashIDs) < need {
+			return fmt.Errorf("%w: %s: %d hash_ids for input_length %d: want %d, one per %d prompt tokens",
+				ErrTraceRecord, recordAt(i, r), len(r.HashIDs), r.InputLength, need, TraceBlockTokens)
 		}
 	}
 	return nil

@@ -130,7 +130,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.owned, "owned", true, "hand the cache fresh Owned output buffers (false: reuse one engine buffer, not owned)")
 	fs.IntVar(&f.maxBatched, "max-batched-tokens", replay.DefaultMaxBatchedTokens, "engine token budget per step (also the staging page capacity)")
 	fs.IntVar(&f.blockSize, "block-size", replay.DefaultBlockSize, "KV block size in tokens")
-	fs.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV pool size in blocks (0: auto for the table, 65536 for a trace)")
+	fs.IntVar(&f.kvBlocks, "kv-blocks", 0, "KV pool size in blocks (0: auto for the table, 65536 for a trace); with --replicas the pool of all replicas, split evenly (0 for the table: each replica a whole engine)")
 	fs.Int64Var(&f.mirrorMiB, "mirror-budget-mib", 0, "cap of the automatic KV pool, as mirror MiB (0: 1024)")
 	fs.IntVar(&f.stagingDepth, "staging-depth", 0, "cache staging pages (0: the cache's default)")
 	fs.StringVar(&f.holdWait, "hold-wait", "spin", "how the engine goroutine waits out a held forward: spin (as an engine thread synchronizing with its device does under CUDA's default scheduling, cudaDeviceScheduleAuto, with fewer contexts than CPUs: it keeps its core and its caches) or sleep (then spin the last 100µs; as under cudaDeviceScheduleBlockingSync)")

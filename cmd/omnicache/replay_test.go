@@ -212,13 +212,19 @@ func TestReplayBadFlags(t *testing.T) {
 	} {
 		oneLine(t, 2, c.args, c.flag)
 	}
-	for _, args := range [][]string{
-		{"--workloads", "nothing-matches"},
-		{"--trace", trace, "--widths", "hidden"},
-		{"extra"},
-	} {
-		if code, _, _ := run(t, args...); code != 2 {
-			t.Errorf("%q: exit %d, want 2", args, code)
+	empty := filepath.Join(t.TempDir(), "empty.txt")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	oneLine(t, 2, []string{"--table", empty}, "--table "+empty+": no workloads")
+	oneLine(t, 2, []string{"--workloads", "nothing-matches"}, `--workloads "nothing-matches" matches no workload`)
+	oneLine(t, 2, []string{"--trace", trace, "--widths", "hidden"}, "--widths")
+	// A flag the flag package refuses, or an argument: its line and where
+	// the flags are described, not the whole usage.
+	for _, args := range [][]string{{"--bogus"}, {"--repeat", "x"}, {"extra"}} {
+		code, out, errs := run(t, args...)
+		if code != 2 || out != "" || strings.Count(errs, "\n") != 2 || !strings.HasSuffix(errs, "run 'omnicache replay -h' for its flags\n") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errs)
 		}
 	}
 	if code, _, errs := run(t, "-h"); code != 0 || !strings.Contains(errs, "-verify") || !strings.Contains(errs, "-check") {

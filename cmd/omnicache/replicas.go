@@ -88,9 +88,48 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	return nil
 }
 
+// checkReplicas refuses, before anything runs, what would fail a run of
+// specs on f.replicas engines part way: a workload whose KV pool split over
+// the replicas leaves one less than a request, and a tier spec that opens
+// no store (an unknown scheme, no address, a server that cannot be
+// reached or does not speak the Redis protocol).
+func checkReplicas(f *replayFlags, specs []replay.Spec) error {
+	o := replay.Options{BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: replicasKVBlocks(f)}
+	for _, s := range specs {
+		if _, err := replay.ReplicaKVBlocks(s, o, f.replicas); err != nil {
+			return err
+		}
+	}
+	if f.tier == "embedded" || f.tier == "off" {
+		return nil
+	}
+	b, err := tier.Open(f.tier, tier.RedisOptions{})
+	if err != nil {
+		hint := ""
+		if strings.Contains(err.Error(), "unknown message type") {
+			hint = " (the server there does not speak the Redis protocol: is it a Redis server's address?)"
+		}
+		return fmt.Errorf("--tier %s: %s%s", tier.Redact(f.tier), tier.Redact(err.Error()), hint)
+	}
+	return b.Close()
+}
+
+// replicasKVBlocks is the KV pool of all replicas (ReplicaOptions.KVBlocks):
+// --kv-blocks, or a trace's default pool, split over the replicas; 0 for the
+// table's workloads without --kv-blocks: each replica is a whole engine.
+func replicasKVBlocks(f *replayFlags) int {
+	if f.kvBlocks == 0 && f.trace != "" {
+		return defaultTraceKVBlocks
+	}
+	return f.kvBlocks
+}
+
 // runReplicas replays every spec on f.replicas engines and prints the
 // per-replica and total table (JSON Lines to --json).
 func runReplicas(f *replayFlags, specs []replay.Spec, stdout, stderr io.Writer) (int, error) {
+	if err := checkReplicas(f, specs); err != nil {
+		return 2, err
+	}
 	var js *json.Encoder
 	if f.jsonOut != "" {
 		jf, err := os.Create(f.jsonOut)
@@ -101,7 +140,7 @@ func runReplicas(f *replayFlags, specs []replay.Spec, stdout, stderr io.Writer) 
 		js = json.NewEncoder(jf)
 	}
 	o := replay.ReplicaOptions{Replicas: f.replicas, Tier: f.tier, TierBytes: int64(f.tierMiB) << 20, TierRecent: f.tierRecent, PacePark: f.pacePark, Route: f.route, Verify: f.verify,
-		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: f.kvBlocks, SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish,
+		BlockSize: f.blockSize, MaxBatchedTokens: f.maxBatched, KVBlocks: replicasKVBlocks(f), SharedKVBlocks: f.sharedKV, WaitPublish: f.waitPublish,
 		TierPolicy: tier.Policy(f.tierPolicy), AdmitAfter: f.tierAdmit}
 	var ms *metricsServer
 	if f.metricsAddr != "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +85,56 @@ func TestReplayReplicasBadFlags(t *testing.T) {
 		if code, _, errs := run(t, args...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", args, code, errs)
 		}
+	}
+}
+
+// TestReplayReplicasOnDefaults: each replica is a whole engine, so the
+// reference workload whose automatic pool, split over two replicas, was
+// below its one request (P4096_h0_c1) runs, as does a field workload with
+// a pool of its own (preempt_resume); a --kv-blocks too small to split is
+// refused before anything runs, saying what would fit.
+func TestReplayReplicasOnDefaults(t *testing.T) {
+	code, out, errs := run(t, "--replicas", "2", "--workloads", "Qwen3-Omni/P4096_h0_c1$|field/preempt_resume", "--scale", "0.01")
+	if code != 0 || !strings.Contains(out, "Qwen3-Omni/P4096_h0_c1") || !strings.Contains(out, "field/preempt_resume") {
+		t.Fatalf("exit %d:\n%s%s", code, out, errs)
+	}
+	oneLine(t, 2, []string{"--replicas", "2", "--kv-blocks", "300", "--workloads", "Qwen3-Omni/P4096_h0_c1$"},
+		"300 KV blocks over 2 replicas leave 150 each", "give at least 514 blocks")
+}
+
+// TestReplayReplicasTierChecked: a tier spec that opens no store is
+// refused before anything runs, with one line: an unknown scheme, no
+// address, nothing listening, a server that does not speak Redis.
+func TestReplayReplicasTierChecked(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	http, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer http.Close()
+	go func() {
+		for {
+			c, err := http.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	for _, c := range []struct{ spec, want string }{
+		{"foo://x", `unknown scheme "foo"`},
+		{"redis-cluster://", `address ""`},
+		{"redis://" + closedAddr, "connection refused"},
+		{"redis://" + http.Addr().String(), "does not speak the Redis protocol"},
+	} {
+		oneLine(t, 2, []string{"--replicas", "2", "--tier", c.spec, "--workloads", "Qwen3-Omni/DEC100_c32$", "--scale", "0.01"},
+			"--tier", c.want)
 	}
 }
 

@@ -4,6 +4,7 @@
 package replay
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -52,12 +53,12 @@ type ReplicaOptions struct {
 	Verify bool
 	// BlockSize and MaxBatchedTokens as Options.
 	BlockSize, MaxBatchedTokens int
-	// KVBlocks is the KV pool over all replicas, split evenly (0: the
-	// automatic pool of one engine serving the spec: AutoKVBlocks). Each
-	// replica runs ceil(Concurrency/Replicas) requests at once.
+	// KVBlocks is the KV pool over all replicas, split evenly (0: each
+	// replica is a whole engine: ReplicaKVBlocks). Each replica runs
+	// ceil(Concurrency/Replicas) requests at once.
 	KVBlocks int
 	// SharedKVBlocks bounds the simulated shared KV store (blocks, least
-	// recently stored or loaded out first; 0: 4 × KVBlocks).
+	// recently stored or loaded out first; 0: 4 × the replicas' pools).
 	SharedKVBlocks int
 	// ImportTimeout is TierConfig.ImportTimeout (0: its default).
 	ImportTimeout time.Duration
@@ -206,6 +207,35 @@ type ReplicasReport struct {
 	TierEvicted     int64  `json:"tier_evicted,omitempty"`
 }
 
+// ErrReplicaPool reports a KV pool that, split over the replicas, leaves a
+// replica less than one request of the workload.
+var ErrReplicaPool = errors.New("bench: KV pool too small for the replicas")
+
+// ReplicaKVBlocks is each replica's KV pool in blocks. The caller's pool
+// (o.KVBlocks, --kv-blocks) is the pool of all replicas, split evenly, and
+// refused (ErrReplicaPool, saying what would fit) when a share cannot hold
+// the spec's longest request. Otherwise each replica is a whole engine
+// serving its share of the concurrency, with the pool one such engine gets
+// (KVPool: the spec's own pool, or the automatic one with its own mirror
+// budget, never less than one request).
+func ReplicaKVBlocks(spec Spec, o Options, replicas int) (int, error) {
+	o.defaults()
+	replicas = max(replicas, 1)
+	total := o.KVBlocks
+	if total == 0 {
+		one := spec
+		one.Concurrency = (spec.Concurrency + replicas - 1) / replicas
+		return KVPool(one, o), nil
+	}
+	per := total / replicas
+	if need := (spec.MaxModelLen + o.BlockSize - 1) / o.BlockSize; per < need {
+		return 0, fmt.Errorf("%w: %s: %d KV blocks over %d replicas leave %d each, less than its longest request "+
+			"(%d tokens) needs: %d blocks of %d; give at least %d blocks (--kv-blocks) or fewer replicas",
+			ErrReplicaPool, spec.Name, total, replicas, per, spec.MaxModelLen, need, o.BlockSize, need*replicas)
+	}
+	return per, nil
+}
+
 // RunReplicas replays spec on o.Replicas engines. It returns ErrVerify
 // (wrapped) when verification found a wrong row; the report is complete.
 func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
@@ -224,8 +254,11 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 	bo := Options{BlockSize: o.BlockSize, MaxBatchedTokens: o.MaxBatchedTokens, KVBlocks: o.KVBlocks}
 	bo.defaults()
 	o.BlockSize, o.MaxBatchedTokens = bo.BlockSize, bo.MaxBatchedTokens
-	total := KVPool(spec, bo)
-	rep := &ReplicasReport{Name: spec.Name, Replicas: o.Replicas, Tier: tier.Redact(o.Tier), Route: o.Route, KVBlocks: total, Verify: o.Verify}
+	per, err := ReplicaKVBlocks(spec, bo, o.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	rep := &ReplicasReport{Name: spec.Name, Replicas: o.Replicas, Tier: tier.Redact(o.Tier), Route: o.Route, KVBlocks: per * o.Replicas, Verify: o.Verify}
 	keys := slices.Clone(spec.Keys)
 	for i := range keys {
 		if keys[i].Deferred && o.Tier != "off" {
@@ -240,7 +273,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 		return rep, err
 	}
 	rep.SingleHitRate = single.HitRate()
-	local, err := runReplicas(spec, o, total, nil, false)
+	local, err := runReplicas(spec, o, per, nil, false)
 	if err != nil {
 		return rep, err
 	}
@@ -276,7 +309,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 		defer tr.Close()
 	}
 	wall := time.Now()
-	res, err := runReplicas(spec, o, total, tr, true)
+	res, err := runReplicas(spec, o, per, tr, true)
 	rep.WallNs = time.Since(wall).Nanoseconds()
 	if emb != nil {
 		rep.TierStoredBytes, rep.TierBoundBytes, rep.TierEvicted = emb.Usage()
@@ -302,13 +335,12 @@ type replicasResult struct {
 // runReplicas runs the replicas in turn, one step each, on this goroutine
 // (each replica's calls are its engine goroutine's). withCache false runs
 // the simulators alone (no cache, no tier).
-func runReplicas(spec Spec, o ReplicaOptions, total int, tr *tier.Tier, withCache bool) (*replicasResult, error) {
+func runReplicas(spec Spec, o ReplicaOptions, per int, tr *tier.Tier, withCache bool) (*replicasResult, error) {
 	n := o.Replicas
-	per := total / n
 	conc := (spec.Concurrency + n - 1) / n
 	kvCap := o.SharedKVBlocks
 	if kvCap <= 0 {
-		kvCap = 4 * total
+		kvCap = 4 * per * n
 	}
 	kv := newSharedKV(kvCap)
 	rt := newRouter(spec.Source(), n, o.Route, o.BlockSize)

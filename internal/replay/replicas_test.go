@@ -171,3 +171,36 @@ func TestReplicasRedisNodeKilled(t *testing.T) {
 			rep.TierHitTokens, full.TierHitTokens, rep.LookupErrors, rep.RequestErrors)
 	}
 }
+
+// ReplicaKVBlocks: without a pool given each replica is a whole engine of
+// its share of the concurrency (every default workload fits: none fails
+// the way a split below one request did); a pool given is split, and a
+// share below the longest request is refused with what would fit.
+func TestReplicaKVBlocks(t *testing.T) {
+	o := Options{}
+	for _, w := range DefaultWorkloads() {
+		spec := w.Scaled(0.125).Spec(0)
+		for _, n := range []int{1, 2, 3, 8} {
+			per, err := ReplicaKVBlocks(spec, o, n)
+			if err != nil {
+				t.Fatalf("%s over %d replicas: %v", spec.Name, n, err)
+			}
+			if need := (spec.MaxModelLen + DefaultBlockSize - 1) / DefaultBlockSize; per < need {
+				t.Fatalf("%s over %d replicas: %d blocks each, below one request (%d)", spec.Name, n, per, need)
+			}
+			one := spec
+			one.Concurrency = (spec.Concurrency + n - 1) / n
+			if want := KVPool(one, o); per != want {
+				t.Fatalf("%s over %d replicas: %d blocks each, want one engine's %d", spec.Name, n, per, want)
+			}
+		}
+	}
+	spec := Spec{Name: "w", Concurrency: 4, MaxModelLen: 4104}
+	if per, err := ReplicaKVBlocks(spec, Options{KVBlocks: 1000}, 3); err != nil || per != 333 {
+		t.Fatalf("a fixed pool of 1000 over 3: %d, %v", per, err)
+	}
+	_, err := ReplicaKVBlocks(spec, Options{KVBlocks: 300}, 2)
+	if !errors.Is(err, ErrReplicaPool) || !strings.Contains(err.Error(), "leave 150 each") || !strings.Contains(err.Error(), "give at least 514 blocks") {
+		t.Fatalf("a pool below a request per replica: %v", err)
+	}
+}

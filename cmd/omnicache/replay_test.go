@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -340,8 +341,20 @@ func TestReplayCheck(t *testing.T) {
 		t.Fatalf("without --check: exit %d\n%s%s", code, out, errs)
 	}
 	code, _, errs = run(t, append(args, "--check")...)
-	if code != 1 || !strings.Contains(errs, "--check") {
+	if code != 1 || !strings.Contains(errs, "--check: 1 targets missed") {
 		t.Fatalf("--check: exit %d\n%s", code, errs)
+	}
+	// The same miss on a machine whose load is above its CPUs is not
+	// judged (load only adds the cache's time), which --check reports.
+	defer func(f func() float64) { loadAverage = f }(loadAverage)
+	loadAverage = func() float64 { return float64(runtime.NumCPU()) + 1 }
+	code, out, errs = run(t, args...)
+	if code != 0 || strings.Contains(out, "OVER TARGET") || !strings.Contains(out, "not judged: busy") || !strings.Contains(out, "machine busy: load average") {
+		t.Fatalf("busy, without --check: exit %d\n%s%s", code, out, errs)
+	}
+	code, _, errs = run(t, append(args, "--check")...)
+	if code != 1 || !strings.Contains(errs, "--check: 1 targets not judged, the machine too busy") {
+		t.Fatalf("busy, --check: exit %d\n%s", code, errs)
 	}
 	// The same workload priced by its fitted step cost is within target
 	// only if the machine is quiet: not asserted. The hit workload's gain

@@ -130,6 +130,18 @@ type Options struct {
 	// Busy is the number of cores the caller keeps busy beside the engine
 	// (replay --busy), for the report.
 	Busy int
+	// LoadAverage is the machine's 1-minute load average when the caller
+	// started (before its first run; negative: unknown), for the report
+	// and the verdict (Check).
+	LoadAverage float64
+	// ReleaseMemory returns the process's free memory to the operating
+	// system before the run (debug.FreeOSMemory), so that its RSS figures
+	// are its own (replay --real-scale). Otherwise the run reuses the
+	// memory earlier runs freed, as a running server reuses its own: the
+	// first touch of memory returned to the system faults it in again page
+	// by page, which made the hit workloads' Materialize several times
+	// slower and their figures move with the machine's load.
+	ReleaseMemory bool
 
 	// Device is the device the cache stages through (Config.Device); nil:
 	// the host device. The replay does not close it.
@@ -297,6 +309,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		Name:          spec.Name, Model: spec.Model, Cache: "off", Verify: o.Verify && o.Cache,
 		Owned: !o.NotOwned, Keys: FormatWidths(spec.Keys), Prompts: spec.Prompts,
 		Concurrency: spec.Concurrency, KVBlocks: s.KV().Len(), BlockSize: o.BlockSize, BusyCores: o.Busy,
+		CPUs: runtime.NumCPU(), LoadAverage: o.LoadAverage, Repeats: 1,
 	}
 	if o.Cache {
 		rep.MirrorReservedBytes = int64(s.KV().Len()) * int64(o.BlockSize) * int64(keyRowBytesSum(spec.Keys))
@@ -306,7 +319,9 @@ func Replay(spec Spec, o Options) (*Report, error) {
 	// Start from a clean heap: the previous run's garbage should not be
 	// collected during this one's timed calls.
 	runtime.GC()
-	debug.FreeOSMemory()
+	if o.ReleaseMemory {
+		debug.FreeOSMemory()
+	}
 	resetPeakRSS()
 	wall := time.Now()
 	if o.Cache {
@@ -329,6 +344,7 @@ func Replay(spec Spec, o Options) (*Report, error) {
 		}
 	}
 	r.finish(off)
+	rep.ProjectedChangeMin, rep.ProjectedChangeMax = rep.ProjectedChange, rep.ProjectedChange
 	r.lat.fill(rep, spec.Downstream)
 	if rep.VerifyFailures > 0 {
 		return rep, fmt.Errorf("%s: %w: %d wrong rows, first: %s", spec.Name, ErrVerify, rep.VerifyFailures, rep.Failures[0])

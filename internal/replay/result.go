@@ -30,8 +30,10 @@ type StepSample struct {
 // SchemaVersion is Report's JSON schema version: 2 has computed_tokens
 // (was tokens), the step-cost projection (model_*, ref_*, fit_error) and no
 // nested stats object; 3 adds the projected latencies (ttft_*, e2e_*,
-// ttfp_*, first_request_ttft_ns), new_ns and the process's RSS.
-const SchemaVersion = 3
+// ttfp_*, first_request_ttft_ns), new_ns and the process's RSS; 4 adds the
+// repeats and their range (repeats, projected_change_min,
+// projected_change_max) and the machine (cpus, load_average).
+const SchemaVersion = 4
 
 // Report is one run's result. JSON names are snake_case and stable within a
 // SchemaVersion.
@@ -125,6 +127,13 @@ type Report struct {
 	// a gain, 0 with the cache off. At a 0% hit rate the schedules are the
 	// same and it is −cache/(cache + model time).
 	ProjectedChange float64 `json:"projected_throughput_change"`
+	// Repeats is the number of cache-on runs this report is the best of
+	// (the one of highest projected throughput: Best); ProjectedChangeMin
+	// and ProjectedChangeMax are the range of their projected changes
+	// (both ProjectedChange for one run).
+	Repeats            int     `json:"repeats"`
+	ProjectedChangeMin float64 `json:"projected_change_min"`
+	ProjectedChangeMax float64 `json:"projected_change_max"`
 
 	// The reference's results for the workload (0 and "" for a trace):
 	// its cache-off throughput, fit_error = model_req_per_s_off /
@@ -221,10 +230,36 @@ type Report struct {
 	WallNs int64 `json:"wall_ns"`
 	// BusyCores are the cores kept busy beside the engine (Options.Busy).
 	BusyCores int `json:"busy_cores"`
+	// CPUs are the machine's logical CPUs, LoadAverage its 1-minute load
+	// average when the replay started (Options.LoadAverage; negative:
+	// unknown). A load above the CPUs leaves a missed target unjudged
+	// (Check).
+	CPUs        int     `json:"cpus"`
+	LoadAverage float64 `json:"load_average"`
 	// Stats is the cache's Stats at the end (flattened above for JSON).
 	Stats *omnicache.Stats `json:"-"`
 
 	Samples []StepSample `json:"-"`
+}
+
+// Best is the run of runs (the cache-on runs of one workload) with the
+// highest projected throughput, other processes on a shared machine only
+// adding to the cache's measured time, with Repeats and the range of the
+// runs' projected changes set. nil for no runs.
+func Best(runs []*Report) *Report {
+	if len(runs) == 0 {
+		return nil
+	}
+	best := runs[0]
+	lo, hi := best.ProjectedChange, best.ProjectedChange
+	for _, r := range runs[1:] {
+		if r.ModelReqPerSec > best.ModelReqPerSec {
+			best = r
+		}
+		lo, hi = min(lo, r.ProjectedChange), max(hi, r.ProjectedChange)
+	}
+	best.Repeats, best.ProjectedChangeMin, best.ProjectedChangeMax = len(runs), lo, hi
+	return best
 }
 
 // WarmEngineNs is the engine goroutine's cache time after the first step:

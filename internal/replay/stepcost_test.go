@@ -210,8 +210,10 @@ func TestTableWidth(t *testing.T) {
 				EngineNsPerStep: 999.9e6, EngineNsP99: 999.9e6, MirrorResidentBytes: 1023 << 30, ModelReqPerSecOff: 99.99,
 				RefReqPerSecOff: 99.99, FitError: -0.999, ProjectedChange: -0.9999, RefChangeAfter: -0.999,
 				RefChangeAfterLo: -0.999, RefChangeAfterHi: -0.999, TTFTP50: 999.99e9, TTFTP99: 999.99e9, E2EP50: 1,
-				E2EP99: 1, TTFPP50: 999.99e9})
-			reps = append(reps, &Report{Name: w.FullName() + "_no_hit", Cache: mode, ProjectedChange: -0.9999})
+				E2EP99: 1, TTFPP50: 999.99e9, Repeats: 1000, ProjectedChangeMin: -0.9999, ProjectedChangeMax: 9.999,
+				MaterializeOn: "output", Steps: 1, MaterializeNsTotal: 999.9e6, CPUs: 2, LoadAverage: 99.99})
+			reps = append(reps, &Report{Name: w.FullName() + "_no_hit", Cache: mode, ProjectedChange: -0.9999,
+				Repeats: 1000, ProjectedChangeMin: -0.9999, ProjectedChangeMax: 0.5, CPUs: 2, LoadAverage: 99.99})
 		}
 	}
 	var b strings.Builder

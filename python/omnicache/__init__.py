@@ -15,9 +15,10 @@ to the upstream vLLM-Omni manager's shape.
 
 from .core import Cache, Key, Outputs, Plan, Result, stat_names, version
 from .errors import *  # noqa: F401,F403
-from .errors import ERRORS, OmnicacheError, StagingTimeoutError
+from .errors import ERRORS, ArgumentTypeError, KeyLayoutError, LoadError, OmnicacheError, StagingTimeoutError, UnknownKeyError
 
 __version__ = "0.1.0"
 
 __all__ = ["Cache", "Key", "Outputs", "Plan", "Result", "stat_names", "version", "OmnicacheError",
-           "StagingTimeoutError", "ERRORS"] + [c.__name__ for c in ERRORS.values()]
+           "StagingTimeoutError", "ERRORS", "ArgumentTypeError", "UnknownKeyError", "KeyLayoutError",
+           "LoadError"] + [c.__name__ for c in ERRORS.values()]

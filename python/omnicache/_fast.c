@@ -153,7 +153,10 @@ static PyObject *engine_begin(Engine *self, PyObject *const *args, size_t nargsf
 	} else if (nargs == 2) {
 		discard = args[1];
 	}
-	if (discard != NULL && discard != Py_None && u64(discard, &step) < 0) return NULL;
+	if (discard != NULL && discard != Py_None && u64(discard, &step) < 0) {
+		PyErr_Clear(); /* not a step id: Cache._begin_py raises the package's typed error */
+		goto slow;
+	}
 	if (ref(plan, &p) < 0) return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	rc = f_discard_begin((uint64_t)self->h, step, p);

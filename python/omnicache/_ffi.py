@@ -11,6 +11,8 @@ import ctypes
 import os
 import threading
 
+from .errors import LoadError
+
 c_i64 = ctypes.c_int64
 c_i32 = ctypes.c_int32
 c_u32 = ctypes.c_uint32
@@ -116,9 +118,12 @@ def lib():
         if _lib is None:
             path = lib_path()
             if not os.path.exists(path):
-                raise ImportError(
+                raise LoadError(
                     "omnicache: %s not found: build it with `make python` (or set OMNICACHE_LIB)" % path)
-            L = ctypes.CDLL(path)
+            try:
+                L = ctypes.CDLL(path)
+            except OSError as e:
+                raise load_error(path, e) from e
             P = ctypes.POINTER
             sig = {
                 "omnicache_version": (ctypes.c_char_p, []),
@@ -145,10 +150,21 @@ def lib():
                 f = getattr(L, name)
                 f.restype, f.argtypes = res, args
             if L.omnicache_abi_version() != ABI_VERSION:
-                raise ImportError("omnicache: %s has ABI %d, this package needs %d"
+                raise LoadError("omnicache: %s has ABI %d, this package needs %d"
                                   % (path, L.omnicache_abi_version(), ABI_VERSION))
             _lib = L
     return _lib
+
+
+def load_error(path, e):
+    """The LoadError for an OSError loading path: a cuda build on a
+    machine without the NVIDIA driver (libcuda.so.1 missing) says so."""
+    if "libcuda.so" in str(e):
+        return LoadError(
+            "omnicache: cannot load %s: it is a cuda build and needs the NVIDIA driver's libcuda.so.1, which "
+            "this machine does not have (%s): install the driver, or load the host build (unset OMNICACHE_LIB; "
+            "make python)" % (path, e))
+    return LoadError("omnicache: cannot load %s: %s" % (path, e))
 
 
 _msg = threading.local()

@@ -1,21 +1,52 @@
 """Cache, plans, outputs and results over the C ABI (see _ffi)."""
 
 import ctypes
+import operator
 import sys
 
 import numpy as np
 
 from . import _ffi
-from .errors import OmnicacheError, error
+from .errors import (ArgumentError, ArgumentTypeError, ConfigError, KeyLayoutError, OmnicacheError, OutputsError,
+                     PlanError, UnknownKeyError, error)
 
 _NP = {"i64": np.dtype(np.int64), "i32": np.dtype(np.int32), "u64": np.dtype(np.uint64)}
 _TORCH_NAMES = {"i64": "int64", "i32": "int32", "u64": "uint64"}
 _ERR_SHORT_BUFFER = 102
+_ERR_STEP_TOO_LARGE = 9
 _PER_REQUEST = (13, 14, 18)  # AbsentRequired, Reassigned, TierMiss: a partial result
+_I64, _I32, _U64 = (-(1 << 63), (1 << 63) - 1), (-(1 << 31), (1 << 31) - 1), (0, (1 << 64) - 1)
 
 
 def _raise(rc):
-    raise error(rc, _ffi.last_error())
+    msg = _ffi.last_error()
+    if rc == _ERR_STEP_TOO_LARGE:
+        msg += ("; a step holds at most staging_capacity_tokens tokens (default 1,024): pass "
+                "Cache(staging_capacity_tokens=N) with N the engine's largest step (max_num_batched_tokens), "
+                "or build the adapter's config with PrefixCacheConfig.from_vllm_config")
+    raise error(rc, msg)
+
+
+def _int(v, name, lo, hi, err=ArgumentError):
+    """v as an int in [lo, hi], else err (ArgumentTypeError when it is no
+    integer: a float, a bool, a string) naming it: every size and count is
+    checked before it crosses the ABI, whose integer fields ctypes would
+    wrap silently (2**64 + 16 blocks would make 16)."""
+    if type(v) is not int:
+        if isinstance(v, bool):
+            raise ArgumentTypeError("omnicache: %s: %r is a bool, want an integer" % (name, v))
+        try:
+            v = operator.index(v)  # numpy and torch integers too
+        except TypeError:
+            raise ArgumentTypeError("omnicache: %s: %r is a %s, want an integer" % (name, v, type(v).__name__)) from None
+    if not lo <= v <= hi:
+        raise err("omnicache: %s %d: want %d..%d" % (name, v, lo, hi))
+    return v
+
+
+def _step(v, name="step"):
+    """A step id as save returned it (a uint64 at the ABI)."""
+    return v if type(v) is int and 0 <= v <= _U64[1] else _int(v, name, *_U64)
 
 
 def _torch_tensor(x):
@@ -31,59 +62,64 @@ def _ints(x, kind, name, ndim=1):
         return None, 0, None
     if isinstance(x, np.ndarray):
         if x.dtype != _NP[kind]:
-            raise TypeError("omnicache: %s: dtype %s, want %s" % (name, x.dtype, _NP[kind]))
+            raise ArgumentTypeError("omnicache: %s: dtype %s, want %s" % (name, x.dtype, _NP[kind]))
         if x.ndim > ndim:
-            raise ValueError("omnicache: %s: %d dimensions, want at most %d" % (name, x.ndim, ndim))
+            raise ArgumentError("omnicache: %s: %d dimensions, want at most %d" % (name, x.ndim, ndim))
         if not x.flags.c_contiguous:
-            raise ValueError("omnicache: %s: not C-contiguous (pass np.ascontiguousarray(...))" % name)
+            raise ArgumentError("omnicache: %s: not C-contiguous (pass np.ascontiguousarray(...))" % name)
         return (x.ctypes.data if x.size else None), x.size, x
     if _torch_tensor(x):
         if x.device.type != "cpu":
-            raise TypeError("omnicache: %s: a %s tensor; plans are host memory" % (name, x.device.type))
+            raise ArgumentTypeError("omnicache: %s: a %s tensor; plans are host memory" % (name, x.device.type))
         if str(x.dtype) != "torch." + _TORCH_NAMES[kind]:
-            raise TypeError("omnicache: %s: dtype %s, want torch.%s" % (name, x.dtype, _TORCH_NAMES[kind]))
+            raise ArgumentTypeError("omnicache: %s: dtype %s, want torch.%s" % (name, x.dtype, _TORCH_NAMES[kind]))
         if x.dim() > ndim:
-            raise ValueError("omnicache: %s: %d dimensions, want at most %d" % (name, x.dim(), ndim))
+            raise ArgumentError("omnicache: %s: %d dimensions, want at most %d" % (name, x.dim(), ndim))
         if not x.is_contiguous():
-            raise ValueError("omnicache: %s: not contiguous (pass .contiguous())" % name)
+            raise ArgumentError("omnicache: %s: not contiguous (pass .contiguous())" % name)
         n = x.numel()
         return (x.data_ptr() if n else None), n, x
     if isinstance(x, (list, tuple, range)):
-        a = np.array(x, dtype=_NP[kind])
+        try:
+            a = np.array(x, dtype=_NP[kind])
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ArgumentTypeError("omnicache: %s: %s" % (name, e)) from None
         return (a.ctypes.data if a.size else None), a.size, a
-    raise TypeError("omnicache: %s: a %s; want a numpy array, a torch tensor or a list" % (name, type(x).__name__))
+    raise ArgumentTypeError("omnicache: %s: a %s; want a numpy array, a torch tensor or a list" % (name, type(x).__name__))
 
 
 def _rows(x, row_bytes, name, cuda=None):
-    """(pointer, nbytes, rows, keep-alive, on CUDA) of one key's output
-    rows: a C-contiguous numpy array or torch tensor of any dtype whose rows
-    (first dimension) are row_bytes each; CUDA tensors (of device cuda)
-    only for a cache on that CUDA device."""
+    """(pointer, nbytes, rows, keep-alive, on CUDA, layout) of one key's
+    output rows: a C-contiguous numpy array or torch tensor of any dtype
+    whose rows (first dimension) are row_bytes each; CUDA tensors (of device
+    cuda) only for a cache on that CUDA device. layout is (dtype, row
+    shape): a key keeps the first one saved (Outputs.set)."""
     dev = False
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
-            raise ValueError("omnicache: key %r: not C-contiguous (pass np.ascontiguousarray(...))" % name)
-        nbytes, shape, ptr = x.nbytes, x.shape, x.ctypes.data
+            raise ArgumentError("omnicache: key %r: not C-contiguous (pass np.ascontiguousarray(...))" % name)
+        nbytes, shape, ptr, dtype = x.nbytes, x.shape, x.ctypes.data, str(x.dtype)
     elif _torch_tensor(x):
         if x.device.type == "cuda" and cuda is not None:
             if x.device.index != cuda:
-                raise TypeError("omnicache: key %r: a tensor on %s for a cache on cuda:%d" % (name, x.device, cuda))
+                raise ArgumentTypeError("omnicache: key %r: a tensor on %s for a cache on cuda:%d" % (name, x.device, cuda))
             dev = True
         elif x.device.type != "cpu":
-            raise TypeError("omnicache: key %r: a %s tensor for a cache on the host device (Cache(cuda_device=...) "
-                            "needs a cuda build of the library)" % (name, x.device.type))
+            raise ArgumentTypeError("omnicache: key %r: a %s tensor for a cache on the host device (Cache(cuda_device=...) "
+                                    "needs a cuda build of the library)" % (name, x.device.type))
         if not x.is_contiguous():
-            raise ValueError("omnicache: key %r: not contiguous (pass .contiguous())" % name)
+            raise ArgumentError("omnicache: key %r: not contiguous (pass .contiguous())" % name)
         nbytes, shape, ptr = x.numel() * x.element_size(), tuple(x.shape), x.data_ptr()
+        dtype = str(x.dtype).replace("torch.", "")
     else:
-        raise TypeError("omnicache: key %r: a %s; want a numpy array or a torch tensor" % (name, type(x).__name__))
+        raise ArgumentTypeError("omnicache: key %r: a %s; want a numpy array or a torch tensor" % (name, type(x).__name__))
     if len(shape) == 0:
-        raise ValueError("omnicache: key %r: a scalar; want rows" % name)
+        raise OutputsError("omnicache: key %r: a scalar; want rows" % name)
     rows = shape[0]
     if rows and nbytes != rows * row_bytes:
-        raise ValueError("omnicache: key %r: rows of %d bytes (shape %s, %d bytes), the key's rows are %d bytes"
-                         % (name, nbytes // rows, shape, nbytes, row_bytes))
-    return ptr, nbytes, rows, x, dev
+        raise OutputsError("omnicache: key %r: rows of %d bytes (shape %s, %d bytes), the key's rows are %d bytes"
+                           % (name, nbytes // rows, shape, nbytes, row_bytes))
+    return ptr, nbytes, rows, x, dev, (dtype, tuple(shape[1:]))
 
 
 class Key:
@@ -94,7 +130,7 @@ class Key:
     __slots__ = ("name", "row_bytes", "optional", "deferred")
 
     def __init__(self, name, row_bytes, optional=False, deferred=False):
-        self.name, self.row_bytes = str(name), int(row_bytes)
+        self.name, self.row_bytes = str(name), _int(row_bytes, "key %r: row_bytes" % (name,), 1, _I64[1], ConfigError)
         self.optional, self.deferred = bool(optional), bool(deferred)
 
     def __repr__(self):
@@ -150,7 +186,7 @@ class Plan:
         n = a[0][1]
         for (_, m, _), name in zip(a, ("ids", "rows", "start", "count")):
             if m != n:
-                raise ValueError("omnicache: batch arrays disagree: %d ids, %d %s" % (n, m, name))
+                raise PlanError("omnicache: batch arrays disagree: %d ids, %d %s" % (n, m, name))
         c = self._c
         c.ids, c.rows, c.start, c.count, c.n = a[0][0], a[1][0], a[2][0], a[3][0], n
         self._n = n
@@ -165,10 +201,10 @@ class Plan:
         if stride is None:
             shape = getattr(keep, "shape", None)
             if shape is None or len(shape) != 2:
-                raise ValueError("omnicache: table: a 1-D table needs its stride")
+                raise PlanError("omnicache: table: a 1-D table needs its stride")
             stride = shape[1]
         c = self._c
-        c.table, c.table_len, c.stride = p, n, int(stride)
+        c.table, c.table_len, c.stride = p, n, _int(stride, "stride", 0, _I64[1], PlanError)
         self._keep["table"] = keep
         return self
 
@@ -179,7 +215,7 @@ class Plan:
         h = _ints(hit_tokens if hit_tokens is not None else [0] * a[1], "i32", "hit_tokens")
         b = _ints(hit_blocks, "i32", "hit_blocks")
         if a[1] != h[1]:
-            raise ValueError("omnicache: %d arrivals, %d hit_tokens" % (a[1], h[1]))
+            raise PlanError("omnicache: %d arrivals, %d hit_tokens" % (a[1], h[1]))
         c = self._c
         c.arrivals, c.hit_tokens, c.n_arrivals = a[0], h[0], a[1]
         c.hit_blocks, c.n_hit_blocks = b[0], b[1]
@@ -235,7 +271,7 @@ class Plan:
         and their length fn."""
         pa, pb = _ints(a, ka, fa), _ints(b, kb, fb)
         if pa[1] != pb[1]:
-            raise ValueError("omnicache: %d %s, %d %s: want one length" % (pa[1], fa, pb[1], fb))
+            raise PlanError("omnicache: %d %s, %d %s: want one length" % (pa[1], fa, pb[1], fb))
         c = self._c
         setattr(c, fa, pa[0])
         setattr(c, fb, pb[0])
@@ -275,11 +311,17 @@ class Outputs:
     """One step's outputs, one tensor per key (Cache.keys order), reusable:
     set a key once when the engine writes the same buffer every step. A key
     set to None is omitted (optional keys only). Host rows are copied
-    before Cache.save returns. accepted (speculative decoding): per
-    scheduled request, in batch order, how many of its scheduled tokens were
-    accepted (int32; None: all)."""
+    before Cache.save returns. tokens is the step's token count; each tensor
+    has at least that many rows, and rows past them are padding (padded,
+    at least tokens, says how many rows the forward produced; the padding
+    is neither stored nor delivered). A key keeps the dtype and row shape
+    of the first tensor set for it on any Outputs of its cache (another one
+    raises KeyLayoutError: its rows would read back as the first's).
+    accepted (speculative decoding): per scheduled request, in batch order,
+    how many of its scheduled tokens were accepted (int32; None: all)."""
 
     def __init__(self, cache, tensors=None, tokens=0, padded=None, accepted=None):
+        self._cache = cache
         self._keys = cache.keys
         nk = len(self._keys)
         self._arr = (_ffi.Tensor * nk)()
@@ -304,19 +346,28 @@ class Outputs:
         if isinstance(tensors, dict):
             for name in tensors:
                 if name not in self._index:
-                    raise KeyError("omnicache: no key %r (keys: %s)" % (name, list(self._index)))
+                    raise UnknownKeyError("omnicache: no key %r (keys: %s)" % (name, list(self._index)))
             for i, k in enumerate(self._keys):
                 self.set(i, tensors.get(k.name))
         else:
-            tensors = list(tensors)
+            try:
+                tensors = list(tensors)
+            except TypeError:
+                raise ArgumentTypeError("omnicache: outputs: a %s; want an Outputs, a {key: tensor} dict or a "
+                                        "sequence in key order" % type(tensors).__name__) from None
             if len(tensors) != len(self._keys):
-                raise ValueError("omnicache: %d tensors for %d keys" % (len(tensors), len(self._keys)))
+                raise ArgumentError("omnicache: %d tensors for %d keys" % (len(tensors), len(self._keys)))
             for i, t in enumerate(tensors):
                 self.set(i, t)
         return self
 
     def set(self, key, tensor):
-        i = self._index[key] if isinstance(key, str) else key
+        if isinstance(key, str):
+            if key not in self._index:
+                raise UnknownKeyError("omnicache: no key %r (keys: %s)" % (key, list(self._index)))
+            i = self._index[key]
+        else:
+            i = _int(key, "key index", 0, len(self._keys) - 1)
         k = self._keys[i]
         t = self._arr[i]
         self._on_cuda.discard(i)
@@ -324,7 +375,12 @@ class Outputs:
             t.data, t.nbytes, t.rows, t.flags, t.event = None, 0, 0, 0, 0
             self._keep[i] = None
             return self
-        ptr, nbytes, rows, keep, dev = _rows(tensor, k.row_bytes, k.name, self._cuda_dev)
+        ptr, nbytes, rows, keep, dev, layout = _rows(tensor, k.row_bytes, k.name, self._cuda_dev)
+        first = self._cache._layouts.setdefault(i, layout)
+        if layout != first:
+            raise KeyLayoutError("omnicache: key %r: a tensor of dtype %s and rows %s after %s and %s: a key's rows "
+                                 "are stored as bytes and read back as the first tensor's; keep one dtype and row "
+                                 "shape per key (or a key of its own)" % (k.name, layout[0], layout[1], first[0], first[1]))
         t.data, t.nbytes, t.rows = ptr, nbytes, rows
         t.flags, t.event = (_ffi.TENSOR_CUDA if dev else 0), 0
         if dev:
@@ -364,7 +420,7 @@ class Outputs:
 
     @tokens.setter
     def tokens(self, n):
-        self._c.tokens = self._tokens = n
+        self._c.tokens = self._tokens = _int(n, "tokens", 0, _I64[1])
 
     @property
     def padded(self):
@@ -372,7 +428,14 @@ class Outputs:
 
     @padded.setter
     def padded(self, n):
-        self._c.padded = self._c.tokens if n is None else n
+        if n is None:
+            self._c.padded = self._c.tokens
+            return
+        n = _int(n, "padded", 0, _I64[1])
+        if n < self._c.tokens:
+            raise ArgumentError("omnicache: padded %d: fewer than the %d tokens (padded counts the tokens and "
+                                "the padding rows after them)" % (n, self._c.tokens))
+        self._c.padded = n
 
 
 class Result:
@@ -471,7 +534,17 @@ class Cache(_Engine):
                  staging_claim_timeout_s=0.0, device_budget_bytes=0, deferred_chunk_bytes=0,
                  wait_timeout_s=0.0, read_ahead_bytes=0, copy_workers=0, decode_buffer=True,
                  prefetch=True, alloc_staging=None, tier=None, tier_model="", cuda_device=None):
-        self.keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+        try:
+            self.keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
+        except TypeError as e:
+            raise ArgumentTypeError("omnicache: keys: %s; want Key(name, row_bytes) or (name, row_bytes) each" % e) from None
+        num_blocks = _int(num_blocks, "num_blocks", 0, _I64[1], ConfigError)
+        block_size = _int(block_size, "block_size", 0, _I64[1], ConfigError)
+        sizes = {name: _int(v, name, 0, _I64[1], ConfigError) for name, v in (
+            ("staging_depth", staging_depth), ("staging_capacity_tokens", staging_capacity_tokens),
+            ("device_budget_bytes", device_budget_bytes), ("deferred_chunk_bytes", deferred_chunk_bytes),
+            ("read_ahead_bytes", read_ahead_bytes), ("copy_workers", copy_workers))}
+        cuda_device = None if cuda_device is None else _int(cuda_device, "cuda_device", 0, _I32[1], ConfigError)
         L = _ffi.lib()
         ck = (_ffi.Key * len(self.keys))()
         names = []
@@ -489,17 +562,14 @@ class Cache(_Engine):
         elif alloc_staging == "ahead":
             flags |= _ffi.ALLOC_STAGING_AHEAD
         elif alloc_staging is not None:
-            raise ValueError("omnicache: alloc_staging %r: want None, 'new' or 'ahead'" % (alloc_staging,))
+            raise ConfigError("omnicache: alloc_staging %r: want None, 'new' or 'ahead'" % (alloc_staging,))
         if cuda_device is not None:
             flags |= _ffi.DEVICE_CUDA
         cfg = _ffi.Config(
             num_blocks=num_blocks, block_size=block_size, keys=ck, nkeys=len(self.keys),
-            staging_depth=staging_depth, staging_capacity_tokens=staging_capacity_tokens,
-            staging_claim_timeout_s=staging_claim_timeout_s, device_budget_bytes=device_budget_bytes,
-            deferred_chunk_bytes=deferred_chunk_bytes, wait_timeout_s=wait_timeout_s,
-            read_ahead_bytes=read_ahead_bytes, copy_workers=copy_workers, flags=flags,
+            staging_claim_timeout_s=staging_claim_timeout_s, wait_timeout_s=wait_timeout_s, flags=flags,
             tier_spec=None if tier is None else tier.encode(), tier_model=tier_model.encode(),
-            cuda_device=cuda_device or 0)
+            cuda_device=cuda_device or 0, **sizes)
         h = _ffi.c_u64()
         rc = L.omnicache_new(ctypes.byref(cfg), ctypes.byref(h))
         if rc:
@@ -508,6 +578,7 @@ class Cache(_Engine):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.cuda_device = cuda_device
         self._closed = False
+        self._layouts = {}  # key index -> (dtype, row shape) of its first tensor (Outputs.set)
         # cached entry points and argument objects: a step's calls convert
         # nothing but the handle and the step id
         hot = _ffi.hot()
@@ -528,9 +599,16 @@ class Cache(_Engine):
         discard fails nothing is begun."""
         if fields or plan is None:
             if plan is not None:
-                raise TypeError("omnicache: begin takes a Plan or keywords, not both")
-            plan = Plan(**fields)
-        rc = self._discard_begin(self._h, discard or 0, plan._ref)  # discard 0: none
+                raise ArgumentTypeError("omnicache: begin takes a Plan or keywords, not both")
+            try:
+                plan = Plan(**fields)
+            except TypeError as e:
+                raise ArgumentTypeError("omnicache: begin: %s" % e) from None
+        elif type(plan) is not Plan:
+            raise ArgumentTypeError("omnicache: begin: plan is a %s; want a Plan (or its fields as keywords)"
+                                    % type(plan).__name__)
+        discard = 0 if discard is None else _step(discard, "discard")
+        rc = self._discard_begin(self._h, discard, plan._ref)  # discard 0: none
         if rc:
             _raise(rc)
         self._plan = plan
@@ -544,7 +622,11 @@ class Cache(_Engine):
         to this save only."""
         if type(outputs) is not Outputs or outputs._on_cuda or tokens is not None or padded is not None \
                 or accepted is not None:
-            outputs = self._outputs(outputs, tokens, padded, accepted)
+            try:
+                outputs = self._outputs(outputs, tokens, padded, accepted)
+            except OmnicacheError:
+                self._undo_begin()
+                raise
         sid = self._save(self._h, outputs._ref)
         if sid < 0:
             _raise(-sid)
@@ -552,6 +634,13 @@ class Cache(_Engine):
 
     if _FAST is None:
         begin, save = _begin_py, _save_py
+
+    def _undo_begin(self):
+        """A save refused before it reached the library undoes the begun
+        step, as a save the library refuses does (Go: a failed Save undoes
+        its Begin): either way the engine begins the step again. Nothing
+        begun (SequenceError) or a closed cache: nothing to undo."""
+        _ffi.lib().omnicache_abort(self._h)
 
     def _outputs(self, outputs, tokens, padded, accepted):
         """save's outputs other than a host Outputs saved as it is: converts
@@ -600,6 +689,8 @@ class Cache(_Engine):
 
     def discard(self, step):
         """Consume step without reading it."""
+        if type(step) is not int or not 0 <= step <= _U64[1]:
+            step = _step(step)
         rc = self._discard(self._h, step)
         if rc:
             _raise(rc)
@@ -619,6 +710,7 @@ class Cache(_Engine):
         (e.g. ``torch.empty((rows, 2048))`` for rows of 2048 float32, or
         pinned memory); by default numpy uint8 ``[rows, key.row_bytes]``.
         Result.split(key) gives each request's rows as views of it."""
+        step = _step(step)
         rp, rn, keep = None, -1, None
         if reqs is not None:
             rp, rn, keep = _ints(reqs, "i64", "reqs")

@@ -1,5 +1,6 @@
 """Exceptions: one class per error code of the library (internal/capi/omnicache.h),
-each naming the Go sentinel it mirrors, all under OmnicacheError."""
+each naming the Go sentinel it mirrors, and the package's own argument and
+loading errors, all under OmnicacheError."""
 
 import re
 
@@ -52,6 +53,28 @@ PanicError = _cls("PanicError", 104, "A panic inside the library (a bug).")
 UnsupportedError = _cls("UnsupportedError", 105, "Not supported by this build (e.g. CUDA tensors).")
 InternalError = _cls("InternalError", 106, "An error with no code of its own.")
 NoDeviceError = _cls("NoDeviceError", 107, "gpu.ErrNoDevice: no such CUDA device (no GPU, no driver, or the ordinal).")
+
+
+# Errors of the package itself, before a call reaches the library: each is
+# also the built-in exception the same mistake raised before it had a class
+# of its own (TypeError, KeyError, ImportError).
+ArgumentTypeError = _cls("ArgumentTypeError", 100, "A bad argument's type or dtype: an ArgumentError and a TypeError.",
+                         (ArgumentError, TypeError))
+UnknownKeyError = _cls("UnknownKeyError", 100, "No key of that name in the cache: an ArgumentError and a KeyError.",
+                       (ArgumentError, KeyError))
+KeyLayoutError = _cls("KeyLayoutError", 8, "A key's tensor of another dtype or row shape than the first one saved for "
+                      "that key (its rows would read back as the first's): an OutputsError and a TypeError.",
+                      (OutputsError, TypeError))
+
+
+class LoadError(OmnicacheError, ImportError):
+    """The library could not be loaded: not built (make python), of another
+    ABI, or a library it needs is missing (a cuda build needs the NVIDIA
+    driver's libcuda.so.1). The message says which, and the OS's words."""
+
+    def __init__(self, message, code=None):
+        OmnicacheError.__init__(self, message, code)
+        ImportError.__init__(self, message)
 
 
 class StagingTimeoutError(OmnicacheError):

@@ -83,6 +83,9 @@ def test_numpy_refusals():
         c.save([b"12345678" * 2, None], tokens=2)
     with pytest.raises(KeyError, match="no key 'nope'"):
         c.save({"nope": np.zeros((2, 8), np.uint8)}, tokens=2)
-    sid = c.save([np.zeros((2, 8), np.uint8), None], tokens=2)  # the begun step is still begun
+    with pytest.raises(oc.SequenceError):  # a refused save undoes its begin, as one the library refuses
+        c.save([np.zeros((2, 8), np.uint8), None], tokens=2)
+    c.begin(ids=[1], rows=[0], start=[0], count=[2], table=TABLE, arrivals=[1])
+    sid = c.save([np.zeros((2, 8), np.uint8), None], tokens=2)
     c.discard(sid)
     c.close()

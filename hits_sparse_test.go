@@ -1,9 +1,9 @@
 package omnicache_test
 
-// Sparse keys (issue 15, part 4): a step may omit an optional key (a zero
-// Tensor{}); its rows of that key read back as exact zeros, in the step's
-// own Materialize and in every later hit over those slots until a later
-// step supplies the key there again, and nothing is staged, cloned, copied
+// Sparse keys: a step may omit an optional key (a zero Tensor{}); its rows
+// of that key read back as exact zeros, in the step's own Materialize and
+// in every later hit over those slots until a later step supplies the key
+// there again, and nothing is staged, cloned, copied
 // or charged for it. A zero tensor for a required key is ErrOutputs and
 // changes nothing.
 

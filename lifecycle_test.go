@@ -6,7 +6,7 @@ package omnicache_test
 // must return its typed error (errors.Is) and leave the cache usable: each
 // one is followed by a correct step (Harness.Usable).
 //
-// DESIGN §8's error catalogue → test:
+// The error catalogue (every error an engine can trigger at run time) → test:
 //   unaligned hit                         TestScenario11_UnalignedHit
 //   hit without block ids                 TestScenario10_HitWithoutBlockIDs
 //   slot count ≠ scheduled tokens         TestScenario17_OutputsMismatch
@@ -188,7 +188,7 @@ func TestScenario17_OutputsMismatch(t *testing.T) {
 	}
 }
 
-// TestErrorCatalogue covers the §8 entries no scenario covers: bad config,
+// TestErrorCatalogue covers the catalogue's entries no scenario covers: bad config,
 // plan inconsistencies, calls out of sequence, a reservation larger than
 // the device budget, and the closed cache.
 func TestErrorCatalogue(t *testing.T) {

@@ -2,7 +2,7 @@
 
 package gpu_test
 
-// BenchmarkStaging: DESIGN §7's H200 staging target (the cache's
+// BenchmarkStaging: the H200 staging target (docs/performance.md; the cache's
 // device→host staging at ≥ 90% of a plain pinned copy measured in the same
 // run). Every op moves 64 MiB: one prefill step of 8192 tokens × 8192 bytes
 // (one required immediate key), StagingCapacityTokens 8192, no decode

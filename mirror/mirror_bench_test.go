@@ -65,7 +65,7 @@ func BenchmarkMirrorNew(b *testing.B) {
 }
 
 // BenchmarkScatter is the committer's scatter at the size of one 64 MiB
-// prefill step (8192 rows of 8 KiB, DESIGN §7's H200 target: ≥ 80% of
+// prefill step (8192 rows of 8 KiB; the target on an H200 host: ≥ 80% of
 // memcpy): op=mirror writes the rows to random slots of a 64K-slot (512 MiB)
 // mirror whose chunks all exist; op=memcpy copies the same 64 MiB between two
 // flat buffers in one copy. Both are far larger than a CPU cache, so they

@@ -71,7 +71,7 @@ func TestDefaultTable(t *testing.T) {
 		h.Ref != (Reference{Hit: "49.4", ReqPerSecOff: 19.44, Before: 0.688, After: 0.765, AfterLo: 0.757, AfterHi: 0.772}) {
 		t.Fatalf("h50 row %+v", h)
 	}
-	// DESIGN §6's prompt counts and seeds, row by row.
+	// The reference measurement's prompt counts and seeds, row by row.
 	want := map[string][2]int{
 		"Qwen3-Omni/P1024_h0_c8": {256, 50003}, "Qwen3-Omni/P4096_h0_c1": {64, 50014}, "Qwen3-Omni/DEC100_c32": {256, 50059},
 		"Qwen3-Omni/DEC100_c64": {512, 50060}, "Qwen3-Omni/DECV_c32": {256, 50063}, "Qwen3-Omni/DECV_c64": {512, 50064},

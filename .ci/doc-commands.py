@@ -18,6 +18,7 @@ failure, naming the document and the block's first line.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,9 +149,10 @@ def main():
         r = subprocess.run(["bash", "-ec", "\n".join(script)], cwd=where, env=env)
         print("-- %.0f s" % (time.time() - t), flush=True)
         if r.returncode != 0:
-            print("doc-commands: %s:%d: exit %d" % (doc, line, r.returncode))
+            print("doc-commands: %s:%d: exit %d (the clone is kept: %s)" % (doc, line, r.returncode, where))
             return 1
-    print("doc-commands: every runnable command of %d documents ran (clone: %s)" % (len(DOCS), where))
+    print("doc-commands: every runnable command of %d documents ran" % len(DOCS))
+    shutil.rmtree(where, ignore_errors=True)  # kept when a command failed, to look into
     return 0
 
 

@@ -88,6 +88,7 @@ type replayFlags struct {
 	metricsAddr   string
 	progress      string
 	repeat        int
+	warmup        int
 	wide          bool
 	check         bool
 	materializeOn string
@@ -160,6 +161,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus /metrics of the cache-on runs and /debug/pprof/ on HOST:PORT while the replay runs")
 	fs.StringVar(&f.progress, "progress", "auto", "progress bar on stderr: auto (when stderr is a terminal), on, off")
 	fs.IntVar(&f.repeat, "repeat", 3, "run each cache-on replay N times and keep the one with the least cache cost (the highest projected throughput): other processes on a shared machine only add time")
+	fs.IntVar(&f.warmup, "warmup", 1, "untimed cache-on runs of each workload before the --repeat ones (none under --verify): the first run of a workload's size faults in memory the process never touched, a start-up cost a running server does not pay per step")
 	fs.BoolVar(&f.wide, "wide", false, "print every column, one line per workload and mode (wider than 120 columns)")
 	fs.BoolVar(&f.check, "check", false, "exit 1 when a target is missed (0%-hit loss, hit gain against the reference)")
 	fs.StringVar(&f.materializeOn, "materialize-on", "output", "where Materialize runs: output (a goroutine overlapping the next forward) or engine (timed as engine time)")
@@ -232,6 +234,7 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 		intIn("max-batched-tokens", f.maxBatched, 1, maxBatched),
 		intIn("staging-depth", f.stagingDepth, 0, maxStagingDepth),
 		intIn("repeat", f.repeat, 1, maxRepeat),
+		intIn("warmup", f.warmup, 0, maxRepeat),
 		intIn("max-model-len", f.maxModelLen, 1, maxModelLen),
 		intIn("busy", f.busy, 0, maxBusy),
 	} {
@@ -405,11 +408,15 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 	}
 
 	repeat := max(f.repeat, 1)
+	warmup := f.warmup
+	if f.verify {
+		warmup = 0 // its timings are not judged; every run checks every row
+	}
 	total := 0
 	for _, s := range specs {
 		for _, on := range modes {
 			if on {
-				total += s.Prompts * repeat
+				total += s.Prompts * (warmup + repeat)
 			} else {
 				total += s.Prompts
 			}
@@ -444,7 +451,14 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 				bar.Describe(fmt.Sprintf("%-26s cache %-3s", spec.Name, mode))
 				o.Progress = func(n int) { bar.Add(n) }
 			}
-			rep, err := replay.Replay(spec, o)
+			var rep *replay.Report
+			var err error
+			for i := 0; on && i < warmup && err == nil; i++ {
+				rep, err = replay.Replay(spec, o) // untimed: faults the process's memory in
+			}
+			if err == nil {
+				rep, err = replay.Replay(spec, o)
+			}
 			if on && repeat > 1 && err == nil {
 				runs := []*replay.Report{rep}
 				for i := 1; i < repeat && err == nil; i++ {
@@ -502,8 +516,8 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 			return 1, err
 		}
 	}
-	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start%s; cache-on runs: best of %d\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), loadString(load), busyNote(f.busy), repeat)
+	fmt.Fprintf(stdout, "machine: %d CPUs, GOMAXPROCS %d, load average %s at start%s; cache-on runs: best of %d after %d untimed\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), loadString(load), busyNote(f.busy), repeat, warmup)
 	fmt.Fprintf(stdout, "device: %s%s; forward held: %s\n", f.dev, deviceNote(dev), f.holdFor)
 	if f.plot != "" && len(reps) > 0 {
 		if err := replay.WritePlots(f.plot, reps); err != nil {

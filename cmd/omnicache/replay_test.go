@@ -180,6 +180,7 @@ func TestReplayBadFlags(t *testing.T) {
 		{[]string{"--concurrency", "1000000"}, "--concurrency"},
 		{[]string{"--max-batched-tokens", "-1"}, "--max-batched-tokens"},
 		{[]string{"--repeat", "-2"}, "--repeat"},
+		{[]string{"--warmup", "-1"}, "--warmup"},
 		{[]string{"--step-time", "-1s"}, "--step-time"},
 		{[]string{"--mirror-budget-mib", "-1"}, "--mirror-budget-mib"},
 		{[]string{"--scale", "NaN"}, "--scale"},

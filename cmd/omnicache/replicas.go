@@ -80,7 +80,7 @@ func checkReplicaFlags(f *replayFlags, set map[string]bool) error {
 	if set["tier-admit"] && f.tier == "off" {
 		return fmt.Errorf("--tier-admit applies to a tier (not --tier off)")
 	}
-	for _, name := range []string{"cache", "device", "plot", "repeat", "check", "wide", "materialize-on", "hold", "owned", "staging-depth", "decode-buffer", "pace", "step-time"} {
+	for _, name := range []string{"cache", "device", "plot", "repeat", "warmup", "check", "wide", "materialize-on", "hold", "owned", "staging-depth", "decode-buffer", "pace", "step-time"} {
 		if set[name] {
 			return fmt.Errorf("--%s does not apply to --replicas", name)
 		}

@@ -69,7 +69,7 @@ func TestReplayReplicasBadFlags(t *testing.T) {
 		{"--replicas", "-1"},
 		{"--replicas", "2", "--cache", "off"}, // a flag of the one-engine replay
 		{"--replicas", "2", "--warmup", "0"},
-		{"--tier-mib", "64"},                  // without --replicas
+		{"--tier-mib", "64"}, // without --replicas
 		{"--replicas", "2", "--tier", "off", "--tier-mib", "64"},
 		{"--replicas", "2", "--tier-mib", "-1"},
 		{"--tier-recent", "2s"}, // without --replicas

@@ -32,9 +32,9 @@ LONG_LIST = "Documented commands CI does not run"
 # run here), long (run with --long; listed in CONTRIBUTING.md).
 RULES = [
     (r"^make (test|check|vet|test-python|check-generate|generate)\b", "skip", "CI runs it itself (.ci/run)"),
-    (r"^bash \.ci/cuda-headers\.sh|make (gpu-test|gpu-replay|python-cuda)\b", "skip",
+    (r"^bash \.ci/cuda-headers\.sh|make (gpu-test|gpu-replay|gpu-bundle|python-cuda)\b", "skip",
      "CI runs it itself: the cuda build against Debian's headers (.ci/run)"),
-    (r"^\.gpu/|--device cuda", "skip", "needs an NVIDIA GPU (the binaries run on the GPU machine)"),
+    (r"^(bash )?\.gpu/|--device cuda", "skip", "needs an NVIDIA GPU (the binaries run on the GPU machine)"),
     (r"^redis-server ", "skip", "starts a server that runs until it is stopped (the Redis tests start their own)"),
     (r"--metrics-addr .*&$|^curl |^go tool pprof ", "skip",
      "a session against a replay serving /metrics while it runs, not a command"),

@@ -641,7 +641,7 @@ class Cache(_Engine):
                     kd[i], kc[i] = b.ctypes.data, b.nbytes
                 else:
                     b = alloc(k, rows)
-                    ptr, nbytes, got, b, _ = _rows(b, k.row_bytes, k.name)
+                    ptr, nbytes, got, b, _, _ = _rows(b, k.row_bytes, k.name)
                     if got < rows:
                         raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, got))
                     kd[i], kc[i] = ptr, nbytes

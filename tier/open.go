@@ -61,7 +61,7 @@ func parseSpec(spec string, base RedisOptions) (RedisOptions, error) {
 	case "redis-cluster", "redis-clusters":
 		opt.Cluster = true
 	default:
-		return base, fmt.Errorf("%w: tier spec %q: unknown scheme %q", ErrConfig, Redact(spec), scheme)
+		return base, fmt.Errorf("%w: tier spec %q: unknown scheme %q", ErrConfig, Redact(spec), Redact(scheme))
 	}
 	if (scheme == "rediss" || scheme == "redis-clusters") && opt.TLS == nil {
 		opt.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -122,30 +122,32 @@ func parseSpec(spec string, base RedisOptions) (RedisOptions, error) {
 	return opt, nil
 }
 
-// Redact replaces the password of every "user:password@" in s (a tier
-// spec, or a message quoting one) with "xxxxx", so that specs can be
-// printed and logged.
-func Redact(s string) string {
-	var b strings.Builder
-	for {
-		i := strings.Index(s, "://")
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
-		}
-		b.WriteString(s[:i+3])
-		s = s[i+3:]
-		end := strings.IndexAny(s, " \t\n\"'/")
-		if end < 0 {
-			end = len(s)
-		}
-		auth := s[:end]
-		if at := strings.LastIndex(auth, "@"); at >= 0 {
-			if c := strings.Index(auth[:at], ":"); c >= 0 {
-				b.WriteString(auth[:c+1] + "xxxxx@")
-				s = s[at+1:]
-				continue
-			}
+// Redact hides the password of a tier spec, so that the spec can be
+// printed and logged. It reads the credentials as parseSpec does: they end
+// at the spec's last "@" and start after its scheme's "://"; the password
+// is what follows the user's ":". Every byte between that ":" and the last
+// "@" becomes "xxxxx", whatever the password holds (quotes, "@", ":", "/",
+// "://", %-escapes, spaces). Where the scheme is mistyped (no "://" before
+// the first ":"), everything between the first ":" and the last "@" is
+// hidden. A spec with no "@" holds no credentials and is returned as it is,
+// as is one whose credentials have no ":" (a user and no password). A
+// message quoting one spec is redacted the same way.
+func Redact(spec string) string {
+	at := strings.LastIndex(spec, "@")
+	if at < 0 {
+		return spec
+	}
+	c := strings.IndexByte(spec[:at], ':')
+	if c >= 0 && strings.HasPrefix(spec[c:], "://") {
+		// The scheme's separator: the password follows the user's ":".
+		if u := strings.IndexByte(spec[c+3:at], ':'); u >= 0 {
+			c += 3 + u
+		} else {
+			c = -1
 		}
 	}
+	if c < 0 {
+		return spec // a user and no password
+	}
+	return spec[:c+1] + "xxxxx" + spec[at:]
 }

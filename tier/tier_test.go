@@ -545,16 +545,48 @@ func TestAddrFormat(t *testing.T) {
 
 func TestRedact(t *testing.T) {
 	for in, want := range map[string]string{
-		"redis://u:pw@h:1":                     "redis://u:xxxxx@h:1",
-		"redis://:pw@h:1/2":                    "redis://:xxxxx@h:1/2",
-		"redis://h:1":                          "redis://h:1",
-		"redis://u@h:1":                        "redis://u@h:1",
-		"tier redis://u:a@b@h:1 failed":        "tier redis://u:xxxxx@h:1 failed",
-		"a redis://:x@h:1, b rediss://:y@g:2.": "a redis://:xxxxx@h:1, b rediss://:xxxxx@g:2.",
-		"embedded":                             "embedded",
+		"redis://u:pw@h:1":              "redis://u:xxxxx@h:1",
+		"redis://:pw@h:1/2":             "redis://:xxxxx@h:1/2",
+		"redis://h:1":                   "redis://h:1",
+		"redis://u@h:1":                 "redis://u@h:1",
+		"tier redis://u:a@b@h:1 failed": "tier redis://u:xxxxx@h:1 failed",
+		"embedded":                      "embedded",
 	} {
 		if got := Redact(in); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// hostilePasswords hold every byte that ends a password for a scanner:
+// quotes, "@", ":", "/", %-escapes, spaces, and "://" itself. Each holds
+// "hunter2", which no redacted text may show.
+var hostilePasswords = []string{
+	"pa'hunter2ss", `pa"hunter2"ss`, "hunter2@x@y", "a:hunter2:b", "hunter2/z/", "%27hunter2%40%3A",
+	"hunter2 with spaces\t", "x://hunter2@", "@hunter2", ":hunter2", "hunter2\n'", "hunter2?ttl=1h#f", "hunter2\\",
+}
+
+// TestRedactHostilePasswords: whatever bytes a password holds, no byte of
+// it survives Redact, in any scheme, mistyped or not, and tier.Open's
+// error for a mistyped scheme or a malformed spec never shows it.
+func TestRedactHostilePasswords(t *testing.T) {
+	for _, pw := range hostilePasswords {
+		for _, form := range []string{
+			"redis://u:%s@127.0.0.1:1", "rediss://:%s@h:1/0?ttl=1h", "redis-cluster://u:%s@a:1,b:2",
+			"redsi://u:%s@h:1", "redis:/u:%s@h:1", "redis//u:%s@h", "u:%s@h://x", "redis://u:%s@h:1:2:3",
+		} {
+			spec := fmt.Sprintf(form, pw)
+			if got := Redact(spec); strings.Contains(got, "hunter2") || !strings.Contains(got, "xxxxx") {
+				t.Errorf("Redact(%q) = %q: the password shows", spec, got)
+			}
+			b, err := Open(spec, RedisOptions{DialTimeout: time.Millisecond})
+			if err == nil {
+				b.Close()
+				continue // a well-formed spec: the unreachable server failed later, or the client is lazy
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Open(%q): %v: the password shows", spec, err)
+			}
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/omnicache/omnicache/internal/redistest"
 )
 
 // sessionTrace writes a multi-turn trace: each conversation's turn repeats
@@ -147,12 +149,41 @@ func TestReplayReplicasRedactsPassword(t *testing.T) {
 	for _, args := range [][]string{
 		{"--replicas", "2", "--tier", "redis://u:hunter2secret@127.0.0.1:1", "--trace", trace, "--limit", "8", "--json", jf},
 		{"--replicas", "2", "--tier", "mem://u:hunter2secret@h"},
+		// Passwords holding what ends a password for a scanner.
+		{"--replicas", "2", "--tier", "redis://u:pa'hunter2secret@127.0.0.1:1", "--trace", trace, "--limit", "8", "--json", jf},
+		{"--replicas", "2", "--tier", "redis://u:a@b:/hunter2secret%27'@127.0.0.1:1", "--trace", trace, "--limit", "8", "--json", jf},
+		{"--replicas", "2", "--tier", "redsi://u:pa'hunter2secret@h"},
+		{"--replicas", "2", "--tier", "redis:/u:pa'hunter2secret@h"},
 	} {
 		_, out, errs := run(t, args...)
 		js, _ := os.ReadFile(jf)
 		for what, s := range map[string]string{"stdout": out, "stderr": errs, "json": string(js)} {
 			if strings.Contains(s, "hunter2secret") {
 				t.Errorf("%v: the password shows in %s: %s", args, what, s)
+			}
+		}
+	}
+}
+
+// TestReplayReplicasRedactsPasswordServed: a run against a real Redis whose
+// password holds an apostrophe, "@" and ":" (given raw and %-escaped)
+// prints its table, stderr and JSON record without it.
+func TestReplayReplicasRedactsPasswordServed(t *testing.T) {
+	s := redistest.Start(t, redistest.Options{Password: "pa'hunter2@x:y"})
+	for _, pw := range []string{"pa'hunter2@x:y", "pa%27hunter2%40x%3Ay"} {
+		jf := filepath.Join(t.TempDir(), "r.jsonl")
+		spec := "redis://:" + pw + "@" + s.Addr
+		code, out, errs := run(t, "--replicas", "2", "--tier", spec, "--trace", sessionTrace(t, 2, 2), "--json", jf, "--widths", "hidden=32")
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s%s", spec, code, out, errs)
+		}
+		js, _ := os.ReadFile(jf)
+		if !strings.Contains(out, "redis://:xxxxx@") || !strings.Contains(string(js), "redis://:xxxxx@"+s.Addr) {
+			t.Errorf("%s: the table or the record does not name the redacted tier:\n%s\n%s", spec, out, js)
+		}
+		for what, o := range map[string]string{"stdout": out, "stderr": errs, "json": string(js)} {
+			if strings.Contains(o, "hunter2") {
+				t.Errorf("%s: the password shows in %s: %s", spec, what, o)
 			}
 		}
 	}

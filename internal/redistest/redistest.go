@@ -159,7 +159,8 @@ func start(t testing.TB, bin string, o Options) (*Server, error) {
 	return nil, fmt.Errorf("no answer on %s", s.Addr)
 }
 
-// ping sends an inline PING (AUTH first when the server has a password).
+// ping sends a PING (AUTH first when the server has a password, as a RESP
+// array: an inline command would split a password holding quotes).
 func (s *Server) ping() bool {
 	d := &net.Dialer{Timeout: 200 * time.Millisecond}
 	var c net.Conn
@@ -176,7 +177,7 @@ func (s *Server) ping() bool {
 	_ = c.SetDeadline(time.Now().Add(time.Second))
 	r := bufio.NewReader(c)
 	if s.pass != "" {
-		fmt.Fprintf(c, "AUTH %s\r\n", s.pass)
+		fmt.Fprintf(c, "*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n", len(s.pass), s.pass)
 		if l, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(l, "+OK") {
 			return false
 		}

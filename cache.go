@@ -69,7 +69,14 @@ func New(cfg Config) (*Cache, error) {
 	if tl != nil {
 		wc.Rider, wc.Gather = tl.Rider(), tl.Gather()
 	}
-	c.path = writer.NewPath(wc)
+	if c.path, err = writer.NewPath(wc); err != nil {
+		if tl != nil {
+			tl.Close()
+		}
+		// The machine cannot hold this config's tables (an address-space
+		// limit such as ulimit -v): a config error, not a fatal one.
+		return nil, fmt.Errorf("%w: %d blocks of %d slots: %w", ErrConfig, cfg.NumBlocks, cfg.BlockSize, err)
+	}
 	if cfg.AllocStagingAtNew || cfg.AllocStagingAhead {
 		alloc := c.path.AllocPages
 		if cfg.AllocStagingAhead {

@@ -68,8 +68,8 @@ import (
 	"sync/atomic"
 )
 
-// Errors returned by New, wrapped with the offending sizes; test with
-// errors.Is.
+// Errors returned by New and Prepare, wrapped with the offending sizes;
+// test with errors.Is.
 var (
 	// ErrNumSlots: numSlots <= 0.
 	ErrNumSlots = errors.New("mirror: numSlots must be positive")
@@ -78,6 +78,8 @@ var (
 	// ErrTooLarge: numSlots*rowBytes overflows int, or numSlots exceeds
 	// 1<<31 (slots are int32).
 	ErrTooLarge = errors.New("mirror: size overflows")
+	// ErrNoMemory: the OS refused a chunk's memory (Prepare).
+	ErrNoMemory = errors.New("mirror: the OS refused a chunk's memory")
 )
 
 const (
@@ -343,17 +345,54 @@ func (m *Mirror) writable(s int32) []byte {
 }
 
 // chunkW returns chunk c's rows, allocating its leaf and chunk if needed.
-// Writer goroutine only.
+// It panics when the OS refuses the chunk's memory (Prepare returns that
+// as an error instead). Writer goroutine only.
 func (m *Mirror) chunkW(c uint32) []byte {
+	b, err := m.makeChunk(c)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// makeChunk is chunkW returning a refused mapping as an error.
+func (m *Mirror) makeChunk(c uint32) ([]byte, error) {
 	lf := m.top[c>>m.leafShift].Load()
 	if lf == nil {
 		lf = m.newLeaf(c >> m.leafShift)
 	}
 	ch := (*lf)[c&m.leafMask].Load()
 	if ch == nil {
-		ch = m.newChunk(lf, c)
+		var err error
+		if ch, err = m.newChunk(lf, c); err != nil {
+			return nil, err
+		}
 	}
-	return ch.b
+	return ch.b, nil
+}
+
+// Prepare makes the memory of every row that slots (negative ones
+// skipped) name, so that writing them allocates nothing: when the OS
+// refuses a chunk's memory (an address-space limit such as ulimit -v) it
+// returns an error wrapping ErrNoMemory, where Write would panic. Rows
+// already made stay as they are. Writer goroutine only.
+func (m *Mirror) Prepare(slots []int32) error {
+	cc := ^uint32(0)
+	for _, s := range slots {
+		if s < 0 {
+			continue
+		}
+		if int(s) >= m.numSlots {
+			panicSlot(s, m.numSlots)
+		}
+		if c := uint32(s) >> m.rowShift; c != cc {
+			if _, err := m.makeChunk(c); err != nil {
+				return err
+			}
+			cc = c
+		}
+	}
+	return nil
 }
 
 // newLeaf makes and publishes leaf l. The last leaf holds only the chunks
@@ -367,7 +406,7 @@ func (m *Mirror) newLeaf(l uint32) *leaf {
 
 // newChunk makes chunk c, publishes it in its leaf and accounts for it. The
 // last chunk holds only the rows that exist.
-func (m *Mirror) newChunk(lf *leaf, c uint32) *chunk {
+func (m *Mirror) newChunk(lf *leaf, c uint32) (*chunk, error) {
 	rows := min(1<<m.rowShift, m.numSlots-int(c)<<m.rowShift)
 	// Straight from the OS (zero, untouched until written: a make that
 	// reuses freed heap memory would clear all of it first), never Go heap
@@ -378,14 +417,17 @@ func (m *Mirror) newChunk(lf *leaf, c uint32) *chunk {
 	if !hugeChunks {
 		alloc = hostmem.Map
 	}
-	b, _ := alloc(rows * m.rowBytes)
+	b, err := alloc(rows * m.rowBytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: chunk %d of %d bytes: %w", ErrNoMemory, c, rows*m.rowBytes, err)
+	}
 	ch := &chunk{b: b}
 	if m.hooks.Made != nil {
 		m.hooks.Made(ch.b)
 	}
 	(*lf)[c&m.leafMask].Store(ch)
 	m.resident.Add(int64(len(ch.b)))
-	return ch
+	return ch, nil
 }
 
 // Free returns every chunk's memory to the OS. The mirror must not be used

@@ -17,6 +17,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // fillRow fills row with a pattern derived from (slot, gen), never all zero.
@@ -440,5 +442,32 @@ func TestFreeReturnsChunks(t *testing.T) {
 	m.ReadRow(got, 5)
 	if got[0] != 0 {
 		t.Fatal("a freed mirror must read as empty")
+	}
+}
+
+// TestPrepareRefused: a chunk whose memory the OS refuses is ErrNoMemory
+// from Prepare (Write would panic), makes nothing, and reads stay zero;
+// once memory is there, Prepare makes it and Write allocates nothing.
+func TestPrepareRefused(t *testing.T) {
+	m, err := New(1<<20, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	sl := []int32{5, 6, -1, 1 << 19}
+	undo := hostmem.RefuseFrom(1)
+	err = m.Prepare(sl)
+	undo()
+	if !errors.Is(err, ErrNoMemory) || !errors.Is(err, hostmem.ErrNoMemory) || m.ResidentBytes() != 0 {
+		t.Fatalf("Prepare with mappings refused: %v, %d bytes resident", err, m.ResidentBytes())
+	}
+	if err := m.Prepare(sl); err != nil {
+		t.Fatal(err)
+	}
+	res := m.ResidentBytes()
+	rows := bytes.Repeat([]byte{1}, len(sl)*16)
+	m.Write(sl, rows)
+	if m.ResidentBytes() != res {
+		t.Fatalf("Write after Prepare allocated: %d bytes resident, then %d", res, m.ResidentBytes())
 	}
 }

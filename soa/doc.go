@@ -8,7 +8,8 @@
 // # Occupancy
 //
 // One packed word and one row index per (key) slot; NewOccupancy(n) is two
-// plain makes (fresh OS memory stays untouched: an all-zero word is Absent).
+// mappings (fresh OS memory stays untouched: an all-zero word is Absent),
+// and an error when the OS refuses them.
 //
 //	slot s        0        1        2               n-1
 //	word   [ owner<<2|st | ...    | ...    | ... | ...    ]  uint64, atomic

@@ -2,8 +2,9 @@ package soa
 
 import (
 	"fmt"
-	"github.com/omnicache/omnicache/internal/hostmem"
 	"sync/atomic"
+
+	"github.com/omnicache/omnicache/internal/hostmem"
 )
 
 // Slot states, the low two bits of an Occupancy word.
@@ -41,12 +42,20 @@ type Occupancy struct {
 //
 // Large columns come straight from the OS (internal/hostmem), so creating
 // the table of a big mirror costs microseconds and no resident memory until
-// slots are claimed; call Free when done with it.
-func NewOccupancy(numSlots int) *Occupancy {
+// slots are claimed; call Free when done with it. When the OS refuses the
+// memory (an address-space limit) it returns an error wrapping
+// the system's error and holds nothing.
+func NewOccupancy(numSlots int) (*Occupancy, error) {
 	o := &Occupancy{}
-	o.word, _ = hostmem.Uint64s(numSlots) // falls back to make; never fails
-	o.row, _ = hostmem.Uint32s(numSlots)
-	return o
+	var err error
+	if o.word, err = hostmem.Uint64s(numSlots); err == nil {
+		o.row, err = hostmem.Uint32s(numSlots)
+	}
+	if err != nil {
+		o.Free()
+		return nil, fmt.Errorf("soa: occupancy of %d slots: %w", numSlots, err)
+	}
+	return o, nil
 }
 
 // Free returns the columns to the OS. The table must not be used again.

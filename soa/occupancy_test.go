@@ -31,7 +31,7 @@ func requireSlot(t *testing.T, o *Occupancy, s int32, state uint8, owner uint64)
 }
 
 func TestOccupancyClaimCommit(t *testing.T) {
-	o := NewOccupancy(16)
+	o := must(NewOccupancy(16))
 	require.Equal(t, 16, o.Len())
 	for s := range int32(16) {
 		requireSlot(t, o, s, Absent, 0)
@@ -92,7 +92,7 @@ func TestOccupancyClaimCommit(t *testing.T) {
 }
 
 func TestOccupancyOwnerRange(t *testing.T) {
-	o := NewOccupancy(4)
+	o := must(NewOccupancy(4))
 	for _, owner := range []uint64{0, MaxOwner + 1, 1 << 63, ^uint64(0)} {
 		require.PanicsWithValue(t, "soa: owner "+strconv.FormatUint(owner, 10)+" outside [1, 1<<62)", func() { o.Claim([]int32{1}, owner, 0) })
 		require.Panics(t, func() { o.ClaimRow(1, owner, 0) })
@@ -111,7 +111,7 @@ func TestOccupancyOwnerRange(t *testing.T) {
 // claimed; the flips alone never exceed them; no slot stays in transit.
 func TestOccupancyConcurrent(t *testing.T) {
 	const numSlots, owners, batch = 256, 2000, 48
-	o := NewOccupancy(numSlots)
+	o := must(NewOccupancy(numSlots))
 	batches := make([][]int32, owners+1)
 	claimed := 0
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -178,7 +178,7 @@ func TestOccupancyConcurrent(t *testing.T) {
 // MarkAbsent steals in-transit slots (the old owner's Commit then fails),
 // turns committed slots absent, and counts only the steals.
 func TestOccupancyMarkAbsent(t *testing.T) {
-	o := NewOccupancy(8)
+	o := must(NewOccupancy(8))
 	defer o.Free()
 	o.Claim([]int32{0, 1, 2}, 7, 0)
 	o.Commit([]int32{2}, 7)
@@ -192,4 +192,12 @@ func TestOccupancyMarkAbsent(t *testing.T) {
 	o.Claim([]int32{0}, 9, 0)
 	require.Equal(t, 1, o.Commit([]int32{0}, 9), "a newer claim after the absence commits")
 	requireSlot(t, o, 0, Committed, 9)
+}
+
+// must returns v, panicking on err (a table the test cannot map).
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -21,7 +21,7 @@ func benchSlots(n, numSlots int) []int32 {
 // are not in it).
 func BenchmarkOccupancy(b *testing.B) {
 	const numSlots, n = 1 << 20, 1024
-	o := NewOccupancy(numSlots)
+	o := must(NewOccupancy(numSlots))
 	slots := benchSlots(n, numSlots)
 	b.Run("op=claim/slots=1024", func(b *testing.B) {
 		b.ReportAllocs()

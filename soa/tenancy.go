@@ -1,6 +1,7 @@
 package soa
 
 import (
+	"fmt"
 	"math/bits"
 	"sync/atomic"
 
@@ -54,24 +55,33 @@ type Tenancy struct {
 // NewTenancy returns the table of numBlocks blocks of blockSize slots for
 // the keys whose optional entry is given (key i is optional when
 // optional[i]): only optional keys get an absent column. Its columns come
-// from internal/hostmem: call Free when done.
-func NewTenancy(numBlocks, blockSize int, optional ...bool) *Tenancy {
+// from internal/hostmem: call Free when done. When the OS refuses the
+// memory (an address-space limit) it returns an error wrapping
+// the system's error and holds nothing.
+func NewTenancy(numBlocks, blockSize int, optional ...bool) (*Tenancy, error) {
 	t := &Tenancy{bs: blockSize, shift: -1}
 	if blockSize&(blockSize-1) == 0 {
 		t.shift = bits.TrailingZeros(uint(blockSize))
 	}
 	words := (numBlocks*blockSize + 31) / 32
-	t.owner, _ = hostmem.Uint64s(numBlocks) // falls back to make; never fails
-	t.written, _ = hostmem.Uint32s(words)
-	t.stale, _ = hostmem.Uint32s(words)
 	t.absent = make([][]uint32, len(optional))
 	t.nabsent = make([]int, len(optional))
-	for i, opt := range optional {
-		if opt {
-			t.absent[i], _ = hostmem.Uint32s(words)
+	var err error
+	if t.owner, err = hostmem.Uint64s(numBlocks); err == nil {
+		if t.written, err = hostmem.Uint32s(words); err == nil {
+			t.stale, err = hostmem.Uint32s(words)
 		}
 	}
-	return t
+	for i, opt := range optional {
+		if opt && err == nil {
+			t.absent[i], err = hostmem.Uint32s(words)
+		}
+	}
+	if err != nil {
+		t.Free()
+		return nil, fmt.Errorf("soa: tenancy of %d blocks of %d: %w", numBlocks, blockSize, err)
+	}
+	return t, nil
 }
 
 // Free returns the columns to the OS; the table must not be used again.

@@ -10,7 +10,7 @@ import (
 
 func TestTenancy(t *testing.T) {
 	for _, bs := range []int{1, 3, 4, 16} {
-		tn := NewTenancy(10, bs)
+		tn := must(NewTenancy(10, bs))
 		n := int32(10 * bs)
 		for s := int32(0); s < n; s++ {
 			require.False(t, tn.Written(s))
@@ -54,7 +54,7 @@ func TestTenancy(t *testing.T) {
 func TestTenancyModel(t *testing.T) {
 	const nb, bs = 8, 4
 	rng := rand.New(rand.NewPCG(1, 2))
-	tn := NewTenancy(nb, bs)
+	tn := must(NewTenancy(nb, bs))
 	defer tn.Free()
 	owner := make([]uint64, nb)
 	written := make([]bool, nb*bs)
@@ -100,7 +100,7 @@ func TestTenancyModel(t *testing.T) {
 }
 
 func TestTenancyConcurrentReaders(t *testing.T) {
-	tn := NewTenancy(64, 16)
+	tn := must(NewTenancy(64, 16))
 	defer tn.Free()
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -137,7 +137,7 @@ func TestTenancyConcurrentReaders(t *testing.T) {
 }
 
 func TestTenancyPublishAllocs(t *testing.T) {
-	tn := NewTenancy(64, 16)
+	tn := must(NewTenancy(64, 16))
 	defer tn.Free()
 	sl := []int32{1, 17, 33, 1000}
 	id := uint64(0)
@@ -146,7 +146,7 @@ func TestTenancyPublishAllocs(t *testing.T) {
 
 func BenchmarkTenancy(b *testing.B) {
 	const blocks, bs = 1 << 16, 16
-	tn := NewTenancy(blocks, bs)
+	tn := must(NewTenancy(blocks, bs))
 	defer tn.Free()
 	sl := make([]int32, 1024)
 	for i := range sl {
@@ -178,7 +178,7 @@ func TestTenancyAbsent(t *testing.T) {
 	const nb, bs, nkeys = 6, 4, 3
 	optional := []bool{false, true, true}
 	rng := rand.New(rand.NewPCG(3, 4))
-	tn := NewTenancy(nb, bs, optional...)
+	tn := must(NewTenancy(nb, bs, optional...))
 	defer tn.Free()
 	absent := make([][]bool, nkeys)
 	for k := range absent {

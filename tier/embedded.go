@@ -270,9 +270,9 @@ func (e *Embedded) Set(_ context.Context, keys []string, vals [][]byte) []error 
 				break // unreachable: see the check above
 			}
 		}
-		ci, si, ok := e.alloc(int(size))
-		if !ok {
-			errs[i] = fmt.Errorf("%w: no slot of %d bytes: the slabs are held by values being stored or pinned", ErrNoRoom, size)
+		ci, si, err := e.alloc(int(size))
+		if err != nil {
+			errs[i] = err
 			continue
 		}
 		res = append(res, reserved{i, ci, si, e.slotBytes(ci, si, int(size)), kept})

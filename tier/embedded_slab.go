@@ -4,6 +4,7 @@
 package tier
 
 import (
+	"fmt"
 	"math/bits"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
@@ -47,9 +48,10 @@ func sizeClass(n int) int {
 }
 
 // alloc returns a free slot for n bytes (a chunk id and slot index),
-// making room as the type's doc says; false when none can be made (every
-// value held is being stored: reserved by a Set, out of the LRU).
-func (e *Embedded) alloc(n int) (int32, int32, bool) {
+// making room as the type's doc says; an error wrapping ErrNoRoom when none
+// can be made (every value held is being stored: reserved by a Set, out of
+// the LRU, or the OS refused a new chunk's memory).
+func (e *Embedded) alloc(n int) (int32, int32, error) {
 	size := sizeClass(n)
 	cl := e.cls[size]
 	if cl == nil {
@@ -74,22 +76,39 @@ func (e *Embedded) alloc(n int) (int32, int32, bool) {
 				e.empty--
 			}
 			c.live++
-			return ci, si, true
+			return ci, si, nil
 		}
 		bytes := int64(max(cl.size, e.frame))
 		switch {
 		case e.held+bytes <= e.limit || e.held == 0:
-			e.newChunk(cl)
+			if err := e.newChunk(cl); err != nil {
+				return 0, 0, fmt.Errorf("%w: a slab of %d bytes: %w", ErrNoRoom, cl.size, err)
+			}
 		case e.empty > 0:
 			e.releaseEmpty()
 		case e.evictOne():
 		default:
-			return 0, 0, false
+			return 0, 0, fmt.Errorf("%w: no slot of %d bytes: the slabs are held by values being stored or pinned", ErrNoRoom, size)
 		}
 	}
 }
 
-func (e *Embedded) newChunk(cl *slabClass) {
+// newChunk makes a chunk of class cl, failing (and changing nothing) when
+// the OS refuses its memory.
+func (e *Embedded) newChunk(cl *slabClass) error {
+	var buf []byte
+	region := int32(-1)
+	if cl.size <= e.frame {
+		var err error
+		if buf, region, err = e.newFrame(); err != nil {
+			return err
+		}
+	} else {
+		var err error
+		if buf, err = hostmem.AllocHuge(cl.size); err != nil {
+			return err
+		}
+	}
 	var ci int32
 	if n := len(e.gone); n > 0 {
 		ci, e.gone = e.gone[n-1], e.gone[:n-1]
@@ -98,40 +117,39 @@ func (e *Embedded) newChunk(cl *slabClass) {
 		e.chunks = append(e.chunks, chunk{})
 	}
 	c := &e.chunks[ci]
-	*c = chunk{cl: cl, free: make([]int32, cl.per), region: -1}
-	if cl.size <= e.frame {
-		c.buf, c.region = e.newFrame()
-	} else {
-		c.buf, _ = hostmem.AllocHuge(cl.size) // it falls back to make rather than fail
-	}
+	*c = chunk{cl: cl, free: make([]int32, cl.per), region: region, buf: buf}
 	for i := range c.free {
 		c.free[i] = int32(cl.per - 1 - i) // slot 0 first
 	}
 	cl.avail = append(cl.avail, ci)
 	e.held += int64(len(c.buf))
 	e.empty++
+	return nil
 }
 
 // newFrame hands out a released frame, else the next frame of the last
 // region, mapping a region when it has none left.
-func (e *Embedded) newFrame() ([]byte, int32) {
+func (e *Embedded) newFrame() ([]byte, int32, error) {
 	if n := len(e.cold); n > 0 {
 		f := e.cold[n-1]
 		e.cold = e.cold[:n-1]
-		return f.buf, f.region
+		return f.buf, f.region, nil
 	}
 	if len(e.regions) == 0 || e.carved == len(e.regions[len(e.regions)-1]) {
 		// At most the frames the bound allows, so that a small store does
 		// not reserve 16 frames' addresses for a few.
 		n := min(regionFrames, int((e.limit+int64(e.frame)-1)/int64(e.frame)))
-		r, _ := hostmem.AllocHuge(n * e.frame) // it falls back to make rather than fail
+		r, err := hostmem.AllocHuge(n * e.frame)
+		if err != nil {
+			return nil, -1, err
+		}
 		e.regions, e.carved = append(e.regions, r), 0
 	}
 	ri := int32(len(e.regions) - 1)
 	r := e.regions[ri]
 	f := r[e.carved : e.carved+e.frame : e.carved+e.frame]
 	e.carved += e.frame
-	return f, ri
+	return f, ri, nil
 }
 
 // releaseEmpty gives the chunks holding no value back to the OS.

@@ -634,3 +634,35 @@ func TestEmbeddedLookup(t *testing.T) {
 		})
 	}
 }
+
+// TestEmbeddedRefusedMapping: a slab whose memory the OS refuses fails
+// that value's Set with ErrNoRoom (naming the refusal) and stores nothing
+// of it; a value that fits memory already mapped is stored, what is
+// stored stays, and once memory is there again Sets store.
+func TestEmbeddedRefusedMapping(t *testing.T) {
+	ctx := context.Background()
+	e, err := NewEmbedded(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	small := bytes.Repeat([]byte{7}, 100)
+	if errs := e.Set(ctx, []string{"a"}, [][]byte{small}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	undo := hostmem.RefuseFrom(1)
+	big := bytes.Repeat([]byte{9}, 5<<20) // a chunk of its own
+	mid := bytes.Repeat([]byte{3}, 3000)  // a frame of the region mapped already
+	errs := e.Set(ctx, []string{"b", "c"}, [][]byte{big, mid})
+	undo()
+	if !errors.Is(errs[0], ErrNoRoom) || !strings.Contains(errs[0].Error(), "refused") || errs[1] != nil {
+		t.Fatalf("Sets with mappings refused: %v, want ErrNoRoom naming the refusal, then nil", errs)
+	}
+	vals, gerrs := e.Get(ctx, []string{"a", "b", "c"})
+	if errors.Join(gerrs...) != nil || !bytes.Equal(vals[0], small) || vals[1] != nil || !bytes.Equal(vals[2], mid) {
+		t.Fatalf("after the refused Set: %d, %d, %d bytes, %v", len(vals[0]), len(vals[1]), len(vals[2]), gerrs)
+	}
+	if errs := e.Set(ctx, []string{"b"}, [][]byte{big}); errs[0] != nil {
+		t.Fatalf("Set once memory is back: %v", errs[0])
+	}
+}

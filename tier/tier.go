@@ -100,8 +100,9 @@ var (
 	ErrTooLarge = errors.New("tier: value larger than the store")
 	// ErrNoRoom: the embedded store found no room for a value because the
 	// bytes it may hold are all reserved by values other Sets are copying
-	// in (a store a few values large, under concurrent publishers); the
-	// value is not stored.
+	// in (a store a few values large, under concurrent publishers), or the
+	// OS refused the memory of a new slab (an address-space limit such as
+	// ulimit -v); the value is not stored.
 	ErrNoRoom = errors.New("tier: no room beside the values being stored")
 )
 

@@ -122,11 +122,14 @@ func New(cfg Config) (*Writer, error) {
 	if budget == 0 {
 		budget = math.MaxInt64 / 2 // no bound that a sum of reservations could wrap
 	}
-	p := writer.NewPath(writer.Config{
+	p, err := writer.NewPath(writer.Config{
 		Dev: dev, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
 		StagingDepth: depth, Capacity: pageRows, ClaimTimeout: claim,
 		Budget: budget, WaitTimeout: wait,
 	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: writer: %w", errs.Config, err)
+	}
 	w := &Writer{p: p, rows: append([]int(nil), cfg.RowBytes...), nslots: cfg.NumBlocks * cfg.BlockSize}
 	w.step.Out = make([]writer.Src, len(keys))
 	w.step.Count = make([]int32, 1)

@@ -10,8 +10,11 @@
 package hostmem
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -19,22 +22,49 @@ import (
 // make (and Free leaves them to the collector).
 const Threshold = 1 << 20
 
+// ErrNoMemory is the error of a mapping the OS refused (an address-space
+// limit such as ulimit -v, or no memory left): Alloc, Map and AllocHuge
+// return it (wrapping the system's error) rather than fall back to the Go
+// heap, where an allocation the OS refuses is a fatal error of the
+// runtime, not an error.
+var ErrNoMemory = errors.New("hostmem: the OS refused the mapping")
+
 // mapped records the mappings Alloc made, by base address, so that Free
-// never unmaps memory it did not map (a fallback to make, a foreign slice).
+// never unmaps memory it did not map (a foreign slice).
 var mapped sync.Map
 
-// Alloc returns n zero bytes. It does not fail: when the OS refuses a
-// mapping it falls back to make.
+// refuseFrom, when positive, makes every mapping of at least that many
+// bytes fail as the OS refusing it would (RefuseFrom).
+var refuseFrom atomic.Int64
+
+// RefuseFrom makes every later mapping of at least n bytes fail with
+// ErrNoMemory, as an address-space limit would (n <= 0: none), until the
+// returned function undoes it. For tests of the callers' error paths.
+func RefuseFrom(n int) (undo func()) {
+	old := refuseFrom.Swap(int64(n))
+	return func() { refuseFrom.Store(old) }
+}
+
+// mapOS maps n bytes with map (mapAnon or mapHuge), or fails as the OS
+// refusing it (RefuseFrom); its error wraps ErrNoMemory.
+func mapOS(n int, mapFn func(int) ([]byte, error)) ([]byte, error) {
+	if r := refuseFrom.Load(); r > 0 && int64(n) >= r {
+		return nil, fmt.Errorf("%w: %d bytes: refused (RefuseFrom)", ErrNoMemory, n)
+	}
+	b, err := mapFn(n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoMemory, err)
+	}
+	return b, nil
+}
+
+// Alloc returns n zero bytes: from make below Threshold, else mapped from
+// the OS. A mapping the OS refuses is ErrNoMemory.
 func Alloc(n int) ([]byte, error) {
 	if n < Threshold {
 		return make([]byte, n), nil
 	}
-	b, err := mapAnon(n)
-	if err != nil {
-		return make([]byte, n), nil
-	}
-	mapped.Store(unsafe.Pointer(unsafe.SliceData(b)), len(b))
-	return b, nil
+	return Map(n)
 }
 
 // Map is Alloc without the threshold: n zero bytes mapped from the OS
@@ -42,22 +72,22 @@ func Alloc(n int) ([]byte, error) {
 // chunks use it: readers may copy rows while the committer overwrites them
 // for a newer tenant (the copy is then discarded by the read protocol's
 // owner/epoch check), which must not be Go heap memory that the collector
-// or the race detector treats as Go data. It falls back to make only when
-// the OS refuses the mapping.
+// or the race detector treats as Go data. A mapping the OS refuses is
+// ErrNoMemory.
 func Map(n int) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	b, err := mapAnon(n)
+	b, err := mapOS(n, mapAnon)
 	if err != nil {
-		return make([]byte, n), nil
+		return nil, err
 	}
 	mapped.Store(unsafe.Pointer(unsafe.SliceData(b)), len(b))
 	return b, nil
 }
 
 // IsMapped reports whether b starts a mapping that Alloc, Map or AllocHuge
-// made (not a fallback to make, nor a foreign slice).
+// made (not a small Alloc from make, nor a foreign slice).
 func IsMapped(b []byte) bool {
 	if len(b) == 0 {
 		return false
@@ -94,7 +124,7 @@ func Free(b []byte) error {
 // madvise(MADV_DONTNEED); elsewhere it does nothing): b then reads as zeros
 // until written again, and is faulted in afresh. Only whole
 // pages inside b are given back. It does nothing when m is not such a
-// mapping (memory from the Go heap: a fallback, or another system) or b
+// mapping (memory from the Go heap: a small Alloc, or another system) or b
 // is not inside it. Like an unmap it interrupts every CPU the process runs
 // on (a TLB shootdown): for rare trims, not a steady path.
 func Release(m, b []byte) error {

@@ -1,6 +1,7 @@
 package hostmem
 
 import (
+	"errors"
 	"os"
 	"runtime"
 	"strconv"
@@ -234,4 +235,29 @@ func TestRelease(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRefusedMapping: a mapping the OS refuses is ErrNoMemory from Alloc,
+// Map and AllocHuge (never a fall back to the Go heap, where the runtime
+// dies of it); smaller Allocs still come from make, and mappings work
+// again once the refusal is undone.
+func TestRefusedMapping(t *testing.T) {
+	undo := RefuseFrom(Threshold)
+	for name, f := range map[string]func(int) ([]byte, error){"Alloc": Alloc, "Map": Map, "AllocHuge": AllocHuge} {
+		for _, n := range []int{Threshold, HugePage, 3 * HugePage} {
+			b, err := f(n)
+			if !errors.Is(err, ErrNoMemory) || b != nil {
+				t.Errorf("%s(%d) with mappings refused: %d bytes, %v; want ErrNoMemory", name, n, len(b), err)
+			}
+		}
+	}
+	if b, err := Alloc(Threshold - 1); err != nil || len(b) != Threshold-1 {
+		t.Errorf("Alloc below the threshold: %d bytes, %v", len(b), err)
+	}
+	undo()
+	b, err := AllocHuge(HugePage)
+	if err != nil || !IsMapped(b) {
+		t.Fatalf("AllocHuge after the refusal was undone: %v", err)
+	}
+	Free(b)
 }

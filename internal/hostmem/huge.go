@@ -17,12 +17,14 @@ const HugePage = 2 << 20
 // The first write into each 2 MiB then faults once instead of 512 times.
 // Nothing is touched: RSS still grows only with what is written, by up to
 // 2 MiB at a time. Smaller requests, other systems and a refused advice
-// get Map's memory (never the Go heap). Free it with Free.
+// get Map's memory (never the Go heap); so does a request whose aligned
+// mapping (HugePage bytes larger) the OS refused. A mapping the OS refuses
+// is ErrNoMemory. Free it with Free.
 func AllocHuge(n int) ([]byte, error) {
 	if n < HugePage {
 		return Map(n)
 	}
-	b, err := mapHuge(n)
+	b, err := mapOS(n, mapHuge)
 	if err != nil {
 		return Map(n)
 	}

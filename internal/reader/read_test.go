@@ -64,11 +64,14 @@ type world struct {
 
 func newWorld(t *testing.T, opt Options) *world {
 	t.Helper()
-	p := writer.NewPath(writer.Config{
+	p, err := writer.NewPath(writer.Config{
 		Dev: gpu.NewHost(), NumBlocks: testBlocks, BlockSize: testBS, Keys: testKeys,
 		StagingDepth: 4, Capacity: 64, ClaimTimeout: waitBound, Budget: 1 << 20, ChunkBytes: 1 << 20,
 		WaitTimeout: waitBound, CopyWorkers: 1,
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := p.Close(nil, time.Now().Add(waitBound)); err != nil {
 			t.Error(err)

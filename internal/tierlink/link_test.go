@@ -21,12 +21,15 @@ const (
 // pathOver makes a write path whose rider and gather are l's.
 func pathOver(t *testing.T, l *tierlink.Link) *writer.Path {
 	t.Helper()
-	p := writer.NewPath(writer.Config{
+	p, err := writer.NewPath(writer.Config{
 		Dev: gpu.NewHost(), NumBlocks: nblocks, BlockSize: bs,
 		Keys: []writer.KeySpec{{Name: "h", RowBytes: rb}}, StagingDepth: 2, Capacity: 64,
 		ClaimTimeout: time.Second, Budget: 1 << 30, WaitTimeout: 10 * time.Second,
 		Rider: l.Rider(), Gather: l.Gather(),
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { p.Close(nil, time.Now().Add(10*time.Second)) })
 	return p
 }

@@ -2,6 +2,7 @@ package writer
 
 import (
 	"context"
+	"fmt"
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
@@ -107,8 +108,11 @@ func (c *Committer) NoteLate() { c.unissued.Add(1) }
 // their late copies issued before their turn.
 const lateAhead = 2
 
-// NewCommitter returns a committer; Start runs it.
-func NewCommitter(cfg CommitterConfig) *Committer {
+// NewCommitter returns a committer; Start runs it. With immediate keys it
+// maps its per-slot table of queued writes (untouched until written),
+// failing with an error wrapping hostmem.ErrNoMemory when the OS refuses
+// it.
+func NewCommitter(cfg CommitterConfig) (*Committer, error) {
 	c := &Committer{cfg: cfg, done: make(chan struct{})}
 	c.even = sync.NewCond(&c.emu)
 	c.pollAhead = c.issueAhead
@@ -116,7 +120,13 @@ func NewCommitter(cfg CommitterConfig) *Committer {
 	for _, k := range cfg.Imm {
 		c.immRowB += cfg.RowBytes[k]
 	}
-	return c
+	if len(cfg.Imm) > 0 {
+		var err error
+		if c.newest, err = hostmem.Uint64s(cfg.NumSlots); err != nil {
+			return nil, fmt.Errorf("writer: the committer's table of %d slots: %w", cfg.NumSlots, err)
+		}
+	}
+	return c, nil
 }
 
 // Start runs the committer on its own goroutine, labelled
@@ -292,9 +302,6 @@ func (lc *lateCopier) issue(dev gpu.Device, nimm int, w *Write) (gpu.Event, erro
 // in-order work (a hit read): a write after it must not make a write before
 // it skip rows the read is planned to find.
 func (c *Committer) scanQueued() {
-	if c.newest == nil {
-		c.newest, _ = hostmem.Uint64s(c.cfg.NumSlots) // never fails
-	}
 	c.scanned = c.cfg.Queue.Since(c.scanned, func(t Task) bool {
 		if t.R != nil {
 			return false
@@ -424,6 +431,20 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 		w.lateT0 = time.Time{}
 	}
 	c.issueAhead() // a write handed over while this one's copies ran
+	nimm := len(c.cfg.Imm)
+	// The mirror memory the rows land in is made first: a chunk the OS
+	// refuses fails the write (sticky) before any row is scattered.
+	for j := 0; j < w.Steps; j++ {
+		sl := w.Slots[j*w.N : (j+1)*w.N]
+		for ki, k := range c.cfg.Imm {
+			if w.NAbsent > 0 && w.Absent[j*nimm+ki] {
+				continue
+			}
+			if err := c.cfg.Mirrors.Make(k).Prepare(sl); err != nil {
+				return err
+			}
+		}
+	}
 	if len(w.Pub) == 0 {
 		c.scanQueued()
 	} // else blocks ride on w: no newer write may make it skip rows (see scanQueued)
@@ -437,7 +458,6 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	// Publish and before the epoch turns even. A key the step omitted
 	// scatters nothing: its slots are recorded absent (and a key it
 	// supplied clears them), in the same scatter, before Publish.
-	nimm := len(c.cfg.Imm)
 	ten := c.cfg.Tenancy
 	c.epoch.Add(1)
 	for j := 0; j < w.Steps; j++ {
@@ -520,6 +540,9 @@ func (c *Committer) commitDeferred(segs []Seg) error {
 				return err
 			}
 			sl := w.Slots[r0 : r0+cnt]
+			if err := m.Prepare(sl); err != nil {
+				return err // a chunk the OS refused: the write fails (sticky) before it lands
+			}
 			m.WriteSplit(c.workers, c.owned(occ, sl, w.ID), c.chunk[:cnt*rb])
 			c.cfg.Stats.Bytes.Add(int64(cnt * rb))
 			occ.Commit(sl, w.ID)

@@ -13,7 +13,10 @@ import (
 // on every scan until the write ran, then goes on.
 func TestScanStopsAtRidingWrite(t *testing.T) {
 	q := NewQueue[Task](4)
-	c := &Committer{cfg: CommitterConfig{Queue: q, NumSlots: 16}}
+	c, err := NewCommitter(CommitterConfig{Queue: q, NumSlots: 16, Imm: []int{0}, RowBytes: []int{8}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer func() { hostmem.FreeUint64s(c.newest) }()
 	w0 := &Write{ID: 1, Slots: []int32{0, 1}}
 	w1 := &Write{ID: 2, Slots: []int32{4, 5}, Pub: []int32{1}, PubKeys: []uint64{9}}

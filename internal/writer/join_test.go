@@ -33,7 +33,11 @@ func TestJoinSeq(t *testing.T) {
 
 func testJoinSeq(t *testing.T, bs int) {
 	const nb = 40
-	p := &Path{ten: soa.NewTenancy(nb, bs), q: NewQueue[Task](4)}
+	ten, err := soa.NewTenancy(nb, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Path{ten: ten, q: NewQueue[Task](4)}
 	p.cfg.NumBlocks, p.lay.BlockSize = nb, bs
 	defer p.ten.Free()
 	rng := rand.New(rand.NewPCG(uint64(bs), 7))

@@ -137,8 +137,11 @@ type openRef struct {
 }
 
 // NewPath builds the write path and starts its committer. It allocates no
-// mirror and no staging memory (both are made on first use).
-func NewPath(cfg Config) *Path {
+// mirror and no staging memory (both are made on first use); its per-slot
+// tables are mapped untouched, and a mapping the OS refuses (an
+// address-space limit) fails it with an error wrapping
+// hostmem.ErrNoMemory, holding nothing.
+func NewPath(cfg Config) (*Path, error) {
 	if cfg.SyncSpin == 0 {
 		cfg.SyncSpin = waitSpin
 	}
@@ -160,7 +163,12 @@ func NewPath(cfg Config) *Path {
 	for i, k := range cfg.Keys {
 		l.RowBytes = append(l.RowBytes, k.RowBytes)
 		if k.Deferred {
-			p.occ[i] = soa.NewOccupancy(nslots)
+			o, err := soa.NewOccupancy(nslots)
+			if err != nil {
+				p.freeTables()
+				return nil, err
+			}
+			p.occ[i] = o
 			l.ImmIdx = append(l.ImmIdx, -1)
 			l.DefIdx = append(l.DefIdx, len(l.Def))
 			l.Def = append(l.Def, i)
@@ -183,7 +191,12 @@ func NewPath(cfg Config) *Path {
 		for ki, k := range l.Imm {
 			opt[ki] = cfg.Keys[k].Optional
 		}
-		p.ten = soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize, opt...)
+		t, err := soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize, opt...)
+		if err != nil {
+			p.freeTables()
+			return nil, err
+		}
+		p.ten = t
 	}
 	p.pages = NewPages(cfg.StagingDepth)
 	p.spare = NewSpare(p.dev.AllocHost, p.pageB, cfg.StagingDepth)
@@ -196,14 +209,32 @@ func NewPath(cfg Config) *Path {
 	p.mirrors = NewMirrors(nslots, l.RowBytes, reg)
 	p.immRowB = immRowB
 	p.late.h = cfg.Hists
-	p.com = NewCommitter(CommitterConfig{
+	com, err := NewCommitter(CommitterConfig{
 		Dev: p.dev, Queue: p.q, Mirrors: p.mirrors, RowBytes: l.RowBytes, Imm: l.Imm,
 		Tenancy: p.ten, Occ: p.occ, NumSlots: nslots, ChunkBytes: cfg.ChunkBytes,
 		Stats: &p.st, Owner: committerOwner{p}, CopyWorkers: cfg.CopyWorkers, SplitBytes: cfg.SplitBytes,
 		BlockSize: cfg.BlockSize, Gather: cfg.Gather, Hists: cfg.Hists,
 	})
+	if err != nil {
+		p.freeTables()
+		return nil, err
+	}
+	p.com = com
 	p.com.Start()
-	return p
+	return p, nil
+}
+
+// freeTables returns the per-slot tables NewPath mapped (so far, when it
+// failed).
+func (p *Path) freeTables() {
+	for _, o := range p.occ {
+		if o != nil {
+			o.Free()
+		}
+	}
+	if p.ten != nil {
+		p.ten.Free()
+	}
 }
 
 // AllocPages allocates every staging page's memory now, as one allocation
@@ -453,14 +484,7 @@ func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
 		p.dev.FreeHost(p.block)
 		p.block = nil
 	}
-	for _, o := range p.occ {
-		if o != nil {
-			o.Free()
-		}
-	}
-	if p.ten != nil {
-		p.ten.Free()
-	}
+	p.freeTables()
 	p.mirrors.Free()
 	return nil
 }

@@ -197,7 +197,10 @@ func newFixtureDev(t *testing.T, faulty bool, mod func(*Config), wrap func(gpu.D
 	for k := range f.want {
 		f.want[k] = map[int32]want{}
 	}
-	f.p = NewPath(f.cfg)
+	var err error
+	if f.p, err = NewPath(f.cfg); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if f.fault != nil {
 			f.fault.Heal()

@@ -63,6 +63,9 @@ func (t *importTask) RunInOrder(failed bool) {
 		for i := range sl {
 			sl[i] = b*int32(bs) + int32(i)
 		}
+		if why[j] == nil {
+			why[j] = p.prepare(sl) // a chunk the OS refused: the block is not imported
+		}
 		if why[j] != nil {
 			p.ten.Publish(sl, neg, t.id) // stale: no read finds older rows here
 			continue
@@ -78,6 +81,18 @@ func (t *importTask) RunInOrder(failed bool) {
 	c.endScatter()
 	p.st.CommitNanos.Add(int64(time.Since(t0)))
 	t.f.Applied(why, false)
+}
+
+// prepare makes the mirror memory of slots for every immediate key
+// (mirror.Mirror.Prepare): a chunk the OS refuses is an error rather than
+// a panic in the scatter. Committer goroutine.
+func (p *Path) prepare(sl []int32) error {
+	for _, k := range p.lay.Imm {
+		if err := p.mirrors.Make(k).Prepare(sl); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Gather receives committed blocks' rows, on the committer (Config.Gather).

@@ -234,7 +234,7 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 		for i, a := range o.Accepted {
 			switch {
 			case a < 0 || a > count[i]:
-				return fmt.Errorf("%w: request %d: %d tokens accepted of %d scheduled", ErrOutputs, ids[i], a, count[i])
+				return fmt.Errorf("%w: accepted count out of range: request %d: %d tokens accepted of %d scheduled (want 0..%d)", ErrOutputs, ids[i], a, count[i], count[i])
 			case a < count[i] && e.pure:
 				return fmt.Errorf("%w: request %d: a decode step's one token cannot be rejected", ErrOutputs, ids[i])
 			}
@@ -254,7 +254,7 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 			have = len(t.Host)
 		}
 		if t.Rows < n || have < need {
-			return fmt.Errorf("%w: key %q: %d rows (%d bytes) for %d tokens of %d bytes", ErrOutputs, c.cfg.Keys[k].Name, t.Rows, have, n, c.lay.RowBytes[k])
+			return fmt.Errorf("%w: key %q: tensor too small: %d rows (%d bytes) for %d tokens of %d bytes", ErrOutputs, c.cfg.Keys[k].Name, t.Rows, have, n, c.lay.RowBytes[k])
 		}
 		if t.Host == nil && need > 0 {
 			// What can be checked before a copy is issued is this call's
@@ -462,7 +462,7 @@ func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 	}
 	rb := c.lay.RowBytes[k]
 	if len(dst) < len(sl)*rb {
-		return fmt.Errorf("%w: %d bytes for %d rows", ErrOutputs, len(dst), len(sl))
+		return fmt.Errorf("%w: Peek: a buffer of %d bytes is too small for %d rows of %d bytes", ErrOutputs, len(dst), len(sl), rb)
 	}
 	for _, s := range sl {
 		if s < 0 || int(s) >= c.lay.NumSlots {

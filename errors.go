@@ -38,8 +38,11 @@ var (
 	// ErrTokenCount: the outputs' token count differs from the tokens the
 	// plan scheduled.
 	ErrTokenCount = errs.TokenCount
-	// ErrOutputs: an output tensor has fewer rows than the step's tokens,
-	// is too short for its rows, or the tensor count differs from the keys.
+	// ErrOutputs: the outputs do not fit the begun step: nil outputs, a
+	// tensor count other than the keys', a tensor too small for the step's
+	// tokens (too few rows or bytes), a required key omitted, or accepted
+	// counts of another length or outside [0, Count]; also a nil Result
+	// (Materialize) or a buffer too small (Peek). The message names which.
 	ErrOutputs = errs.Outputs
 	// ErrStepTooLarge: a step schedules more tokens than one staging page
 	// holds (Begin rejects it before sizing anything from it).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/omnicache/omnicache"
@@ -111,4 +112,70 @@ func TestPlanValidation(t *testing.T) {
 	if got := res.Rows(0, 0); !bytes.Equal(got, want) {
 		t.Fatalf("request 2's rows after the refusals:\n got %v\nwant %v", got, want)
 	}
+}
+
+// TestOutputsErrorTexts: each wrong output names its own condition, and
+// only a tensor with too few rows or bytes says "too small". Each failed
+// Save undoes its Begin (begun again for the next case).
+func TestOutputsErrorTexts(t *testing.T) {
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 16, BlockSize: 4, Keys: []omnicache.Key{{Name: "h", RowBytes: 8}, {Name: "x", RowBytes: 4, Optional: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	plan := func() *omnicache.Plan {
+		return &omnicache.Plan{IDs: []int64{7}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{3}, Table: []int32{0, 1}, Stride: 2}
+	}
+	good := func() *omnicache.Outputs {
+		return &omnicache.Outputs{Tokens: 3, Tensors: []omnicache.Tensor{{Host: make([]byte, 24), Rows: 3}, {Host: make([]byte, 12), Rows: 3}}}
+	}
+	for _, tc := range []struct {
+		name  string
+		outs  func() *omnicache.Outputs
+		texts []string
+	}{
+		{"nil outputs", func() *omnicache.Outputs { return nil }, []string{"nil outputs"}},
+		{"tensor count", func() *omnicache.Outputs { o := good(); o.Tensors = o.Tensors[:1]; return o }, []string{"1 tensors for 2 keys"}},
+		{"accepted count", func() *omnicache.Outputs { o := good(); o.Accepted = []int32{4}; return o },
+			[]string{"accepted count out of range", "request 7", "4 tokens accepted of 3 scheduled"}},
+		{"accepted length", func() *omnicache.Outputs { o := good(); o.Accepted = []int32{1, 1}; return o },
+			[]string{"2 accepted counts for 1 scheduled requests"}},
+		{"omitted key", func() *omnicache.Outputs { o := good(); o.Tensors[0] = omnicache.Tensor{}; return o },
+			[]string{`key "h" is required`, "omits it"}},
+		{"rows", func() *omnicache.Outputs { o := good(); o.Tensors[1].Rows = 2; return o }, []string{`key "x"`, "tensor too small", "2 rows"}},
+		{"bytes", func() *omnicache.Outputs { o := good(); o.Tensors[0].Host = o.Tensors[0].Host[:20]; return o },
+			[]string{`key "h"`, "tensor too small", "20 bytes"}},
+	} {
+		if err := c.Begin(plan()); err != nil {
+			t.Fatalf("%s: Begin: %v", tc.name, err)
+		}
+		_, err := c.Save(tc.outs())
+		if !errors.Is(err, omnicache.ErrOutputs) {
+			t.Fatalf("%s: %v, want ErrOutputs", tc.name, err)
+		}
+		msg := err.Error()
+		for _, s := range tc.texts {
+			if !strings.Contains(msg, s) {
+				t.Errorf("%s: %q does not say %q", tc.name, msg, s)
+			}
+		}
+		if tc.name != "rows" && tc.name != "bytes" && strings.Contains(msg, "too small") {
+			t.Errorf("%s: %q says \"too small\"", tc.name, msg)
+		}
+	}
+	if err := c.Begin(plan()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Save(good()); err != nil {
+		t.Fatal(err)
+	}
+	var res omnicache.Result
+	if err := c.Materialize(1<<40, nil, nil); !errors.Is(err, omnicache.ErrOutputs) || strings.Contains(err.Error(), "too small") ||
+		!strings.Contains(err.Error(), "nil Result") {
+		t.Errorf("Materialize into a nil Result: %v", err)
+	}
+	if err := c.Peek(0, []int32{0, 1}, make([]byte, 8)); !errors.Is(err, omnicache.ErrOutputs) || !strings.Contains(err.Error(), "too small for 2 rows") {
+		t.Errorf("Peek into a short buffer: %v", err)
+	}
+	_ = res
 }

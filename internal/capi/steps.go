@@ -111,19 +111,25 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 	if err != nil {
 		return m.fail(err)
 	}
+	// A save that fails before the cache's Save undoes the begun step as
+	// the cache's Save would (nothing of it is kept: begin it again).
+	fail := func(err error) C.int {
+		_ = e.c.Abort() // ErrSequence without a begun step: nothing to undo
+		return m.fail(err)
+	}
 	if co == nil || step == nil {
-		return m.fail(fmt.Errorf("%w: NULL outputs or step", errArgument))
+		return fail(fmt.Errorf("%w: NULL outputs or step", errArgument))
 	}
 	ts, err := view[C.omnicache_tensor](co.tensors, co.ntensors, "tensors")
 	if err != nil {
-		return m.fail(err)
+		return fail(err)
 	}
 	if len(ts) != len(e.keys) {
-		return m.fail(fmt.Errorf("%w: %d tensors for %d keys", omnicache.ErrOutputs, len(ts), len(e.keys)))
+		return fail(fmt.Errorf("%w: %d tensors for %d keys", omnicache.ErrOutputs, len(ts), len(e.keys)))
 	}
 	acc, err := view[int32](co.accepted, co.n_accepted, "accepted")
 	if err != nil {
-		return m.fail(err)
+		return fail(err)
 	}
 	o := &e.outs
 	o.Tokens, o.Padded = int(co.tokens), int(co.padded)
@@ -131,17 +137,17 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 		t := &ts[k]
 		switch {
 		case t.flags&C.OMNICACHE_TENSOR_CUDA != 0 && e.dev == nil:
-			return m.fail(fmt.Errorf("%w: key %q: a CUDA tensor for a cache on the host device (OMNICACHE_DEVICE_CUDA, a cuda build)", errUnsupported, e.keys[k].Name))
+			return fail(fmt.Errorf("%w: key %q: a CUDA tensor for a cache on the host device (OMNICACHE_DEVICE_CUDA, a cuda build)", errUnsupported, e.keys[k].Name))
 		case t.flags&^C.OMNICACHE_TENSOR_CUDA != 0 || t.reserved != 0:
-			return m.fail(fmt.Errorf("%w: key %q: unknown tensor flags %#x", errArgument, e.keys[k].Name, uint32(t.flags)))
+			return fail(fmt.Errorf("%w: key %q: unknown tensor flags %#x", errArgument, e.keys[k].Name, uint32(t.flags)))
 		case t.nbytes < 0 || t.rows < 0:
-			return m.fail(fmt.Errorf("%w: key %q: negative size", errArgument, e.keys[k].Name))
+			return fail(fmt.Errorf("%w: key %q: negative size", errArgument, e.keys[k].Name))
 		case t.data == nil && t.nbytes == 0:
 			o.Tensors[k] = omnicache.Tensor{} // omitted
 		case t.data == nil:
-			return m.fail(fmt.Errorf("%w: key %q: NULL data with %d bytes", errArgument, e.keys[k].Name, int64(t.nbytes)))
+			return fail(fmt.Errorf("%w: key %q: NULL data with %d bytes", errArgument, e.keys[k].Name, int64(t.nbytes)))
 		case t.event != 0 && t.flags&C.OMNICACHE_TENSOR_CUDA == 0:
-			return m.fail(fmt.Errorf("%w: key %q: an event with a host tensor", errArgument, e.keys[k].Name))
+			return fail(fmt.Errorf("%w: key %q: an event with a host tensor", errArgument, e.keys[k].Name))
 		case t.flags&C.OMNICACHE_TENSOR_CUDA != 0:
 			o.Tensors[k] = omnicache.Tensor{Dev: gpu.Buffer{Ptr: uintptr(t.data), Size: int(t.nbytes)}, Rows: int(t.rows)}
 		default:
@@ -156,11 +162,11 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 			w, ok := e.dev.(waiter)
 			if !ok {
 				clear(o.Tensors)
-				return m.fail(fmt.Errorf("%w: key %q: the device cannot wait for an event", errUnsupported, e.keys[k].Name))
+				return fail(fmt.Errorf("%w: key %q: the device cannot wait for an event", errUnsupported, e.keys[k].Name))
 			}
 			if err := w.WaitExternal(ev); err != nil {
 				clear(o.Tensors)
-				return m.fail(fmt.Errorf("%w: key %q: %w", omnicache.ErrOutputs, e.keys[k].Name, err))
+				return fail(fmt.Errorf("%w: key %q: %w", omnicache.ErrOutputs, e.keys[k].Name, err))
 			}
 		}
 	}

@@ -16,7 +16,7 @@ var (
 	UnalignedHit   = errors.New("omnicache: hit not block aligned")
 	HitBlocks      = errors.New("omnicache: hit without its block ids")
 	TokenCount     = errors.New("omnicache: slot count differs from scheduled tokens")
-	Outputs        = errors.New("omnicache: output tensor too small")
+	Outputs        = errors.New("omnicache: bad outputs")
 	StepTooLarge   = errors.New("omnicache: step larger than a staging page")
 	StagingTimeout = errors.New("omnicache: timed out waiting for a staging page")
 	UnknownStep    = errors.New("omnicache: unknown or already consumed step id")

@@ -122,6 +122,37 @@ def test_token_count_and_outputs():
     c.close()
 
 
+def test_outputs_texts_name_the_condition():
+    """Each wrong output names its own condition (only a short tensor says
+    "too small"), through the package and through the ABI's own checks,
+    and every failed save undid its begin: the same plan begins again."""
+    c = cache()
+    plan = dict(ids=[1], rows=[0], start=[0], count=[4], table=TABLE, arrivals=[1])
+    cases = [
+        ("accepted count out of range: request 1: 5 tokens accepted of 4", lambda: c.save([np.ones((4, 16), np.uint8), None], accepted=[5])),
+        ("2 accepted counts for 1 scheduled requests", lambda: c.save([np.ones((4, 16), np.uint8), None], accepted=[1, 1])),
+        ("key \"hidden\" is required", lambda: c.save({"hidden": None}, tokens=4)),
+        ("key \"hidden\": tensor too small: 2 rows", lambda: c.save({"hidden": np.ones((2, 16), np.uint8)}, tokens=4)),
+    ]
+    for text, save in cases:
+        c.begin(**plan)
+        with pytest.raises(oc.OutputsError) as ei:
+            save()
+        assert text in str(ei.value)
+        assert "too small" not in str(ei.value) or "tensor too small" in text
+    # the ABI's own check of the tensor count (the package checks it first)
+    c.begin(**plan)
+    o = oc.Outputs(c, [np.ones((4, 16), np.uint8), None], tokens=4)
+    o._c.ntensors = 1
+    with pytest.raises(oc.OutputsError, match="1 tensors for 2 keys") as ei:
+        c.save(o)
+    assert "too small" not in str(ei.value)
+    c.begin(**plan)  # undone by the failed save
+    c.discard(c.save([np.ones((4, 16), np.uint8), None]))
+    assert c.stats()["Steps"] == 1
+    c.close()
+
+
 def test_step_too_large():
     c = cache(staging_capacity_tokens=4)
     with pytest.raises(oc.StepTooLargeError):
@@ -244,6 +275,8 @@ def test_abi_argument_bad_handle_unsupported():
     o._arr[0].flags = _ffi.TENSOR_CUDA
     with pytest.raises(oc.UnsupportedError, match="CUDA"):
         c.save(o)
+    c.begin(plan)  # the failed save undid the begin
+    c.abort()
     c.close()
 
 

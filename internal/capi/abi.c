@@ -24,6 +24,31 @@ static char omnicache_nomem[MSG_CAP]; // when malloc fails: shared, may mix thre
 
 static pthread_key_t omnicache_msgkey; // frees a thread's buffer at its exit
 
+// The step ids the calling thread's last failed call names (a staging
+// timeout's unconsumed steps): an array grown as needed, with no cap (the
+// message is cut at MSG_CAP; these are data). -1: the array could not grow.
+static __thread uint64_t *omnicache_stepsp;
+static __thread int64_t omnicache_nsteps, omnicache_stepscap;
+static pthread_key_t omnicache_stepskey; // frees a thread's array at its exit
+
+// ocgo_c_set_steps stores ids[0..n) as the calling thread's last error's
+// step ids (Go calls it from the failing call, on the caller's thread).
+// Not exported from the library (the version script keeps omnicache_*).
+void ocgo_c_set_steps(const uint64_t *ids, int64_t n) {
+	if (n > omnicache_stepscap) {
+		uint64_t *p = realloc(omnicache_stepsp, (size_t)n * sizeof *p);
+		if (p == NULL) {
+			omnicache_nsteps = -1;
+			return;
+		}
+		pthread_setspecific(omnicache_stepskey, p);
+		omnicache_stepsp = p;
+		omnicache_stepscap = n;
+	}
+	if (n > 0) memcpy(omnicache_stepsp, ids, (size_t)n * sizeof *ids);
+	omnicache_nsteps = n;
+}
+
 static char *omnicache_msg(void) {
 	if (omnicache_msgp == NULL) {
 		omnicache_msgp = malloc(MSG_CAP);
@@ -38,6 +63,7 @@ static void omnicache_in_child(void) { omnicache_forked = 1; }
 
 __attribute__((constructor)) static void omnicache_at_load(void) {
 	pthread_key_create(&omnicache_msgkey, free);
+	pthread_key_create(&omnicache_stepskey, free);
 	pthread_atfork(NULL, NULL, omnicache_in_child);
 }
 
@@ -76,6 +102,12 @@ int64_t omnicache_last_error(char *buf, int64_t cap) {
 		memcpy(buf, omnicache_msg(), (size_t)c);
 		buf[c] = 0;
 	}
+	return n;
+}
+
+int64_t omnicache_last_error_steps(uint64_t *buf, int64_t cap) {
+	int64_t n = omnicache_nsteps;
+	if (n > 0 && buf != NULL && cap > 0) memcpy(buf, omnicache_stepsp, (size_t)(n < cap ? n : cap) * sizeof *buf);
 	return n;
 }
 

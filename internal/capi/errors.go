@@ -5,6 +5,8 @@ package main
 /*
 #include <stdint.h>
 #include "omnicache.h"
+
+void ocgo_c_set_steps(const uint64_t *ids, int64_t n); // abi.c
 */
 import "C"
 
@@ -88,11 +90,13 @@ type msgBuf struct {
 	n   *C.int64_t
 }
 
-// fail stores err's message and returns its code.
+// fail stores err's message and its step ids (a staging timeout's
+// unconsumed steps, omnicache_last_error_steps) and returns its code.
 func (m msgBuf) fail(err error) C.int {
 	if err == nil {
 		return C.OMNICACHE_OK
 	}
+	setSteps(err)
 	s := err.Error()
 	if m.p != nil && m.cap > 0 {
 		dst := unsafe.Slice((*byte)(unsafe.Pointer(m.p)), int(m.cap))
@@ -103,6 +107,22 @@ func (m msgBuf) fail(err error) C.int {
 		*m.n = C.int64_t(len(s))
 	}
 	return code(err)
+}
+
+// setSteps stores the step ids err names as the calling thread's last
+// error's (none for an error that names none). Called on the thread of the
+// failing call (a call from C runs on its caller's thread).
+func setSteps(err error) {
+	var te *omnicache.StagingTimeoutError
+	if !errors.As(err, &te) || len(te.Unconsumed) == 0 {
+		C.ocgo_c_set_steps(nil, 0)
+		return
+	}
+	ids := make([]uint64, len(te.Unconsumed))
+	for i, id := range te.Unconsumed {
+		ids[i] = uint64(id)
+	}
+	C.ocgo_c_set_steps((*C.uint64_t)(unsafe.Pointer(&ids[0])), C.int64_t(len(ids)))
 }
 
 // recoverInto turns a panic into OMNICACHE_ERR_PANIC (deferred by every

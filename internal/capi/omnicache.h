@@ -219,6 +219,13 @@ int omnicache_abi_version(void);
  * truncated to cap; messages are kept up to 4095 bytes); returns its
  * length. */
 int64_t omnicache_last_error(char *buf, int64_t cap);
+/* Copies the step ids the calling thread's last failed call names (the
+ * unconsumed steps of an OMNICACHE_ERR_STAGING_TIMEOUT, in save order;
+ * none for other errors) into buf, up to cap of them, and returns how many
+ * it names, all of them whatever cap (-1 if they could not be kept: out of
+ * memory). Unlike the message, they are never cut: consume these steps to
+ * free the staging pages. */
+int64_t omnicache_last_error_steps(uint64_t *buf, int64_t cap);
 
 int omnicache_new(const omnicache_config *cfg, uint64_t *handle);
 int omnicache_close(uint64_t h);

@@ -94,7 +94,36 @@ ALLOC_STAGING_AT_NEW = 4
 ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
 TENSOR_CUDA = 1
-ABI_VERSION = 3  # the layouts above and the calls below (OMNICACHE_ABI_VERSION)
+ABI_VERSION = 3  # the layouts above and the calls of signatures() (OMNICACHE_ABI_VERSION)
+
+
+def signatures():
+    """The library's calls this package binds: name -> (restype, argtypes)
+    (the header declares exactly these)."""
+    P = ctypes.POINTER
+    return {
+        "omnicache_version": (ctypes.c_char_p, []),
+        "omnicache_abi_version": (ctypes.c_int, []),
+        "omnicache_last_error": (c_i64, [ctypes.c_char_p, c_i64]),
+        "omnicache_last_error_steps": (c_i64, [c_ptr, c_i64]),
+        "omnicache_new": (ctypes.c_int, [P(Config), P(c_u64)]),
+        "omnicache_close": (ctypes.c_int, [c_u64]),
+        "omnicache_begin": (ctypes.c_int, [c_u64, c_ptr]),
+        "omnicache_discard_begin": (ctypes.c_int, [c_u64, c_u64, c_ptr]),
+        "omnicache_save": (ctypes.c_int, [c_u64, c_ptr, c_ptr]),
+        "omnicache_abort": (ctypes.c_int, [c_u64]),
+        "omnicache_sync": (ctypes.c_int, [c_u64]),
+        "omnicache_reset": (ctypes.c_int, [c_u64, ctypes.c_int]),
+        "omnicache_discard": (ctypes.c_int, [c_u64, c_u64]),
+        "omnicache_materialize": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr]),
+        "omnicache_step_rows": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr, c_ptr]),
+        "omnicache_slots": (ctypes.c_int, [c_ptr, c_i64, c_i64, c_ptr, c_ptr, c_ptr, c_i64, c_i64, c_ptr,
+                                           c_i64, P(c_i64)]),
+        "omnicache_lookup": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
+        "omnicache_stats": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
+        "omnicache_stat_names": (c_i64, [ctypes.c_char_p, c_i64]),
+    }
+
 
 _lib = None
 _lock = threading.Lock()
@@ -124,34 +153,14 @@ def lib():
                 L = ctypes.CDLL(path)
             except OSError as e:
                 raise load_error(path, e) from e
-            P = ctypes.POINTER
-            sig = {
-                "omnicache_version": (ctypes.c_char_p, []),
-                "omnicache_abi_version": (ctypes.c_int, []),
-                "omnicache_last_error": (c_i64, [ctypes.c_char_p, c_i64]),
-                "omnicache_new": (ctypes.c_int, [P(Config), P(c_u64)]),
-                "omnicache_close": (ctypes.c_int, [c_u64]),
-                "omnicache_begin": (ctypes.c_int, [c_u64, c_ptr]),
-                "omnicache_discard_begin": (ctypes.c_int, [c_u64, c_u64, c_ptr]),
-                "omnicache_save": (ctypes.c_int, [c_u64, c_ptr, c_ptr]),
-                "omnicache_abort": (ctypes.c_int, [c_u64]),
-                "omnicache_sync": (ctypes.c_int, [c_u64]),
-                "omnicache_reset": (ctypes.c_int, [c_u64, ctypes.c_int]),
-                "omnicache_discard": (ctypes.c_int, [c_u64, c_u64]),
-                "omnicache_materialize": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr]),
-                "omnicache_step_rows": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr, c_ptr]),
-                "omnicache_slots": (ctypes.c_int, [c_ptr, c_i64, c_i64, c_ptr, c_ptr, c_ptr, c_i64, c_i64, c_ptr,
-                                                   c_i64, P(c_i64)]),
-                "omnicache_lookup": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
-                "omnicache_stats": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
-                "omnicache_stat_names": (c_i64, [ctypes.c_char_p, c_i64]),
-            }
+            L.omnicache_abi_version.restype, L.omnicache_abi_version.argtypes = ctypes.c_int, []
+            if L.omnicache_abi_version() != ABI_VERSION:  # before binding calls an older library lacks
+                raise LoadError("omnicache: %s has ABI %d, this package needs %d"
+                                % (path, L.omnicache_abi_version(), ABI_VERSION))
+            sig = signatures()
             for name, (res, args) in sig.items():
                 f = getattr(L, name)
                 f.restype, f.argtypes = res, args
-            if L.omnicache_abi_version() != ABI_VERSION:
-                raise LoadError("omnicache: %s has ABI %d, this package needs %d"
-                                  % (path, L.omnicache_abi_version(), ABI_VERSION))
             _lib = L
     return _lib
 
@@ -178,6 +187,22 @@ def last_error():
         buf = _msg.buf = ctypes.create_string_buffer(4096)
     L.omnicache_last_error(buf, len(buf))
     return buf.value.decode("utf-8", "replace")
+
+
+def last_error_steps():
+    """The step ids the calling thread's last failed call names (a staging
+    timeout's unconsumed steps, in save order; [] for other errors), as
+    data: every one of them, however many (the message is cut at 4095
+    bytes)."""
+    L = lib()
+    n = L.omnicache_last_error_steps(None, 0)
+    if n < 0:
+        raise MemoryError("omnicache: the library could not keep the step ids of the last error")
+    if n == 0:
+        return []
+    buf = (c_u64 * n)()
+    n = min(n, L.omnicache_last_error_steps(buf, n))
+    return list(buf[:n])
 
 
 def fast():

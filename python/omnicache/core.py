@@ -7,7 +7,7 @@ import numpy as np
 from . import _ffi
 from ._args import _I32, _I64, _U64, _int, _ints, _rows, _step, _torch_tensor  # noqa: F401 (_torch_tensor: vllm_omni)
 from .errors import (ArgumentError, ArgumentTypeError, ConfigError, KeyLayoutError, OmnicacheError, PlanError,
-                     UnknownKeyError, error)
+                     StagingTimeoutError, UnknownKeyError, error)
 
 _ERR_SHORT_BUFFER = 102
 _ERR_STEP_TOO_LARGE = 9
@@ -20,7 +20,8 @@ def _raise(rc):
         msg += ("; a step holds at most staging_capacity_tokens tokens (default 1,024): pass "
                 "Cache(staging_capacity_tokens=N) with N the engine's largest step (max_num_batched_tokens), "
                 "or build the adapter's config with PrefixCacheConfig.from_vllm_config")
-    raise error(rc, msg)
+    steps = _ffi.last_error_steps() if rc == StagingTimeoutError.code else ()
+    raise error(rc, msg, steps)
 
 
 class Key:

@@ -2,8 +2,6 @@
 each naming the Go sentinel it mirrors, and the package's own argument and
 loading errors, all under OmnicacheError."""
 
-import re
-
 
 class OmnicacheError(Exception):
     """Base of every error the library returns. ``code`` is the ABI's
@@ -79,14 +77,15 @@ class LoadError(OmnicacheError, ImportError):
 
 class StagingTimeoutError(OmnicacheError):
     """ErrStagingTimeout: no staging page became free in time.
-    ``unconsumed`` lists the saved step ids not yet consumed."""
+    ``unconsumed`` lists the saved step ids not yet consumed (in save
+    order), as the library handed them over (omnicache_last_error_steps,
+    every one of them): consume them to free the pages."""
 
     code = 10
 
-    def __init__(self, message, code=None):
+    def __init__(self, message, code=None, unconsumed=()):
         super().__init__(message, code)
-        m = re.search(r"unconsumed step ids: \[([0-9 ]*)\]", message)
-        self.unconsumed = [int(x) for x in m.group(1).split()] if m else []
+        self.unconsumed = list(unconsumed)
 
 
 ERRORS = {c.code: c for c in [
@@ -98,9 +97,12 @@ ERRORS = {c.code: c for c in [
     UnsupportedError, InternalError, NoDeviceError]}
 
 
-def error(code, message):
-    """The exception for a library error code."""
+def error(code, message, steps=()):
+    """The exception for a library error code; steps are the step ids the
+    library named with it (StagingTimeoutError.unconsumed)."""
     cls = ERRORS.get(code)
     if cls is None:
         return InternalError("omnicache: unknown error code %d: %s" % (code, message), code)
+    if cls is StagingTimeoutError:
+        return cls(message, code, steps)
     return cls(message, code)

@@ -184,6 +184,23 @@ def test_begin_discards_the_step_before():
         c.close()
 
 
+def test_calls_match_the_header():
+    """The package binds exactly the calls the header declares, with as
+    many arguments."""
+    import re
+
+    from omnicache import _ffi
+
+    text = open(os.path.join(os.path.dirname(_ffi.lib_path()), "omnicache.h")).read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    decl = {m.group(1): m.group(2) for m in re.finditer(r"\b(omnicache_\w+)\(([^)]*)\);", text)}
+    sig = _ffi.signatures()
+    assert sorted(decl) == sorted(sig)
+    for name, args in decl.items():
+        n = 0 if args.strip() in ("", "void") else args.count(",") + 1
+        assert n == len(sig[name][1]), name
+
+
 def test_struct_layouts_match_the_header():
     """The package's ctypes structs have the header's layout (cffi parses
     the header's typedefs): sizes and every field's offset."""

@@ -172,6 +172,28 @@ def test_staging_timeout_names_unconsumed_steps():
     c.close()
 
 
+def test_staging_timeout_names_1500_unconsumed_steps():
+    """With 1,500 steps unconsumed the message is cut at 4,095 bytes, but
+    unconsumed holds every id (handed over as data, not parsed): consuming
+    them frees the pages, and the save that timed out then succeeds. The
+    ids belong to the thread's last failed call: a later error names none."""
+    n = 1500
+    c = cache(staging_depth=n, staging_capacity_tokens=4, staging_claim_timeout_s=-1, decode_buffer=False)
+    sids = [step(c, ids=(i + 1,), count=(1,), finished=[i] if i else None) for i in range(n)]
+    with pytest.raises(oc.StagingTimeoutError) as ei:
+        step(c, ids=(n + 1,), count=(1,), finished=[n])
+    assert len(str(ei.value)) >= 4000  # the message was cut ...
+    assert ei.value.unconsumed == sids  # ... the ids were not
+    with pytest.raises(oc.UnknownStepError):
+        c.discard(1 << 40)
+    assert _ffi.last_error_steps() == []
+    for sid in ei.value.unconsumed:
+        c.discard(sid)
+    c.sync()
+    c.discard(step(c, ids=(n + 1,), count=(1,), finished=[n]))
+    c.close()
+
+
 def test_unknown_step_and_not_in_step():
     c = cache()
     sid = step(c)

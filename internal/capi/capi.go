@@ -9,7 +9,10 @@
 // script (omnicache.map) keeps every symbol but omnicache_* local.
 //
 // Handles: a cache is named by an integer handle into a fixed table
-// (slot index and generation); no Go pointer crosses the ABI. Plans,
+// (slot index and generation); no Go pointer crosses the ABI. Close
+// replaces the slot's entry with a tombstone that keeps only the handle
+// (a closed handle answers OMNICACHE_ERR_CLOSED until the slot is reused):
+// nothing of a closed cache stays reachable from the table. Plans,
 // outputs and result buffers are the caller's memory, viewed as Go slices
 // (unsafe.Slice) for the duration of a call: the cache borrows plans and
 // outputs for the call only, and copies non-owned host outputs before Save
@@ -68,10 +71,13 @@ var (
 
 var errBadHandle = errors.New("omnicache: no such cache handle")
 
-func lookup(h C.uint64_t) (*entry, error) {
-	e := table[uint64(h)&(1<<tableBits-1)].Load()
-	if e == nil || e.h != uint64(h) || h == 0 {
-		return nil, fmt.Errorf("%w: %d", errBadHandle, uint64(h))
+func lookup(h uint64) (*entry, error) {
+	e := table[h&(1<<tableBits-1)].Load()
+	if e == nil || e.h != h || h == 0 {
+		return nil, fmt.Errorf("%w: %d", errBadHandle, h)
+	}
+	if e.c == nil { // a closed cache's tombstone
+		return nil, fmt.Errorf("%w: handle %d", omnicache.ErrClosed, h)
 	}
 	return e, nil
 }
@@ -254,14 +260,30 @@ type waiter interface{ WaitExternal(ev uintptr) error }
 func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
+	return m.fail(closeHandle(uint64(h)))
+}
+
+// closeHandle closes the cache of handle h and everything New opened
+// with it, then puts a tombstone in its table slot, so that the table
+// keeps nothing of it (its block tables, staging pages, mirror, the
+// tier's value pools): a closed handle answers ErrClosed until the slot
+// is reused, and the cache is garbage once the calls in flight on it
+// returned. A second Close returns nil.
+func closeHandle(h uint64) error {
 	e, err := lookup(h)
+	if errors.Is(err, omnicache.ErrClosed) {
+		return nil // a second Close
+	}
 	if err != nil {
-		return m.fail(err)
+		return err
 	}
 	if e.closed.Swap(true) {
-		return C.OMNICACHE_OK // a second Close
+		return nil // a second Close, racing the first
 	}
 	err = e.c.Close()
 	e.closeTier()
-	return m.fail(err)
+	tomb := &entry{h: h}
+	tomb.closed.Store(true)
+	table[h&(1<<tableBits-1)].CompareAndSwap(e, tomb)
+	return err
 }

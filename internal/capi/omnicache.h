@@ -3,7 +3,8 @@
  * (libomnicache.so, built from internal/capi/ with go build -buildmode=c-shared).
  *
  * Handles. omnicache_new returns an opaque integer handle naming one cache;
- * no Go pointer ever crosses the ABI. A closed handle answers
+ * no Go pointer ever crosses the ABI. omnicache_close frees everything of
+ * the cache (once the calls in flight on it returned); its handle answers
  * OMNICACHE_ERR_CLOSED until its table slot is reused, then
  * OMNICACHE_ERR_BAD_HANDLE.
  *

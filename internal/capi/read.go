@@ -33,7 +33,7 @@ var scratches = sync.Pool{New: func() any { return new(scratch) }}
 func ocgo_step_rows(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t, nOut *C.int64_t, rowsOut *C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -68,7 +68,7 @@ func (e *entry) stepRows(step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t) (q [
 func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t, cr *C.omnicache_result, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -191,7 +191,7 @@ func compact(res *omnicache.Result, into [][]byte, keys []omnicache.Key) {
 func ocgo_lookup(h C.uint64_t, hashes *C.uint64_t, n C.int64_t, held *C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -221,7 +221,7 @@ var statFields = func() []string {
 func ocgo_stats(h C.uint64_t, out *C.int64_t, cap C.int64_t, nOut *C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}

@@ -22,7 +22,7 @@ import (
 func ocgo_discard_begin(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -38,7 +38,7 @@ func ocgo_discard_begin(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, mp 
 func ocgo_begin(h C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -107,7 +107,7 @@ func fillPlan(p *omnicache.Plan, cp *C.omnicache_plan) (err error) {
 func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -185,7 +185,7 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 func ocgo_abort(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -196,7 +196,7 @@ func ocgo_abort(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.i
 func ocgo_sync(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -207,7 +207,7 @@ func ocgo_sync(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.in
 func ocgo_reset(h C.uint64_t, purge C.int, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}
@@ -218,7 +218,7 @@ func ocgo_reset(h C.uint64_t, purge C.int, mp *C.char, mcap C.int64_t, mn *C.int
 func ocgo_discard(h C.uint64_t, step C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(h)
+	e, err := lookup(uint64(h))
 	if err != nil {
 		return m.fail(err)
 	}

@@ -52,6 +52,7 @@ func (c *Cache) Begin(p *Plan) error {
 			return err
 		}
 	}
+	c.startUndo()      // Abort and a failed Save undo what follows
 	c.applyReplaced(p) // before finishes: a replaced request may finish too
 	c.applyPreempted(p)
 	if c.finish(p.Finished) {
@@ -78,6 +79,9 @@ func (c *Cache) finish(finished []int64) (changed bool) {
 	e := &c.eng
 	for _, id := range finished {
 		if h, ok := e.reqs.Lookup(id); ok {
+			if s := c.snap(h); s != nil {
+				s.removed = true
+			}
 			c.path.Finish(h)
 			c.dropFloor(h)
 			e.reqs.Remove(h)
@@ -104,6 +108,7 @@ func (c *Cache) arrive(p *Plan) (changed bool) {
 		if rehit {
 			// A preempted request resuming with a hit: the hit is served as
 			// an arrival's (delivery leaves out what it already had).
+			c.snap(h)
 			e.reqs.SetHit(h, ht, blocks)
 		}
 		if fresh || rehit {
@@ -178,6 +183,7 @@ func (c *Cache) planHits() {
 		// engine runs its forward.
 		for _, i := range e.hitReq {
 			h := e.h[i]
+			c.snap(h)
 			pos := e.reqs.Pos(h)
 			e.reqs.Flags[pos] &^= flagHitPending
 			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.reqs.HitTokens[pos], Blocks: e.reqs.HitBlocks(h)})
@@ -230,46 +236,4 @@ func (c *Cache) hitsOverlapStep() bool {
 		}
 	}
 	return false
-}
-
-// Abort abandons the begun step when its forward failed after Begin: the
-// cache returns to the state before that Begin, except that the requests it
-// finished stay dropped (the engine dropped them, and their open writes
-// still land); begin the step again, or another. ErrSequence without a
-// begun step. Engine goroutine only.
-func (c *Cache) Abort() error {
-	if err := c.enter(); err != nil {
-		return err
-	}
-	defer c.leave()
-	if !c.eng.begun {
-		return fmt.Errorf("%w: Abort without a begun step", ErrSequence)
-	}
-	c.unbegin()
-	return nil
-}
-
-// unbegin undoes the begun step (Abort, or its Save failed): the requests the
-// Begin added are dropped again (a retry of the same plan registers them,
-// and their hits, afresh); finished requests stay dropped, as the engine
-// dropped them.
-func (c *Cache) unbegin() {
-	e := &c.eng
-	for _, h := range e.fresh {
-		if e.reqs.Pos(h) >= 0 {
-			e.reqs.Remove(h)
-		}
-	}
-	e.fresh = e.fresh[:0]
-	e.prevIDs = e.prevIDs[:0]
-	e.prevH = e.prevH[:0] // an empty batch next is "the same" as none: no stale handles
-	e.begun = false
-	if c.tl != nil {
-		c.tl.Unbegin()
-	}
-	if e.rec != nil {
-		c.rd.Cancel(e.rec) // a prefetch not started is skipped
-		e.rec, e.planned = nil, false
-	}
-	c.live.Store(int64(e.reqs.Len()))
 }

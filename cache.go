@@ -129,7 +129,8 @@ func (c *Cache) leave() {
 // deferred rows are cloned and stay pending until their request finishes.
 //
 // A Save that fails with any error but ErrWriteFailed saves nothing and
-// undoes its Begin (finished requests stay dropped): Begin the step again.
+// undoes its Begin as Abort does (everything it did, its finishes
+// included): Begin the step again, or another.
 // Nil outputs are ErrOutputs. Engine goroutine only; the outputs are borrowed for the call (owned
 // tensors are kept, see Config.ReleaseHost for a failed Save).
 func (c *Cache) Save(o *Outputs) (StepID, error) {

@@ -139,6 +139,7 @@ func (c *Cache) applyReplaced(p *Plan) {
 	for i, id := range p.Replaced {
 		at := p.ReplacedFrom[i]
 		h, _ := reqs.Lookup(id)
+		c.snap(h)
 		pos := reqs.Pos(h)
 		e.lens = growLens(e.lens, h)
 		e.lens[h] = at
@@ -152,6 +153,7 @@ func (c *Cache) applyReplaced(p *Plan) {
 		at := p.ReplacedFrom[i]
 		h, _ := reqs.Lookup(id)
 		if d := e.dlp[h]; d.pos > at {
+			e.undo.pos = append(e.undo.pos, posSnap{d, d.pos})
 			d.pos = at // delivery restarts there
 		}
 		if int(h) < len(e.preLen) {
@@ -162,6 +164,7 @@ func (c *Cache) applyReplaced(p *Plan) {
 		for i, id := range p.Replaced {
 			if j := rec.Find(id); j >= 0 {
 				lo := rec.Start[j] - rec.Prefix(j)
+				c.snapTrim(rec, j)
 				rec.Trim(j, max(lo, p.ReplacedFrom[i]))
 			}
 		}
@@ -187,9 +190,10 @@ func (c *Cache) applyReplaced(p *Plan) {
 type dlState struct{ pos int32 }
 
 // freshReq resets the engine's state of handle h, which names a new
-// request. Engine goroutine.
+// request. Engine goroutine, inside Begin's apply.
 func (c *Cache) freshReq(h soa.Handle) {
 	e := &c.eng
+	c.markFresh(h)
 	e.lens = growLens(e.lens, h)
 	e.lens[h] = 0
 	for int(h) >= len(e.dlp) {
@@ -219,6 +223,7 @@ func (c *Cache) applyPreempted(p *Plan) {
 		if !ok {
 			continue
 		}
+		c.snap(h)
 		pos := e.reqs.Pos(h)
 		// A hit not served yet goes with the KV it came from: the request
 		// resumes with a hit of its own, or none.

@@ -5,7 +5,11 @@ package omnicache_test
 // prefills, decodes, finishes, aborts, preemption with recompute, streamed
 // continuations, LRU block reuse — runs through the cache with the decode
 // buffer on, with it off, on with a tight device budget, with prefetch
-// off, with a tight read-ahead budget and with a lagging committer. Every
+// off, with a tight read-ahead budget and with a lagging committer. Before
+// every 7th step another plan the engine could have run (finishing,
+// preempting, resuming, replacing and hitting far more often) is begun and
+// abandoned, by Abort or by a Save that fails: the oracle never sees it,
+// and one more run without those plans must serve the same rows. Every
 // materialized row is checked against the model (slot → latest row, the
 // writes replayed in step order), the mirrors are checked against the model
 // along the way and at the end, and the runs' mirrors and materialized
@@ -103,8 +107,15 @@ func TestPropertyRandomSchedule(t *testing.T) {
 				acts = append(acts, last)
 			}
 			n := e.Counts
-			t.Logf("schedule: %d steps, %d requests, %d hits (%d tokens), %d pure decode steps, %d preemptions, %d resumes (%d with a hit), %d replaces, %d rejected drafts, %d aborts, %d continuations, %d implicit arrivals, %d zero-token steps",
-				n.Steps, n.Requests, n.Hits, n.HitTokens, n.PureSteps, n.Preempts, n.Resumes, n.ResumeHits, n.Replaces, n.Drafts, n.Aborts, n.Continued, n.Implicit, n.ZeroTokens)
+			t.Logf("schedule: %d steps, %d requests, %d hits (%d tokens), %d pure decode steps, %d preemptions, %d resumes (%d with a hit, %d without one at an unaligned length), %d replaces, %d rejected drafts, %d aborts, %d continuations, %d implicit arrivals, %d zero-token steps",
+				n.Steps, n.Requests, n.Hits, n.HitTokens, n.PureSteps, n.Preempts, n.Resumes, n.ResumeHits, n.ResumesUnaligned, n.Replaces, n.Drafts, n.Aborts, n.Continued, n.Implicit, n.ZeroTokens)
+			t.Logf("abandoned plans: %d (%d by a failed Save); %d finish, %d preempt, %d resume, %d replace, %d hit",
+				n.Abandoned, n.FailedSaves, n.AbandonedFinish, n.AbandonedPreempt, n.AbandonedResume, n.AbandonedReplace, n.AbandonedHit)
+			require.Positive(t, n.ResumesUnaligned, "the schedule must resume requests without a hit after an unaligned length")
+			for what, k := range map[string]int{"fail a Save": n.FailedSaves, "finish": n.AbandonedFinish, "preempt": n.AbandonedPreempt,
+				"resume": n.AbandonedResume, "replace": n.AbandonedReplace, "hit": n.AbandonedHit} {
+				require.Positive(t, k, "abandoned plans must %s", what)
+			}
 			require.Positive(t, n.Replaces, "the schedule must replace prompts")
 			require.Positive(t, n.Drafts, "the schedule must reject drafts")
 			require.Positive(t, n.ResumeHits, "the schedule must resume requests with a hit")
@@ -115,6 +126,8 @@ func TestPropertyRandomSchedule(t *testing.T) {
 				require.Positive(t, n.Omitted, "the schedule must omit keys")
 			}
 
+			runs := append(runs[:len(runs):len(runs)], runs[0]) // "buffer on", without the abandoned plans
+			runs[len(runs)-1].name = "buffer on, no abandoned plans"
 			caps := make([]cachetest.Capture, len(runs))
 			for i, run := range runs {
 				ok := t.Run(run.name, func(t *testing.T) {
@@ -125,7 +138,11 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					h.Label = run.name
 					h.KeepRows = true
 					h.Into = run.into
-					caps[i] = cachetest.RunAll(h, acts)
+					if i == len(runs)-1 {
+						caps[i] = cachetest.RunAll(h, cachetest.WithoutAbandoned(acts))
+					} else {
+						caps[i] = cachetest.RunAll(h, acts)
+					}
 					st := h.Stats()
 					t.Logf("cache: %d tasks, %d rows skipped (a newer write claimed them), %d delayed reads reassigned", st.WriteTasks, st.RowsSkipped, h.ReassignedReads())
 					assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged once every request finished")

@@ -65,9 +65,9 @@ func FuzzCache(f *testing.F) {
 
 		st := h.Stats()
 		n := e.Counts
-		t.Logf("config: %d blocks of %d, depth %d, keys %d, buffer off %v, budget %d; schedule: %d steps, %d requests, %d hits (%d bogus), %d pure decode steps, %d preemptions, %d resumes (%d with a hit), %d replaces, %d rejected drafts, %d aborts, %d continuations, %d reuses, %d step aborts; cache: %d buffered steps, %d flushes, %d budget flushes, %d deferred writes, %d rows skipped",
+		t.Logf("config: %d blocks of %d, depth %d, keys %d, buffer off %v, budget %d; schedule: %d steps, %d requests, %d hits (%d bogus), %d pure decode steps, %d preemptions, %d resumes (%d with a hit, %d without one at an unaligned length), %d replaces, %d rejected drafts, %d aborts, %d continuations, %d reuses, %d step aborts (%d other plans abandoned, %d by a failed Save); cache: %d buffered steps, %d flushes, %d budget flushes, %d deferred writes, %d rows skipped",
 			s.Config.NumBlocks, s.Config.BlockSize, s.Config.StagingDepth, len(s.Config.Keys), s.Config.DisableDecodeBuffer, st.BudgetLimit,
-			n.Steps, n.Requests, n.Hits, n.Bogus, n.PureSteps, n.Preempts, n.Resumes, n.ResumeHits, n.Replaces, n.Drafts, n.Aborts, n.Continued, n.Reuses, run.StepAborts(),
+			n.Steps, n.Requests, n.Hits, n.Bogus, n.PureSteps, n.Preempts, n.Resumes, n.ResumeHits, n.ResumesUnaligned, n.Replaces, n.Drafts, n.Aborts, n.Continued, n.Reuses, run.StepAborts(), n.Abandoned, n.FailedSaves,
 			st.BufferedSteps, st.BufferFlushes, st.BudgetFlushes, st.DeferredWrites, st.RowsSkipped)
 		assert.Zero(t, st.BudgetCharged, "Stats.BudgetCharged once every request finished")
 		assert.Zero(t, st.PagesInUse, "Stats.PagesInUse once every step is consumed")

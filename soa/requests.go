@@ -72,6 +72,35 @@ func (t *Requests) Add(id int64, hitTokens int32, blocks []int32) (Handle, bool)
 		h = Handle(len(t.pos))
 		t.pos = append(t.pos, 0)
 	}
+	t.insert(h, id, hitTokens, blocks)
+	return h, true
+}
+
+// AddAt is Add under a chosen handle: it inserts request id as handle h,
+// which must be free (a removed request's, to restore it under the handle
+// it had), and reports whether it did: false, changing nothing, when id is
+// live or h is not free.
+func (t *Requests) AddAt(h Handle, id int64, hitTokens int32, blocks []int32) bool {
+	if _, ok := t.index[id]; ok || h < 0 || int(h) >= len(t.pos) || t.pos[h] >= 0 {
+		return false
+	}
+	i := len(t.free) - 1 // a handle freed last is usually at the top
+	for i >= 0 && Handle(t.free[i]) != h {
+		i--
+	}
+	if i < 0 {
+		return false
+	}
+	t.free = append(t.free[:i], t.free[i+1:]...)
+	if t.index == nil {
+		t.index = make(map[int64]Handle)
+	}
+	t.insert(h, id, hitTokens, blocks)
+	return true
+}
+
+// insert places request id at the end of the columns under handle h.
+func (t *Requests) insert(h Handle, id int64, hitTokens int32, blocks []int32) {
 	t.pos[h] = int32(len(t.ID))
 	t.handle = append(t.handle, int32(h))
 	t.ID = append(t.ID, id)
@@ -82,7 +111,6 @@ func (t *Requests) Add(id int64, hitTokens int32, blocks []int32) (Handle, bool)
 	t.Aux = append(t.Aux, 0)
 	t.Blocks = append(t.Blocks, blocks...)
 	t.index[id] = h
-	return h, true
 }
 
 // Lookup returns the handle of live request id.

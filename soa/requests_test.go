@@ -241,3 +241,30 @@ func TestRequestsSetHit(t *testing.T) {
 		t.Fatalf("arena of %d ids for 3 live ones: garbage not compacted", len(tab.Blocks))
 	}
 }
+
+// TestRequestsAddAt: a removed request comes back under its own handle,
+// with its hit, whatever was added and removed since; a live id or a
+// handle in use is refused and changes nothing.
+func TestRequestsAddAt(t *testing.T) {
+	r := NewRequests(4)
+	h1, _ := r.Add(1, 8, []int32{3, 4})
+	h2, _ := r.Add(2, 0, nil)
+	r.Remove(h1)
+	h3, _ := r.Add(3, 4, []int32{9}) // takes h1's handle
+	require.Equal(t, h1, h3)
+	r.Remove(h2)
+	r.Remove(h3)
+	require.True(t, r.AddAt(h1, 1, 8, []int32{3, 4}))
+	require.False(t, r.AddAt(h2, 1, 0, nil), "a live id")
+	require.False(t, r.AddAt(h1, 5, 0, nil), "a handle in use")
+	require.False(t, r.AddAt(Handle(7), 5, 0, nil), "a handle never made")
+	r.check(t)
+	got, ok := r.Lookup(1)
+	require.True(t, ok)
+	require.Equal(t, h1, got)
+	require.Equal(t, []int32{3, 4}, r.HitBlocks(h1))
+	require.True(t, r.AddAt(h2, 2, 0, nil))
+	h4, _ := r.Add(4, 0, nil)
+	require.NotContains(t, []Handle{h1, h2}, h4)
+	r.check(t)
+}

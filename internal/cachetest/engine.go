@@ -51,15 +51,25 @@ type Counts struct {
 	// AbortRetries are begun steps whose forward failed (Abort, Begin
 	// again); AbortedHits those of them with hit arrivals.
 	AbortRetries, AbortedHits int
-	Implicit                  int // arrivals scheduled without being listed
-	PureSteps                 int // pure decode steps
-	ZeroTokens                int // steps that schedule nothing
-	Bogus                     int // arrivals hitting never-written blocks (NextFrom)
-	Reuses                    int // cached blocks handed to a new tenant on purpose (NextFrom)
-	ResumeHits                int // resumes with a hit
-	Replaces                  int // replaced prompts
-	Drafts                    int // rejected draft tokens
-	Omitted                   int // optional keys omitted by a step (OmitOptional)
+	// Abandoned are other plans begun before a step and abandoned (Abort,
+	// or a failed Save: FailedSaves of them); AbandonedFinish,
+	// AbandonedPreempt, AbandonedResume, AbandonedReplace and
+	// AbandonedHit those that finished, preempted, resumed, replaced or
+	// hit requests.
+	Abandoned, FailedSaves                                                             int
+	AbandonedFinish, AbandonedPreempt, AbandonedResume, AbandonedReplace, AbandonedHit int
+	// ResumesUnaligned are resumes without a hit of requests preempted at
+	// a length that is not block aligned (they recompute a partial block).
+	ResumesUnaligned int
+	Implicit         int // arrivals scheduled without being listed
+	PureSteps        int // pure decode steps
+	ZeroTokens       int // steps that schedule nothing
+	Bogus            int // arrivals hitting never-written blocks (NextFrom)
+	Reuses           int // cached blocks handed to a new tenant on purpose (NextFrom)
+	ResumeHits       int // resumes with a hit
+	Replaces         int // replaced prompts
+	Drafts           int // rejected draft tokens
+	Omitted          int // optional keys omitted by a step (OmitOptional)
 }
 
 // Engine is a tiny scheduler with a KV block manager: ref-counted
@@ -94,6 +104,9 @@ type Engine struct {
 	// same with and without omissions).
 	omitRng  *rand.Rand
 	optional []bool
+	// noAlt: a copy that generates an abandoned plan makes none itself.
+	noAlt bool
+	seed  uint64 // NewSeededEngine's
 }
 
 type request struct {
@@ -102,6 +115,7 @@ type request struct {
 	done          int
 	blocks        []int32
 	shared        int // tokens of its leading blocks that came from a hit (shared: never rewritten by it)
+	preemptedAt   int // its length when last preempted
 }
 
 type assignment struct {
@@ -147,10 +161,12 @@ type Action struct {
 	// abortRetry: the step's forward fails after its Begin: Abort, then
 	// Begin the same step again.
 	abortRetry bool
-	nilArgs    bool // Begin(nil), Save(nil) and Materialize into a nil Result first: typed errors that change nothing
-	fault      int  // 1 + gputest.Op: the device fails that method from this step on
-	faultN     int  // ... after faultN more successful calls
-	closeNow   bool
+	// failed: plans begun and abandoned before this step (abort.go).
+	failed   []failedBegin
+	nilArgs  bool // Begin(nil), Save(nil) and Materialize into a nil Result first: typed errors that change nothing
+	fault    int  // 1 + gputest.Op: the device fails that method from this step on
+	faultN   int  // ... after faultN more successful calls
+	closeNow bool
 }
 
 // Misuse around Begin.
@@ -171,6 +187,7 @@ const (
 func NewSeededEngine(seed uint64, nkeys int) *Engine {
 	e := NewEngine(PropLimits, nkeys)
 	e.rng = rand.New(rand.NewPCG(seed, seed^0x5eed))
+	e.seed = seed
 	return e
 }
 
@@ -320,6 +337,7 @@ func (e *Engine) preempt(act *Action, id int64) {
 	e.release(r.blocks)
 	r.blocks = nil
 	r.prompt = max(r.prompt, r.done)
+	r.preemptedAt = r.done
 	r.done = 0
 	e.running = remove(e.running, id)
 	e.preempted = append(e.preempted, id)
@@ -373,6 +391,8 @@ func (e *Engine) resume(act *Action, hitK int) {
 			act.Step.Arrive = append(act.Step.Arrive, A{ID: id, Hit: len(hit) * e.bs})
 			e.Counts.ResumeHits++
 			e.pendingHit[id] = len(hit) * e.bs // counted once scheduled, as the cache counts it
+		} else if r.preemptedAt%e.bs != 0 {
+			e.Counts.ResumesUnaligned++
 		}
 		act.assign = append(act.assign, assignment{id, bl})
 		act.bump = append(act.bump, id)

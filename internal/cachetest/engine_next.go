@@ -6,27 +6,41 @@ package cachetest
 func (e *Engine) Next(i int) Action {
 	var act Action
 	rng := e.rng
+	// Every 7th step, another plan the engine could run now is begun and
+	// abandoned first (Abort, or a Save that fails, in turn): drawn from
+	// a copy of the engine with a PRNG of its own (the schedule's draws
+	// stay as they were).
+	if i%7 == 3 && !e.noAlt {
+		act.failed = append(act.failed, e.abandoned(i, e.seed<<32|uint64(i), (i/7)%numFail))
+	}
 	quiet := (i/40)%2 == 1 // alternate busy and quiet (decode-heavy) phases
+	// An abandoned plan's copy (noAlt) aborts, preempts, resumes and
+	// replaces far more often: what its Begin changes must all be undone.
+	pAbort, pPreempt, pResume := 0.012, 0.04, 0.3
+	if e.noAlt {
+		pAbort, pPreempt, pResume = 0.2, 0.5, 0.9
+	}
 
 	// 1. Finished: requests that completed last step, plus random aborts.
 	e.finishComplete(&act)
 	for _, id := range e.live() {
-		if rng.Float64() < 0.012 {
+		if rng.Float64() < pAbort {
 			e.abort(&act, id)
 		}
 	}
 	// 2. Preemption: blocks freed (still cached), recompute from 0 later.
-	if len(e.running) > 0 && rng.Float64() < 0.04 {
+	if len(e.running) > 0 && rng.Float64() < pPreempt {
 		e.preempt(&act, e.running[rng.IntN(len(e.running))])
 	}
 	// 3. Resume the oldest preempted request if its blocks fit.
-	if len(e.preempted) > 0 && len(e.running) < e.lim.MaxRunning && rng.Float64() < 0.3 {
+	if len(e.preempted) > 0 && len(e.running) < e.lim.MaxRunning && rng.Float64() < pResume {
 		e.resume(&act, e.Counts.Resumes%3) // a hit on 0, 1 or 2 cached blocks (no draw: the schedule's draws stay)
 	}
 	// 3b. Every 17th step a running request's prompt is replaced from a
-	// position it computed; every 5th, decoding requests schedule drafts
-	// (no draws: the schedule's draws stay as they were).
-	if i%17 == 9 && len(e.running) > 0 {
+	// position it computed (every step of an abandoned plan's copy);
+	// every 5th, decoding requests schedule drafts (no draws: the
+	// schedule's draws stay as they were).
+	if (i%17 == 9 || e.noAlt) && len(e.running) > 0 {
 		e.replace(&act, e.running[i%len(e.running)], i)
 	}
 	if i%5 == 2 {
@@ -53,8 +67,11 @@ func (e *Engine) Next(i int) Action {
 		if len(e.running) >= e.lim.MaxRunning || budget <= 0 || rng.Float64() >= pArr {
 			continue
 		}
-		prompt := 1 + rng.IntN(20)
-		total := prompt + 1 + rng.IntN(12)
+		// Within a block-table row (PropLimits' rows hold all 32 tokens:
+		// the bound only binds the smaller blocks of a fuzzer's engine).
+		maxTotal := min(e.lim.Stride, e.lim.Blocks) * e.bs
+		prompt := min(1+rng.IntN(20), maxTotal-1)
+		total := min(prompt+1+rng.IntN(12), maxTotal)
 		var hit []int32
 		if rng.Float64() < 0.6 {
 			hb := e.hittable()

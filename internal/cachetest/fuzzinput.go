@@ -49,8 +49,13 @@ const (
 //	            0x40 failing-call byte follows, 0x80 device byte follows
 //	        [failing] (right after the misuse byte) bits 0-1 the step's
 //	            plan made wrong first (badPlan*), bits 2-3 its outputs made
-//	            wrong first (badSave*), 0x10 its forward fails after Begin
-//	            (Abort, then Begin it again), 0x20 nil arguments first
+//	            wrong first (badSave*), 0x10 a begun step fails (an abort
+//	            byte follows: 0, the step's forward fails after Begin:
+//	            Abort, then Begin it again; else another plan the engine
+//	            could run now, drawn from a copy of it seeded with the
+//	            byte, is begun first and abandoned: by Abort or by a Save
+//	            that fails, failAbort..failSaveOmit by (b-1)%5), 0x20 nil
+//	            arguments first
 //	            (Begin(nil), Save(nil), and for a step consumed now
 //	            Materialize into a nil Result), 0x40 a running request's
 //	            prompt is replaced from a position it computed (a byte
@@ -319,10 +324,18 @@ func (e *Engine) NextFrom(in *Input, s *Setup) Action {
 			failing = in.byte()
 		}
 	}
+	var abandon byte
+	if failing&0x10 != 0 {
+		abandon = in.byte()
+	}
 	cons := in.byte()
 	var omit byte
 	if modes.sparse {
 		omit = in.byte()
+	}
+	if abandon != 0 {
+		// drawn from the state before this step's changes
+		act.failed = append(act.failed, e.abandoned(e.Counts.Steps, uint64(abandon)<<32|uint64(e.Counts.Steps), int(abandon-1)%numFail))
 	}
 
 	e.finishComplete(&act)
@@ -387,7 +400,7 @@ func (e *Engine) NextFrom(in *Input, s *Setup) Action {
 	if misuse&0x40 != 0 {
 		b := failing
 		act.badPlan, act.badSave = int(b&3), int(b>>2&3)
-		act.abortRetry = b&0x10 != 0
+		act.abortRetry = b&0x10 != 0 && abandon == 0
 		act.nilArgs = b&0x20 != 0
 	}
 	if omit&0x80 != 0 && act.badSave == badSaveNone {

@@ -88,7 +88,8 @@ type pendingStep struct {
 	slots map[int64][]int32 // rows' slots per scheduled request
 	hits  map[int64][]int32 // hit slots per arrival that really hits
 	vers  map[int64]int
-	fresh []int64 // ids this Begin made live (a failed Save undoes them)
+	fresh []int64   // ids this Begin made live (a failed Save undoes them)
+	undo  modelUndo // the model as it stood before this Begin (abort.go)
 }
 
 // Harness is the engine side of one cache, and the oracle of what it must
@@ -173,8 +174,8 @@ type Harness struct {
 
 // replaced models a replace of request id from position at: its length
 // becomes at, and steps saved before and not consumed yet deliver none of
-// its rows from at on.
-func (h *Harness) replaced(id int64, at int) {
+// its rows from at on. It records what it changes in u.
+func (h *Harness) replaced(id int64, at int, u *modelUndo) {
 	h.dmu.Lock()
 	defer h.dmu.Unlock()
 	h.lens[id] = at
@@ -188,6 +189,7 @@ func (h *Harness) replaced(id int64, at int) {
 			continue
 		}
 		rw := &sw.reqs[j]
+		u.rws = append(u.rws, rwSnap{rw, *rw})
 		rw.dlCap = min(rw.dlCap, at)
 		if h.consumed[sid] {
 			continue
@@ -394,8 +396,9 @@ func (h *Harness) TryBegin(st Step) error {
 		return err
 	}
 	ps := &pendingStep{st: st, slots: map[int64][]int32{}, hits: map[int64][]int32{}, vers: map[int64]int{}}
+	ps.undo = h.saveModel()
 	for id, at := range st.Replaced {
-		h.replaced(id, at)
+		h.replaced(id, at, &ps.undo)
 	}
 	for _, id := range st.Preempted {
 		if h.live[id] {
@@ -441,18 +444,15 @@ func (h *Harness) TryBegin(st Step) error {
 }
 
 // AbortBegun aborts the begun step (its forward failed): the cache returns
-// to the state before its Begin, except that finished and preempted
-// requests stay dropped; the harness forgets the requests the Begin made
-// live, as for a failed Save.
+// to the state before its Begin, and so does the model, as for a failed
+// Save.
 func (h *Harness) AbortBegun() {
 	h.T.Helper()
 	ps := h.pending
 	h.pending = nil
 	require.NoError(h.T, Guard(h.T, h.prefix()+"Abort", h.C.Abort), h.prefix()+"Abort")
 	if ps != nil {
-		for _, id := range ps.fresh {
-			delete(h.live, id)
-		}
+		h.restoreModel(&ps.undo)
 	}
 }
 

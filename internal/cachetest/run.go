@@ -151,8 +151,9 @@ type Runner struct {
 	// need exceed the budget: the run is then broken and must stop.
 	pinnedBudget bool
 	broken       error
-	dead         bool // the cache failed or closed on purpose: the run ended
-	stepAborts   int  // begun steps aborted (Action.abortRetry) and begun again
+	refinish     []int64 // finished by a step whose Save failed: finished again by the next
+	dead         bool    // the cache failed or closed on purpose: the run ended
+	stepAborts   int     // begun steps aborted (Action.abortRetry) and begun again
 }
 
 // outsideID is a request id no schedule uses.
@@ -199,15 +200,14 @@ func (r *Runner) Apply(act Action) {
 	h.T.Helper()
 	i := r.i
 	r.i++
-	for _, id := range act.unassign {
-		h.Unassign(id)
+	if len(r.refinish) > 0 {
+		act.Step.Finished = append(slices.Clone(r.refinish), act.Step.Finished...)
+		r.refinish = nil
 	}
-	for _, as := range act.assign {
-		h.Assign(as.id, as.blocks...)
+	for _, fb := range act.failed {
+		r.failBegin(fb) // before the step's own table changes: it was drawn from the state before them
 	}
-	for _, id := range act.bump {
-		h.Bump(id)
-	}
+	h.applyTable(act.unassign, act.assign, act.bump)
 	h.DevKeys, h.OwnKeys, h.OmitKeys = act.devKeys, act.ownKeys, act.omitKeys
 	if act.fault > 0 {
 		r.faultStep(act)
@@ -236,7 +236,7 @@ func (r *Runner) Apply(act Action) {
 	}
 	if act.abortRetry {
 		// The forward failed: the cache returns to before this Begin
-		// (finished requests stay dropped), and the engine retries the
+		// (and the model with it), and the engine retries the
 		// step; its rows and hits must come out as if it never failed.
 		h.AbortBegun()
 		r.stepAborts++
@@ -384,6 +384,9 @@ func (r *Runner) needBound(ps *pendingStep) int64 {
 func (r *Runner) breakOn(ps *pendingStep, err error) {
 	h := r.h
 	r.broken = err
+	// The failed Save undid its Begin: the requests it finished are live
+	// again, and the next step (the drain) finishes them.
+	r.refinish = append(r.refinish, ps.st.Finished...)
 	for _, sl := range ps.slots {
 		for _, s := range sl {
 			if s >= 0 && int(s) < len(h.unknown) {

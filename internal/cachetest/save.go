@@ -138,11 +138,8 @@ func (h *Harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	h.pending = nil
 	if r.err != nil {
 		if ps != nil && !errors.Is(r.err, omnicache.ErrWriteFailed) {
-			// A failed Save undoes its Begin: the requests it made live
-			// are gone (finished ones stay dropped).
-			for _, id := range ps.fresh {
-				delete(h.live, id)
-			}
+			// A failed Save undoes its Begin: the model is as before it.
+			h.restoreModel(&ps.undo)
 		}
 		return r.id, r.err
 	}

@@ -1,0 +1,213 @@
+// The begun step's undo log: Abort, and a Save that fails, return the
+// cache to the state before the step's Begin. Engine goroutine.
+
+package omnicache
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/soa"
+)
+
+// undoLog records what Begin changed, each request's state before its
+// first change: a replace (its length, its delivered position, a pending
+// hit cut, the unconsumed steps' rows left out), a preemption (its flags
+// and length), a finish (the whole request: it is restored under its
+// handle), a resume's hit, and the hit flags the step's hit plan cleared.
+// Requests the Begin made live are in engine.fresh and are removed.
+type undoLog struct {
+	reqs   []reqSnap
+	blocks []int32 // the snapshots' hit block ids
+	// mark is, by handle, the Begin (gen) that snapshotted it, at is its
+	// snapshot's index (-1: a request the Begin made live, none taken).
+	mark   []uint64
+	at     []int32
+	gen    uint64
+	nFloor int
+	trims  []trimSnap
+	pos    []posSnap
+}
+
+// reqSnap is one live request as it stood before Begin changed it.
+type reqSnap struct {
+	h            soa.Handle
+	id           int64
+	hit          int32
+	blkOff, blkN int32
+	flags        uint32
+	aux          int64
+	lens, preLen int32
+	dl           *dlState
+	removed      bool // the Begin finished it: restored under h
+}
+
+// trimSnap is an unconsumed step's delivered end of request j before a
+// replace cut it.
+type trimSnap struct {
+	rec     *reader.Step
+	id      uint64
+	j       int
+	end     int32
+	trimmed bool
+}
+
+// posSnap is a delivered position before a replace moved it back.
+type posSnap struct {
+	d   *dlState
+	pos int32
+}
+
+// startUndo empties the log for the Begin being applied.
+func (c *Cache) startUndo() {
+	u := &c.eng.undo
+	u.gen++
+	u.reqs, u.blocks, u.trims, u.pos = u.reqs[:0], u.blocks[:0], u.trims[:0], u.pos[:0]
+	u.nFloor = c.eng.nFloor
+}
+
+// markHandle makes room for handle h in the log's marks and reports
+// whether the Begin being applied marked it already.
+func (u *undoLog) markHandle(h soa.Handle) bool {
+	for int(h) >= len(u.mark) {
+		u.mark = append(u.mark, 0)
+		u.at = append(u.at, -1)
+	}
+	return u.mark[h] == u.gen
+}
+
+// snap records live request h before the Begin being applied changes it
+// (once per Begin; nothing for a request the Begin made live) and returns
+// its snapshot (nil for such a request).
+func (c *Cache) snap(h soa.Handle) *reqSnap {
+	e := &c.eng
+	u := &e.undo
+	if u.markHandle(h) {
+		if u.at[h] < 0 {
+			return nil
+		}
+		return &u.reqs[u.at[h]]
+	}
+	u.mark[h], u.at[h] = u.gen, int32(len(u.reqs))
+	pos := e.reqs.Pos(h)
+	bl := e.reqs.HitBlocks(h)
+	s := reqSnap{h: h, id: e.reqs.ID[pos], hit: e.reqs.HitTokens[pos], blkOff: int32(len(u.blocks)), blkN: int32(len(bl)),
+		flags: e.reqs.Flags[pos], aux: e.reqs.Aux[pos], dl: e.dlp[h]}
+	if int(h) < len(e.lens) {
+		s.lens = e.lens[h]
+	}
+	if int(h) < len(e.preLen) {
+		s.preLen = e.preLen[h]
+	}
+	u.blocks = append(u.blocks, bl...)
+	u.reqs = append(u.reqs, s)
+	return &u.reqs[len(u.reqs)-1]
+}
+
+// markFresh notes that the Begin being applied made request h live: undone,
+// it is removed, and no snapshot is taken of it.
+func (c *Cache) markFresh(h soa.Handle) {
+	u := &c.eng.undo
+	if !u.markHandle(h) {
+		u.mark[h], u.at[h] = u.gen, -1
+	}
+}
+
+// snapTrim records unconsumed step rec's end of request j before a
+// replace cuts it. Caller holds c.mu.
+func (c *Cache) snapTrim(rec *reader.Step, j int) {
+	s := trimSnap{rec: rec, id: rec.ID, j: j, trimmed: rec.Trimmed}
+	if rec.Trimmed {
+		s.end = rec.End[j]
+	}
+	c.eng.undo.trims = append(c.eng.undo.trims, s)
+}
+
+// Abort abandons the begun step when its forward failed after Begin: the
+// cache returns to the state before that Begin, as if it had not been
+// called: the requests it finished, preempted, resumed or replaced, its
+// arrivals and their hits are as they were (begin the step again, or
+// another: a request the engine dropped must be finished by a later plan).
+// What Begin wrote out stays written: the decode buffer, and the deferred
+// rows of the requests it finished, as a budget flush writes them early.
+// A step saved before and consumed between that Begin and Abort was
+// delivered under its replaces. ErrSequence without a begun step. Engine
+// goroutine only.
+func (c *Cache) Abort() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	if !c.eng.begun {
+		return fmt.Errorf("%w: Abort without a begun step", ErrSequence)
+	}
+	c.unbegin()
+	return nil
+}
+
+// unbegin undoes the begun step (Abort, or its Save failed), newest change
+// first: the requests the Begin made live are removed, and every request
+// it changed gets back the state its snapshot holds.
+func (c *Cache) unbegin() {
+	e := &c.eng
+	u := &e.undo
+	if c.tl != nil {
+		c.tl.Unbegin()
+	}
+	if e.rec != nil {
+		c.rd.Cancel(e.rec) // a prefetch not started is skipped
+		e.rec, e.planned = nil, false
+	}
+	for i := len(e.fresh) - 1; i >= 0; i-- {
+		if h := e.fresh[i]; e.reqs.Pos(h) >= 0 {
+			e.reqs.Remove(h)
+		}
+	}
+	e.fresh = e.fresh[:0]
+	for i := len(u.reqs) - 1; i >= 0; i-- {
+		s := &u.reqs[i]
+		blocks := u.blocks[s.blkOff : s.blkOff+s.blkN]
+		if s.removed {
+			if !e.reqs.AddAt(s.h, s.id, s.hit, blocks) {
+				panic(fmt.Sprintf("omnicache: undo: request %d cannot return under handle %d", s.id, s.h))
+			}
+		} else if pos := e.reqs.Pos(s.h); e.reqs.HitTokens[pos] != s.hit || !slices.Equal(e.reqs.HitBlocks(s.h), blocks) {
+			e.reqs.SetHit(s.h, s.hit, blocks)
+		}
+		pos := e.reqs.Pos(s.h)
+		e.reqs.Flags[pos], e.reqs.Aux[pos] = s.flags, s.aux
+		e.lens = growLens(e.lens, s.h)
+		e.lens[s.h] = s.lens
+		if int(s.h) < len(e.preLen) {
+			e.preLen[s.h] = s.preLen
+		}
+		e.dlp[s.h] = s.dl
+	}
+	e.nFloor = u.nFloor
+	if len(u.pos) > 0 || len(u.trims) > 0 {
+		c.mu.Lock()
+		for i := len(u.pos) - 1; i >= 0; i-- {
+			// A Materialize since may have moved it on: never back.
+			u.pos[i].d.pos = max(u.pos[i].d.pos, u.pos[i].pos)
+		}
+		for i := len(u.trims) - 1; i >= 0; i-- {
+			t := &u.trims[i]
+			if !slices.ContainsFunc(c.steps, func(r *reader.Step) bool { return r == t.rec && r.ID == t.id }) {
+				continue // consumed since: delivered as it was cut
+			}
+			if t.trimmed {
+				t.rec.End[t.j] = t.end
+			} else {
+				t.rec.Trimmed = false
+			}
+		}
+		c.mu.Unlock()
+	}
+	u.reqs, u.blocks, u.trims, u.pos = u.reqs[:0], u.blocks[:0], u.trims[:0], u.pos[:0]
+	u.gen++ // the marks of this Begin no longer hold
+	e.prevIDs = e.prevIDs[:0]
+	e.prevH = e.prevH[:0] // an empty batch next is "the same" as none: no stale handles
+	e.begun = false
+	c.live.Store(int64(e.reqs.Len()))
+}

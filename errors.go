@@ -73,7 +73,8 @@ var (
 	// whole device byte budget, or what is still charged after every pending
 	// write was forced out is pinned by steps not consumed yet (a step keeps
 	// the device clones its rows and hit reads come from until Materialize
-	// or Discard; size the budget for the steps an engine leaves unconsumed).
+	// or Discard, the hit a resume registered included when a later step
+	// serves it; size the budget for the steps an engine leaves unconsumed).
 	ErrBudget = errs.Budget
 	// ErrWriteFailed: a device copy or write failed. Sticky.
 	ErrWriteFailed = errs.WriteFailed

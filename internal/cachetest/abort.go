@@ -22,6 +22,7 @@ import (
 type modelUndo struct {
 	live         map[int64]bool
 	lens, preLen map[int64]int
+	pendingHit   map[int64][]int32
 	rws          []rwSnap
 	saved        bool
 }
@@ -36,7 +37,8 @@ type rwSnap struct {
 func (h *Harness) saveModel() modelUndo {
 	h.dmu.Lock()
 	defer h.dmu.Unlock()
-	return modelUndo{live: maps.Clone(h.live), lens: maps.Clone(h.lens), preLen: maps.Clone(h.preLen), saved: true}
+	return modelUndo{live: maps.Clone(h.live), lens: maps.Clone(h.lens), preLen: maps.Clone(h.preLen),
+		pendingHit: maps.Clone(h.pendingHit), saved: true}
 }
 
 // restoreModel puts the delivery model back as saveModel found it (the
@@ -47,7 +49,7 @@ func (h *Harness) restoreModel(u *modelUndo) {
 	}
 	h.dmu.Lock()
 	defer h.dmu.Unlock()
-	h.live, h.lens, h.preLen = u.live, u.lens, u.preLen
+	h.live, h.lens, h.preLen, h.pendingHit = u.live, u.lens, u.preLen, u.pendingHit
 	for i := len(u.rws) - 1; i >= 0; i-- {
 		*u.rws[i].rw = u.rws[i].old
 	}

@@ -68,3 +68,34 @@ func TestGateDeviceHoldsEvents(t *testing.T) {
 	d.Open()
 	require.NoError(t, Guard(t, "Wait after Open", func() error { return <-w2 }))
 }
+
+// A hit registered and not served at once (here a preempted request that
+// resumes hitting another request's blocks, scheduled only a step later)
+// is served by the request's first scheduled step: the model serves it
+// there too (its rows past what the request had before), and counts the
+// deferred clones it reads while they are in transit among what that
+// step pins until it is consumed (pinnedBound), as the cache's hit plan
+// pins them. Without it, the model expected no prefix, and its bound fell
+// short of the cache's pinned bytes: the spurious ErrBudget of
+// FuzzCache's inputs 51728444123a8bb7 and e4f050e4bc2f5c0e.
+func TestPendingResumeHitIsModelled(t *testing.T) {
+	h := New(t, Config(KeyHidden, KeyCodes))
+	const a, r = 1, 2
+	h.Assign(a, 0, 1, 2)
+	h.Assign(r, 3, 4, 5)
+	h.Mat(h.Step(Step{Sched: []S{{a, 0, 8}, {r, 0, 2}}, Arrive: []A{{ID: a}, {ID: r}}}))
+	h.Mat(h.Step(Step{Sched: []S{{a, 8, 1}}, Preempted: []int64{r}}))
+	h.Assign(r, 0, 1, 6) // r resumes on a's blocks 0 and 1 (8 tokens), not scheduled yet
+	h.Bump(r)
+	h.Mat(h.Step(Step{Sched: []S{{a, 9, 1}}, Resumed: []int64{r}, Arrive: []A{{ID: r, Hit: 8}}}))
+	sid := h.Step(Step{Sched: []S{{a, 10, 1}, {r, 8, 1}}})
+	// a is live: the deferred rows of its first step (8 tokens) stay on
+	// the device clone, which r's hit plan pins until the step is consumed.
+	run := NewRunner(h, 1, true)
+	run.late = append(run.late, lateMat{id: sid})
+	def := int64(KeyCodes.RowBytes)
+	require.GreaterOrEqual(t, run.pinnedBound(nil), (8+2)*def, "the bound counts the hit's clone and the step's own")
+	h.Mat(sid) // r gets positions 2..7 from the hit (it had 0..1), then 8
+	require.Equal(t, 2, h.Res.From(1))
+	require.Equal(t, 6, h.Res.Prefix(1))
+}

@@ -156,14 +156,19 @@ type Harness struct {
 	// preempted request had (until it is saved past it); discarded the
 	// steps consumed by Discard (they deliver nothing); failedReq the
 	// requests a step could not serve.
-	lens      map[int64]int
-	preLen    map[int64]int
-	discarded map[omnicache.StepID]bool
-	failedReq map[omnicache.StepID]map[int64]bool
-	order     []omnicache.StepID // saved step ids, in Save order
-	dmu       sync.Mutex         // the delivery model's maps (Verify may run on several goroutines)
-	consumed  map[omnicache.StepID]bool
-	served    map[omnicache.StepID]map[int64]bool
+	lens   map[int64]int
+	preLen map[int64]int
+	// pendingHit is, per request, the hit slots of a hit registered
+	// (an arrival, or a resume with a hit) and not served yet: the cache
+	// serves it with the request's first scheduled step (a preemption
+	// drops it, a replace cuts it).
+	pendingHit map[int64][]int32
+	discarded  map[omnicache.StepID]bool
+	failedReq  map[omnicache.StepID]map[int64]bool
+	order      []omnicache.StepID // saved step ids, in Save order
+	dmu        sync.Mutex         // the delivery model's maps (Verify may run on several goroutines)
+	consumed   map[omnicache.StepID]bool
+	served     map[omnicache.StepID]map[int64]bool
 	// asyncVerify: the result being verified came from an asynchronous
 	// Materialize, whose take ran at a time the harness does not know.
 	asyncVerify bool
@@ -181,6 +186,10 @@ func (h *Harness) replaced(id int64, at int, u *modelUndo) {
 	h.lens[id] = at
 	if pl, ok := h.preLen[id]; ok && pl > at {
 		h.preLen[id] = at
+	}
+	if hs, ok := h.pendingHit[id]; ok && len(hs) > at {
+		bs := h.Cfg.BlockSize
+		h.pendingHit[id] = hs[:at/bs*bs] // cut to the blocks before at
 	}
 	for _, sid := range h.order {
 		sw := h.wants[sid]
@@ -230,7 +239,7 @@ func New(t testing.TB, cfg omnicache.Config) *Harness {
 		ver:    map[int64]int{},
 		live:   map[int64]bool{},
 		wants:  map[omnicache.StepID]*stepWant{},
-		lens:   map[int64]int{}, preLen: map[int64]int{}, discarded: map[omnicache.StepID]bool{},
+		lens:   map[int64]int{}, preLen: map[int64]int{}, pendingHit: map[int64][]int32{}, discarded: map[omnicache.StepID]bool{},
 		failedReq: map[omnicache.StepID]map[int64]bool{},
 		consumed:  map[omnicache.StepID]bool{}, served: map[omnicache.StepID]map[int64]bool{},
 		asyncOpen: map[omnicache.StepID]bool{},
@@ -404,10 +413,12 @@ func (h *Harness) TryBegin(st Step) error {
 		if h.live[id] {
 			h.preLen[id] = h.lens[id]
 		}
+		delete(h.pendingHit, id) // goes with the KV it came from
 	}
 	for _, f := range st.Finished {
 		delete(h.live, f)
 		delete(h.preLen, f)
+		delete(h.pendingHit, f)
 	}
 	bs := h.Cfg.BlockSize
 	for _, a := range st.Arrive {
@@ -422,7 +433,7 @@ func (h *Harness) TryBegin(st Step) error {
 			for j := 0; j < a.Hit && j/bs < len(bl); j++ {
 				hs = append(hs, bl[j/bs]*int32(bs)+int32(j%bs))
 			}
-			ps.hits[a.ID] = hs
+			h.pendingHit[a.ID] = hs // served by its first scheduled step: this one, or a later one
 		}
 		h.live[a.ID] = true
 	}
@@ -432,6 +443,10 @@ func (h *Harness) TryBegin(st Step) error {
 			delete(h.lens, s.ID())
 		}
 		h.live[s.ID()] = true
+		if hs, ok := h.pendingHit[s.ID()]; ok {
+			ps.hits[s.ID()] = hs
+			delete(h.pendingHit, s.ID())
+		}
 		sl := make([]int32, s.Count())
 		for j := range sl {
 			sl[j] = h.slotOf(s.ID(), s.Start()+j)

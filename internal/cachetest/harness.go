@@ -56,9 +56,13 @@ type reqWant struct {
 	ver      int
 	prefix   [][]Tag // [key][row]: the hit prefix as it stood at Save
 	hitSlots []int32
-	hitFrom  []int  // per hit slot: ordinal of the step that last wrote it at Save (0: none)
-	omit     []bool // per key: the step omitted it (its own rows read as zeros)
-	acc      int    // tokens accepted of count (speculative decoding)
+	hitFrom  []int // per hit slot: ordinal of the step that last wrote it at Save (0: none)
+	// hitRejected: a hit slot held a rejected draft at Save (the step's
+	// own, or an earlier step's not written since): the read meets it
+	// stale (ErrReassigned) even once a later step rewrote the slot.
+	hitRejected bool
+	omit        []bool // per key: the step omitted it (its own rows read as zeros)
+	acc         int    // tokens accepted of count (speculative decoding)
 	// end: the position its delivered rows end at (start+acc, less when a
 	// replace cut them); loose: a replace cut them while an asynchronous
 	// Materialize may already have taken the step (either is right).

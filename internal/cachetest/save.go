@@ -205,6 +205,7 @@ func (h *Harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 					w = h.writtenAt[sl]
 				}
 				rw.hitFrom = append(rw.hitFrom, w)
+				rw.hitRejected = rw.hitRejected || h.rejected[sl]
 			}
 			rw.prefix = make([][]Tag, len(h.model))
 			for k := range h.model {
@@ -326,6 +327,11 @@ func (h *Harness) RewrittenSince(id omnicache.StepID, reqs []int64) bool {
 // rejectedFrom reports whether a hit slot of reqs (nil: every request) in
 // step id holds a rejected draft written by that step or a later one.
 func (h *Harness) rejectedFrom(id omnicache.StepID, reqs []int64) bool {
+	for _, rw := range h.want(id).reqs {
+		if rw.hitRejected && (reqs == nil || slices.Contains(reqs, rw.id)) {
+			return true // a rejected draft at Save, rewritten since or not
+		}
+	}
 	return h.anyHitSlot(id, reqs, func(sl int32, ord int) bool { return h.writtenAt[sl] >= ord && h.rejected[sl] })
 }
 

@@ -25,6 +25,15 @@ type directCopier struct {
 // re-checks the owners, as with a scatter. The device rows stay live (the
 // write's reads take them there) until the write is released.
 func (c *Committer) commitDirect(w *Write) error {
+	// The mirror memory the rows land in is made (and registered) first: a
+	// chunk the OS refuses fails the write (sticky) before any copy.
+	for ki, k := range c.cfg.Imm {
+		if !(w.NAbsent > 0 && w.Absent[ki]) {
+			if err := c.cfg.Mirrors.Make(k).Prepare(w.Slots[:w.N]); err != nil {
+				return err
+			}
+		}
+	}
 	if len(w.Pub) == 0 {
 		c.scanQueued()
 	} // else blocks ride on w: no newer write may make it skip rows (see scanQueued)

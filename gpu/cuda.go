@@ -11,14 +11,13 @@ import (
 	"unsafe"
 
 	"github.com/omnicache/omnicache/internal/hostmem"
-	"gorgonia.org/cu"
 )
 
 // Available reports whether this build has the CUDA device.
 const Available = true
 
-// CUDA is the CUDA driver API device (gorgonia.org/cu plus a small cgo shim
-// for pinned host memory and the memory pool).
+// CUDA is the CUDA driver API device, through a small cgo shim
+// (cuda_driver.go, cuda_cgo.go, cuda_pinned.go).
 //
 // It retains the device's primary context and owns one non-blocking stream:
 // every copy, allocation from the pool and event record is issued on that
@@ -66,9 +65,9 @@ const Available = true
 // every buffer and host slice before it.
 type CUDA struct {
 	ordinal int
-	dev     cu.Device
-	ctx     cu.CUContext
-	stream  cu.Stream
+	dev     cuDevice
+	ctx     cuContext
+	stream  cuStream
 	pool    memPool
 	usePool bool
 	// hostAlloc: AllocHost pins with cuMemHostAlloc (CUDAOptions.HostAlloc).
@@ -106,7 +105,7 @@ type CUDA struct {
 	seq  uint64    // last event handle issued
 	done uint64    // every handle <= done has completed
 	pend []evEntry // recorded events not yet recycled, handles consecutive
-	free []cu.Event
+	free []cuEvent
 }
 
 // devAlloc is a live Alloc allocation: its size and whether it came from
@@ -124,7 +123,7 @@ type pinned struct {
 
 type evEntry struct {
 	seq     uint64
-	ev      cu.Event
+	ev      cuEvent
 	waiters int
 }
 
@@ -141,31 +140,31 @@ func NewCUDAWith(ordinal int, opt CUDAOptions) (Device, error) {
 	if err := initStatus(); err != nil {
 		return nil, fmt.Errorf("%w: cuInit: %w", ErrNoDevice, err)
 	}
-	n, err := cu.NumDevices()
+	n, err := deviceCount()
 	if err != nil {
-		return nil, fmt.Errorf("%w: cuDeviceGetCount: %w", ErrNoDevice, cuErr(err))
+		return nil, fmt.Errorf("%w: cuDeviceGetCount: %w", ErrNoDevice, err)
 	}
 	if ordinal < 0 || ordinal >= n {
 		return nil, fmt.Errorf("%w: device %d requested, %d present", ErrNoDevice, ordinal, n)
 	}
-	dev, err := cu.GetDevice(ordinal)
+	dev, err := deviceGet(ordinal)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cuDeviceGet(%d): %w", ErrNoDevice, ordinal, cuErr(err))
+		return nil, fmt.Errorf("%w: cuDeviceGet(%d): %w", ErrNoDevice, ordinal, err)
 	}
-	ctx, err := dev.RetainPrimaryCtx()
+	ctx, err := primaryRetain(dev)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cuDevicePrimaryCtxRetain(%d): %w", ErrNoDevice, ordinal, cuErr(err))
+		return nil, fmt.Errorf("%w: cuDevicePrimaryCtxRetain(%d): %w", ErrNoDevice, ordinal, err)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	fail := func(what string, err error) (Device, error) {
-		dev.ReleasePrimaryCtx()
-		return nil, fmt.Errorf("%w: %s: %w", ErrAlloc, what, cuErr(err))
+		primaryRelease(dev)
+		return nil, fmt.Errorf("%w: %s: %w", ErrAlloc, what, err)
 	}
-	if err := cu.SetCurrentContext(ctx); err != nil {
+	if err := ctxSetCurrent(ctx); err != nil {
 		return fail("cuCtxSetCurrent", err)
 	}
-	stream, err := cu.MakeStream(cu.NonBlocking)
+	stream, err := streamCreate()
 	if err != nil {
 		return fail("cuStreamCreate", err)
 	}
@@ -182,7 +181,7 @@ func NewCUDAWith(ordinal int, opt CUDAOptions) (Device, error) {
 	d.canBatch = batchInit()
 	if !opt.SyncAlloc && poolsSupported(ordinal) {
 		if d.pool, err = poolCreate(ordinal); err != nil {
-			stream.Destroy()
+			streamDestroy(stream)
 			return fail("cuMemPoolCreate", err)
 		}
 		d.usePool = true
@@ -198,9 +197,9 @@ func (d *CUDA) enter() error {
 		return errClosed
 	}
 	runtime.LockOSThread()
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
+	if err := ctxSetCurrent(d.ctx); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("cuCtxSetCurrent: %w", cuErr(err))
+		return fmt.Errorf("cuCtxSetCurrent: %w", err)
 	}
 	return nil
 }
@@ -243,9 +242,7 @@ func (d *CUDA) Alloc(n int) (Buffer, error) {
 	if d.usePool {
 		p, err = d.pool.alloc(n, d.stream)
 	} else {
-		var dp cu.DevicePtr
-		dp, err = cu.MemAlloc(int64(n))
-		p, err = uintptr(dp), cuErr(err)
+		p, err = memAlloc(n)
 	}
 	if err != nil {
 		return Buffer{}, fmt.Errorf("%w: %d device bytes: %w", ErrAlloc, n, err)
@@ -314,7 +311,7 @@ func (d *CUDA) Free(b Buffer) {
 	if ours && a.pooled {
 		freeAsync(b.Ptr, d.stream)
 	} else {
-		cu.MemFree(cu.DevicePtr(b.Ptr))
+		memFree(b.Ptr)
 	}
 }
 
@@ -429,7 +426,7 @@ func (d *CUDA) FreeHost(p []byte) {
 		return
 	}
 	defer d.leave()
-	d.stream.Synchronize()
+	streamSync(d.stream)
 	if !h.registered {
 		hostFree(base)
 		return
@@ -490,9 +487,9 @@ func (d *CUDA) Check(b Buffer) error {
 		return fmt.Errorf("%w: %w", ErrRange, err)
 	}
 	defer d.leave()
-	size, base, err := cu.DevicePtr(b.Ptr).AddressRange()
+	base, size, err := addressRange(b.Ptr)
 	if err != nil {
-		return fmt.Errorf("%w: 0x%x is no device allocation: cuMemGetAddressRange: %w", ErrRange, b.Ptr, cuErr(err))
+		return fmt.Errorf("%w: 0x%x is no device allocation: cuMemGetAddressRange: %w", ErrRange, b.Ptr, err)
 	}
 	if end := uintptr(base) + uintptr(size); b.Ptr+uintptr(b.Size) > end {
 		return fmt.Errorf("%w: [0x%x,+%d) runs %d bytes past its allocation", ErrRange, b.Ptr, b.Size, b.Ptr+uintptr(b.Size)-end)
@@ -507,22 +504,22 @@ func (d *CUDA) Close() error {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
+	if err := ctxSetCurrent(d.ctx); err != nil {
 		d.closed.Store(true)
-		return fmt.Errorf("gpu: close: cuCtxSetCurrent: %w", cuErr(err))
+		return fmt.Errorf("gpu: close: cuCtxSetCurrent: %w", err)
 	}
 	d.closed.Store(true)
 	var errs []error
-	if err := d.stream.Synchronize(); err != nil {
-		errs = append(errs, fmt.Errorf("cuStreamSynchronize: %w", cuErr(err)))
+	if err := streamSync(d.stream); err != nil {
+		errs = append(errs, fmt.Errorf("cuStreamSynchronize: %w", err))
 	}
 	d.evMu.Lock()
 	for _, e := range d.pend {
 		d.free = append(d.free, e.ev)
 	}
 	d.pend = nil
-	for i := range d.free {
-		cu.DestroyEvent(&d.free[i])
+	for _, ev := range d.free {
+		eventDestroy(ev)
 	}
 	d.free = nil
 	d.evMu.Unlock()
@@ -543,11 +540,11 @@ func (d *CUDA) Close() error {
 			errs = append(errs, fmt.Errorf("cuMemPoolDestroy: %w", err))
 		}
 	}
-	if err := d.stream.Destroy(); err != nil {
-		errs = append(errs, fmt.Errorf("cuStreamDestroy: %w", cuErr(err)))
+	if err := streamDestroy(d.stream); err != nil {
+		errs = append(errs, fmt.Errorf("cuStreamDestroy: %w", err))
 	}
-	if err := d.dev.ReleasePrimaryCtx(); err != nil {
-		errs = append(errs, fmt.Errorf("cuDevicePrimaryCtxRelease: %w", cuErr(err)))
+	if err := primaryRelease(d.dev); err != nil {
+		errs = append(errs, fmt.Errorf("cuDevicePrimaryCtxRelease: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("gpu: close: %w", err)

@@ -10,7 +10,7 @@ package gpu_test
 //
 //	op=plain-pinned     the baseline: one cuMemcpyDtoHAsync of 64 MiB from
 //	                    device memory into pinned memory + cuStreamSynchronize
-//	                    (gorgonia.org/cu directly, its own stream)
+//	                    (the driver directly, its own stream: gpu.RawStream)
 //	op=cache            Begin + Save + Discard + Sync of a step whose output
 //	                    is an engine device tensor (not owned: the cache
 //	                    clones it DtoD, then copies DtoH into its pinned
@@ -59,9 +59,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
-
-	"gorgonia.org/cu"
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/gpu"
@@ -141,17 +138,9 @@ func BenchmarkStaging(b *testing.B) {
 				gapSrc, gapDst = pattern(stBytes, 3), make([]byte, stBytes)
 			}
 
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			dev, err := cu.GetDevice(0)
+			s, err := gpu.NewRawStream(0)
 			must(b, err)
-			ctx, err := dev.RetainPrimaryCtx()
-			must(b, err)
-			defer dev.ReleasePrimaryCtx()
-			must(b, cu.SetCurrentContext(ctx))
-			s, err := cu.MakeStream(cu.NonBlocking)
-			must(b, err)
-			defer s.Destroy()
+			defer s.Close()
 			b.SetBytes(stBytes)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -160,10 +149,10 @@ func BenchmarkStaging(b *testing.B) {
 					copy(gapDst, gapSrc)
 					b.StartTimer()
 				}
-				if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&pin[0]), cu.DevicePtr(src.Ptr), stBytes, s); err != nil {
+				if err := s.CopyDtoH(pin, src.Ptr); err != nil {
 					b.Fatal(err)
 				}
-				if err := s.Synchronize(); err != nil {
+				if err := s.Sync(); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -10,11 +10,9 @@ import (
 	"fmt"
 	"time"
 	"unsafe"
-
-	"gorgonia.org/cu"
 )
 
-func devPtr(b Buffer, off int) cu.DevicePtr { return cu.DevicePtr(b.Ptr + uintptr(off)) }
+func devPtr(b Buffer, off int) uintptr { return b.Ptr + uintptr(off) }
 
 func hostPtr(p []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(p)) }
 
@@ -25,8 +23,8 @@ func (d *CUDA) hostCopy(dst, src []byte) error {
 		return fmt.Errorf("%w: %w", ErrCopy, err)
 	}
 	defer d.leave()
-	if err := d.stream.Synchronize(); err != nil {
-		return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, cuErr(err))
+	if err := streamSync(d.stream); err != nil {
+		return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, err)
 	}
 	copy(dst, src)
 	return nil
@@ -53,14 +51,14 @@ func (d *CUDA) CopyDtoD(dst Buffer, dstOff int, src Buffer, srcOff int, n int) e
 	var op string
 	switch {
 	case src.Host != nil:
-		op, err = "cuMemcpyHtoDAsync", cu.MemcpyHtoDAsync(devPtr(dst, dstOff), hostPtr(src.Host[srcOff:]), int64(n), d.stream)
+		op, err = "cuMemcpyHtoDAsync", copyHtoD(devPtr(dst, dstOff), hostPtr(src.Host[srcOff:]), n, d.stream)
 	case dst.Host != nil:
-		op, err = "cuMemcpyDtoHAsync", cu.MemcpyDtoHAsync(hostPtr(dst.Host[dstOff:]), devPtr(src, srcOff), int64(n), d.stream)
+		op, err = "cuMemcpyDtoHAsync", copyDtoH(hostPtr(dst.Host[dstOff:]), devPtr(src, srcOff), n, d.stream)
 	default:
-		op, err = "cuMemcpyDtoDAsync", cu.MemcpyDtoDAsync(devPtr(dst, dstOff), devPtr(src, srcOff), int64(n), d.stream)
+		op, err = "cuMemcpyDtoDAsync", copyDtoD(devPtr(dst, dstOff), devPtr(src, srcOff), n, d.stream)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %s of %d bytes: %w", ErrCopy, op, n, cuErr(err))
+		return fmt.Errorf("%w: %s of %d bytes: %w", ErrCopy, op, n, err)
 	}
 	return nil
 }
@@ -82,8 +80,8 @@ func (d *CUDA) CopyDtoH(dst []byte, src Buffer, srcOff int) error {
 	defer d.leave()
 	for len(dst) > 0 {
 		part := d.split(dst)
-		if err := cu.MemcpyDtoHAsync(hostPtr(part), devPtr(src, srcOff), int64(len(part)), d.stream); err != nil {
-			return fmt.Errorf("%w: cuMemcpyDtoHAsync of %d bytes: %w", ErrCopy, len(part), cuErr(err))
+		if err := copyDtoH(hostPtr(part), devPtr(src, srcOff), len(part), d.stream); err != nil {
+			return fmt.Errorf("%w: cuMemcpyDtoHAsync of %d bytes: %w", ErrCopy, len(part), err)
 		}
 		dst, srcOff = dst[len(part):], srcOff+len(part)
 	}
@@ -116,8 +114,8 @@ func (d *CUDA) CopyHtoD(dst Buffer, dstOff int, src []byte) error {
 	defer d.leave()
 	for len(src) > 0 {
 		part := d.split(src)
-		if err := cu.MemcpyHtoDAsync(devPtr(dst, dstOff), hostPtr(part), int64(len(part)), d.stream); err != nil {
-			return fmt.Errorf("%w: cuMemcpyHtoDAsync of %d bytes: %w", ErrCopy, len(part), cuErr(err))
+		if err := copyHtoD(devPtr(dst, dstOff), hostPtr(part), len(part), d.stream); err != nil {
+			return fmt.Errorf("%w: cuMemcpyHtoDAsync of %d bytes: %w", ErrCopy, len(part), err)
 		}
 		src, dstOff = src[len(part):], dstOff+len(part)
 	}
@@ -134,19 +132,19 @@ func (d *CUDA) Record() (Event, error) {
 	d.evMu.Lock()
 	defer d.evMu.Unlock()
 	d.reapLocked(true)
-	var ev cu.Event
+	var ev cuEvent
 	if k := len(d.free); k > 0 {
 		ev = d.free[k-1]
 		d.free = d.free[:k-1]
 	} else {
 		var err error
-		if ev, err = cu.MakeEvent(cu.DisableTiming); err != nil {
-			return 0, fmt.Errorf("%w: cuEventCreate: %w", ErrCopy, cuErr(err))
+		if ev, err = eventCreate(); err != nil {
+			return 0, fmt.Errorf("%w: cuEventCreate: %w", ErrCopy, err)
 		}
 	}
-	if err := ev.Record(d.stream); err != nil {
+	if err := eventRecord(ev, d.stream); err != nil {
 		d.free = append(d.free, ev)
-		return 0, fmt.Errorf("%w: cuEventRecord: %w", ErrCopy, cuErr(err))
+		return 0, fmt.Errorf("%w: cuEventRecord: %w", ErrCopy, err)
 	}
 	d.seq++
 	d.pend = append(d.pend, evEntry{seq: d.seq, ev: ev})
@@ -163,7 +161,7 @@ func (d *CUDA) reapLocked(query bool) {
 			return
 		}
 		if e.seq > d.done {
-			if !query || e.ev.Query() != nil {
+			if !query || eventQuery(e.ev) != nil {
 				return // not ready (or failed: Wait reports it)
 			}
 			d.done = e.seq
@@ -205,17 +203,17 @@ func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
 	var err error
 	if timeout < 0 {
 		if err = d.enter(); err == nil {
-			err = ev.Synchronize()
+			err = eventSync(ev)
 			d.leave()
 		}
 	} else {
 		deadline := time.Now().Add(timeout)
 		for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
 			if err = d.enter(); err == nil {
-				err = ev.Query()
+				err = eventQuery(ev)
 				d.leave()
 			}
-			if err == nil || !errors.Is(err, cu.NotReady) {
+			if err == nil || !isNotReady(err) {
 				break
 			}
 			if !time.Now().Before(deadline) {
@@ -241,7 +239,7 @@ func (d *CUDA) WaitFor(e Event, timeout time.Duration) error {
 	case errors.Is(err, ErrTimeout):
 		return err
 	default:
-		return fmt.Errorf("%w: wait for event %d: %w", ErrCopy, h, cuErr(err))
+		return fmt.Errorf("%w: wait for event %d: %w", ErrCopy, h, err)
 	}
 }
 

@@ -2,11 +2,7 @@
 
 package gpu
 
-import (
-	"fmt"
-
-	"gorgonia.org/cu"
-)
+import "fmt"
 
 // Fill sets bytes [off, off+n) of b to v with cuMemsetD8Async on the
 // device's stream (host memory used as a Buffer is set once the stream
@@ -23,8 +19,8 @@ func (d *CUDA) Fill(b Buffer, off, n int, v byte) error {
 	}
 	defer d.leave()
 	if b.Host != nil {
-		if err := d.stream.Synchronize(); err != nil {
-			return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, cuErr(err))
+		if err := streamSync(d.stream); err != nil {
+			return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, err)
 		}
 		s := b.Host[off : off+n]
 		for i := range s {
@@ -32,8 +28,8 @@ func (d *CUDA) Fill(b Buffer, off, n int, v byte) error {
 		}
 		return nil
 	}
-	if err := cu.MemsetD8Async(devPtr(b, off), v, int64(n), d.stream); err != nil {
-		return fmt.Errorf("%w: cuMemsetD8Async of %d bytes: %w", ErrCopy, n, cuErr(err))
+	if err := memsetD8(devPtr(b, off), v, n, d.stream); err != nil {
+		return fmt.Errorf("%w: cuMemsetD8Async of %d bytes: %w", ErrCopy, n, err)
 	}
 	return nil
 }

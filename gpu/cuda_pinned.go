@@ -2,9 +2,8 @@
 
 package gpu
 
-// Pinned host memory: gorgonia.org/cu wraps cuMemFreeHost but neither
-// cuMemHostAlloc nor cuMemHostRegister, so staging pages are pinned
-// through this shim.
+// Pinned host memory (cuMemHostAlloc, cuMemHostRegister) and batched
+// device→host copies.
 
 /*
 #cgo LDFLAGS: -lcuda

@@ -45,8 +45,8 @@ func (d *CUDA) UnregisterHost(p []byte) error {
 		return fmt.Errorf("%w: unregister host memory: %w", ErrAlloc, err)
 	}
 	defer d.leave()
-	if err := d.stream.Synchronize(); err != nil {
-		return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, cuErr(err))
+	if err := streamSync(d.stream); err != nil {
+		return fmt.Errorf("%w: cuStreamSynchronize: %w", ErrCopy, err)
 	}
 	if err := hostUnregister(ptr); err != nil {
 		return fmt.Errorf("%w: cuMemHostUnregister: %w", ErrAlloc, err)

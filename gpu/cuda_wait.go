@@ -12,10 +12,7 @@ static CUresult omni_stream_wait_event(void *stream, uintptr_t ev) {
 */
 import "C"
 
-import (
-	"fmt"
-	"unsafe"
-)
+import "fmt"
 
 // WaitExternal makes the device's stream wait for ev, a CUevent (its
 // handle as an integer) that the caller recorded on its own stream after
@@ -33,7 +30,7 @@ func (d *CUDA) WaitExternal(ev uintptr) error {
 		return fmt.Errorf("%w: wait for an external event: %w", ErrCopy, err)
 	}
 	defer d.leave()
-	if r := C.omni_stream_wait_event(unsafe.Pointer(d.stream.C()), C.uintptr_t(ev)); r != C.CUDA_SUCCESS {
+	if r := C.omni_stream_wait_event(streamPtr(d.stream), C.uintptr_t(ev)); r != C.CUDA_SUCCESS {
 		return fmt.Errorf("%w: cuStreamWaitEvent: %w", ErrCopy, cuError(int(r)))
 	}
 	return nil

@@ -5,7 +5,7 @@
 // Two implementations exist. Host (the default, always built) keeps "device"
 // memory in ordinary Go memory and completes every copy before it returns;
 // it is what the tests, the replay and engines without CUDA use. A CUDA
-// driver API implementation on gorgonia.org/cu is built with the `cuda` tag
+// driver API implementation (a cgo shim over cuda.h) is built with the `cuda` tag
 // (see cuda.go); without the tag, NewCUDA returns ErrNoCUDA. The constant
 // Available tells which build this is.
 //

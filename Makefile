@@ -1,12 +1,15 @@
 # omnicache — a bare `make` prints the targets.
 GO      ?= go
-PKGS    ?= ./...
+# The library module (the root) and the CLI's (cmd/, its own module: the
+# library's go.mod carries none of the CLI's dependencies). go.work joins
+# them, so every command runs from the root; ./... alone is the root's.
+PKGS    ?= ./... ./cmd/...
 FUZZTIME ?= 30s
 FUZZPKGS ?= ./fuzz/ ./mirror/
 BENCH   ?= .
 COUNT   ?= 6
 
-.PHONY: help test test-go test-python python python-cuda python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate gpu-test gpu-replay gpu-bundle profile replay replay-full fit
+.PHONY: help test test-go test-python python python-cuda python-deps python-wheel bench-python redis race vet check bench benchcmp fuzz generate check-generate tidy gpu-test gpu-replay gpu-bundle profile replay replay-full fit
 
 help: ## print the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -104,9 +107,10 @@ fuzz: ## run every fuzz target of FUZZPKGS for FUZZTIME each
 			echo "== $$p $$t"; $(GO) test -run='^$$' -fuzz="^$$t$$" -fuzztime=$(FUZZTIME) "$$p" || exit 1; done; \
 	done
 
+# The generators are modules of their own, outside the workspace (GOWORK=off).
 generate: ## regenerate the avo assembly
-	cd slots/_asm && $(GO) run . -out ../slots_amd64.s -stubs ../slots_stubs_amd64.go -pkg slots
-	cd internal/spin/_asm && $(GO) run . -out ../pause_amd64.s -stubs ../pause_stubs_amd64.go -pkg spin
+	cd slots/_asm && GOWORK=off $(GO) run . -out ../slots_amd64.s -stubs ../slots_stubs_amd64.go -pkg slots
+	cd internal/spin/_asm && GOWORK=off $(GO) run . -out ../pause_amd64.s -stubs ../pause_stubs_amd64.go -pkg spin
 
 GENERATED := slots/slots_amd64.s slots/slots_stubs_amd64.go internal/spin/pause_amd64.s internal/spin/pause_stubs_amd64.go
 
@@ -115,6 +119,14 @@ check-generate: ## regenerate and fail on any drift
 	$(MAKE) --no-print-directory generate >/dev/null; \
 	rc=0; for f in $(GENERATED); do diff -u $$tmp/$$f $$f || rc=1; done; \
 	rm -rf $$tmp; [ $$rc -eq 0 ] || { echo "generated assembly drifted: run make generate"; exit 1; }
+
+# cmd/go.mod requires the library at the version a release of the CLI is
+# built with (a placeholder between releases: go.work's replace resolves it
+# to the tree); tidy points it at the tree for the run and back.
+tidy: ## go mod tidy both modules (the library's, then the CLI's against the tree)
+	GOWORK=off $(GO) mod tidy
+	cd cmd && $(GO) mod edit -replace github.com/omnicache/omnicache=../ && \
+		{ GOWORK=off $(GO) mod tidy; rc=$$?; $(GO) mod edit -dropreplace github.com/omnicache/omnicache; exit $$rc; }
 
 gpu-test: ## build the CUDA tests+benchmarks into .gpu/ (CGO_CFLAGS=-I<dir of cuda.h> CGO_LDFLAGS=-L<dir of libcuda.so>; docs/operations.md)
 	$(GO) vet -tags cuda ./gpu/ ./cmd/omnicache/

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/cmd/internal/figures"
 	"github.com/omnicache/omnicache/internal/replay"
 )
 
@@ -520,7 +521,7 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), loadString(load), busyNote(f.busy), repeat, warmup)
 	fmt.Fprintf(stdout, "device: %s%s; forward held: %s\n", f.dev, deviceNote(dev), f.holdFor)
 	if f.plot != "" && len(reps) > 0 {
-		if err := replay.WritePlots(f.plot, reps); err != nil {
+		if err := figures.WritePlots(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "replay: plot: %v\n", err)
 			failed++
 		}

@@ -1,4 +1,9 @@
-package replay
+// Package figures draws the replay's figures (omnicache replay --plot): the
+// projected throughput change per workload beside the reference's, the
+// projected time-to-first-token distributions with the cache off and on,
+// and the engine goroutine's cache time per step. It lives in the CLI's
+// module so that the library module does not require gonum/plot.
+package figures
 
 import (
 	"fmt"
@@ -8,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/omnicache/omnicache/internal/replay"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -27,7 +33,7 @@ const stepPlotCols = 4
 // (WriteChangePlot) into path, and, when the cache-on runs kept per-step
 // samples, their per-step cache time and hit rate (WriteStepPlot) into path
 // with "-steps" before its extension.
-func WritePlots(path string, reps []*Report) error {
+func WritePlots(path string, reps []*replay.Report) error {
 	if err := WriteChangePlot(path, reps); err != nil {
 		return err
 	}
@@ -58,21 +64,21 @@ func suffixed(path, suffix string) string {
 // WriteTTFTPlot draws, per workload, the distribution (empirical CDF) of
 // the requests' projected time to first token with the cache off and on,
 // one panel per workload titled with its p50 and p99 change.
-func WriteTTFTPlot(path string, reps []*Report) error {
+func WriteTTFTPlot(path string, reps []*replay.Report) error {
 	var panels []*plot.Plot
-	for _, run := range pairRuns(reps) {
+	for _, run := range replay.Pairs(reps) {
 		p := plot.New()
-		p.Title.Text = shortName(run.name)
-		if run.off != nil && run.on != nil && run.off.TTFTP50 > 0 {
-			p.Title.Text += fmt.Sprintf(": p50 %s, p99 %s", signedPct(float64(run.on.TTFTP50)/float64(run.off.TTFTP50)-1, 1),
-				signedPct(float64(run.on.TTFTP99)/float64(run.off.TTFTP99)-1, 1))
+		p.Title.Text = replay.ShortName(run.Name)
+		if run.Off != nil && run.On != nil && run.Off.TTFTP50 > 0 {
+			p.Title.Text += fmt.Sprintf(": p50 %s, p99 %s", replay.SignedPct(float64(run.On.TTFTP50)/float64(run.Off.TTFTP50)-1, 1),
+				replay.SignedPct(float64(run.On.TTFTP99)/float64(run.Off.TTFTP99)-1, 1))
 		}
 		p.Title.TextStyle.Font.Size = vg.Points(8)
 		p.X.Label.Text = "projected time to first token (ms)"
 		p.Y.Label.Text = "fraction of requests"
 		p.Add(plotter.NewGrid())
 		n := 0
-		for k, r := range []*Report{run.off, run.on} {
+		for k, r := range []*replay.Report{run.Off, run.On} {
 			if r == nil || len(r.TTFTs) == 0 {
 				continue
 			}
@@ -134,11 +140,11 @@ func drawPanels(path string, panels []*plot.Plot) error {
 // horizontal bars: the projected throughput change of this run, and the
 // reference's change before and after its fix (the after label carries its
 // range), into a PNG file.
-func WriteChangePlot(path string, reps []*Report) error {
+func WriteChangePlot(path string, reps []*replay.Report) error {
 	var names []string
 	var proj, before, after plotter.Values
 	var projL, beforeL, afterL []string
-	var runs []*Report
+	var runs []*replay.Report
 	for _, r := range reps {
 		if r.Cache == "on" {
 			runs = append(runs, r)
@@ -150,15 +156,15 @@ func WriteChangePlot(path string, reps []*Report) error {
 	// Top to bottom in run order: the nominal axis counts from the bottom.
 	for i := len(runs) - 1; i >= 0; i-- {
 		r := runs[i]
-		names = append(names, fmt.Sprintf("%s (hit %s)", r.Name, pct(r.HitRate, 1)))
+		names = append(names, fmt.Sprintf("%s (hit %s)", r.Name, replay.Pct(r.HitRate, 1)))
 		proj = append(proj, 100*r.ProjectedChange)
-		projL = append(projL, signedPct(r.ProjectedChange, 2))
+		projL = append(projL, replay.SignedPct(r.ProjectedChange, 2))
 		if r.RefReqPerSecOff > 0 {
 			before = append(before, 100*r.RefChangeBefore)
 			after = append(after, 100*r.RefChangeAfter)
-			beforeL = append(beforeL, refPct(r.RefChangeBefore))
-			afterL = append(afterL, fmt.Sprintf("%s (%s..%s)", refPct(r.RefChangeAfter),
-				refPct(r.RefChangeAfterLo), refPct(r.RefChangeAfterHi)))
+			beforeL = append(beforeL, replay.RefPct(r.RefChangeBefore))
+			afterL = append(afterL, fmt.Sprintf("%s (%s..%s)", replay.RefPct(r.RefChangeAfter),
+				replay.RefPct(r.RefChangeAfterLo), replay.RefPct(r.RefChangeAfterHi)))
 		} else {
 			before, after = append(before, 0), append(after, 0)
 			beforeL, afterL = append(beforeL, "no reference"), append(afterL, "")
@@ -220,17 +226,17 @@ func WriteChangePlot(path string, reps []*Report) error {
 }
 
 // WriteStepPlot draws, for the cache-on runs with per-step samples
-// (Options.KeepSamples), one panel per run (small multiples, each titled by
+// (replay.Options.KeepSamples), one panel per run (small multiples, each titled by
 // its run with its hit rate and projected change, so no legend is needed):
 // the engine goroutine's cache time per step, log scale.
-func WriteStepPlot(path string, reps []*Report) error {
+func WriteStepPlot(path string, reps []*replay.Report) error {
 	var panels []*plot.Plot
 	for _, r := range reps {
 		if len(r.Samples) == 0 || r.Cache != "on" {
 			continue
 		}
 		p := plot.New()
-		p.Title.Text = fmt.Sprintf("%s: hit %s, projected %s", r.Name, pct(r.HitRate, 1), signedPct(r.ProjectedChange, 2))
+		p.Title.Text = fmt.Sprintf("%s: hit %s, projected %s", r.Name, replay.Pct(r.HitRate, 1), replay.SignedPct(r.ProjectedChange, 2))
 		p.Title.TextStyle.Font.Size = vg.Points(8)
 		p.X.Label.Text = "step"
 		p.Y.Label.Text = "engine µs/step"
@@ -276,7 +282,7 @@ func savePNG(path string, w, h vg.Length, drawFn func(draw.Canvas)) error {
 	return f.Close()
 }
 
-func countSampled(reps []*Report) int {
+func countSampled(reps []*replay.Report) int {
 	n := 0
 	for _, r := range reps {
 		if len(r.Samples) > 0 && r.Cache == "on" {

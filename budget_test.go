@@ -1,10 +1,11 @@
 package omnicache_test
 
-// Budget and back-pressure: the device byte budget (scenario 23, clones
-// pinned by unconsumed steps, the decode buffer), the staging pages
-// (scenarios 15 and 18, the typed timeout, pages allocated one ahead, at
-// New or ahead in the background), and owned host tensors handed back
-// exactly once (Config.ReleaseHost).
+// Budget and back-pressure: the device byte budget (pressure flushes the
+// oldest writes, clones pinned by unconsumed steps, the decode buffer),
+// the staging pages (a Save waits for a free page, pages recycle, the
+// typed timeout, pages allocated one ahead, at New or ahead in the
+// background), and owned host tensors handed back exactly once
+// (Config.ReleaseHost).
 
 import (
 	"bytes"
@@ -91,10 +92,10 @@ func TestBudgetPinnedFailsFirst(t *testing.T) {
 	h.CheckMirror()
 }
 
-// Scenario 23: with a budget of 3 step clones of the deferred key, the 4th
+// With a budget of 3 step clones of the deferred key, the 4th
 // forces the oldest pending write out; charged bytes never exceed the
 // budget and return to 0 when idle.
-func TestScenario23_BudgetPressure(t *testing.T) {
+func TestBudgetPressure(t *testing.T) {
 	const r, q = 1, 2
 	const chunk = 4 // tokens per step
 	clone := int64(chunk * cachetest.KeyCodes.RowBytes)
@@ -137,10 +138,10 @@ func TestScenario23_BudgetPressure(t *testing.T) {
 	h.CheckMirror(0)
 }
 
-// Scenario 15: with 2 pages, a third Save waits until a step is consumed;
+// With 2 pages, a third Save waits until a step is consumed;
 // with StagingClaimTimeout NoWait it fails at once, naming the unconsumed
 // step ids.
-func TestScenario15_StagingDepth(t *testing.T) {
+func TestStagingDepth(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	setup := func(t *testing.T, timeout time.Duration) (*cachetest.Harness, omnicache.StepID, omnicache.StepID) {
 		cfg := cachetest.Config()
@@ -188,10 +189,10 @@ func TestScenario15_StagingDepth(t *testing.T) {
 	})
 }
 
-// Scenario 18: six steps through four pages stay correct (pages recycle):
+// Six steps through four pages stay correct (pages recycle):
 // every step is consumed three steps late, so four pages are in use at
 // once; the steps hit blocks written by steps not consumed yet.
-func TestScenario18_PagesRecycle(t *testing.T) {
+func TestPagesRecycle(t *testing.T) {
 	cfg := cachetest.Config()
 	cfg.StagingDepth = 4
 	h := cachetest.New(t, cfg)

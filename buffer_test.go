@@ -1,7 +1,6 @@
 package omnicache_test
 
-// The decode buffer (scenario 25 of shared/SCENARIOS.md): pure decode
-// steps are parked until a trigger writes them, as one batch of device
+// The decode buffer: pure decode steps are parked until a trigger writes them, as one batch of device
 // copies, and the next write's copies are issued before a scatter; the
 // mirror and every row equal those of the same schedule with the buffer
 // off.
@@ -21,12 +20,12 @@ import (
 	"github.com/omnicache/omnicache/internal/cachetest"
 )
 
-// Scenario 25: fewer than block_size pure-decode steps write nothing until
+// Fewer than block_size pure-decode steps write nothing until
 // a trigger; each trigger (arrival, finish, abort, preemption, resume, a
 // non-pure step, block_size steps, the staging capacity, the byte budget)
 // writes the buffer before the next Begin's work; afterwards the mirror
 // equals the mirror of the same schedule with the buffer off.
-func TestScenario25_DecodeBufferTriggers(t *testing.T) {
+func TestDecodeBufferTriggers(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	rowBytes := int64(cachetest.KeyHidden.RowBytes + cachetest.KeyAux.RowBytes)
 	for _, tc := range []struct {

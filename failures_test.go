@@ -1,7 +1,7 @@
 package omnicache_test
 
-// Failures and what is kept: a failed copy is sticky (scenario 27), the
-// state lock is never held across a device wait (scenario 28), waits on a
+// Failures and what is kept: a failed copy is sticky, the state lock is
+// never held across a device wait, waits on a
 // hung device are bounded, and a call that fails leaves nothing of itself
 // behind: no hit serves another tenant's rows or a failed step's. The
 // "Finding" tests failed on the code before the write path/read path
@@ -22,12 +22,12 @@ import (
 	"github.com/omnicache/omnicache/internal/gputest"
 )
 
-// Scenario 27: a failed copy is sticky: every later call returns
+// A failed copy is sticky: every later call returns
 // ErrWriteFailed; nothing hangs (every call runs under the deadlock
 // detector); pages, budget and goroutines are released by Close. The fault
 // is injected after n successful copies, for several n, so that it hits
 // different copies (step clones, parked decode rows, deferred rows).
-func TestScenario27_StickyWriteFailure(t *testing.T) {
+func TestStickyWriteFailure(t *testing.T) {
 	for _, n := range []int64{0, 1, 2, 3, 5, 8, 13} {
 		t.Run(fmt.Sprintf("fail after %d copies", n), func(t *testing.T) {
 			base := runtime.NumGoroutine()
@@ -126,11 +126,11 @@ func TestScenario27_StickyWriteFailure(t *testing.T) {
 	}
 }
 
-// Scenario 28: the state lock is never held while waiting for a copy:
+// The state lock is never held while waiting for a copy:
 // while the committer is blocked in a device Wait for one write, Stats, a
 // Materialize of another (already host-ready) step, and the engine's next
 // Begin and Save all return.
-func TestScenario28_NoLockAcrossWaits(t *testing.T) {
+func TestNoLockAcrossWaits(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	dev := cachetest.NewGateDevice()
 	cfg := cachetest.Config()
@@ -148,7 +148,7 @@ func TestScenario28_NoLockAcrossWaits(t *testing.T) {
 	dev.Arm()
 	s2 := h.Step(cachetest.Step{Sched: []cachetest.S{{b, 0, 5}}, Arrive: []cachetest.A{{ID: b}}})
 	require.True(t, dev.WaitEntered(cachetest.DeadlockTimeout),
-		"the write of a step with device tensors never waited on its device event (gpu.Device.Wait): scenario 28 holds the committer there")
+		"the write of a step with device tensors never waited on its device event (gpu.Device.Wait): the test holds the committer there")
 
 	// The committer is blocked in Wait. None of these may wait for it.
 	st := cachetest.Guard(t, "Stats while the committer waits on a copy", func() omnicache.Stats { return h.C.Stats() })

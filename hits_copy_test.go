@@ -2,7 +2,7 @@ package omnicache_test
 
 // Copies: rows stay exact whoever copies them, and when. Owned outputs
 // are used without a defensive copy and non-owned ones are copied before
-// Save returns (scenario 26), also on a device whose copies run later
+// Save returns, also on a device whose copies run later
 // (cachetest.AsyncDevice); a large step's rows are copied out by Save;
 // scatters and gathers split across the copy workers.
 
@@ -23,11 +23,11 @@ import (
 	"github.com/omnicache/omnicache/internal/gputest"
 )
 
-// Scenario 26: owned outputs are used without a defensive copy (ClonedBytes
+// Owned outputs are used without a defensive copy (ClonedBytes
 // does not grow); non-owned outputs are copied (ClonedBytes grows by the
 // bytes copied) and isolated from later overwrites of the engine's buffers
 // (the harness overwrites every non-owned buffer right after Save).
-func TestScenario26_OwnedOutputs(t *testing.T) {
+func TestOwnedOutputs(t *testing.T) {
 	const a, b = 1, 2
 	rowBytes := int64(cachetest.KeyHidden.RowBytes + cachetest.KeyAux.RowBytes)
 	for _, device := range []bool{false, true} {

@@ -1,6 +1,6 @@
 package omnicache_test
 
-// Randomized property test (issue #5): a seeded, deterministic random
+// Randomized property test: a seeded, deterministic random
 // schedule — arrivals with hits on previously written blocks, chunked
 // prefills, decodes, finishes, aborts, preemption with recompute, streamed
 // continuations, LRU block reuse — runs through the cache with the decode

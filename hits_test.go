@@ -1,11 +1,10 @@
 package omnicache_test
 
-// Hits and exact rows, scenarios 1–9 (misses, hits, partial prefixes,
-// streamed continuations, hits on blocks written in the same step, tenant
+// Hits and exact rows: misses, hits, partial prefixes, streamed
+// continuations, hits on blocks written in the same step, tenant
 // succession, hits over buffered decode rows, never-written required and
-// optional rows), 12 (delayed read of reassigned slots) and 13 (steps
-// consumed by id) of shared/SCENARIOS.md, and a finished request arriving
-// again. Every Materialize is checked row by row against the harness's
+// optional rows, a delayed read of reassigned slots, steps consumed by id,
+// and a finished request arriving again. Every Materialize is checked row by row against the harness's
 // oracle (internal/cachetest).
 
 import (
@@ -20,8 +19,8 @@ import (
 	"github.com/omnicache/omnicache/internal/cachetest"
 )
 
-// Scenario 1: a request without a hit gets exactly this step's rows.
-func TestScenario01_Miss(t *testing.T) {
+// A request without a hit gets exactly this step's rows.
+func TestMiss(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(1, 1, 2)
 	h.Assign(2, 3)
@@ -43,10 +42,10 @@ func TestScenario01_Miss(t *testing.T) {
 	assert.Zero(t, h.Stats().HitRequests, "Stats.HitRequests after misses only")
 }
 
-// Scenario 2: A writes 8 tokens and finishes; B arrives hitting those 2
+// A writes 8 tokens and finishes; B arrives hitting those 2
 // blocks and computes 4 more: B's result has 12 rows, the first 8 equal
 // A's.
-func TestScenario02_HitMerge(t *testing.T) {
+func TestHitMerge(t *testing.T) {
 	const a, b = 1, 2
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2)
@@ -71,10 +70,10 @@ func TestScenario02_HitMerge(t *testing.T) {
 	h.CheckMirror()
 }
 
-// Scenario 3: B shares 2 of A's 3 blocks; B's rows are right, B's new block
+// B shares 2 of A's 3 blocks; B's rows are right, B's new block
 // is written, A's third block and the shared prefix are untouched — whether
 // A finished before or after B.
-func TestScenario03_PartialPrefix(t *testing.T) {
+func TestPartialPrefix(t *testing.T) {
 	const a, b, c, d = 1, 2, 3, 4
 	for _, tc := range []struct {
 		name        string
@@ -111,9 +110,9 @@ func TestScenario03_PartialPrefix(t *testing.T) {
 	}
 }
 
-// Scenario 4: a live request id arriving again is not a hit; after it
+// A live request id arriving again is not a hit; after it
 // finishes, the same id arriving with a hit does hit.
-func TestScenario04_StreamedContinuation(t *testing.T) {
+func TestStreamedContinuation(t *testing.T) {
 	const a, z = 1, 9
 	for _, tc := range []struct {
 		name     string
@@ -152,9 +151,9 @@ func TestScenario04_StreamedContinuation(t *testing.T) {
 	}
 }
 
-// Scenario 5: B hits blocks that A writes in the same step: B's prefix is
+// B hits blocks that A writes in the same step: B's prefix is
 // A's rows.
-func TestScenario05_SameStepHit(t *testing.T) {
+func TestSameStepHit(t *testing.T) {
 	const a, b = 1, 2
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2, 5)
@@ -169,9 +168,9 @@ func TestScenario05_SameStepHit(t *testing.T) {
 	h.CheckMirror()
 }
 
-// Scenario 6: a block reused by B after A: a later hit reads B's rows
+// A block reused by B after A: a later hit reads B's rows
 // (every key).
-func TestScenario06_TenantSuccession(t *testing.T) {
+func TestTenantSuccession(t *testing.T) {
 	const a, b, c, d = 1, 2, 3, 4
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2)
@@ -200,9 +199,9 @@ func TestScenario06_TenantSuccession(t *testing.T) {
 	h.CheckMirror()
 }
 
-// Scenario 7: a hit right after buffered decode steps reads the buffered
+// A hit right after buffered decode steps reads the buffered
 // rows.
-func TestScenario07_HitAfterBufferedDecode(t *testing.T) {
+func TestHitAfterBufferedDecode(t *testing.T) {
 	const a, b = 1, 2
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2, 3)
@@ -228,10 +227,10 @@ func TestScenario07_HitAfterBufferedDecode(t *testing.T) {
 	h.CheckMirror()
 }
 
-// Scenario 8: a hit over never-written blocks of a required key is an
+// A hit over never-written blocks of a required key is an
 // error at Materialize (never served as a miss); the step is consumed and
 // its staging page released (with one page, the next Save does not wait).
-func TestScenario08_AbsentRequired(t *testing.T) {
+func TestAbsentRequired(t *testing.T) {
 	const a, b = 1, 2
 	for _, tc := range []struct {
 		name    string
@@ -257,9 +256,9 @@ func TestScenario08_AbsentRequired(t *testing.T) {
 	}
 }
 
-// Scenario 9: a hit over never-written blocks of an optional key reads
+// A hit over never-written blocks of an optional key reads
 // exact zero rows.
-func TestScenario09_AbsentOptional(t *testing.T) {
+func TestAbsentOptional(t *testing.T) {
 	const a, b = 1, 2
 	keys := []omnicache.Key{cachetest.KeyAux, {Name: "aux2", RowBytes: 16, Optional: true}}
 	for _, tc := range []struct {
@@ -284,10 +283,10 @@ func TestScenario09_AbsentOptional(t *testing.T) {
 	}
 }
 
-// Scenario 12: a delayed read (materialize a step later) whose hit slots
+// A delayed read (materialize a step later) whose hit slots
 // were reassigned meanwhile: ErrReassigned or the preserved original rows,
 // never the new tenant's rows.
-func TestScenario12_DelayedReadReassigned(t *testing.T) {
+func TestDelayedReadReassigned(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	setup := func(t *testing.T) (*cachetest.Harness, omnicache.StepID) {
 		h := cachetest.New(t, cachetest.Config())
@@ -339,9 +338,9 @@ func TestScenario12_DelayedReadReassigned(t *testing.T) {
 	})
 }
 
-// Scenario 13: step ids are consumed by id, not order (discard 2, then
+// Step ids are consumed by id, not order (discard 2, then
 // materialize 1).
-func TestScenario13_ConsumeByID(t *testing.T) {
+func TestConsumeByID(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2)

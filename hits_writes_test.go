@@ -1,10 +1,9 @@
 package omnicache_test
 
-// The newest rows win, scenarios 19–22 and 24 of shared/SCENARIOS.md:
-// stealing slots in transit, preempt + resume, finish and abort, deferred
-// keys, and tenant succession with deferred keys: the mirror and every
-// later hit hold the rows of the last write in step order. (Scenario 23,
-// the device byte budget, is in budget_test.go.)
+// The newest rows win: stealing slots in transit, preempt + resume,
+// finish and abort, deferred keys, and tenant succession with deferred
+// keys: the mirror and every later hit hold the rows of the last write in
+// step order. (The device byte budget is in budget_test.go.)
 
 import (
 	"testing"
@@ -16,10 +15,10 @@ import (
 	"github.com/omnicache/omnicache/internal/cachetest"
 )
 
-// Scenario 19: a new write claiming slots still in transit for an older
+// A new write claiming slots still in transit for an older
 // task: the old task skips them, the newest rows win in the mirror. The
 // older write is held in transit by a device whose Wait blocks.
-func TestScenario19_StealInTransit(t *testing.T) {
+func TestStealInTransit(t *testing.T) {
 	const a, b = 1, 2
 	dev := cachetest.NewGateDevice()
 	cfg := cachetest.Config()
@@ -52,8 +51,8 @@ func TestScenario19_StealInTransit(t *testing.T) {
 	}
 }
 
-// Scenario 20: preempt + resume onto the same block: the last row wins.
-func TestScenario20_PreemptResumeSameBlock(t *testing.T) {
+// Preempt + resume onto the same block: the last row wins.
+func TestPreemptResumeSameBlock(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	hitAfter := func(h *cachetest.Harness) {
 		h.Assign(c, 2, 9)
@@ -109,10 +108,10 @@ func TestScenario20_PreemptResumeSameBlock(t *testing.T) {
 	})
 }
 
-// Scenario 21: finish and abort: open writes (parked decode rows, steps not
+// Finish and abort: open writes (parked decode rows, steps not
 // consumed yet) still land; a later hit on those blocks reads them. Abort
 // never rolls back: discarding the aborted request's steps changes nothing.
-func TestScenario21_FinishAbortLand(t *testing.T) {
+func TestFinishAbortLand(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	for _, abort := range []bool{false, true} {
 		name := "finish"
@@ -149,11 +148,11 @@ func TestScenario21_FinishAbortLand(t *testing.T) {
 	}
 }
 
-// Scenario 22: a deferred key's rows accumulate over decode steps, are
+// A deferred key's rows accumulate over decode steps, are
 // readable while pending (a hit reads them), and land at finish; a finish
 // of one request sharing a step clone with another keeps the budget charged
 // until the last one finished.
-func TestScenario22_DeferredKey(t *testing.T) {
+func TestDeferredKey(t *testing.T) {
 	const a, b, c = 1, 2, 3
 	h := cachetest.New(t, cachetest.Config(cachetest.KeyHidden, cachetest.KeyCodes))
 	h.Device = true
@@ -194,9 +193,9 @@ func TestScenario22_DeferredKey(t *testing.T) {
 	h.CheckMirror(hid, cod)
 }
 
-// Scenario 24: tenant succession with deferred keys: B reuses A's block;
+// Tenant succession with deferred keys: B reuses A's block;
 // finishing B then A (or A then B) leaves B's rows.
-func TestScenario24_DeferredTenantSuccession(t *testing.T) {
+func TestDeferredTenantSuccession(t *testing.T) {
 	const a, b, d = 1, 2, 4
 	for _, bFirst := range []bool{true, false} {
 		name := "finish B then A"

@@ -7,23 +7,23 @@ package omnicache_test
 // one is followed by a correct step (Harness.Usable).
 //
 // The error catalogue (every error an engine can trigger at run time) → test:
-//   unaligned hit                         TestScenario11_UnalignedHit
-//   hit without block ids                 TestScenario10_HitWithoutBlockIDs
-//   slot count ≠ scheduled tokens         TestScenario17_OutputsMismatch
-//   output tensor with too few rows       TestScenario17_OutputsMismatch
-//   step larger than a staging page       TestScenario16_StepTooLarge
-//   unknown or already consumed step id   TestScenario14_StepIDMisuse
-//   request outside the step's snapshot   TestScenario14_StepIDMisuse
-//   hit over absent required rows         TestScenario08_AbsentRequired (hits_test.go)
-//   delayed read of reassigned slots      TestScenario12_DelayedReadReassigned (hits_test.go)
-//   staging page timeout                  TestScenario15_StagingDepth (budget_test.go)
+//   unaligned hit                         TestUnalignedHit
+//   hit without block ids                 TestHitWithoutBlockIDs
+//   slot count ≠ scheduled tokens         TestOutputsMismatch
+//   output tensor with too few rows       TestOutputsMismatch
+//   step larger than a staging page       TestStepTooLarge
+//   unknown or already consumed step id   TestStepIDMisuse
+//   request outside the step's snapshot   TestStepIDMisuse
+//   hit over absent required rows         TestAbsentRequired (hits_test.go)
+//   delayed read of reassigned slots      TestDelayedReadReassigned (hits_test.go)
+//   staging page timeout                  TestStagingDepth (budget_test.go)
 //   closed cache                          TestErrorCatalogue/closed
 //   bad config                            TestErrorCatalogue/config
 //   block table too narrow (and other
 //   plan inconsistencies)                 TestErrorCatalogue/plan
 //   calls out of sequence                 TestErrorCatalogue/sequence
 //   reservation over the device budget    TestErrorCatalogue/budget
-//   failed write (sticky)                 TestScenario27_StickyWriteFailure (failures_test.go)
+//   failed write (sticky)                 TestStickyWriteFailure (failures_test.go)
 
 import (
 	"errors"
@@ -40,10 +40,10 @@ import (
 	"github.com/omnicache/omnicache/tier"
 )
 
-// Scenario 10: a hit with hit_tokens > 0 and no block ids fails at Begin;
+// A hit with hit_tokens > 0 and no block ids fails at Begin;
 // so do too few and left-over block ids. A failed Begin registers nothing:
 // the corrected plan with the same id hits.
-func TestScenario10_HitWithoutBlockIDs(t *testing.T) {
+func TestHitWithoutBlockIDs(t *testing.T) {
 	const a, b = 1, 2
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2)
@@ -67,9 +67,9 @@ func TestScenario10_HitWithoutBlockIDs(t *testing.T) {
 	h.Usable()
 }
 
-// Scenario 11: a hit not block aligned (6 tokens, block 4) fails at Begin;
+// A hit not block aligned (6 tokens, block 4) fails at Begin;
 // the corrected plan with the same id hits.
-func TestScenario11_UnalignedHit(t *testing.T) {
+func TestUnalignedHit(t *testing.T) {
 	const a, b = 1, 2
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2)
@@ -86,9 +86,9 @@ func TestScenario11_UnalignedHit(t *testing.T) {
 	h.Usable()
 }
 
-// Scenario 14: materialize or discard twice, an unknown id, a request
+// Materialize or discard twice, an unknown id, a request
 // outside the step: typed errors, the cache stays usable.
-func TestScenario14_StepIDMisuse(t *testing.T) {
+func TestStepIDMisuse(t *testing.T) {
 	const a, b = 1, 2
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(a, 1, 2)
@@ -125,9 +125,9 @@ func TestScenario14_StepIDMisuse(t *testing.T) {
 	assert.Zero(t, h.Stats().PagesInUse, "Stats.PagesInUse once every step is consumed")
 }
 
-// Scenario 16: a step with more tokens than a staging page fails at once:
+// A step with more tokens than a staging page fails at once:
 // Begin rejects it, naming the capacity, before sizing anything from it.
-func TestScenario16_StepTooLarge(t *testing.T) {
+func TestStepTooLarge(t *testing.T) {
 	const a, b = 1, 2
 	cfg := cachetest.Config()
 	cfg.StagingCapacityTokens = 8
@@ -143,10 +143,10 @@ func TestScenario16_StepTooLarge(t *testing.T) {
 	h.Usable()
 }
 
-// Scenario 17: outputs whose token count differs from the scheduled tokens
+// Outputs whose token count differs from the scheduled tokens
 // (ErrTokenCount), and tensors with fewer rows than tokens, short buffers or
 // a wrong tensor count (ErrOutputs).
-func TestScenario17_OutputsMismatch(t *testing.T) {
+func TestOutputsMismatch(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		device bool

@@ -29,18 +29,18 @@
 // TierConfig.Publishers publishers (omnicache=tier-publisher), the only
 // goroutines that talk to the tier's network.
 //
-// Layout: this package is the engine contract (api.go, errors.go,
-// result.go, config.go) with one short orchestration per call (cache.go,
-// begin.go; plan validation in validate.go, the engine goroutine's state
-// in engine.go). Underneath, internal to the module, calls go one way:
-// the root calls the read path (internal/reader), which asks the write
-// path (internal/writer) for rows still queued; the root hands steps to
-// the write path, which owns the committer, the staging pages and the
-// mirrors; the shared tier sits behind one link (internal/tierlink),
-// which the write path tells of landed blocks (to publish) and which
-// queues imports to it. Nothing calls back up but completion signals.
-// The public building blocks are writer (the write path on its own),
-// mirror, slots, soa, gpu, tier and metrics.
+// Layout: this package is the engine contract (its types, errors and
+// defaults) with one short orchestration per call; docs/design.md says
+// which files hold each call. Underneath, internal to the module, calls
+// go one way (docs/design.md states the directions; make test checks
+// them): the root calls the read path (internal/reader), which asks the
+// write path (internal/writer) for rows still queued; the root hands
+// steps to the write path, which owns the committer, the staging pages
+// and the mirrors; the shared tier sits behind one link
+// (internal/tierlink), which the write path tells of landed blocks (to
+// publish) and which queues imports to it. Nothing calls back up but
+// completion signals. The public building blocks are writer (the write
+// path on its own), mirror, slots, soa, gpu, tier and metrics.
 //
 // Plans and outputs are borrowed for the call only: the cache copies what it
 // keeps. Outputs marked Owned are handed to the cache and must not be touched

@@ -81,7 +81,7 @@ python-wheel: python ## build the wheel (python/dist/) with Debian's setuptools 
 	cd / && $$v/bin/python -c "import numpy as np, omnicache as oc; c = oc.Cache([oc.Key('h', 8)], num_blocks=8, block_size=4); \
 	c.begin(ids=[1], rows=[0], start=[0], count=[2], table=[[0, 1]], arrivals=[1]); \
 	r = c.materialize(c.save([np.arange(16, dtype=np.uint8).reshape(2, 8)])); assert r.rows(0, 'h').ravel().tolist() == list(range(16)); \
-	c.close(); b = oc._ffi.hot().backend; assert b == 'fast', b; print('wheel checked in a throwaway venv (deleted now):', oc.__file__, oc.version(), 'calls through', b)"
+	c.close(); b = oc._calls.hot().backend; assert b == 'fast', b; print('wheel checked in a throwaway venv (deleted now):', oc.__file__, oc.version(), 'calls through', b)"
 
 redis: ## install redis-server with apt-get when missing (.ci/redis.sh; the tier tests start real servers)
 	@bash .ci/redis.sh

@@ -1,10 +1,9 @@
 """The omnicache wheel: the package, the prebuilt libomnicache.so (make
 python builds it into omnicache/_lib; make python-wheel runs this) and the
-_fast extension (omnicache/_fast.c, the per-step calls without ctypes or
-cffi), compiled here against this Python's headers (python3-dev). The
-extension does not link libomnicache.so; when it cannot be compiled the
-wheel carries none and the package calls the library through cffi or
-ctypes."""
+_fast extension (omnicache/_fast.c, the per-step calls without ctypes),
+compiled here against this Python's headers (python3-dev). The extension
+does not link libomnicache.so; when it cannot be compiled the wheel
+carries none and the package calls the library through ctypes."""
 
 import os
 
@@ -33,7 +32,7 @@ setup(
     package_data={"omnicache": ["_lib/libomnicache.so", "_lib/omnicache.h"]},
     ext_modules=[Extension("omnicache._fast", ["omnicache/_fast.c"], optional=True)],
     install_requires=["numpy"],
-    extras_require={"fast": ["cffi"], "torch": ["torch"]},
+    extras_require={"torch": ["torch"]},
     python_requires=">=3.9",
     distclass=BinaryDistribution,
     zip_safe=False,

@@ -200,8 +200,8 @@ def fmt(xs):
 def print_steps(a):
     print("\n## step = begin + save (64-byte rows, copied) + discard; median of %d rounds, Go and Python rounds "
           "interleaved" % a.rounds)
-    from . import _ffi
-    print("python calls the library through %s" % _ffi.hot().backend)
+    from . import _calls
+    print("python calls the library through %s" % _calls.hot().backend)
     print("%-12s %10s %10s %10s %13s %10s" % ("shape", "python µs", "go µs", "python-go", "python stall", "go stall"))
     for name, reqs, tokens, forward in SHAPES:
         steps = a.steps if tokens == 1 else max(1, a.steps // 10)

@@ -1,6 +1,6 @@
 /*
  * omnicache._fast: the per-step calls of libomnicache.so from CPython
- * without ctypes or cffi.
+ * without ctypes.
  *
  * - Engine, the base class of omnicache.Cache: its begin and save run a
  *   plain step (a Plan; an Outputs of host tensors, nothing else to set)
@@ -14,11 +14,11 @@
  *
  * The module does not link libomnicache.so: omnicache._ffi loads the
  * library lazily (the Go runtime does not survive a fork, and
- * OMNICACHE_LIB chooses the build) and hands the entry points' addresses
- * to bind(). Importing this module therefore loads nothing.
+ * OMNICACHE_LIB chooses the build) and omnicache._calls hands the entry
+ * points' addresses to bind(). Importing this module therefore loads nothing.
  *
  * Every call into the library releases the GIL while it runs, as ctypes
- * and cffi do: a save waiting for a staging page lets other Python threads
+ * does: a save waiting for a staging page lets other Python threads
  * run. Handles and step ids are ints; plans and outputs are the addresses
  * (ints, their ``_ref``) of the omnicache_plan / omnicache_outputs structs
  * the package keeps.
@@ -514,7 +514,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
 	PyModuleDef_HEAD_INIT,
 	"omnicache._fast",
-	"The per-step calls of libomnicache.so without ctypes or cffi (bound by omnicache._ffi).",
+	"The per-step calls of libomnicache.so without ctypes (bound by omnicache._calls).",
 	-1,
 	methods,
 };

@@ -1,5 +1,8 @@
 """ctypes bindings of libomnicache.so (internal/capi/omnicache.h), loaded lazily.
 
+The bottom of the package: it imports only errors. The structs, flags and
+calls here mirror the header; tests/test_header.py checks them against it.
+
 The library starts a Go runtime when it is loaded, and a Go runtime does not
 survive a fork: importing this package loads nothing; the first Cache (or
 version()) loads the library. ctypes.CDLL releases the GIL around every
@@ -11,7 +14,7 @@ import ctypes
 import os
 import threading
 
-from .errors import LoadError
+from .errors import LoadError, StagingTimeoutError, StepTooLargeError, error
 
 c_i64 = ctypes.c_int64
 c_i32 = ctypes.c_int32
@@ -218,84 +221,14 @@ def fast():
     return _fast
 
 
-class _Hot:
-    """The per-step entry points (discard_begin, which begins without a
-    discard when its step is 0, save, discard), in order of preference:
-
-    - "fast": the omnicache._fast extension (python/omnicache/_fast.c),
-      when fast() has it; its Engine (Cache's base class) runs a plain
-      step's begin and save in C;
-    - "cffi" (about 0.7 µs) when cffi is importable and OMNICACHE_CTYPES is
-      not set;
-    - "ctypes" (about 0.8 µs).
-
-    All three release the GIL during the call. Whatever the backend:
-    discard_begin(h, step, ref) and discard(h, step) return
-    the rc; saver() makes a cache's save(h, ref), which returns the step
-    id (> 0) or -rc; ptr(address) makes the ref of a plan's or outputs'
-    struct."""
-
-    def __init__(self):
-        L = lib()
-        fast_ = fast()
-        if fast_ is not None:
-            from .core import Outputs, Plan, _raise
-
-            addr = lambda f: ctypes.cast(f, c_ptr).value  # noqa: E731
-            fast_.bind(addr(L.omnicache_discard_begin), addr(L.omnicache_save), addr(L.omnicache_discard),
-                       addr(L.omnicache_slots), Plan, Outputs, _raise)
-            self.backend = "fast"
-            self.discard_begin, self.discard = fast_.discard_begin, fast_.discard
-            self.saver = lambda: fast_.save
-            self.ptr = int
-            return
-        try:
-            import cffi
-        except ImportError:
-            cffi = None
-        if cffi is None or os.environ.get("OMNICACHE_CTYPES"):
-            self.backend = "ctypes"
-            self.discard_begin, self.discard = L.omnicache_discard_begin, L.omnicache_discard
-            self.saver = lambda: _save_through(L.omnicache_save, (c_u64 * 1)(), ctypes.addressof)
-            self.ptr = int
-            return
-        ffi = cffi.FFI()
-        ffi.cdef("int omnicache_discard_begin(uint64_t, uint64_t, void *);"
-                 "int omnicache_save(uint64_t, void *, void *);"
-                 "int omnicache_discard(uint64_t, uint64_t);")
-        C = ffi.dlopen(lib_path())
-        self.backend = "cffi"
-        self.discard_begin, self.discard = C.omnicache_discard_begin, C.omnicache_discard
-        self.saver = lambda: _save_through(C.omnicache_save, ffi.new("uint64_t *"), lambda cell: cell)
-        self._keep = (ffi, C)
-        cast = ffi.cast
-        self.ptr = lambda addr: cast("void *", addr)
-
-
-def _save_through(f, cell, arg):
-    """save(h, ref) -> step id or -rc over a ctypes or cffi omnicache_save,
-    with its own uint64 out-cell (one per cache: one thread saves at a
-    time)."""
-    out = arg(cell)
-
-    def save(h, ref):
-        rc = f(h, ref, out)
-        return -rc if rc else cell[0]
-
-    return save
-
-
-_hot = None
-
-
-def hot():
-    """The per-step entry points (loads the library first: _lock is not
-    reentrant)."""
-    global _hot
-    if _hot is None:
-        lib()
-        with _lock:
-            if _hot is None:
-                h = _Hot()
-                _hot = h
-    return _hot
+def raise_error(rc):
+    """Raises the exception of library error code rc, with the calling
+    thread's last message (and, for a staging timeout, the step ids it
+    names)."""
+    msg = last_error()
+    if rc == StepTooLargeError.code:
+        msg += ("; a step holds at most staging_capacity_tokens tokens (default 1,024): pass "
+                "Cache(staging_capacity_tokens=N) with N the engine's largest step (max_num_batched_tokens), "
+                "or build the adapter's config with PrefixCacheConfig.from_vllm_config")
+    steps = last_error_steps() if rc == StagingTimeoutError.code else ()
+    raise error(rc, msg, steps)

@@ -19,8 +19,8 @@ import ctypes
 
 import numpy as np
 
-from . import _ffi
-from .core import _raise, _torch_tensor
+from . import _calls, _ffi
+from ._args import _torch_tensor
 from .vllm_omni import PrefixCacheSchedulerAdapter
 
 _I64 = np.dtype(np.int64)
@@ -67,7 +67,7 @@ class FullAttentionGroupView:
         self._req_ids = req_ids
         self._index = req_id_to_index
         # the _fast extension's slots (bound to the library by hot()), else ctypes
-        self._cslots = _ffi.fast().slots if _ffi.hot().backend == "fast" else None
+        self._cslots = _ffi.fast().slots if _calls.hot().backend == "fast" else None
 
     def batch_req_ids(self):
         """The batch's request ids in row order (a new list)."""
@@ -124,7 +124,7 @@ class FullAttentionGroupView:
                                         count.ctypes.data, n, self.block_size, out.ctypes.data, total,
                                         ctypes.byref(written))
         if rc:
-            _raise(rc)
+            _ffi.raise_error(rc)
         return out
 
     def build_write_layout(self, num_scheduled_tokens):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import omnicache as oc
-from omnicache import _ffi
+from omnicache import _calls, _ffi
 from omnicache.slots import FullAttentionGroupView
 from omnicache.vllm_omni import PrefixCacheWriteLayout
 
@@ -61,8 +61,8 @@ def test_slots_exact_on_random_tables(fallback):
 
 def test_the_fast_path_is_used():
     v = FullAttentionGroupView(np.zeros((1, 1), np.int32), 16, np.zeros(1, np.int32), ["a"])
-    assert (v._cslots is not None) == (_ffi.hot().backend == "fast")
-    assert _ffi.hot().backend == "fast" or os.environ.get("OMNICACHE_NO_FAST") or os.environ.get("OMNICACHE_CTYPES")
+    assert (v._cslots is not None) == (_calls.hot().backend == "fast")
+    assert _calls.hot().backend == "fast" or os.environ.get("OMNICACHE_NO_FAST") or os.environ.get("OMNICACHE_CTYPES")
 
 
 @pytest.mark.skipif(NO_TORCH, reason="OMNICACHE_TEST_NO_TORCH=1")

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -62,7 +63,7 @@ func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 				rec.Trim(i, end)
 			}
 		}
-		e.lens = growLens(e.lens, h)
+		e.lens = scratch.Extend(e.lens, int(h)+1)
 		e.lens[h] = max(e.lens[h], end)
 	}
 	if e.pure {
@@ -82,14 +83,6 @@ func (c *Cache) flushLens() {
 	}
 	e.lenPending = 0
 	e.lenH = e.lenH[:0]
-}
-
-// growLens makes lens hold handle h.
-func growLens(lens []int32, h soa.Handle) []int32 {
-	for int(h) >= len(lens) {
-		lens = append(lens, 0)
-	}
-	return lens
 }
 
 // checkReplaced validates the plan's replaced prompts: every id live, the
@@ -141,7 +134,7 @@ func (c *Cache) applyReplaced(p *Plan) {
 		h, _ := reqs.Lookup(id)
 		c.snap(h)
 		pos := reqs.Pos(h)
-		e.lens = growLens(e.lens, h)
+		e.lens = scratch.Extend(e.lens, int(h)+1)
 		e.lens[h] = at
 		if reqs.Flags[pos]&flagHitPending != 0 && reqs.HitTokens[pos] > at {
 			reqs.HitTokens[pos] = at / bs * bs
@@ -194,11 +187,9 @@ type dlState struct{ pos int32 }
 func (c *Cache) freshReq(h soa.Handle) {
 	e := &c.eng
 	c.markFresh(h)
-	e.lens = growLens(e.lens, h)
+	e.lens = scratch.Extend(e.lens, int(h)+1)
 	e.lens[h] = 0
-	for int(h) >= len(e.dlp) {
-		e.dlp = append(e.dlp, nil)
-	}
+	e.dlp = scratch.Extend(e.dlp, int(h)+1)
 	e.dlp[h] = &dlState{}
 }
 
@@ -232,9 +223,7 @@ func (c *Cache) applyPreempted(p *Plan) {
 			e.reqs.Flags[pos] |= flagFloor
 			e.nFloor++
 		}
-		for int(h) >= len(e.preLen) {
-			e.preLen = append(e.preLen, 0)
-		}
+		e.preLen = scratch.Extend(e.preLen, int(h)+1)
 		e.preLen[h] = c.length(h)
 	}
 }

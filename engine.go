@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -85,9 +86,7 @@ type idStart struct {
 }
 
 func (e *engine) mark(h soa.Handle, gen uint64) (was uint64) {
-	for int(h) >= len(e.stamp) {
-		e.stamp = append(e.stamp, 0)
-	}
+	e.stamp = scratch.Extend(e.stamp, int(h)+1)
 	was, e.stamp[h] = e.stamp[h], gen
 	return was
 }
@@ -105,11 +104,4 @@ func equalIDs(a, b []int64) bool {
 	ab := unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), len(a)*8)
 	bb := unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), len(b)*8)
 	return string(ab) == string(bb) // no conversion: compared in place
-}
-
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n, n+n/4)
-	}
-	return s[:n]
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -177,7 +178,7 @@ func (c *Cache) unbegin() {
 		}
 		pos := e.reqs.Pos(s.h)
 		e.reqs.Flags[pos], e.reqs.Aux[pos] = s.flags, s.aux
-		e.lens = growLens(e.lens, s.h)
+		e.lens = scratch.Extend(e.lens, int(s.h)+1)
 		e.lens[s.h] = s.lens
 		if int(s.h) < len(e.preLen) {
 			e.preLen[s.h] = s.preLen

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/slots"
 	"github.com/omnicache/omnicache/soa"
 )
@@ -69,7 +70,7 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 	// columns, the total against len(dst)) before it writes, so the plan is
 	// walked once here; the error path finds the culprit. The scratch holds
 	// a full page (StagingCapacityTokens): nothing is sized from the plan.
-	e.slots = grow(e.slots, c.cfg.StagingCapacityTokens)
+	e.slots = scratch.Grow(e.slots, c.cfg.StagingCapacityTokens)
 	ntok, err = slots.Map(e.slots, slots.Batch{Rows: p.Rows, Start: p.Start, Count: p.Count, Table: p.Table, Stride: p.Stride}, bs)
 	if err != nil {
 		return 0, false, false, c.mapError(p, err)

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/soa"
 )
@@ -102,10 +103,10 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 		return
 	}
 	n := len(s.IDs)
-	s.prefix = grow(s.prefix, n)
+	s.prefix = scratch.Grow(s.prefix, n)
 	clear(s.prefix)
-	s.immOff = grow(s.immOff, n)
-	s.defOff = grow(s.defOff, n)
+	s.immOff = scratch.Grow(s.immOff, n)
+	s.defOff = scratch.Grow(s.defOff, n)
 	for i := range s.immOff {
 		s.immOff[i], s.defOff[i] = -1, -1
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/hostmem"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/internal/spin"
 	"github.com/omnicache/omnicache/internal/writer"
 )
@@ -173,7 +174,7 @@ func (r *Reader) ReadAheadBytes() int64 { return r.charged.Load() }
 // then planned at Save and read at Materialize). Engine goroutine.
 func (r *Reader) Charge(s *Step, hits []Hit) bool {
 	n := len(s.IDs)
-	s.pfOff = grow(s.pfOff, n)
+	s.pfOff = scratch.Grow(s.pfOff, n)
 	clear(s.pfOff)
 	for _, h := range hits { // pfOff holds the prefixes for a moment
 		s.pfOff[h.Index] = h.Tokens
@@ -201,7 +202,7 @@ func (r *Reader) Charge(s *Step, hits []Hit) bool {
 // new one is hundreds of MiB to fault in, no work for the engine goroutine
 // (see "Cold buffers").
 func (r *Reader) queue(s *Step) {
-	s.pfErr = grow(s.pfErr, len(s.IDs))
+	s.pfErr = scratch.Grow(s.pfErr, len(s.IDs))
 	clear(s.pfErr)
 	s.rd = r
 	s.hold.Add(1) // the committer's, until the read ran

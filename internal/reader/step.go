@@ -253,13 +253,6 @@ func (s *Step) Find(id int64) int {
 	return -1
 }
 
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n, n+n/4)
-	}
-	return s[:n]
-}
-
 // hitSlots returns the slots of request i's first pre hit rows (block size
 // bs), expanded from the planned block ids into the step's scratch. The
 // plan only copies the block ids (on the engine goroutine); the slots are

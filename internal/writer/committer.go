@@ -10,6 +10,7 @@ import (
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/hostmem"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/soa"
 )
@@ -328,7 +329,7 @@ func (c *Committer) newerMask(sl []int32) (mask []int32, kept, skipped int) {
 	if c.newestMax <= c.curID { // nothing newer queued: write every row
 		return sl, len(sl), 0
 	}
-	c.mask = grow(c.mask, len(sl))
+	c.mask = scratch.Grow(c.mask, len(sl))
 	for i, s := range sl {
 		if c.newest[s] > c.curID {
 			c.mask[i] = -1
@@ -348,7 +349,7 @@ func (c *Committer) newerMask(sl []int32) (mask []int32, kept, skipped int) {
 // many rows it keeps and skips.
 func (c *Committer) rejectMask(mk, sl []int32, reject []bool) (mask []int32, kept, skipped int) {
 	if len(mk) > 0 && &mk[0] == &sl[0] {
-		c.mask = grow(c.mask, len(sl))
+		c.mask = scratch.Grow(c.mask, len(sl))
 		copy(c.mask, sl)
 		mk = c.mask
 	}
@@ -488,7 +489,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 // owned copies sl into the scratch with slots no longer in transit for
 // owner replaced by -1 (a newer write stole them).
 func (c *Committer) owned(occ *soa.Occupancy, sl []int32, owner uint64) []int32 {
-	c.mask = grow(c.mask, len(sl))
+	c.mask = scratch.Grow(c.mask, len(sl))
 	skipped := 0
 	for i, s := range sl {
 		if occ.Owns(s, owner) {
@@ -550,11 +551,4 @@ func (c *Committer) commitDeferred(segs []Seg) error {
 		}
 	}
 	return nil
-}
-
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n, n+n/4)
-	}
-	return s[:n]
 }

@@ -2,6 +2,7 @@ package writer
 
 import (
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -93,9 +94,7 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 // openDeferred notes that h has a pending deferred write (oldest first for
 // budget pressure).
 func (p *Path) openDeferred(h soa.Handle) {
-	for int(h) >= len(p.defOpen) {
-		p.defOpen = append(p.defOpen, 0)
-	}
+	p.defOpen = scratch.Extend(p.defOpen, int(h)+1)
 	if p.defOpen[h] == 0 {
 		p.defSeq++
 		p.defOpen[h] = p.defSeq

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/internal/scratch"
 )
 
 // Refs are a saved step's references into the write path: per key the
@@ -22,10 +23,10 @@ type Refs struct {
 func (r *Refs) Reset(nkeys int) {
 	clear(r.Pins)
 	r.Pins = r.Pins[:0]
-	r.Src = grow(r.Src, nkeys)
+	r.Src = scratch.Grow(r.Src, nkeys)
 	clear(r.Src)
-	r.SrcOff = grow(r.SrcOff, nkeys)
-	r.Omit = grow(r.Omit, nkeys)
+	r.SrcOff = scratch.Grow(r.SrcOff, nkeys)
+	r.Omit = scratch.Grow(r.Omit, nkeys)
 	clear(r.Omit)
 }
 

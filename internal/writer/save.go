@@ -7,6 +7,7 @@ import (
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -130,7 +131,7 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 // when there was none). The bytes were reserved by Save.
 func (p *Path) preClone(s *Step) (gpu.Event, error) {
 	n := len(s.Slots)
-	p.pre = grow(p.pre, len(s.Out))
+	p.pre = scratch.Grow(p.pre, len(s.Out))
 	any := false
 	for k := range s.Out {
 		p.pre[k] = gpu.Buffer{}
@@ -332,10 +333,10 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 	w := p.newWrite(pg, len(s.Slots))
 	w.DevCharge = need
 	nimm := len(p.lay.Imm)
-	w.Host = grow(w.Host, nimm)
-	w.Dev = grow(w.Dev, nimm)
-	w.Staged = grow(w.Staged, nimm)
-	w.Absent = grow(w.Absent, nimm)
+	w.Host = scratch.Grow(w.Host, nimm)
+	w.Dev = scratch.Grow(w.Dev, nimm)
+	w.Staged = scratch.Grow(w.Staged, nimm)
+	w.Absent = scratch.Grow(w.Absent, nimm)
 	for ki, k := range p.lay.Imm {
 		p.stage(w, &s.Out[k], k, ki, 0)
 	}
@@ -429,10 +430,10 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	if p.buf.K == 0 {
 		w := p.newWrite(pg, n)
 		m := p.lay.BlockSize * len(p.lay.Imm)
-		w.Host = grow(w.Host, m)
-		w.Dev = grow(w.Dev, m)
-		w.Staged = grow(w.Staged, m)
-		w.Absent = grow(w.Absent, m)
+		w.Host = scratch.Grow(w.Host, m)
+		w.Dev = scratch.Grow(w.Dev, m)
+		w.Staged = scratch.Grow(w.Staged, m)
+		w.Absent = scratch.Grow(w.Absent, m)
 		p.buf.Open(s.IDs, w)
 		w.Owners = 1 // not published yet: no lock needed
 	}

@@ -1,6 +1,10 @@
 package writer
 
-import "time"
+import (
+	"time"
+
+	"github.com/omnicache/omnicache/internal/scratch"
+)
 
 // Rows that cross the cache's boundary as whole blocks (a shared tier):
 // imports write fetched rows into the mirror, gathers read committed rows
@@ -147,7 +151,7 @@ func (c *Committer) gather(blocks []int32, keys []uint64, failed bool) {
 	}
 	ten := c.cfg.Tenancy
 	bs := c.cfg.BlockSize
-	c.gatherSl = grow(c.gatherSl, bs)
+	c.gatherSl = scratch.Grow(c.gatherSl, bs)
 	sl := c.gatherSl
 	for j, b := range blocks {
 		key := keys[j]

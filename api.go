@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache/gpu"
+	"github.com/omnicache/omnicache/writer"
 )
 
 // Key describes one per-token output the cache keeps.
@@ -72,15 +73,16 @@ type Key struct {
 // staging page fail at once.
 const NoWait time.Duration = -1
 
-// Defaults applied by New to zero Config fields.
+// Defaults applied by New to zero Config fields. The write path's are
+// package writer's table, which a writer.Writer defaults to as well.
 const (
-	DefaultStagingDepth          = 4
-	DefaultStagingCapacityTokens = 1024
-	DefaultStagingClaimTimeout   = 30 * time.Second
-	DefaultDeviceBudgetBytes     = 512 << 20
+	DefaultStagingDepth          = writer.DefaultStagingDepth // 4 pages
+	DefaultStagingCapacityTokens = writer.DefaultStagingRows  // 1024 rows
+	DefaultStagingClaimTimeout   = writer.DefaultClaimTimeout // 30 s
+	DefaultDeviceBudgetBytes     = writer.DefaultBudgetBytes  // 512 MiB
 	DefaultDeferredChunkBytes    = 16 << 20
-	DefaultWaitTimeout           = 60 * time.Second
-	MaxSyncSpin                  = time.Second // Config.SyncSpin
+	DefaultWaitTimeout           = writer.DefaultWaitTimeout // 60 s
+	MaxSyncSpin                  = time.Second               // Config.SyncSpin
 	DefaultReadAheadBytes        = 1 << 30
 )
 

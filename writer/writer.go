@@ -32,7 +32,18 @@ import (
 	"github.com/omnicache/omnicache/internal/writer"
 )
 
-// Config configures a Writer. Zero fields take the defaults named.
+// Defaults of the write path, applied to zero fields: one table for a
+// Writer and for the cache (omnicache.Config's DefaultStagingDepth and the
+// rest are these), so that the two default alike.
+const (
+	DefaultStagingDepth = 4                // staging pages
+	DefaultStagingRows  = 1024             // rows of one staging page
+	DefaultClaimTimeout = 30 * time.Second // a wait for a free page
+	DefaultWaitTimeout  = 60 * time.Second // every wait on the committer
+	DefaultBudgetBytes  = 512 << 20        // device bytes held by writes not landed
+)
+
+// Config configures a Writer. Zero fields take the defaults above.
 type Config struct {
 	// Device the rows come from (nil: host memory, gpu.NewHost).
 	Device gpu.Device
@@ -40,15 +51,19 @@ type Config struct {
 	NumBlocks, BlockSize int
 	// RowBytes is, per key, the bytes of one token's row.
 	RowBytes []int
-	// StagingDepth staging pages (default 3) of StagingRows rows each
-	// (default 4096): a Write larger than a page fails with ErrStepTooLarge.
+	// StagingDepth staging pages (DefaultStagingDepth) of StagingRows
+	// rows each (DefaultStagingRows): a Write larger than a page fails with
+	// ErrStepTooLarge.
 	StagingDepth, StagingRows int
-	// ClaimTimeout bounds a Write's wait for a free page (default 5 s;
-	// ErrStagingTimeout); WaitTimeout bounds every wait on the committer
-	// (default 30 s; ErrDeviceTimeout).
+	// ClaimTimeout bounds a Write's wait for a free page
+	// (DefaultClaimTimeout; ErrStagingTimeout); WaitTimeout bounds every
+	// wait on the committer (DefaultWaitTimeout; ErrDeviceTimeout), Close's
+	// included.
 	ClaimTimeout, WaitTimeout time.Duration
 	// BudgetBytes bounds the device bytes held by writes not landed yet
-	// (0: no bound; ErrBudget past it).
+	// (DefaultBudgetBytes): a Write that would pass it first waits for the
+	// oldest writes to land; one that cannot fit at all fails with
+	// ErrBudget.
 	BudgetBytes int64
 }
 
@@ -63,6 +78,7 @@ const (
 // Writer is the write path: see the package doc.
 type Writer struct {
 	p      *writer.Path
+	wait   time.Duration // Config.WaitTimeout, defaulted
 	rows   []int
 	nslots int
 	step   writer.Step
@@ -94,7 +110,7 @@ func New(cfg Config) (*Writer, error) {
 		}
 		return v
 	}
-	depth, pageRows := def(cfg.StagingDepth, 3), def(cfg.StagingRows, 4096)
+	depth, pageRows := def(cfg.StagingDepth, DefaultStagingDepth), def(cfg.StagingRows, DefaultStagingRows)
 	keys := make([]writer.KeySpec, len(cfg.RowBytes))
 	var rowSum int64
 	for k, rb := range cfg.RowBytes {
@@ -111,16 +127,15 @@ func New(cfg Config) (*Writer, error) {
 	if dev == nil {
 		dev = gpu.NewHost()
 	}
-	claim, wait := cfg.ClaimTimeout, cfg.WaitTimeout
+	claim, wait, budget := cfg.ClaimTimeout, cfg.WaitTimeout, cfg.BudgetBytes
 	if claim == 0 {
-		claim = 5 * time.Second
+		claim = DefaultClaimTimeout
 	}
 	if wait == 0 {
-		wait = 30 * time.Second
+		wait = DefaultWaitTimeout
 	}
-	budget := cfg.BudgetBytes
 	if budget == 0 {
-		budget = math.MaxInt64 / 2 // no bound that a sum of reservations could wrap
+		budget = DefaultBudgetBytes
 	}
 	p, err := writer.NewPath(writer.Config{
 		Dev: dev, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
@@ -130,7 +145,7 @@ func New(cfg Config) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: writer: %w", errs.Config, err)
 	}
-	w := &Writer{p: p, rows: append([]int(nil), cfg.RowBytes...), nslots: cfg.NumBlocks * cfg.BlockSize}
+	w := &Writer{p: p, wait: wait, rows: append([]int(nil), cfg.RowBytes...), nslots: cfg.NumBlocks * cfg.BlockSize}
 	w.step.Out = make([]writer.Src, len(keys))
 	w.step.Count = make([]int32, 1)
 	w.step.IDs = make([]int64, 1)
@@ -232,7 +247,7 @@ func (w *Writer) Close() error {
 	}
 	w.closed = true
 	err := w.p.Sync()
-	if cerr := w.p.Close(nil, time.Now().Add(30*time.Second)); err == nil {
+	if cerr := w.p.Close(nil, time.Now().Add(w.wait)); err == nil {
 		err = cerr
 	}
 	return err

@@ -45,18 +45,17 @@ func (c *Cache) Begin(p *Plan) error {
 		}
 		c.flushLens() // before a request of the counted batch can leave
 	}
-	// Anything but a buffered decode step writes the buffer first, before
-	// hits are registered, finishes escalate or blocks are reused.
-	if !pure && c.path.Buffered() > 0 {
-		if err := c.path.FlushBuffer(); err != nil {
-			return err
-		}
-	}
 	c.startUndo()      // Abort and a failed Save undo what follows
 	c.applyReplaced(p) // before finishes: a replaced request may finish too
 	c.applyPreempted(p)
 	if c.finish(p.Finished) {
 		same = false
+	}
+	// Anything but a buffered decode step writes the buffer out, then the
+	// finished requests' deferred rows, before hits are planned or blocks
+	// are reused (a buffered step finishes nothing).
+	if !pure {
+		c.path.Flush(true, e.finished)
 	}
 	if c.arrive(p) {
 		same = false
@@ -73,22 +72,23 @@ func (c *Cache) Begin(p *Plan) error {
 	return nil
 }
 
-// finish drops the finished requests (their open writes still land) and
-// reports whether any was live. Engine goroutine.
+// finish drops the finished requests (their open writes still land; Begin
+// hands their deferred rows over) and reports whether any was live.
+// Engine goroutine.
 func (c *Cache) finish(finished []int64) (changed bool) {
 	e := &c.eng
+	e.finished = e.finished[:0]
 	for _, id := range finished {
 		if h, ok := e.reqs.Lookup(id); ok {
 			if s := c.snap(h); s != nil {
 				s.removed = true
 			}
-			c.path.Finish(h)
+			e.finished = append(e.finished, h)
 			c.dropFloor(h)
 			e.reqs.Remove(h)
 			changed = true
 		}
 	}
-	c.path.FlushFinished()
 	return changed
 }
 

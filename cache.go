@@ -18,10 +18,11 @@ import (
 // (package writer) and a read path (package reader). See the package doc
 // for the contract and which goroutine may call what.
 type Cache struct {
-	cfg  Config
-	path *writer.Path
-	rd   *reader.Reader
-	lay  *writer.Layout
+	cfg   Config
+	path  *writer.Path
+	parts *writer.Parts // the write path's tables, counters and progress
+	rd    *reader.Reader
+	lay   *writer.Layout
 
 	// mu guards the saved steps not consumed yet, and the records Discard
 	// recycled (recFreeMu, see newRec).
@@ -69,29 +70,18 @@ func New(cfg Config) (*Cache, error) {
 	if tl != nil {
 		wc.Rider, wc.Gather = tl.Rider(), tl.Gather()
 	}
+	// A config whose tables the machine cannot hold (an address-space
+	// limit such as ulimit -v) fails with ErrConfig, a staging allocation
+	// the device refuses with its error (gpu.ErrAlloc).
 	if c.path, err = writer.NewPath(wc); err != nil {
 		if tl != nil {
 			tl.Close()
 		}
-		// The machine cannot hold this config's tables (an address-space
-		// limit such as ulimit -v): a config error, not a fatal one.
-		return nil, fmt.Errorf("%w: %d blocks of %d slots: %w", ErrConfig, cfg.NumBlocks, cfg.BlockSize, err)
+		return nil, err
 	}
-	if cfg.AllocStagingAtNew || cfg.AllocStagingAhead {
-		alloc := c.path.AllocPages
-		if cfg.AllocStagingAhead {
-			alloc = c.path.AllocPagesAhead
-		}
-		if err := alloc(); err != nil {
-			c.path.Close(nil, time.Time{}) // nothing was saved: the committer stops at once
-			if tl != nil {
-				tl.Close()
-			}
-			return nil, err
-		}
-	}
-	c.rd = reader.New(c.path, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes})
-	c.lay = c.path.Layout()
+	c.parts = c.path.Parts()
+	c.rd = reader.New(c.path, c.parts, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes})
+	c.lay = c.parts.Layout
 	c.eng.reqs = soa.NewRequests(64)
 	c.ws.Out = make([]writer.Src, len(cfg.Keys))
 	return c, nil
@@ -195,7 +185,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 			c.rd.Plan(rec, e.hits) // not prefetched: planned behind the step's own rows
 		}
 		e.rec, e.planned = nil, false
-		st := c.path.Counters()
+		st := c.parts.Counters
 		st.HitRequests.Add(int64(len(e.hits)))
 		for _, h := range e.hits {
 			st.HitTokens.Add(int64(h.Tokens))
@@ -207,7 +197,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		e.recStash, c.recFreeMu = c.recFreeMu, e.recStash
 	}
 	c.mu.Unlock()
-	c.path.Counters().Steps.Add(1)
+	c.parts.Counters.Steps.Add(1)
 	return StepID(rec.ID), nil
 }
 
@@ -260,7 +250,7 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 		if t.Host == nil && need > 0 {
 			// What can be checked before a copy is issued is this call's
 			// error, not a failed copy that fails the cache for good.
-			if err := c.path.Device().Check(t.Dev); err != nil {
+			if err := c.cfg.Device.Check(t.Dev); err != nil {
 				return fmt.Errorf("%w: key %q: %w", ErrOutputs, c.cfg.Keys[k].Name, err)
 			}
 		}
@@ -379,7 +369,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	switch {
 	case c.hitWait == nil || !rec.HasHits():
 		err = c.rd.Read(rec, all, nq, dest{dst})
-	case c.path.Reached(rec.WaitSeq()):
+	case c.parts.Progress.Reached(rec.WaitSeq()):
 		// Nothing to wait for (the usual case: the prefetch ran during
 		// the forward): observed as no wait, with no clock read.
 		c.hitWait.Observe(0)
@@ -470,7 +460,7 @@ func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 			return fmt.Errorf("%w: slot %d outside [0,%d)", ErrPlan, s, c.lay.NumSlots)
 		}
 	}
-	m := c.path.Mirrors().Get(k)
+	m := c.parts.Mirrors.Get(k)
 	if m == nil {
 		clear(dst[:len(sl)*rb])
 		return nil
@@ -481,11 +471,11 @@ func (c *Cache) Peek(k int, sl []int32, dst []byte) error {
 	}
 	// Rows recorded absent read as zeros, whatever older row the mirror
 	// still holds.
-	ki, occ := c.lay.ImmIdx[k], c.path.Occupancy(k)
+	ki, occ := c.lay.ImmIdx[k], c.parts.Occ[k]
 	for i, s := range sl {
 		var absent bool
 		if ki >= 0 {
-			absent = c.path.Tenancy().Absent(ki, s)
+			absent = c.parts.Tenancy.Absent(ki, s)
 		} else {
 			st, _ := occ.Load(s)
 			absent = st == soa.Absent
@@ -517,34 +507,39 @@ func (c *Cache) Close() error {
 	if c.cfg.WaitTimeout >= 0 {
 		deadline = time.Now().Add(c.cfg.WaitTimeout)
 	}
-	c.path.Stop()
-	if inFlight > 0 {
-		var tc <-chan time.Time
-		if !deadline.IsZero() {
-			t := time.NewTimer(time.Until(deadline))
-			defer t.Stop()
-			tc = t.C
+	// The write path wakes a Save waiting for a staging page first, then
+	// quiesce waits for the calls in flight and hands over what the
+	// unconsumed steps pin.
+	quiesce := func() ([]*writer.Refs, error) {
+		if inFlight > 0 {
+			var tc <-chan time.Time
+			if !deadline.IsZero() {
+				t := time.NewTimer(time.Until(deadline))
+				defer t.Stop()
+				tc = t.C
+			}
+			select {
+			case <-c.idle:
+			case <-tc:
+				return nil, fmt.Errorf("%w: %d calls still in flight after %v; the cache's memory is left allocated", ErrDeviceTimeout, c.gate.Load()>>1, c.cfg.WaitTimeout)
+			}
 		}
-		select {
-		case <-c.idle:
-		case <-tc:
-			return fmt.Errorf("%w: %d calls still in flight after %v; the cache's memory is left allocated", ErrDeviceTimeout, c.gate.Load()>>1, c.cfg.WaitTimeout)
+		c.mu.Lock()
+		refs := make([]*writer.Refs, 0, 2*len(c.steps)+2)
+		for _, r := range c.steps {
+			refs = append(refs, &r.Refs, r.PlanPins())
 		}
+		c.steps = nil
+		c.mu.Unlock()
+		// A step begun and never saved holds the pins of its hit plan. No
+		// call is in flight (waited above) and a later one fails before
+		// touching the engine's state.
+		if r := c.eng.rec; r != nil {
+			refs = append(refs, &r.Refs, r.PlanPins())
+		}
+		return refs, nil
 	}
-	c.mu.Lock()
-	refs := make([]*writer.Refs, 0, 2*len(c.steps)+2)
-	for _, r := range c.steps {
-		refs = append(refs, &r.Refs, r.PlanPins())
-	}
-	c.steps = nil
-	c.mu.Unlock()
-	// A step begun and never saved holds the pins of its hit plan. No call
-	// is in flight (waited above) and a later one fails before touching the
-	// engine's state.
-	if r := c.eng.rec; r != nil {
-		refs = append(refs, &r.Refs, r.PlanPins())
-	}
-	err := c.path.Close(refs, deadline)
+	err := c.path.Close(deadline, quiesce)
 	if err == nil && c.tl != nil {
 		c.tl.Close() // the committer stopped and no call is in flight: nothing queues to it
 	}
@@ -554,8 +549,8 @@ func (c *Cache) Close() error {
 // Stats returns the cache's counters. Any goroutine; it never waits on the
 // state lock (every source is atomic or has its own lock).
 func (c *Cache) Stats() Stats {
-	st := c.path.Counters()
-	ch, peak, limit := c.path.Budget()
+	st := c.parts.Counters
+	u := c.path.Usage()
 	s := Stats{
 		Steps:               st.Steps.Load(),
 		WriteTasks:          st.Tasks.Load(),
@@ -572,13 +567,13 @@ func (c *Cache) Stats() Stats {
 		HitReadsOnCaller:    st.ReadsAhead.Load(),
 		CommitterNanos:      st.CommitNanos.Load(),
 		StallNanos:          st.StallNanos.Load(),
-		MirrorResidentBytes: c.path.Mirrors().ResidentBytes(),
-		BudgetCharged:       ch,
-		BudgetLimit:         limit,
-		BudgetPeak:          peak,
+		MirrorResidentBytes: u.MirrorBytes,
+		BudgetCharged:       u.BudgetCharged,
+		BudgetLimit:         u.BudgetLimit,
+		BudgetPeak:          u.BudgetPeak,
 		ClonedBytes:         st.Cloned.Load(),
-		PagesInUse:          c.path.PagesInUse(),
-		PagesAllocating:     c.path.PagesAllocating(),
+		PagesInUse:          u.PagesInUse,
+		PagesAllocating:     u.PagesAllocating,
 		ReadAheadBytes:      c.rd.ReadAheadBytes(),
 		LiveRequests:        int(c.live.Load()),
 		Resets:              c.resets.Load(),

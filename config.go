@@ -150,16 +150,22 @@ func validate(cfg *Config) (writer.Config, error) {
 		// the budget must still force out.
 		return bad("MirrorDirect needs DeviceBudgetBytes %d ≥ (StagingDepth+1)×%d bytes a page", cfg.DeviceBudgetBytes, pageB)
 	}
-	dev := cfg.Device
-	if dev == nil {
-		dev = gpu.NewHost()
+	if cfg.Device == nil {
+		cfg.Device = gpu.NewHost()
+	}
+	alloc := writer.AllocLazy
+	switch {
+	case cfg.AllocStagingAtNew:
+		alloc = writer.AllocAll
+	case cfg.AllocStagingAhead:
+		alloc = writer.AllocAhead
 	}
 	return writer.Config{
-		Dev: dev, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
+		Dev: cfg.Device, NumBlocks: cfg.NumBlocks, BlockSize: cfg.BlockSize, Keys: keys,
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
 		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, SyncSpin: cfg.SyncSpin, ReleaseHost: cfg.ReleaseHost,
 		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes, Hists: newWriterHists(cfg.Histograms),
-		Direct: cfg.MirrorDirect, DirectMinBytes: cfg.MirrorDirectMinBytes,
+		Direct: cfg.MirrorDirect, DirectMinBytes: cfg.MirrorDirectMinBytes, Alloc: alloc,
 	}, nil
 }

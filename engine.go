@@ -56,7 +56,10 @@ type engine struct {
 	pure   bool
 	hitReq []int32      // positions in the batch of requests whose hit prefix is served this step
 	fresh  []soa.Handle // requests this Begin added (removed again if the step fails)
-	undo   undoLog      // what this Begin changed (undo.go)
+	// finished are the handles of the requests this Begin finished (their
+	// deferred rows go to the write path).
+	finished []soa.Handle
+	undo     undoLog // what this Begin changed (undo.go)
 
 	prevIDs   []int64
 	prevH     []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)

@@ -3,8 +3,6 @@ package omnicache
 import (
 	"sync"
 	"time"
-
-	"github.com/omnicache/omnicache/internal/writer"
 )
 
 // SetSplitBytes sets the smallest copy split across the copy workers for
@@ -17,14 +15,15 @@ func SetSplitBytes(n int) (restore func()) {
 }
 
 // CopySplits is the number of copies c split across its copy workers.
-func CopySplits(c *Cache) int64 { return c.path.Committer().Workers().Splits() }
+func CopySplits(c *Cache) int64 { return c.parts.Workers.Splits() }
 
 // HoldCommitter queues in-order work that holds the committer until
 // release is called (once; later calls do nothing): everything queued
 // after it waits.
 func HoldCommitter(c *Cache) (release func()) {
 	g := make(gate)
-	c.path.Queue().Push(writer.Task{R: g})
+	c.path.PushRead(g)
+	c.parts.Progress.Kick()
 	return sync.OnceFunc(func() { close(g) })
 }
 
@@ -36,7 +35,8 @@ func (g gate) RunInOrder(bool) { <-g }
 // runs the held work: it is working (not asleep) until release.
 func HoldWorkingCommitter(c *Cache) (release func()) {
 	g := enteredGate{in: make(chan struct{}), out: make(chan struct{})}
-	c.path.Queue().Push(writer.Task{R: g})
+	c.path.PushRead(g)
+	c.parts.Progress.Kick()
 	<-g.in
 	return sync.OnceFunc(func() { close(g.out) })
 }
@@ -51,4 +51,4 @@ func SetAheadWait(c *Cache, d time.Duration) { c.rd.SetAheadWait(d) }
 
 // ReadsHandedBack counts the hit reads Materialize began itself and handed
 // back to the committer (a row it found claimed since the plan).
-func ReadsHandedBack(c *Cache) int64 { return c.path.Counters().HandedBack.Load() }
+func ReadsHandedBack(c *Cache) int64 { return c.parts.Counters.HandedBack.Load() }

@@ -48,7 +48,7 @@ func (c *Cache) Histograms() []Histogram {
 		}
 		return out
 	}
-	h := c.path.Hists()
+	h := c.parts.Hists
 	out := []Histogram{
 		histogramOf("hit_read_wait_seconds", "Time Materialize spent reading a step with hits when its rows were not ready: its wait for the prefetch or the writes it joins, and the copy (0 when they were ready).", c.hitWait, 1e9),
 		histogramOf("staging_page_wait_seconds", "Time a Save waited for a free staging page (0 when one was free).", h.PageWait, 1e9),

@@ -273,7 +273,7 @@ func (c *Cache) WaitPublished(ctx context.Context, hashes []uint64) error {
 // failImports fails in dst every request whose import j lost a block
 // (after waiting, bounded, for the import). The consumer's goroutine.
 func (c *Cache) failImports(j *tierlink.Import, dst *Result) {
-	for _, f := range j.Failures(c.path, dst.ids) {
+	for _, f := range j.Failures(c.parts.Progress, dst.ids) {
 		dst.fail(f.QI, &TierImportError{Request: f.Request, Index: f.Index, Block: f.Block, Hash: f.Hash, Err: f.Err})
 	}
 }

@@ -143,7 +143,7 @@ func New(cfg Config) (*Writer, error) {
 		Budget: budget, WaitTimeout: wait,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: writer: %w", errs.Config, err)
+		return nil, fmt.Errorf("writer: %w", err) // errs.Config: the slot tables do not fit
 	}
 	w := &Writer{p: p, wait: wait, rows: append([]int(nil), cfg.RowBytes...), nslots: cfg.NumBlocks * cfg.BlockSize}
 	w.step.Out = make([]writer.Src, len(keys))
@@ -229,7 +229,7 @@ func (w *Writer) Read(k int, slots []int32, dst []byte) error {
 			return fmt.Errorf("%w: writer: slot %d outside 0..%d", errs.Plan, s, w.nslots-1)
 		}
 	}
-	m := w.p.Mirrors().Get(k)
+	m := w.p.Parts().Mirrors.Get(k)
 	if m == nil {
 		clear(dst[:len(slots)*w.rows[k]])
 		return nil
@@ -247,7 +247,7 @@ func (w *Writer) Close() error {
 	}
 	w.closed = true
 	err := w.p.Sync()
-	if cerr := w.p.Close(nil, time.Now().Add(w.wait)); err == nil {
+	if cerr := w.p.Close(time.Now().Add(w.wait), nil); err == nil {
 		err = cerr
 	}
 	return err

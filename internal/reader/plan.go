@@ -13,9 +13,11 @@ import (
 // Reader is the read path of one cache, over its write path's tables.
 type Reader struct {
 	// read by every call
-	p      *writer.Path
+	w      Writes
 	lay    *writer.Layout
 	st     *writer.Counters
+	parts  *writer.Parts
+	prog   *writer.Progress
 	opt    Options
 	wait   time.Duration // the consumer's wait for a working committer (DefaultAheadWait)
 	joinBl [][]int32     // Plan's scratch: the hits' blocks (engine goroutine)
@@ -43,7 +45,7 @@ const MaxFreeSteps = 64
 // write path are dropped, then it waits in r.freed for Freed. Any
 // goroutine.
 func (r *Reader) free(s *Step) {
-	r.p.Unpin(&s.Refs)
+	r.w.Unpin(&s.Refs)
 	r.freeMu.Lock()
 	if len(r.freed) < MaxFreeSteps {
 		r.freed = append(r.freed, s)
@@ -62,11 +64,11 @@ func (r *Reader) Freed(stash []*Step) []*Step {
 	return out
 }
 
-// New returns the read path over p.
-func New(p *writer.Path, opt Options) *Reader {
-	r := &Reader{p: p, lay: p.Layout(), st: p.Counters(), opt: opt, wait: DefaultAheadWait}
+// New returns the read path over the write path w and its parts.
+func New(w Writes, parts *writer.Parts, opt Options) *Reader {
+	r := &Reader{w: w, lay: parts.Layout, st: parts.Counters, parts: parts, prog: parts.Progress, opt: opt, wait: DefaultAheadWait}
 	r.pool.max = opt.Budget
-	r.pool.workers = p.Committer().Workers().N()
+	r.pool.workers = parts.Workers.N()
 	return r
 }
 
@@ -90,14 +92,14 @@ type Hit struct {
 // step's own writes (a hit on blocks the step writes reads its rows).
 //
 // Immediate keys: the hit's block ids (the read works out their slots:
-// Step.hitSlots); the read joins the queue up to
-// the newest task handed over that lands rows in a hit block
-// (writer.Path.JoinSeq: the rows the hit finds are those cached before
-// the plan, and only writes to its blocks can have put them there), and
-// finds the planned rows only where no write newer than the
-// newest one handed over so far (maxOwner) touched the block and no
-// planned write skipped the slot (see soa.Tenancy). Deferred keys: each row's occupancy
-// word, and the clone (pinned) of a row still in transit.
+// Step.hitSlots); the read joins the queue up to the newest task handed
+// over that lands rows in a hit block (writer.Snapshot.JoinSeq: the rows
+// the hit finds are those cached before the plan, and only writes to its
+// blocks can have put them there), and finds the planned rows only where
+// no write newer than the newest one handed over so far (maxOwner)
+// touched the block and no planned write skipped the slot (see
+// soa.Tenancy). Deferred keys: each row's occupancy word, and the clone
+// (pinned) of a row still in transit. Writes.Pin takes them all.
 func (r *Reader) Plan(s *Step, hits []Hit) {
 	if len(hits) == 0 {
 		return
@@ -110,19 +112,16 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 	for i := range s.immOff {
 		s.immOff[i], s.defOff[i] = -1, -1
 	}
-	s.maxOwner = r.p.LastID()
-	bs := int32(r.lay.BlockSize)
 	if s.pfCharge.Load() > 0 { // charged by Charge just before: prefetch
-		defer r.queue(s) // charged (Charge): prefetch
+		defer r.queue(s)
 	}
-	if len(r.lay.Imm) > 0 {
-		r.joinBl = r.joinBl[:0]
-		for _, h := range hits {
-			r.joinBl = append(r.joinBl, h.Blocks)
-		}
-		s.joinSeq = r.p.JoinSeq(r.joinBl)
-		clear(r.joinBl) // the plan's block ids are borrowed
+	r.joinBl = r.joinBl[:0]
+	for _, h := range hits {
+		r.joinBl = append(r.joinBl, h.Blocks)
 	}
+	r.w.Pin(r.joinBl, &s.planPins, &s.snap)
+	clear(r.joinBl) // the plan's block ids are borrowed
+	s.maxOwner, s.joinSeq = s.snap.LastID, s.snap.JoinSeq
 	for _, h := range hits {
 		s.prefix[h.Index] = h.Tokens
 		if len(r.lay.Imm) == 0 {
@@ -136,19 +135,16 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 	if len(r.lay.Def) == 0 {
 		return
 	}
-	r.p.Lock()
-	defer r.p.Unlock()
+	bs := int32(r.lay.BlockSize)
+	e := 0 // the snapshot's entries, in Pin's order
 	for _, h := range hits {
 		s.defOff[h.Index] = int32(len(s.pKind))
 		for _, k := range r.lay.Def {
-			occ := r.p.Occupancy(k)
 			opt := r.lay.Keys[k].Optional
 			for _, b := range h.Blocks {
 				for sl := b * bs; sl < (b+1)*bs; sl++ {
-					kind, row := uint8(srcMirror), uint32(0)
-					var src *writer.Write
-					w := occ.Word(sl)
-					switch st, owner := soa.Unpack(w); st {
+					kind := uint8(srcMirror)
+					switch st, _ := soa.Unpack(s.snap.Words[e]); st {
 					case soa.Absent:
 						kind = srcAbsent
 						if opt {
@@ -156,21 +152,17 @@ func (r *Reader) Plan(s *Step, hits []Hit) {
 						}
 					case soa.InTransit:
 						// pending deferred rows: read the device clone
-						if src = r.p.CloneLocked(owner); src == nil {
+						kind = srcClone
+						if s.snap.Clones[e] == nil {
 							// Only after a write failure: the committer
 							// drops clones it could not write. The read
 							// reports the failure.
 							kind = srcFailed
-							break
 						}
-						kind, row = srcClone, occ.Row(sl)
-						r.p.PinLocked(&s.planPins, src)
 					}
 					s.pKind = append(s.pKind, kind)
 					s.pSlot = append(s.pSlot, sl)
-					s.pWord = append(s.pWord, w)
-					s.pProd = append(s.pProd, src)
-					s.pRow = append(s.pRow, row)
+					e++
 				}
 			}
 		}

@@ -10,7 +10,6 @@ import (
 	"github.com/omnicache/omnicache/internal/hostmem"
 	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/internal/spin"
-	"github.com/omnicache/omnicache/internal/writer"
 )
 
 // Prefetch. A step with hits is planned at Begin; with prefetch on, its
@@ -209,7 +208,7 @@ func (r *Reader) queue(s *Step) {
 	// Lazily: a polling committer starts the read within a poll (at most
 	// 1 ms, small beside a forward) at no wake-up cost to the engine, and
 	// Materialize's wait for it wakes the committer.
-	s.pfSeq = r.p.Queue().PushLazy(writer.Task{R: s})
+	s.pfSeq = r.w.PushRead(s)
 }
 
 // Prefetched reports whether s's hits were read (or are being read) by the
@@ -279,7 +278,7 @@ claim:
 	}
 	// The clones it read are no longer needed: their budget can be forced
 	// out before the step is consumed.
-	r.p.Unpin(&s.planPins)
+	r.w.Unpin(&s.planPins)
 	r.Release(s)
 }
 
@@ -345,7 +344,7 @@ func (r *Reader) drop(s *Step, consumer bool) bool {
 		s.pf[k] = nil
 	}
 	r.uncharge(s)
-	r.p.Unpin(&s.planPins)
+	r.w.Unpin(&s.planPins)
 	return true
 }
 
@@ -388,11 +387,11 @@ func (r *Reader) CancelKept(s *Step) bool {
 // asked and dst adopts buffers, else copied into dst's), the step's own
 // rows are copied after them.
 func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
-	if err := r.p.WaitSeq(s.pfSeq); err != nil {
+	if err := r.w.WaitSeq(s.pfSeq); err != nil {
 		return err
 	}
 	if s.pfFailed {
-		if err := r.p.Err(); err != nil {
+		if err := r.w.Err(); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: the prefetch of step %d was skipped", errs.WriteFailed, s.ID)
@@ -436,7 +435,7 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 			out := dst.Rows(qi, k)
 			if !adopt && pre > 0 {
 				lo := int(s.pfOff[i]) * rb
-				r.p.Committer().Workers().Copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
+				r.parts.Workers.Copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
 			}
 			if err := r.readOwn(s, i, k, tokOff, out[pre*rb:]); err != nil {
 				return err

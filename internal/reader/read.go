@@ -6,7 +6,6 @@ import (
 
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/spin"
-	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/mirror"
 )
 
@@ -57,7 +56,7 @@ func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
 // in prefetch.go); else the committer, which the consumer then waits for.
 func (r *Reader) readsSelf(s *Step, all bool, dst Dest) bool {
 	st := s.pfState.Load()
-	if st == pfQueued && !r.p.Queue().Asleep() {
+	if st == pfQueued && !r.prog.Asleep() {
 		spin.Until(r.wait, func() bool { return s.pfState.Load() != pfQueued }) // no spin on one P
 		st = s.pfState.Load()
 	}
@@ -173,7 +172,7 @@ func (r *Reader) readOwn(s *Step, i, k int, tokOff []int32, out []byte) error {
 	if w == nil {
 		return fmt.Errorf("%w: step %d has no rows for key %q", errs.WriteFailed, s.ID, r.lay.Keys[k].Name)
 	}
-	return r.readWrite(w, k, int(s.SrcOff[k])+int(tokOff[i]), cnt, out)
+	return r.w.ReadRows(w, k, int(s.SrcOff[k])+int(tokOff[i]), cnt, out)
 }
 
 // readPrefix reads request i's hit prefix of key k (pre rows) into out.
@@ -187,7 +186,7 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte, inOrder bool) er
 	}
 	base := int(s.defOff[i]) + r.lay.DefIdx[k]*pre
 	rb := r.lay.RowBytes[k]
-	occ := r.p.Occupancy(k)
+	occ := r.parts.Occ[k]
 	for t := 0; t < pre; t++ {
 		e := base + t
 		d := out[t*rb : (t+1)*rb]
@@ -197,24 +196,24 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte, inOrder bool) er
 		case srcAbsent:
 			return fmt.Errorf("%w: position %d (slot %d) never written", errs.AbsentRequired, t, s.pSlot[e])
 		case srcMirror:
-			sl := s.pSlot[e]
-			if !inOrder && occ.Word(sl) != s.pWord[e] {
+			sl, word := s.pSlot[e], s.snap.Words[e]
+			if !inOrder && occ.Word(sl) != word {
 				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
 			}
-			m := r.p.Mirrors().Get(k)
+			m := r.parts.Mirrors.Get(k)
 			if m == nil {
 				return fmt.Errorf("%w: position %d (slot %d): committed slot without mirror", errs.Reassigned, t, sl)
 			}
 			m.ReadRow(d, sl)
-			if !inOrder && occ.Word(sl) != s.pWord[e] {
+			if !inOrder && occ.Word(sl) != word {
 				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
 			}
 		case srcClone:
-			if err := r.readWrite(s.pProd[e], k, int(s.pRow[e]), 1, d); err != nil {
+			if err := r.w.ReadRows(s.snap.Clones[e], k, int(s.snap.Rows[e]), 1, d); err != nil {
 				return err
 			}
 		case srcFailed:
-			if err := r.p.Err(); err != nil {
+			if err := r.w.Err(); err != nil {
 				return err
 			}
 			return fmt.Errorf("%w: position %d (slot %d): its write was dropped", errs.WriteFailed, t, s.pSlot[e])
@@ -234,30 +233,29 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte, inOrder bool) er
 // publishes them when its rows are in.
 func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) error {
 	if !inOrder {
-		if err := r.p.WaitSeq(s.joinSeq); err != nil {
+		if err := r.w.WaitSeq(s.joinSeq); err != nil {
 			return err
 		}
 	}
 	sl := s.hitSlots(i, pre, r.lay.BlockSize)
 	rb := r.lay.RowBytes[k]
-	m := r.p.Mirrors().Get(k)
-	ten := r.p.Tenancy()
-	com := r.p.Committer()
+	m := r.parts.Mirrors.Get(k)
+	ten := r.parts.Tenancy
 	opt := r.lay.Keys[k].Optional
 	ki := r.lay.ImmIdx[k]
-	e1 := com.Epoch()
+	e1 := r.prog.Epoch()
 	if r.allWritten(s, ki, sl) {
 		// Every row written, present and owned (the common case): check
 		// them all, then copy them, a run of consecutive slots (a hit's
 		// block) at a time, split across the copy workers when large.
-		m.ReadSplit(com.Workers(), out, sl)
+		m.ReadSplit(r.parts.Workers, out, sl)
 	} else if err := r.copyChecked(s, ki, sl, rb, opt, m, out); err != nil {
 		return err
 	}
-	if inOrder || e1&1 == 0 && com.Epoch() == e1 {
+	if inOrder || e1&1 == 0 && r.prog.Epoch() == e1 {
 		return nil // in order: the committer itself runs this, no scatter overlaps
 	}
-	com.EvenEpoch()
+	r.prog.EvenEpoch()
 	for t, slot := range sl {
 		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) {
 			return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, slot)
@@ -271,7 +269,7 @@ func (r *Reader) readJoined(s *Step, i, k, pre int, out []byte, inOrder bool) er
 // written, and not omitted. If not, the row-by-row copy reports which (or
 // zeroes absent optional rows).
 func (r *Reader) allWritten(s *Step, ki int, sl []int32) bool {
-	ten := r.p.Tenancy()
+	ten := r.parts.Tenancy
 	for _, slot := range sl {
 		if ten.Owner(slot) > s.maxOwner || ten.Stale(slot) || !ten.Written(slot) || ten.Absent(ki, slot) {
 			return false
@@ -283,7 +281,7 @@ func (r *Reader) allWritten(s *Step, ki int, sl []int32) bool {
 // copyChecked copies sl's rows of immediate key ki into out one by one,
 // each after checking its owner, stale, written and absent bits.
 func (r *Reader) copyChecked(s *Step, ki int, sl []int32, rb int, opt bool, m *mirror.Mirror, out []byte) error {
-	ten := r.p.Tenancy()
+	ten := r.parts.Tenancy
 	for t, slot := range sl {
 		d := out[t*rb : (t+1)*rb]
 		switch {
@@ -298,61 +296,4 @@ func (r *Reader) copyChecked(s *Step, ki int, sl []int32, rb int, opt bool, m *m
 		}
 	}
 	return nil
-}
-
-// readWrite copies rows [r0, r0+cnt) of write w for key k into out.
-func (r *Reader) readWrite(w *writer.Write, k, r0, cnt int, out []byte) error {
-	rb := r.lay.RowBytes[k]
-	dev := r.p.Device()
-	if w.Deferred {
-		if err := dev.CopyDtoH(out[:cnt*rb], w.Buf, r0*rb); err != nil {
-			return r.p.Fail(err)
-		}
-		return r.record()
-	}
-	ki := r.lay.ImmIdx[k]
-	nimm := len(r.lay.Imm)
-	for cnt > 0 {
-		j, i := r0/w.N, r0%w.N
-		m := min(cnt, w.N-i)
-		slot := j*nimm + ki
-		if h := w.Host[slot]; h != nil { // host rows: staged by Save, or an owned host tensor
-			copy(out[:m*rb], h[i*rb:(i+m)*rb])
-		} else if err := r.readParked(w, slot, i, m, rb, out); err != nil {
-			return err
-		}
-		out = out[m*rb:]
-		r0 += m
-		cnt -= m
-	}
-	return nil
-}
-
-// readParked reads rows of a decode-buffer step whose rows were parked on
-// the device: from the device while they are there, else from the staged
-// copy the flush made (the committer releases the device rows once it is
-// complete).
-func (r *Reader) readParked(w *writer.Write, slot, i, m, rb int, out []byte) error {
-	if !r.p.BeginParkedRead(w) {
-		copy(out[:m*rb], w.Staged[slot][i*rb:(i+m)*rb])
-		return nil
-	}
-	dev := r.p.Device()
-	err := dev.CopyDtoH(out[:m*rb], w.Dev[slot], i*rb)
-	if err != nil {
-		err = r.p.Fail(err)
-	} else {
-		err = r.record()
-	}
-	r.p.EndParkedRead(w)
-	return err
-}
-
-// record waits (bounded) for the copies issued so far on the device.
-func (r *Reader) record() error {
-	ev, err := r.p.Device().Record()
-	if err != nil {
-		return r.p.Fail(err)
-	}
-	return r.p.WaitDev(ev)
 }

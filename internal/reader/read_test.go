@@ -73,11 +73,11 @@ func newWorld(t *testing.T, opt Options) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := p.Close(nil, time.Now().Add(waitBound)); err != nil {
+		if err := p.Close(time.Now().Add(waitBound), nil); err != nil {
 			t.Error(err)
 		}
 	})
-	return &world{t: t, p: p, rd: New(p, opt), blocks: map[int64][]int32{}}
+	return &world{t: t, p: p, rd: New(p, p.Parts(), opt), blocks: map[int64][]int32{}}
 }
 
 // sched is a request of a step: tokens [start, start+n) of request id.
@@ -235,7 +235,8 @@ func wantRows(t *testing.T, d *dest, qi int, owner int64, pre int, id int64, fro
 // func is called: nothing queued after it runs meanwhile.
 func hold(p *writer.Path) (release func()) {
 	g := make(gate)
-	p.Queue().Push(writer.Task{R: g})
+	p.PushRead(g)
+	p.Parts().Progress.Kick()
 	return sync.OnceFunc(func() { close(g) })
 }
 
@@ -263,7 +264,7 @@ func TestReadServesTheRowsAWriteLanded(t *testing.T) {
 			require.NoError(t, err)
 			wantRows(t, d, 0, 1, 0, 1, 0)
 
-			hits := w.p.Counters().HitRows.Load()
+			hits := w.p.Parts().Counters.HitRows.Load()
 			s2 := w.step([]sched{{3, 0, 3}, {2, 8, 2}}, Hit{Index: 1, Tokens: 8, Blocks: []int32{1, 2}})
 			require.Equal(t, prefetch, s2.Prefetched())
 			require.True(t, s2.HasHits())
@@ -275,7 +276,7 @@ func TestReadServesTheRowsAWriteLanded(t *testing.T) {
 			require.NoError(t, err)
 			wantRows(t, d, 0, 3, 0, 3, 0)
 			wantRows(t, d, 1, 1, 8, 2, 0) // request 1's rows 0..7, then its own 8, 9
-			require.Equal(t, hits+8, w.p.Counters().HitRows.Load(), "hit rows served")
+			require.Equal(t, hits+8, w.p.Parts().Counters.HitRows.Load(), "hit rows served")
 
 			s3 := w.step([]sched{{3, 3, 1}, {2, 10, 1}})
 			d, err = w.read(s3, 1)
@@ -373,7 +374,7 @@ func TestReleaseRecyclesRecords(t *testing.T) {
 	require.ElementsMatch(t, []*Step{s2, s3}, w.rd.Freed(nil))
 	require.Empty(t, w.rd.Freed(nil), "each record is handed over once")
 	require.NoError(t, w.p.Sync())
-	require.Zero(t, w.p.PagesInUse(), "the released steps' pages came back")
+	require.Zero(t, w.p.Usage().PagesInUse, "the released steps' pages came back")
 
 	for i := 0; i < MaxFreeSteps+6; i++ {
 		s := &Step{}
@@ -406,16 +407,16 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 		want += int64(4+2) * int64(k.RowBytes) // prefix and step rows of every key
 	}
 	require.Equal(t, want, w.rd.ReadAheadBytes(), "the step's buffers are charged from Begin")
-	dropped := w.p.Counters().PrefetchDropped.Load()
+	dropped := w.p.Parts().Counters.PrefetchDropped.Load()
 	w.rd.Cancel(s2)
 	require.Zero(t, w.rd.ReadAheadBytes(), "Cancel gave the charge back at once")
-	require.Equal(t, dropped+1, w.p.Counters().PrefetchDropped.Load())
+	require.Equal(t, dropped+1, w.p.Parts().Counters.PrefetchDropped.Load())
 	require.Empty(t, w.rd.Freed(nil), "the committer still holds the record")
 	release()
 	require.NoError(t, w.p.Sync())
 	require.Equal(t, []*Step{s2}, w.rd.Freed(nil), "freed once the committer passed the skipped read")
 	require.Zero(t, w.rd.ReadAheadBytes())
-	require.Zero(t, w.p.Counters().PrefetchUsed.Load(), "the skipped read served nothing")
+	require.Zero(t, w.p.Parts().Counters.PrefetchUsed.Load(), "the skipped read served nothing")
 }
 
 // A read ahead the consumer hands back (a request it cannot serve) is run
@@ -452,12 +453,12 @@ func TestHandedBackReadRunsOnTheCommitter(t *testing.T) {
 	}
 	defer func() { testHookReadingAhead, testHookSawEngine = nil, nil }()
 
-	handed := w.p.Counters().HandedBack.Load()
+	handed := w.p.Parts().Counters.HandedBack.Load()
 	d, err := w.read(s)
 	require.NoError(t, err)
-	require.Equal(t, handed+1, w.p.Counters().HandedBack.Load(), "the consumer handed the read back")
+	require.Equal(t, handed+1, w.p.Parts().Counters.HandedBack.Load(), "the consumer handed the read back")
 	require.ErrorIs(t, d.errs[0], errs.AbsentRequired, "the committer read it and found block 3 absent")
-	require.Equal(t, int64(1), w.p.Counters().PrefetchUsed.Load())
+	require.Equal(t, int64(1), w.p.Parts().Counters.PrefetchUsed.Load())
 }
 
 // A prefetched step whose read the committer passed without running it

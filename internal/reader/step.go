@@ -35,8 +35,11 @@
 // a step not prefetched); a prefetch read on the committer (and the copy
 // workers); Read on the goroutine that consumes the step (Materialize),
 // one consumer per Step.
-// Reads take the write path's state lock only for parked-row bookkeeping,
-// never across a copy.
+// The read path sees the write path through a few calls (Writes: pin a
+// snapshot, queue a read in order, wait for a write, copy a write's rows)
+// and reads the mirrors and slot tables itself (writer.Parts). Reads take
+// the write path's state lock only through Pin and for parked-row
+// bookkeeping (ReadRows), never across a copy.
 package reader
 
 import (
@@ -85,15 +88,15 @@ type Step struct {
 	// from its blocks by hitSlots (the step's one reader at a time).
 	immSlot []int32
 	immReq  int
-	// deferred-key hit plan: per (request, deferred key, prefix row).
+	// deferred-key hit plan: per (request, deferred key, prefix row) an
+	// entry of snap (the slot's word, and the clone of a row in transit)
+	// and what the read does with it.
 	defOff []int32 // per request: first entry
 	pKind  []uint8
 	pSlot  []int32
-	pWord  []uint64
-	pProd  []*writer.Write
-	pRow   []uint32
-	// planPins pin the clones the plan reads (pProd) until the read is
-	// done: the prefetch's end, or the step's release.
+	snap   writer.Snapshot
+	// planPins pin the clones the plan reads (snap.Clones) until the read
+	// is done: the prefetch's end, or the step's release.
 	planPins writer.Refs
 
 	lastQ int     // search hint for Find
@@ -163,10 +166,7 @@ func (s *Step) Reset(nkeys int) {
 	s.defOff = s.defOff[:0]
 	s.pKind = s.pKind[:0]
 	s.pSlot = s.pSlot[:0]
-	s.pWord = s.pWord[:0]
-	clear(s.pProd)
-	s.pProd = s.pProd[:0]
-	s.pRow = s.pRow[:0]
+	s.snap.Reset()
 	s.lastQ = 0
 	s.Qidx = s.Qidx[:0]
 	s.pf = s.pf[:0]

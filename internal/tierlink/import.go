@@ -192,11 +192,11 @@ func (l *Link) Take(id uint64) *Import {
 }
 
 // Failures waits (bounded by twice ImportTimeout) until the import is in
-// the mirror, waking p's committer first (the import may have been handed
-// over lazily), and returns the requests of ids (a step's, in the order
-// the caller reads them) that lost a block: nil when none did. The
+// the mirror, waking the committer first (prog; the import may have been
+// handed over lazily), and returns the requests of ids (a step's, in the
+// order the caller reads them) that lost a block: nil when none did. The
 // consumer's goroutine.
-func (j *Import) Failures(p *writer.Path, ids []int64) []Failure {
+func (j *Import) Failures(prog *writer.Progress, ids []int64) []Failure {
 	timeout := 2 * j.l.cfg.ImportTimeout
 	timedOut := false
 	select {
@@ -205,7 +205,7 @@ func (j *Import) Failures(p *writer.Path, ids []int64) []Failure {
 	default:
 		t0 := time.Now()
 		t := time.NewTimer(timeout)
-		p.Kick()
+		prog.Kick()
 		select {
 		case <-j.applied:
 		case <-t.C:

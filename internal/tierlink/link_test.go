@@ -30,7 +30,7 @@ func pathOver(t *testing.T, l *tierlink.Link) *writer.Path {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.Close(nil, time.Now().Add(10*time.Second)) })
+	t.Cleanup(func() { p.Close(time.Now().Add(10*time.Second), nil) })
 	return p
 }
 
@@ -122,7 +122,7 @@ func TestPublishThenImport(t *testing.T) {
 	if j == nil {
 		t.Fatal("the saved step's import is missing")
 	}
-	fails := j.Failures(q, []int64{6, 5})
+	fails := j.Failures(q.Parts().Progress, []int64{6, 5})
 	if len(fails) != 1 || fails[0].QI != 0 || fails[0].Request != 6 || fails[0].Block != 4 || !errors.Is(fails[0].Err, tier.ErrMiss) {
 		t.Fatalf("failures = %+v, want request 6's block 4 missed", fails)
 	}
@@ -130,7 +130,7 @@ func TestPublishThenImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make([]byte, bs*rb)
-	q.Mirrors().Get(0).Read(got, []int32{12, 13, 14, 15})
+	q.Parts().Mirrors.Get(0).Read(got, []int32{12, 13, 14, 15})
 	if !bytes.Equal(got, rows) {
 		t.Fatalf("imported rows differ:\n got %v\nwant %v", got, rows)
 	}

@@ -101,9 +101,7 @@ func (p *Path) reserve(n int64) error {
 		switch {
 		case p.buf.K > 0 && p.buf.W != nil && p.buf.W.DevCharge > 0:
 			p.st.BudgetFlushes.Add(1)
-			if err := p.FlushBuffer(); err != nil {
-				return err
-			}
+			p.flushBuffer(false)
 		case p.forceOldestDeferred():
 			p.st.BudgetFlushes.Add(1)
 		case p.q.Pending() > 0:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime/pprof"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,14 +61,12 @@ type CommitterConfig struct {
 // (and deferred clones) into the mirror, in queue order. For immediate keys
 // it is the only writer of the tenancy table; a newer queued write's rows
 // make an older write skip the same slots. While it scatters immediate rows
-// its epoch is odd, so readers of the mirror can tell when a copy overlapped
-// a scatter.
+// its epoch (Progress) is odd, so readers of the mirror can tell when a
+// copy overlapped a scatter.
 type Committer struct {
 	cfg     CommitterConfig
 	immRowB int
-	epoch   atomic.Uint64
-	emu     sync.Mutex
-	even    *sync.Cond // broadcast when the epoch turns even
+	prog    *Progress
 	done    chan struct{}
 	workers *mirror.Workers
 
@@ -114,8 +111,7 @@ const lateAhead = 2
 // failing with an error wrapping hostmem.ErrNoMemory when the OS refuses
 // it.
 func NewCommitter(cfg CommitterConfig) (*Committer, error) {
-	c := &Committer{cfg: cfg, done: make(chan struct{})}
-	c.even = sync.NewCond(&c.emu)
+	c := &Committer{cfg: cfg, done: make(chan struct{}), prog: NewProgress(cfg.Queue)}
 	c.pollAhead = c.issueAhead
 	c.late.h = cfg.Hists
 	for _, k := range cfg.Imm {
@@ -170,36 +166,12 @@ func (c *Committer) WaitUntil(deadline time.Time) bool {
 	return true
 }
 
-// EvenEpoch waits until no scatter of immediate rows is in progress and
-// returns the epoch.
-func (c *Committer) EvenEpoch() uint64 {
-	if e := c.epoch.Load(); e&1 == 0 {
-		return e
-	}
-	c.emu.Lock()
-	defer c.emu.Unlock()
-	for {
-		if e := c.epoch.Load(); e&1 == 0 {
-			return e
-		}
-		c.even.Wait()
-	}
-}
-
-// endScatter makes the epoch even again and wakes the readers waiting for
-// it.
-func (c *Committer) endScatter() {
-	c.emu.Lock()
-	c.epoch.Add(1)
-	c.even.Broadcast()
-	c.emu.Unlock()
-}
+// Progress is the committer's progress (its queue position, its sleep,
+// its scatter epoch). Any goroutine.
+func (c *Committer) Progress() *Progress { return c.prog }
 
 // Workers are the copy workers (nil before Start). Any goroutine.
 func (c *Committer) Workers() *mirror.Workers { return c.workers }
-
-// Epoch is the scatter counter (odd while scattering).
-func (c *Committer) Epoch() uint64 { return c.epoch.Load() }
 
 func (c *Committer) run() {
 	defer close(c.done)
@@ -460,7 +432,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 	// scatters nothing: its slots are recorded absent (and a key it
 	// supplied clears them), in the same scatter, before Publish.
 	ten := c.cfg.Tenancy
-	c.epoch.Add(1)
+	c.prog.BeginScatter()
 	for j := 0; j < w.Steps; j++ {
 		sl := w.Slots[j*w.N : (j+1)*w.N]
 		mk, kept, skipped := c.newerMask(sl)
@@ -482,7 +454,7 @@ func (c *Committer) commitImm(w *Write, ev gpu.Event) error {
 		}
 		ten.Publish(sl, mk, w.ID)
 	}
-	c.endScatter()
+	c.prog.EndScatter()
 	return nil
 }
 

@@ -46,12 +46,12 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 			b, err := p.dev.Alloc(nb)
 			if err != nil {
 				p.budget.Release(int64(nb) + defNeed)
-				return p.Fail(err)
+				return p.fail(err)
 			}
 			if err := p.dev.CopyHtoD(b, 0, t.Host[:nb]); err != nil {
 				p.dev.Free(b)
 				p.budget.Release(int64(nb) + defNeed)
-				return p.Fail(err)
+				return p.fail(err)
 			}
 			w.Buf = b
 			p.st.Cloned.Add(int64(nb))
@@ -85,7 +85,7 @@ func (p *Path) saveDeferred(s *Step, refs *Refs, defNeed int64) error {
 			p.clones[w.ID] = w
 		}
 		refs.Src[k], refs.SrcOff[k] = w, 0
-		p.PinLocked(refs, w)
+		p.pinLocked(refs, w)
 		p.mu.Unlock()
 	}
 	return nil
@@ -102,20 +102,20 @@ func (p *Path) openDeferred(h soa.Handle) {
 	}
 }
 
-// Finish collects the pending deferred rows of request h (finished or
+// finish collects the pending deferred rows of request h (finished or
 // aborted) for the next deferred task; its open writes still land. Engine
 // goroutine.
-func (p *Path) Finish(h soa.Handle) {
+func (p *Path) finish(h soa.Handle) {
 	if int(h) < len(p.defOpen) {
 		p.defOpen[h] = 0
 	}
 	p.segs.Take(h)
 }
 
-// FlushFinished hands the collected deferred rows to the committer as one
+// flushFinished hands the collected deferred rows to the committer as one
 // task and returns its queue sequence (0 when there was nothing). Engine
 // goroutine.
-func (p *Path) FlushFinished() uint64 {
+func (p *Path) flushFinished() uint64 {
 	if len(p.segs.Out) == 0 {
 		return 0
 	}
@@ -135,8 +135,8 @@ func (p *Path) forceOldestDeferred() bool {
 		r := p.defFIFO[0]
 		p.defFIFO = p.defFIFO[1:]
 		if int(r.h) < len(p.defOpen) && p.defOpen[r.h] == r.seq {
-			p.Finish(r.h)
-			_ = p.WaitSeq(p.FlushFinished())
+			p.finish(r.h)
+			_ = p.WaitSeq(p.flushFinished())
 			return true
 		}
 	}

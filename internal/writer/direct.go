@@ -47,7 +47,7 @@ func (c *Committer) commitDirect(w *Write) error {
 	ten := c.cfg.Tenancy
 	dc := &c.direct
 	var nb int64
-	c.epoch.Add(1)
+	c.prog.BeginScatter()
 	for ki, k := range c.cfg.Imm {
 		if w.NAbsent > 0 && w.Absent[ki] {
 			ten.SetAbsent(ki, mk)
@@ -89,7 +89,7 @@ func (c *Committer) commitDirect(w *Write) error {
 		}
 		ten.Publish(sl, mk, w.ID)
 	}
-	c.endScatter()
+	c.prog.EndScatter()
 	return err
 }
 

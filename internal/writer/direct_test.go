@@ -106,7 +106,7 @@ func TestPathDirectWritesLandAtSlots(t *testing.T) {
 	f.check()
 	// The rejected rows at least (a write scans the queue for newer writes
 	// before it issues its copies: those queued after that are not seen).
-	require.GreaterOrEqual(t, f.p.Counters().Skipped.Load(), int64(2*2), "the rejected rows of both keys skipped")
+	require.GreaterOrEqual(t, (&f.p.st).Skipped.Load(), int64(2*2), "the rejected rows of both keys skipped")
 
 	for i, r := range refs {
 		if w := r.Src[keyK]; w.Direct {

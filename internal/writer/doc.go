@@ -16,7 +16,7 @@
 // a polling committer (Queue.PushLazy): a wake is a system call on the
 // engine goroutine. Every wait for the committer's progress wakes it. A
 // hit read joins only the queued tasks that land rows in its blocks
-// (JoinSeq, over the engine goroutine's log of what it handed over:
+// (Snapshot.JoinSeq, over the engine goroutine's log of what it handed over:
 // pendlog.go), not everything queued.
 //
 // and the resources those stages hold: the device byte budget (every device
@@ -25,11 +25,19 @@
 // guards the reference counts of writes (Owners: pending writes of its rows;
 // Pins: step records and readers).
 //
-// Goroutines. Save, FlushBuffer, Finish, FlushFinished, Sync and Close are
-// called by the engine goroutine only (the root package's Begin, Save,
-// Sync and Close). Unpin, the parked-read calls and the accessors the read
-// path uses may be called from any goroutine. The Committer runs on its own
-// goroutine (pprof label omnicache=committer). No lock is held across a
+// Path's calls are few: the engine goroutine's (Save, Flush,
+// BufferContinues, Sync, Reset, Close, PushImport), the read path's
+// (reads.go: Pin, PushRead, WaitSeq, ReadRows, Unpin; the read path's
+// interface, reader.Writes, is these), and the sticky failure (Err) and
+// what the path holds (Usage). The cache and the read path read the
+// mirrors, the slot tables, the counters and the committer's progress
+// directly (Parts).
+//
+// Goroutines. Save, Flush, Sync, Reset, Close, PushImport, Pin and
+// PushRead are called by the engine goroutine only (the root package's
+// Begin, Save, Sync, Reset and Close). WaitSeq, ReadRows, Unpin, Err,
+// Usage and the Parts may be used from any goroutine. The Committer runs
+// on its own goroutine (pprof label omnicache=committer). No lock is held across a
 // copy, a wait or a budget flush: the state lock covers reference counts and
 // the clone table only; Budget and Pages wait on condition variables whose
 // mutexes cover only their counters, and the committer on Queue's wake

@@ -39,10 +39,3 @@ func (h *Hists) committerWait(t0 time.Time) {
 		h.CommitterWait.Observe(int64(time.Since(t0)))
 	}
 }
-
-// Reached reports whether the committer has processed queue item seq
-// (WaitSeq would not wait). Any goroutine.
-func (p *Path) Reached(seq uint64) bool { return p.q.Reached(seq) }
-
-// Hists returns the path's histograms (nil: off).
-func (p *Path) Hists() *Hists { return p.cfg.Hists }

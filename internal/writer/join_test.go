@@ -104,7 +104,7 @@ func testJoinSeq(t *testing.T, bs int) {
 				}
 			}
 		}
-		if got := p.JoinSeq(hits); got != want {
+		if got := p.joinSeq(hits); got != want {
 			t.Fatalf("after task %d: JoinSeq(%v) = %d, want %d", tk.seq, hits, got, want)
 		}
 		if len(p.plog.tasks)-p.plog.first != len(live) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/errs"
+	"github.com/omnicache/omnicache/mirror"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -49,7 +50,27 @@ type Config struct {
 	// mirror's chunks are registered with it as they are made.
 	Direct         bool
 	DirectMinBytes int64
+	// Alloc says when the staging pages' memory is allocated.
+	Alloc Alloc
 }
+
+// Alloc says when NewPath allocates the staging pages' memory.
+type Alloc uint8
+
+const (
+	// AllocLazy: a page's memory on its first use, and each next page's
+	// ahead, in the background (Spare), once the one before was taken.
+	AllocLazy Alloc = iota
+	// AllocAll: every page's now, as one allocation (pinned memory is
+	// mostly page zeroing and pinning: one allocation spreads the zeroing
+	// over the machine's cores and pins in one sequence of driver calls,
+	// where concurrent allocations contend), so that no Save allocates a
+	// page or runs beside a background allocation.
+	AllocAll
+	// AllocAhead: the first page's now, the others' on a background
+	// goroutine from then on, one after another (Spare.Fill).
+	AllocAhead
+)
 
 // Layout is the key layout both paths share, read-only after NewPath.
 type Layout struct {
@@ -79,13 +100,14 @@ type Path struct {
 
 	pages   *Pages
 	spare   *Spare // page memory allocated one page ahead
-	block   []byte // every page's memory, when AllocPages made it
+	block   []byte // every page's memory, when allocPages made it
 	budget  *Budget
 	q       *Queue[Task]
 	com     *Committer
 	mirrors *Mirrors
 	ten     *soa.Tenancy     // immediate keys (written together, in order)
 	occ     []*soa.Occupancy // per key: deferred keys' per-slot occupancy
+	parts   Parts
 
 	// failed is read by every call (Err) and written once: it sits with
 	// the read-only fields above, not on the state lock's line, which the
@@ -120,7 +142,7 @@ type Path struct {
 	defFIFO []openRef
 	defSeq  uint64
 	lastEv  [2]gpu.Event // the last two host-row writes' events (see join)
-	plog    pendLog      // tasks handed over that land immediate rows (JoinSeq)
+	plog    pendLog      // tasks handed over that land immediate rows (joinSeq)
 	wstash  []*Write     // released writes taken from wfree in one batch
 	pre     []gpu.Buffer // per key: this Save's clone of a non-owned device tensor (preClone)
 	late    lateCopier   // copies a step's clones out while Save waits for them (writeStep)
@@ -137,10 +159,11 @@ type openRef struct {
 }
 
 // NewPath builds the write path and starts its committer. It allocates no
-// mirror and no staging memory (both are made on first use); its per-slot
-// tables are mapped untouched, and a mapping the OS refuses (an
-// address-space limit) fails it with an error wrapping
-// hostmem.ErrNoMemory, holding nothing.
+// mirror (made on a key's first write) and staging memory as cfg.Alloc
+// says; its per-slot tables are mapped untouched. A mapping the OS refuses
+// (an address-space limit) fails it with errs.Config wrapping
+// hostmem.ErrNoMemory, a staging allocation the device refuses with the
+// device's error (gpu.ErrAlloc): either way it holds nothing.
 func NewPath(cfg Config) (*Path, error) {
 	if cfg.SyncSpin == 0 {
 		cfg.SyncSpin = waitSpin
@@ -165,8 +188,7 @@ func NewPath(cfg Config) (*Path, error) {
 		if k.Deferred {
 			o, err := soa.NewOccupancy(nslots)
 			if err != nil {
-				p.freeTables()
-				return nil, err
+				return nil, p.tablesError(err)
 			}
 			p.occ[i] = o
 			l.ImmIdx = append(l.ImmIdx, -1)
@@ -193,8 +215,7 @@ func NewPath(cfg Config) (*Path, error) {
 		}
 		t, err := soa.NewTenancy(cfg.NumBlocks, cfg.BlockSize, opt...)
 		if err != nil {
-			p.freeTables()
-			return nil, err
+			return nil, p.tablesError(err)
 		}
 		p.ten = t
 	}
@@ -216,12 +237,30 @@ func NewPath(cfg Config) (*Path, error) {
 		BlockSize: cfg.BlockSize, Gather: cfg.Gather, Hists: cfg.Hists,
 	})
 	if err != nil {
-		p.freeTables()
-		return nil, err
+		return nil, p.tablesError(err)
 	}
 	p.com = com
 	p.com.Start()
+	p.parts = Parts{Layout: &p.lay, Counters: &p.st, Hists: cfg.Hists, Mirrors: p.mirrors, Tenancy: p.ten, Occ: p.occ,
+		Workers: com.Workers(), Progress: com.Progress()}
+	switch cfg.Alloc {
+	case AllocAll:
+		err = p.allocPages()
+	case AllocAhead:
+		err = p.allocPagesAhead()
+	}
+	if err != nil {
+		p.Close(time.Time{}, nil) // nothing was saved: the committer stops at once
+		return nil, err
+	}
 	return p, nil
+}
+
+// tablesError frees the per-slot tables mapped so far and returns the
+// error of the one the OS refused.
+func (p *Path) tablesError(err error) error {
+	p.freeTables()
+	return fmt.Errorf("%w: %d blocks of %d slots: %w", errs.Config, p.cfg.NumBlocks, p.cfg.BlockSize, err)
 }
 
 // freeTables returns the per-slot tables NewPath mapped (so far, when it
@@ -237,14 +276,10 @@ func (p *Path) freeTables() {
 	}
 }
 
-// AllocPages allocates every staging page's memory now, as one allocation
-// (pinned memory is mostly page zeroing and pinning: one allocation spreads
-// the zeroing over the machine's cores and pins in one sequence of driver
-// calls, where concurrent allocations contend), so that no Save allocates
-// a page or runs beside a background allocation. On failure nothing is
-// allocated and the error wraps the device's. Called once, before the
-// first Save.
-func (p *Path) AllocPages() error {
+// allocPages allocates every staging page's memory now, as one
+// allocation (AllocAll). On failure nothing is allocated and the error
+// wraps the device's. Called once, before the first Save.
+func (p *Path) allocPages() error {
 	if p.pageB == 0 {
 		return nil
 	}
@@ -264,10 +299,10 @@ func (p *Path) AllocPages() error {
 	return nil
 }
 
-// AllocPagesAhead allocates the first staging page's memory now and the
-// other pages' on a background goroutine, one after another (Spare.Fill).
+// allocPagesAhead allocates the first staging page's memory now and the
+// other pages' on a background goroutine, one after another (AllocAhead).
 // An error wraps the device's: nothing is allocated then.
-func (p *Path) AllocPagesAhead() error {
+func (p *Path) allocPagesAhead() error {
 	if p.pageB == 0 {
 		return nil
 	}
@@ -277,61 +312,53 @@ func (p *Path) AllocPagesAhead() error {
 	return nil
 }
 
-// ---- accessors (any goroutine) ----
+// ---- the parts others read (any goroutine) ----
 
-// Layout is the key layout.
-func (p *Path) Layout() *Layout { return &p.lay }
-
-// Device is the device the path copies with.
-func (p *Path) Device() gpu.Device { return p.dev }
-
-// Counters are the path's statistics (the read path adds its own).
-func (p *Path) Counters() *Counters { return &p.st }
-
-// Mirrors are the per-key host mirrors.
-func (p *Path) Mirrors() *Mirrors { return p.mirrors }
-
-// Tenancy is the immediate keys' per-slot owner table, with an absent
-// column per optional immediate key (nil without immediate keys).
-func (p *Path) Tenancy() *soa.Tenancy { return p.ten }
-
-// Occupancy is deferred key k's per-slot occupancy (nil for immediate keys).
-func (p *Path) Occupancy(k int) *soa.Occupancy { return p.occ[k] }
-
-// Committer is the path's committer (its scatter epoch).
-func (p *Path) Committer() *Committer { return p.com }
-
-// Queue is the committer's queue (its sequence numbers are join points).
-func (p *Path) Queue() *Queue[Task] { return p.q }
-
-// Lock and Unlock take the state lock (see the package doc).
-func (p *Path) Lock()   { p.mu.Lock() }
-func (p *Path) Unlock() { p.mu.Unlock() }
-
-// CloneLocked is the deferred clone with write id, nil when none is
-// pending. Caller holds the state lock.
-func (p *Path) CloneLocked(id uint64) *Write { return p.clones[id] }
-
-// LastID is the id of the newest write handed over so far: a hit planned
-// now reads rows of writes up to it. Engine goroutine only.
-func (p *Path) LastID() uint64 { return p.nextID }
-
-// Budget reports the device bytes charged now, the peak and the limit.
-func (p *Path) Budget() (charged, peak, limit int64) {
-	ch, pk := p.budget.Charged()
-	return ch, pk, p.budget.Limit()
+// Parts are the write path's tables, counters and watchers that the cache
+// and the read path read directly, without a call through the path: fixed
+// from NewPath on. Each part says which goroutine may do what.
+type Parts struct {
+	Layout   *Layout
+	Counters *Counters // the path's statistics (the read path adds its own)
+	Hists    *Hists    // Config.Hists (nil: off)
+	Mirrors  *Mirrors
+	// Tenancy is the immediate keys' per-slot owner table, with an absent
+	// column per optional immediate key (nil without immediate keys);
+	// Occ[k] deferred key k's per-slot occupancy (nil for immediate keys).
+	Tenancy *soa.Tenancy
+	Occ     []*soa.Occupancy
+	// Workers are the copy workers the committer's scatters and the read
+	// path's large gathers are split across.
+	Workers *mirror.Workers
+	// Progress is the committer's: its queue position, its sleep, its
+	// scatter epoch.
+	Progress *Progress
 }
 
-// PagesInUse is the number of staging pages held now.
-func (p *Path) PagesInUse() int { return p.pages.InUse() }
+// Parts returns the path's parts.
+func (p *Path) Parts() *Parts { return &p.parts }
 
-// PagesAllocating is 1 while a staging page's memory is being allocated
-// ahead in the background (Spare), else 0.
-func (p *Path) PagesAllocating() int {
+// Usage is what a path holds at one moment.
+type Usage struct {
+	// BudgetCharged is the device bytes charged now, BudgetPeak the most
+	// ever charged, BudgetLimit the budget.
+	BudgetCharged, BudgetPeak, BudgetLimit int64
+	// PagesInUse is the staging pages held now; PagesAllocating 1 while a
+	// page's memory is being allocated ahead in the background (Spare).
+	PagesInUse, PagesAllocating int
+	// MirrorBytes is the host memory backing the mirrors.
+	MirrorBytes int64
+}
+
+// Usage reports what the path holds now. Any goroutine; it takes no state
+// lock.
+func (p *Path) Usage() Usage {
+	u := Usage{BudgetLimit: p.budget.Limit(), PagesInUse: p.pages.InUse(), MirrorBytes: p.mirrors.ResidentBytes()}
+	u.BudgetCharged, u.BudgetPeak = p.budget.Charged()
 	if p.spare.Pending() {
-		return 1
+		u.PagesAllocating = 1
 	}
-	return 0
+	return u
 }
 
 // ---- the sticky failure ----
@@ -344,9 +371,9 @@ func (p *Path) Err() error {
 	return nil
 }
 
-// Fail makes err sticky (the first failure wins) and returns the sticky
+// fail makes err sticky (the first failure wins) and returns the sticky
 // error, which matches errs.WriteFailed.
-func (p *Path) Fail(err error) error {
+func (p *Path) fail(err error) error {
 	e := fmt.Errorf("%w: %w", errs.WriteFailed, err)
 	if p.failed.CompareAndSwap(nil, &e) {
 		p.pages.Fail() // a Save waiting for a page wakes with the failure
@@ -363,32 +390,27 @@ func (p *Path) WaitSeq(seq uint64) error { return p.waitSeqSpin(seq, waitSpin) }
 // waitSeqSpin is WaitSeq spinning up to spinFor before it parks.
 func (p *Path) waitSeqSpin(seq uint64, spinFor time.Duration) error {
 	if !p.q.WaitForSpin(seq, p.cfg.WaitTimeout, spinFor) {
-		return p.Fail(fmt.Errorf("%w: the committer did not reach write %d within %v", errs.DeviceTimeout, seq, p.cfg.WaitTimeout))
+		return p.fail(fmt.Errorf("%w: the committer did not reach write %d within %v", errs.DeviceTimeout, seq, p.cfg.WaitTimeout))
 	}
 	return p.Err()
 }
 
-// WaitDev waits for device event ev, bounded by the wait timeout; a
+// waitDev waits for device event ev, bounded by the wait timeout; a
 // failure or a timeout fails the path (sticky; errs.DeviceTimeout for a
 // timeout). Engine goroutine and readers (the committer waits unbounded:
 // a copy still in flight may write its staging memory, which must then stay
 // allocated).
-func (p *Path) WaitDev(ev gpu.Event) error {
+func (p *Path) waitDev(ev gpu.Event) error {
 	err := p.dev.WaitFor(ev, p.cfg.WaitTimeout)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, gpu.ErrTimeout):
-		return p.Fail(fmt.Errorf("%w: %w", errs.DeviceTimeout, err))
+		return p.fail(fmt.Errorf("%w: %w", errs.DeviceTimeout, err))
 	default:
-		return p.Fail(err)
+		return p.fail(err)
 	}
 }
-
-// Kick wakes the committer if it sleeps with work queued, for a goroutine
-// about to wait for its progress other than through WaitSeq. Any
-// goroutine.
-func (p *Path) Kick() { p.q.Kick() }
 
 // drain waits (bounded, see WaitSeq) for everything handed over so far,
 // for room in the device budget: the wait is the engine goroutine's stall
@@ -405,20 +427,30 @@ func (p *Path) newID() uint64 { p.nextID++; return p.nextID }
 
 // ---- engine-goroutine calls outside Save ----
 
-// Buffered is the number of decode steps parked now.
-func (p *Path) Buffered() int { return p.buf.K }
-
 // BufferContinues reports whether a pure-decode step over ids may join the
 // parked steps.
 func (p *Path) BufferContinues(ids []int64) bool { return p.buf.Continues(ids) }
+
+// Flush hands the committer what a step's Begin must have written first:
+// the parked decode steps when buffer (the step does not continue them),
+// then the deferred rows of the finished requests (their open writes still
+// land). It returns the queue sequence of the deferred rows' task (0:
+// none). Engine goroutine.
+func (p *Path) Flush(buffer bool, finished []soa.Handle) uint64 {
+	if buffer {
+		p.flushBuffer(false)
+	}
+	for _, h := range finished {
+		p.finish(h)
+	}
+	return p.flushFinished()
+}
 
 // Sync writes out the decode buffer and waits until every write handed to
 // the committer has landed.
 func (p *Path) Sync() error {
 	if p.buf.K > 0 {
-		if err := p.flushBuffer(false); err != nil {
-			return err
-		}
+		p.flushBuffer(false)
 	}
 	p.spare.Wait()
 	t0 := p.cfg.Hists.now()
@@ -427,18 +459,25 @@ func (p *Path) Sync() error {
 	return err
 }
 
-// Stop wakes the waiters for a staging page (they fail with the pool
-// closed); later claims fail. The first step of closing.
-func (p *Path) Stop() { p.pages.Close() }
-
-// Close stops the committer (after it drained what was handed to it) and
-// releases every page, budget charge and device buffer the path holds,
-// including the pins of the unconsumed steps' refs. No call may be in
-// flight. If the committer does not stop by deadline (a device that never
-// completes a copy), nothing is freed, since the committer may still touch
-// it, and Close reports errs.DeviceTimeout. Called once.
-func (p *Path) Close(unconsumed []*Refs, deadline time.Time) error {
+// Close stops the path. First a Save waiting for a staging page wakes
+// (failing with the pool closed) and later claims fail; then quiesce (nil:
+// nothing to wait for) waits for its owner's calls in flight and returns
+// the refs of the steps not consumed, or an error that ends Close there,
+// nothing freed. Then the committer drains what was handed to it and
+// stops, and every page, budget charge and device buffer the path holds is
+// released, the unconsumed steps' pins included. If the committer does not
+// stop by deadline (zero: no bound; a device that never completes a copy),
+// nothing is freed, since the committer may still touch it, and Close
+// reports errs.DeviceTimeout. Called once.
+func (p *Path) Close(deadline time.Time, quiesce func() ([]*Refs, error)) error {
 	p.pages.Close()
+	var unconsumed []*Refs
+	if quiesce != nil {
+		var err error
+		if unconsumed, err = quiesce(); err != nil {
+			return err
+		}
+	}
 	p.q.Close()
 	if !p.com.WaitUntil(deadline) {
 		return fmt.Errorf("%w: the committer did not stop (%d writes pending); the cache's memory is left allocated", errs.DeviceTimeout, p.q.Pending())

@@ -24,8 +24,8 @@ type snapshot struct {
 
 func (f *fixture) snap() snapshot {
 	dev, _, _ := f.cd.live()
-	return snapshot{charged: f.charged(), pages: f.p.PagesInUse(), parked: f.p.Buffered(), devBufs: dev,
-		tasks: f.p.Queue().Pushed(), lastID: f.p.LastID(), forced: f.p.Counters().BudgetFlushes.Load()}
+	return snapshot{charged: f.charged(), pages: f.p.pages.InUse(), parked: f.p.buf.K, devBufs: dev,
+		tasks: f.p.q.Pushed(), lastID: f.p.nextID, forced: (&f.p.st).BudgetFlushes.Load()}
 }
 
 // A Save that fails for want of resources (a reservation larger than the
@@ -113,7 +113,7 @@ func TestPathSaveFailureLeavesNothingBehind(t *testing.T) {
 			}
 			f.mustSave(f.step(kinds, req{h: 6, slots: slotRange(1, 4)}, req{h: 7, slots: []int32{12}}))
 			f.finish(0, 1, 5, 6, 7) // rows a budget flush forced out land in the oracle too
-			f.p.FlushFinished()
+			f.p.flushFinished()
 			f.sync()
 			f.check()
 		})
@@ -144,13 +144,13 @@ func TestPathSaveWaitsForAPage(t *testing.T) {
 	f.p.Unpin(r0) // not f.unpin: the fixture is the saving goroutine's
 	require.NoError(t, recv(t, done, "Save after a page was freed"))
 	delete(f.live, r0)
-	require.Positive(t, f.p.Counters().StallNanos.Load())
+	require.Positive(t, (&f.p.st).StallNanos.Load())
 	f.sync()
 	f.check()
 
 	done = async(func() error { _, err := f.save(f.step(nil, req{h: 2, slots: slotRange(8, 2)})); return err })
 	require.True(t, blocked(done))
-	f.p.Stop()
+	f.p.pages.Close()
 	require.ErrorIs(t, recv(t, done, "Save after Stop"), errs.Closed)
 }
 
@@ -185,8 +185,8 @@ func TestPathDeviceFailureIsSticky(t *testing.T) {
 				if _, err := f.save(f.step(tc.kinds, req{h: 1, slots: slotRange(4, 4)})); err != nil {
 					return err
 				}
-				f.p.Finish(1)
-				f.p.FlushFinished()
+				f.p.finish(1)
+				f.p.flushFinished()
 				return f.p.Sync()
 			}()
 			require.ErrorIs(t, first, errs.WriteFailed)
@@ -199,7 +199,7 @@ func TestPathDeviceFailureIsSticky(t *testing.T) {
 			}
 			require.ErrorIs(t, f.p.Sync(), errs.WriteFailed)
 			require.ErrorIs(t, f.p.Reset(), errs.WriteFailed)
-			require.ErrorIs(t, f.p.Fail(errors.New("later")), tc.want, "the first failure stays")
+			require.ErrorIs(t, f.p.fail(errors.New("later")), tc.want, "the first failure stays")
 		})
 	}
 }
@@ -217,8 +217,8 @@ func TestPathHungDeviceTimesOut(t *testing.T) {
 	_, err = f.save(f.step(nil, req{h: 1, slots: slotRange(4, 4)}))
 	require.ErrorIs(t, err, errs.WriteFailed)
 
-	require.ErrorIs(t, f.p.Close([]*Refs{r}, time.Now()), errs.DeviceTimeout)
-	require.Equal(t, 1, f.p.PagesInUse(), "nothing freed while the committer may still copy")
+	require.ErrorIs(t, f.p.Close(time.Now(), unconsumed(r)), errs.DeviceTimeout)
+	require.Equal(t, 1, f.p.pages.InUse(), "nothing freed while the committer may still copy")
 	f.fault.Release()
 	f.close() // now it stops, and everything is freed
 }
@@ -238,7 +238,7 @@ func TestPathStepLargerThanAPage(t *testing.T) {
 	require.NoError(t, f.p.Err(), "a refused step is not sticky")
 	f.mustSave(f.step(nil, req{h: 6, slots: slotRange(4, int32(f.cfg.Capacity))}))
 	f.finish(5, 6)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	f.check()
 }

@@ -378,7 +378,7 @@ func (f *fixture) land(h soa.Handle) {
 // (FlushFinished) and the committer ran.
 func (f *fixture) finish(hs ...soa.Handle) {
 	for _, h := range hs {
-		f.p.Finish(h)
+		f.p.finish(h)
 		f.land(h)
 	}
 }
@@ -396,8 +396,14 @@ func (f *fixture) sync() {
 }
 
 func (f *fixture) charged() int64 {
-	c, _, _ := f.p.Budget()
+	c := f.p.Usage().BudgetCharged
 	return c
+}
+
+// unconsumed is a Close's quiesce that hands over rs, the refs of steps
+// not consumed.
+func unconsumed(rs ...*Refs) func() ([]*Refs, error) {
+	return func() ([]*Refs, error) { return rs, nil }
 }
 
 // close closes the path with the refs still live (unconsumed steps) and
@@ -410,8 +416,8 @@ func (f *fixture) close() {
 		refs = append(refs, r)
 	}
 	f.closed = true
-	require.NoError(f.t, f.p.Close(refs, time.Now().Add(deadlockTimeout)), "Close")
-	require.Zero(f.t, f.p.PagesInUse(), "pages in use after Close")
+	require.NoError(f.t, f.p.Close(time.Now().Add(deadlockTimeout), unconsumed(refs...)), "Close")
+	require.Zero(f.t, f.p.pages.InUse(), "pages in use after Close")
 	require.Zero(f.t, f.charged(), "budget charged after Close")
 	dev, host, bad := f.cd.live()
 	require.Zero(f.t, dev, "device buffers left after Close")
@@ -428,10 +434,10 @@ func (f *fixture) check() {
 
 func (f *fixture) checkErr() error {
 	p := f.p
-	lay := p.Layout()
-	ten := p.Tenancy()
+	lay := (&p.lay)
+	ten := p.ten
 	for k, ks := range f.cfg.Keys {
-		m := p.Mirrors().Get(k)
+		m := p.mirrors.Get(k)
 		got := make([]byte, ks.RowBytes)
 		read := func(s int32) []byte {
 			clear(got)
@@ -444,7 +450,7 @@ func (f *fixture) checkErr() error {
 			w, ok := f.want[k][s]
 			where := fmt.Sprintf("key %s slot %d", ks.Name, s)
 			if ks.Deferred {
-				st, _ := p.Occupancy(k).Load(s)
+				st, _ := p.occ[k].Load(s)
 				switch {
 				case !ok || w.absent:
 					if st != soa.Absent {

@@ -24,31 +24,31 @@ func TestPathUnpinReleasesWrites(t *testing.T) {
 	ra := f.mustSave(a)
 	rb := f.mustSave(f.step([]kind{kHost, kHost, kDev}, req{h: 1, slots: slotRange(8, 2)}))
 	f.finish(0, 1)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	f.check()
-	require.Equal(t, 2, f.p.PagesInUse(), "landed writes stay while pinned")
+	require.Equal(t, 2, f.p.pages.InUse(), "landed writes stay while pinned")
 	require.Equal(t, int64(12*6), f.charged(), "landed clones stay charged while pinned")
 	require.False(t, f.handedBack(owned))
 
 	// A reader pins a's write too: the step's unpin releases nothing.
 	var reader Refs
-	f.p.Lock()
-	f.p.PinLocked(&reader, ra.Src[keyK])
-	f.p.PinLocked(&reader, ra.Src[keyK]) // once per refs
-	f.p.Unlock()
+	f.p.mu.Lock()
+	f.p.pinLocked(&reader, ra.Src[keyK])
+	f.p.pinLocked(&reader, ra.Src[keyK]) // once per refs
+	f.p.mu.Unlock()
 	require.EqualValues(t, 2, ra.Src[keyK].Pins.Load())
 	wa := ra.Src[keyK]
 	f.unpin(ra)
-	require.Equal(t, 2, f.p.PagesInUse(), "the reader still pins a's write")
+	require.Equal(t, 2, f.p.pages.InUse(), "the reader still pins a's write")
 	require.Equal(t, int64(12*2), f.charged(), "a's clone is released")
 	require.False(t, f.handedBack(owned))
 	f.p.Unpin(&reader)
-	require.Equal(t, 1, f.p.PagesInUse())
+	require.Equal(t, 1, f.p.pages.InUse())
 	require.True(t, f.handedBack(owned), "a's owned host tensor handed back")
 	require.Zero(t, wa.Pins.Load())
 	f.unpin(rb)
-	require.Zero(t, f.p.PagesInUse())
+	require.Zero(t, f.p.pages.InUse())
 	require.Zero(t, f.charged())
 	dev, _, _ := f.cd.live()
 	require.Zero(t, dev, "every clone freed")
@@ -58,10 +58,10 @@ func TestPathUnpinReleasesWrites(t *testing.T) {
 	f.fault.Hang()
 	rc := f.mustSave(f.step(nil, req{h: 2, slots: slotRange(16, 2)}))
 	f.unpin(rc)
-	require.Equal(t, 1, f.p.PagesInUse(), "a write not landed keeps its page")
+	require.Equal(t, 1, f.p.pages.InUse(), "a write not landed keeps its page")
 	f.fault.Release()
 	f.sync()
-	require.Zero(t, f.p.PagesInUse())
+	require.Zero(t, f.p.pages.InUse())
 	f.check()
 }
 
@@ -73,26 +73,26 @@ func TestPathResetDropsRows(t *testing.T) {
 	f := newFixture(t, false, nil)
 	f.mustSave(f.step([]kind{kDev, kDev, kDev}, req{h: 0, slots: slotRange(0, 6)}, req{h: 1, slots: slotRange(12, 3)}))
 	f.mustSave(f.decode(20, 24))
-	require.Equal(t, 1, f.p.Buffered())
+	require.Equal(t, 1, f.p.buf.K)
 	f.finish(0, 1) // no deferred rows may be in transit at a Reset
-	f.p.FlushFinished()
-	last := f.p.LastID()
+	f.p.flushFinished()
+	last := f.p.nextID
 	require.NoError(t, f.p.Reset())
-	require.Zero(t, f.p.Buffered(), "Reset writes out the decode buffer")
+	require.Zero(t, f.p.buf.K, "Reset writes out the decode buffer")
 	for k := range f.want {
 		clear(f.want[k])
 	}
 	f.check()
-	ten := f.p.Tenancy()
+	ten := f.p.ten
 	for b := int32(0); b < int32(f.cfg.NumBlocks); b++ {
 		require.Greater(t, ten.Owner(b*int32(f.cfg.BlockSize)), last, "block %d: a read planned before the Reset fails", b)
 	}
 	for k := range f.cfg.Keys {
-		require.NotNil(t, f.p.Mirrors().Get(k), "key %d's mirror is kept", k)
+		require.NotNil(t, f.p.mirrors.Get(k), "key %d's mirror is kept", k)
 	}
 	f.mustSave(f.step(nil, req{h: 0, slots: slotRange(2, 6)}))
 	f.finish(0)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	f.check()
 }
@@ -103,16 +103,12 @@ func TestPathResetDropsRows(t *testing.T) {
 // the mirrors. (The fixture checks the counts; here the owned tensors and
 // mirrors.)
 func TestPathCloseReleasesPagesAndBudget(t *testing.T) {
-	for _, alloc := range []string{"lazy", "AllocPages", "AllocPagesAhead"} {
-		t.Run(alloc, func(t *testing.T) {
-			f := newFixture(t, false, nil)
-			switch alloc {
-			case "AllocPages":
-				require.NoError(t, f.p.AllocPages())
+	for _, alloc := range []Alloc{AllocLazy, AllocAll, AllocAhead} {
+		t.Run(allocName[alloc], func(t *testing.T) {
+			f := newFixture(t, false, func(c *Config) { c.Alloc = alloc })
+			if alloc == AllocAll {
 				_, host, _ := f.cd.live()
 				require.Equal(t, 1, host, "every page in one allocation")
-			case "AllocPagesAhead":
-				require.NoError(t, f.p.AllocPagesAhead())
 			}
 			var owned [][]byte
 			for i := int32(0); i < 3; i++ {
@@ -127,44 +123,47 @@ func TestPathCloseReleasesPagesAndBudget(t *testing.T) {
 			s.Pure = true
 			owned = append(owned, s.Out[keyK].Host)
 			f.mustSave(s)
-			require.Equal(t, 1, f.p.Buffered())
+			require.Equal(t, 1, f.p.buf.K)
 			f.finish(0)
-			f.p.FlushFinished()
+			f.p.flushFinished()
 			f.sync()
 			// Left parked, and consumed: only the buffer holds it.
 			f.unpin(f.mustSave(f.decode(21, 25)))
-			require.Equal(t, 1, f.p.Buffered())
+			require.Equal(t, 1, f.p.buf.K)
 			require.Positive(t, f.charged())
-			require.Positive(t, f.p.PagesInUse())
+			require.Positive(t, f.p.pages.InUse())
 			f.close() // unconsumed steps, request 1 and 2's deferred rows pending
 			for i, b := range owned {
 				require.True(t, f.handedBack(b), "owned host tensor %d", i)
 			}
 			for k := range f.cfg.Keys {
-				require.Nil(t, f.p.Mirrors().Get(k), "key %d's mirror freed", k)
+				require.Nil(t, f.p.mirrors.Get(k), "key %d's mirror freed", k)
 			}
 		})
 	}
 }
 
-// AllocPages that fails allocates nothing and fails nothing: the pages
-// are allocated on first use instead.
+var allocName = map[Alloc]string{AllocLazy: "lazy", AllocAll: "all", AllocAhead: "ahead"}
+
+// A staging allocation at NewPath that the device refuses fails NewPath
+// with the device's error, holding nothing: no page, no device buffer, no
+// committer left running (a path made afterwards on the healed device
+// works).
 func TestPathAllocPagesFailure(t *testing.T) {
-	for _, ahead := range []bool{false, true} {
-		t.Run(map[bool]string{false: "AllocPages", true: "AllocPagesAhead"}[ahead], func(t *testing.T) {
-			f := newFixture(t, true, nil)
-			f.fault.FailOpAfter(gputest.OpAllocHost, 0)
-			var err error
-			if ahead {
-				err = f.p.AllocPagesAhead()
-			} else {
-				err = f.p.AllocPages()
-			}
+	for _, alloc := range []Alloc{AllocAll, AllocAhead} {
+		t.Run(allocName[alloc], func(t *testing.T) {
+			cd := newCountDev()
+			fault := gputest.NewFaulty(cd)
+			fault.FailOpAfter(gputest.OpAllocHost, 0)
+			cfg := defaultConfig()
+			cfg.Dev, cfg.Alloc = fault, alloc
+			p, err := NewPath(cfg)
 			require.ErrorIs(t, err, gpu.ErrAlloc)
-			_, host, _ := f.cd.live()
-			require.Zero(t, host, "nothing allocated")
-			require.NoError(t, f.p.Err(), "not a write failure")
-			f.fault.Heal()
+			require.Nil(t, p)
+			dev, host, bad := cd.live()
+			require.Zero(t, dev+host+bad, "nothing allocated, nothing freed twice")
+
+			f := newFixture(t, false, func(c *Config) { c.Alloc = alloc })
 			f.mustSave(f.step(nil, req{h: 0, slots: slotRange(0, 4)}))
 			f.sync()
 			f.check()
@@ -209,7 +208,7 @@ func TestPathImport(t *testing.T) {
 	x := &fetch{why: []error{nil, errors.New("not in the store"), nil}, gate: make(chan struct{})}
 	blocks := []int32{1, 2, 5}
 	for j, b := range blocks {
-		for _, k := range f.p.Layout().Imm {
+		for _, k := range (&f.p.lay).Imm {
 			rows := rowsOf(k, f.cfg.Keys[k].RowBytes, 1000+j, bs)
 			if x.why[j] != nil {
 				rows = nil
@@ -230,9 +229,9 @@ func TestPathImport(t *testing.T) {
 		}
 	}
 	id := f.p.PushImport(blocks, x)
-	require.Equal(t, f.p.LastID(), id)
-	require.NotZero(t, f.p.JoinSeq([][]int32{{5}}), "a hit on block 5 joins the import still fetching")
-	require.Zero(t, f.p.JoinSeq([][]int32{{6}}), "nothing lands in block 6")
+	require.Equal(t, f.p.nextID, id)
+	require.NotZero(t, f.p.joinSeq([][]int32{{5}}), "a hit on block 5 joins the import still fetching")
+	require.Zero(t, f.p.joinSeq([][]int32{{6}}), "nothing lands in block 6")
 	f.mustSave(f.step(nil, req{h: 0, slots: []int32{20, 21}})) // after the import: its rows win
 	close(x.gate)
 	f.sync()
@@ -240,7 +239,7 @@ func TestPathImport(t *testing.T) {
 	require.Equal(t, [][]error{x.why}, x.applied)
 	require.Equal(t, []bool{false}, x.failed)
 
-	f.p.Fail(errors.New("injected"))
+	f.p.fail(errors.New("injected"))
 	y := &fetch{rows: x.rows, why: make([]error, 3)}
 	f.p.PushImport(blocks, y)
 	require.ErrorIs(t, f.p.Sync(), errs.WriteFailed)
@@ -318,7 +317,7 @@ func TestPathGatherRidingBlocks(t *testing.T) {
 	g.mu.Lock()
 	require.Equal(t, map[uint64]bool{71: true, 73: false}, g.ok)
 	require.Equal(t, []bool{false}, g.done)
-	for ki, k := range f.p.Layout().Imm {
+	for ki, k := range (&f.p.lay).Imm {
 		rb := f.cfg.Keys[k].RowBytes
 		for i := 0; i < g.bs; i++ {
 			w := f.want[k][int32(4+i)]
@@ -338,7 +337,7 @@ func TestPathGatherRidingBlocks(t *testing.T) {
 	f.mustSave(f.step(nil, req{h: 0, slots: []int32{16}}))
 	rd.blocks, rd.keys = []int32{1}, []uint64{81}
 	f.mustSave(f.step(nil, req{h: 0, slots: []int32{17}}))
-	f.p.Fail(errors.New("injected"))
+	f.p.fail(errors.New("injected"))
 	f.fault.Release()
 	require.ErrorIs(t, f.p.Sync(), errs.WriteFailed)
 	g.mu.Lock()
@@ -352,30 +351,32 @@ func TestPathGatherRidingBlocks(t *testing.T) {
 // progress and histograms.
 func TestPathAccessors(t *testing.T) {
 	f := newFixture(t, false, func(c *Config) { c.Hists = NewHists() })
-	require.Equal(t, f.cfg.Dev, f.p.Device())
-	lay := f.p.Layout()
+	require.Equal(t, f.cfg.Dev, f.p.dev)
+	lay := (&f.p.lay)
 	require.Equal(t, []int{keyK, keyOpt}, lay.Imm)
 	require.Equal(t, []int{keyDef}, lay.Def)
 	require.Equal(t, []int{-1, -1, 0}, lay.DefIdx)
-	require.Nil(t, f.p.Occupancy(keyK))
-	require.NotNil(t, f.p.Occupancy(keyDef))
-	require.Zero(t, f.p.PagesAllocating())
+	require.Nil(t, f.p.occ[keyK])
+	require.NotNil(t, f.p.occ[keyDef])
+	require.Zero(t, f.p.Usage().PagesAllocating)
 	f.mustSave(f.step(nil, req{h: 0, slots: slotRange(0, 2)}))
-	f.p.Kick()
+	f.p.q.Kick()
 	f.sync()
-	seq := f.p.Queue().Pushed()
-	require.True(t, f.p.Reached(seq))
-	require.Equal(t, f.p.Committer().EvenEpoch(), f.p.Committer().Epoch(), "no scatter in progress after Sync")
-	require.Positive(t, f.p.Mirrors().ResidentBytes())
-	_, _, n, _ := f.p.Hists().CommitterWait.Export(1)
+	seq := f.p.q.Pushed()
+	require.True(t, f.p.q.Reached(seq))
+	require.Equal(t, f.p.com.prog.EvenEpoch(), f.p.com.prog.Epoch(), "no scatter in progress after Sync")
+	require.Positive(t, f.p.mirrors.ResidentBytes())
+	_, _, n, _ := f.p.cfg.Hists.CommitterWait.Export(1)
 	require.Positive(t, n, "Sync's wait observed")
-	_, _, n, _ = f.p.Hists().PageWait.Export(1)
+	_, _, n, _ = f.p.cfg.Hists.PageWait.Export(1)
 	require.Positive(t, n, "the page claim observed")
-	ch, peak, limit := f.p.Budget()
-	require.Equal(t, int64(24), ch)
-	require.Equal(t, int64(24), peak)
-	require.Equal(t, f.cfg.Budget, limit)
+	u := f.p.Usage()
+	require.Equal(t, int64(24), u.BudgetCharged)
+	require.Equal(t, int64(24), u.BudgetPeak)
+	require.Equal(t, f.cfg.Budget, u.BudgetLimit)
+	require.Equal(t, f.p.mirrors.ResidentBytes(), u.MirrorBytes)
+	require.Same(t, f.p.com.Workers(), f.p.Parts().Workers)
 	// WaitDev bounds a wait on the device; a failure fails the path.
-	require.NoError(t, f.p.WaitDev(0))
-	require.NotNil(t, f.p.Committer().Workers())
+	require.NoError(t, f.p.waitDev(0))
+	require.NotNil(t, f.p.com.Workers())
 }

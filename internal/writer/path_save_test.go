@@ -49,7 +49,7 @@ func TestPathSaveImmediateLandsAtSlots(t *testing.T) {
 	f.fault.Release()
 	f.sync()
 	f.check()
-	st := f.p.Counters()
+	st := (&f.p.st)
 	require.EqualValues(t, 5, st.Tasks.Load(), "one task per step")
 	require.EqualValues(t, 2*2, st.Skipped.Load(), "the first write's row of slot 3 and the second's of slot 4 skipped, both keys")
 	f.unpin(refs...)
@@ -67,11 +67,11 @@ func TestPathOptionalKeysOmittedReadAbsent(t *testing.T) {
 	f := newFixture(t, false, nil)
 	f.mustSave(f.step(nil, req{h: 0, slots: slotRange(0, 8)}))
 	f.finish(0)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	f.check()
-	ten := f.p.Tenancy()
-	ki := f.p.Layout().ImmIdx[keyOpt]
+	ten := f.p.ten
+	ki := (&f.p.lay).ImmIdx[keyOpt]
 	require.False(t, ten.Absent(ki, 2))
 
 	r := f.mustSave(f.step([]kind{kHost, kOmit, kOmit}, req{h: 1, slots: slotRange(2, 4)}))
@@ -79,7 +79,7 @@ func TestPathOptionalKeysOmittedReadAbsent(t *testing.T) {
 	require.False(t, r.Omit[keyK])
 	require.True(t, r.Omit[keyDef], "refs mark the omitted deferred key")
 	for s := int32(2); s < 6; s++ {
-		st, _ := f.p.Occupancy(keyDef).Load(s)
+		st, _ := f.p.occ[keyDef].Load(s)
 		require.Equal(t, soa.Absent, st, "deferred slot %d turns absent at Save", s)
 	}
 	f.sync()
@@ -106,20 +106,20 @@ func TestPathRejectedTokensWrittenNowhere(t *testing.T) {
 	f := newFixture(t, false, nil)
 	f.mustSave(f.step(nil, req{h: 0, slots: slotRange(0, 4)}, req{h: 1, slots: slotRange(8, 4)}))
 	f.finish(0, 1)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	s := f.step(nil, req{h: 0, slots: slotRange(4, 4)}, req{h: 1, slots: slotRange(12, 4)})
 	s.Accepted = []int32{1, 4} // request 0 keeps one of its four tokens
 	f.mustSave(s)
 	f.finish(0, 1)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	f.check()
-	ten := f.p.Tenancy()
+	ten := f.p.ten
 	require.False(t, ten.Stale(4))
 	for sl := int32(5); sl < 8; sl++ {
 		require.True(t, ten.Stale(sl), "rejected slot %d", sl)
-		st, _ := f.p.Occupancy(keyDef).Load(sl)
+		st, _ := f.p.occ[keyDef].Load(sl)
 		require.Equal(t, soa.Absent, st, "rejected deferred slot %d", sl)
 	}
 }
@@ -147,7 +147,7 @@ func TestPathLargeStepSplitAcrossWorkers(t *testing.T) {
 	f.mustSave(f.step([]kind{kOwnDev, kHost}, req{h: 0, slots: slotRange(0, 90)}))
 	f.sync()
 	f.check()
-	_, _, cnt, _ := f.p.Hists().CopyBytes.Export(1)
+	_, _, cnt, _ := f.p.cfg.Hists.CopyBytes.Export(1)
 	require.Positive(t, cnt, "copies observed")
 }
 
@@ -163,33 +163,33 @@ func TestPathDecodeBufferParksUntilFlush(t *testing.T) {
 		require.True(t, f.p.BufferContinues([]int64{100, 101, 102}))
 		r := f.mustSave(f.decode(sl...))
 		refs = append(refs, r)
-		require.Equal(t, j+1, f.p.Buffered())
+		require.Equal(t, j+1, f.p.buf.K)
 		require.Same(t, refs[0].Src[keyK], r.Src[keyK], "parked steps share the buffer's write")
 		require.EqualValues(t, j*len(sl), r.SrcOff[keyK], "step %d's rows in the buffer's write", j)
 	}
 	require.False(t, f.p.BufferContinues([]int64{100, 101}), "other requests do not join the parked steps")
-	require.NoError(t, f.p.WaitSeq(f.p.Queue().Pushed()))
-	ten := f.p.Tenancy()
+	require.NoError(t, f.p.WaitSeq(f.p.q.Pushed()))
+	ten := f.p.ten
 	for _, sl := range slots {
 		for _, s := range sl {
 			require.False(t, ten.Written(s), "slot %d written while parked", s)
 		}
 	}
-	require.Equal(t, 1, f.p.PagesInUse(), "the parked steps share one page")
-	require.NoError(t, f.p.FlushBuffer())
-	require.Zero(t, f.p.Buffered())
-	require.EqualValues(t, 1, f.p.Counters().Flushes.Load())
-	require.NoError(t, f.p.WaitSeq(f.p.Queue().Pushed()))
+	require.Equal(t, 1, f.p.pages.InUse(), "the parked steps share one page")
+	f.p.flushBuffer(false)
+	require.Zero(t, f.p.buf.K)
+	require.EqualValues(t, 1, (&f.p.st).Flushes.Load())
+	require.NoError(t, f.p.WaitSeq(f.p.q.Pushed()))
 	f.check()
-	require.NoError(t, f.p.FlushBuffer(), "flushing an empty buffer")
-	require.EqualValues(t, 1, f.p.Counters().Flushes.Load(), "an empty buffer writes nothing")
+	f.p.flushBuffer(false) // an empty buffer: nothing to flush
+	require.EqualValues(t, 1, (&f.p.st).Flushes.Load(), "an empty buffer writes nothing")
 	f.unpin(refs...)
-	require.Zero(t, f.p.PagesInUse())
+	require.Zero(t, f.p.pages.InUse())
 	// Sync writes the buffer out too.
 	f.mustSave(f.decode(12, 13, 14))
 	f.mustSave(f.decode(0, 4, 8))
 	f.sync()
-	require.Zero(t, f.p.Buffered())
+	require.Zero(t, f.p.buf.K)
 	f.check()
 }
 
@@ -202,10 +202,10 @@ func TestPathDecodeBufferFlushesWhenFull(t *testing.T) {
 		for j := int32(0); j < 4; j++ {
 			f.mustSave(f.decode(j, 8+j))
 		}
-		require.Zero(t, f.p.Buffered(), "block_size steps flush")
-		require.EqualValues(t, 1, f.p.Counters().Flushes.Load())
+		require.Zero(t, f.p.buf.K, "block_size steps flush")
+		require.EqualValues(t, 1, (&f.p.st).Flushes.Load())
 		f.mustSave(f.decode(16, 20))
-		require.Equal(t, 1, f.p.Buffered())
+		require.Equal(t, 1, f.p.buf.K)
 		f.sync()
 		f.check()
 	})
@@ -214,11 +214,11 @@ func TestPathDecodeBufferFlushesWhenFull(t *testing.T) {
 		for j := int32(0); j < 3; j++ { // 3×5 rows fill the page
 			f.mustSave(f.decode(j, 8+j, 16+j, 24+j, 28+j))
 		}
-		require.Equal(t, 3, f.p.Buffered())
-		require.Zero(t, f.p.Counters().Flushes.Load())
+		require.Equal(t, 3, f.p.buf.K)
+		require.Zero(t, (&f.p.st).Flushes.Load())
 		f.mustSave(f.decode(3, 11, 19, 27, 31))
-		require.Equal(t, 1, f.p.Buffered(), "the full buffer was written before the step")
-		require.EqualValues(t, 1, f.p.Counters().Flushes.Load())
+		require.Equal(t, 1, f.p.buf.K, "the full buffer was written before the step")
+		require.EqualValues(t, 1, (&f.p.st).Flushes.Load())
 		f.sync()
 		f.check()
 	})
@@ -231,15 +231,15 @@ func TestPathDecodeBufferFlushesWhenFull(t *testing.T) {
 		require.Equal(t, int64(24*2), f.charged(), "the parked clones are charged")
 		// A reader of the parked rows holds the device copies past the
 		// write's landing; the last reader frees them.
-		require.True(t, f.p.BeginParkedRead(w), "parked rows are live on the device")
-		require.NoError(t, f.p.FlushBuffer())
+		require.True(t, f.p.beginParkedRead(w), "parked rows are live on the device")
+		f.p.flushBuffer(false)
 		f.sync()
 		f.check()
-		require.False(t, f.p.BeginParkedRead(w), "the rows are staged once the write landed")
+		require.False(t, f.p.beginParkedRead(w), "the rows are staged once the write landed")
 		dev, _, _ := f.cd.live()
 		require.Equal(t, 2, dev, "the clones stay for the reader")
 		require.Equal(t, int64(48), f.charged())
-		f.p.EndParkedRead(w)
+		f.p.endParkedRead(w)
 		dev, _, _ = f.cd.live()
 		require.Zero(t, dev, "the last reader frees the clones")
 		require.Zero(t, f.charged())
@@ -265,23 +265,23 @@ func TestPathDeferredLandAtFinish(t *testing.T) {
 	f.check() // deferred slots in transit, immediate ones landed
 	// Request 2 claims one of request 0's pending slots.
 	r2 := f.mustSave(f.step(nil, req{h: 2, slots: []int32{4, 30}}))
-	require.Zero(t, f.p.FlushFinished(), "nothing finished yet")
+	require.Zero(t, f.p.flushFinished(), "nothing finished yet")
 
 	f.finish(0)
-	seq := f.p.FlushFinished()
+	seq := f.p.flushFinished()
 	require.NotZero(t, seq)
 	require.NoError(t, f.p.WaitSeq(seq))
 	f.check() // request 0's rows committed, but slot 4's (request 2's, pending)
-	st, owner := f.p.Occupancy(keyDef).Load(4)
+	st, owner := f.p.occ[keyDef].Load(4)
 	require.Equal(t, soa.InTransit, st)
 	require.Equal(t, r2.Src[keyDef].ID, owner, "slot 4 is request 2's")
 
 	f.finish(1, 2)
-	f.p.FlushFinished()
+	f.p.flushFinished()
 	f.sync()
 	f.check()
-	require.EqualValues(t, 2, f.p.Counters().DeferredWrites.Load())
-	require.Positive(t, f.p.Counters().Skipped.Load(), "request 0's row of slot 4 was skipped")
+	require.EqualValues(t, 2, (&f.p.st).DeferredWrites.Load())
+	require.Positive(t, (&f.p.st).Skipped.Load(), "request 0's row of slot 4 was skipped")
 	// Clones are released once landed and unpinned: only the owned host
 	// tensor goes back through ReleaseHost.
 	owned := refs[2].Src[keyDef].Owned[0]
@@ -302,7 +302,7 @@ func TestPathBudgetPressureForcesWritesOut(t *testing.T) {
 	require.Equal(t, int64(96), f.charged())
 	f.unpin(refs...) // unpinned: the clones may be forced out
 	f.mustSave(f.step(nil, req{h: 4, slots: []int32{16, 17}}))
-	require.EqualValues(t, 1, f.p.Counters().BudgetFlushes.Load())
+	require.EqualValues(t, 1, (&f.p.st).BudgetFlushes.Load())
 	f.land(0) // request 0's rows were forced out
 	f.sync()
 	f.check()
@@ -313,12 +313,12 @@ func TestPathBudgetPressureForcesWritesOut(t *testing.T) {
 	s := g.step([]kind{kDev, kDev}, req{h: 0, slots: []int32{0}})
 	s.Pure = true
 	g.mustSave(s)
-	require.Equal(t, 1, g.p.Buffered())
+	require.Equal(t, 1, g.p.buf.K)
 	s = g.step([]kind{kDev, kDev}, req{h: 0, slots: []int32{1}})
 	s.Pure = true
 	g.mustSave(s)
-	require.EqualValues(t, 1, g.p.Counters().BudgetFlushes.Load())
-	require.Equal(t, 1, g.p.Buffered(), "the first step was written out, the second parked")
+	require.EqualValues(t, 1, (&g.p.st).BudgetFlushes.Load())
+	require.Equal(t, 1, g.p.buf.K, "the first step was written out, the second parked")
 	g.sync()
 	g.check()
 }

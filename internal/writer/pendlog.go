@@ -121,11 +121,11 @@ func (p *Path) writeBlocks(sl []int32) []int32 {
 	return bl
 }
 
-// JoinSeq is the queue sequence a read of the immediate rows of the blocks
+// joinSeq is the queue sequence a read of the immediate rows of the blocks
 // in hits must wait for: that of the newest task handed over so far that
 // lands rows in one of them and has not finished (0: none). Engine
 // goroutine (the plan of a hit on immediate keys).
-func (p *Path) JoinSeq(hits [][]int32) uint64 {
+func (p *Path) joinSeq(hits [][]int32) uint64 {
 	l := &p.plog
 	if len(l.tasks) == 0 {
 		return 0
@@ -166,7 +166,7 @@ func (p *Path) JoinSeq(hits [][]int32) uint64 {
 	return 0
 }
 
-// joinScanSlots is the most slots of a write that JoinSeq checks slot by
+// joinScanSlots is the most slots of a write that joinSeq checks slot by
 // slot, without working out (and keeping) its blocks: a decode step's
 // write, a slot per request and so a block per slot, is checked in one pass
 // over its slots at each scan that reaches it, at no cost to the scans

@@ -30,9 +30,9 @@ func (r *Refs) Reset(nkeys int) {
 	clear(r.Omit)
 }
 
-// PinLocked pins w for r once. A pinned deferred clone's charge cannot be
+// pinLocked pins w for r once. A pinned deferred clone's charge cannot be
 // forced out of the budget (see reserve). Caller holds the state lock.
-func (p *Path) PinLocked(r *Refs, w *Write) {
+func (p *Path) pinLocked(r *Refs, w *Write) {
 	if slices.Contains(r.Pins, w) {
 		return
 	}
@@ -95,7 +95,7 @@ func (p *Path) newWrite(pg *Page, n int) *Write {
 
 // release frees what a write holds once nothing references it; locked
 // says the caller holds the state lock, so owned host buffers are queued
-// for HandBack instead of handed back now.
+// for handBack instead of handed back now.
 func (p *Path) release(w *Write, locked bool) {
 	if w.Page != nil {
 		p.pages.Release(w.Page)
@@ -229,13 +229,13 @@ func (p *Path) Unpin(r *Refs) {
 	clear(r.Src)
 	if locked {
 		p.mu.Unlock()
-		p.HandBack()
+		p.handBack()
 	}
 }
 
-// HandBack calls Config.ReleaseHost for the owned host buffers released
+// handBack calls Config.ReleaseHost for the owned host buffers released
 // under the state lock. Call it without the lock.
-func (p *Path) HandBack() {
+func (p *Path) handBack() {
 	if p.cfg.ReleaseHost == nil {
 		return
 	}
@@ -252,10 +252,10 @@ func (p *Path) HandBack() {
 	}
 }
 
-// BeginParkedRead reports whether w's parked device rows are still live
-// and, if so, registers a reader that must call EndParkedRead. Otherwise
+// beginParkedRead reports whether w's parked device rows are still live
+// and, if so, registers a reader that must call endParkedRead. Otherwise
 // the rows are in w.Staged. Any goroutine.
-func (p *Path) BeginParkedRead(w *Write) bool {
+func (p *Path) beginParkedRead(w *Write) bool {
 	p.mu.Lock()
 	live := w.DevLive
 	if live {
@@ -265,9 +265,9 @@ func (p *Path) BeginParkedRead(w *Write) bool {
 	return live
 }
 
-// EndParkedRead ends a read registered by BeginParkedRead, freeing the
+// endParkedRead ends a read registered by beginParkedRead, freeing the
 // device rows when the committer left them to the last reader.
-func (p *Path) EndParkedRead(w *Write) {
+func (p *Path) endParkedRead(w *Write) {
 	p.mu.Lock()
 	w.DevReads--
 	if w.DevReads == 0 && w.DevRelease {
@@ -281,7 +281,7 @@ func (p *Path) EndParkedRead(w *Write) {
 type committerOwner struct{ p *Path }
 
 func (o committerOwner) Failed() bool   { return o.p.failed.Load() != nil }
-func (o committerOwner) Fail(err error) { o.p.Fail(err) }
+func (o committerOwner) Fail(err error) { o.p.fail(err) }
 
 // Staged releases the device copies a write held until its rows were
 // host-ready: step clones, and parked device rows (or leaves those to the
@@ -296,7 +296,7 @@ func (o committerOwner) Staged(w *Write) {
 		return
 	}
 	p := o.p
-	p.mu.Lock() // readers register on parked rows under it (BeginParkedRead)
+	p.mu.Lock() // readers register on parked rows under it (beginParkedRead)
 	if w.DevReads == 0 {
 		p.freeDev(w)
 	} else {

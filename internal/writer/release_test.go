@@ -27,7 +27,7 @@ func TestUnpinPinnedChargeRace(t *testing.T) {
 	for i := range iters {
 		var r1, r2 Refs
 		p.mu.Lock()
-		p.PinLocked(&r1, w)
+		p.pinLocked(&r1, w)
 		p.mu.Unlock()
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -39,7 +39,7 @@ func TestUnpinPinnedChargeRace(t *testing.T) {
 		for range 1 + i%4 {
 			runtime.Gosched()
 		}
-		p.PinLocked(&r2, w) // the new step pins w: count two
+		p.pinLocked(&r2, w) // the new step pins w: count two
 		p.mu.Unlock()
 		// Wait until the consumer holds the lock, then drop the new step's
 		// pin lock-free, inside the consumer's locked unpin.

@@ -17,7 +17,7 @@ func (t *resetTask) RunInOrder(failed bool) {
 		return
 	}
 	p := t.p
-	p.com.epoch.Add(1) // odd: a reader that overlapped re-checks the owners
+	p.com.prog.BeginScatter() // odd: a reader that overlapped re-checks the owners
 	if p.ten != nil {
 		p.ten.Reset(t.id)
 	}
@@ -28,7 +28,7 @@ func (t *resetTask) RunInOrder(failed bool) {
 		}
 	}
 	p.mu.Unlock()
-	p.com.endScatter()
+	p.com.prog.EndScatter()
 }
 
 // Reset writes out the decode buffer, waits until every write handed over

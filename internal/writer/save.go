@@ -68,9 +68,7 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 	}
 	park := s.Pure && imm
 	if park && p.buf.K > 0 && !p.buf.Fits(n, p.cap) {
-		if err := p.FlushBuffer(); err != nil {
-			return err
-		}
+		p.flushBuffer(false)
 	}
 	immNeed := p.cloneNeed(s)
 	var defNeed int64
@@ -121,7 +119,7 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 		return err
 	}
 	if cloneEv != 0 {
-		return p.WaitDev(cloneEv)
+		return p.waitDev(cloneEv)
 	}
 	return nil
 }
@@ -142,11 +140,11 @@ func (p *Path) preClone(s *Step) (gpu.Event, error) {
 		}
 		clone, err := p.dev.Alloc(nb)
 		if err != nil {
-			return 0, p.Fail(err)
+			return 0, p.fail(err)
 		}
 		p.pre[k] = clone
 		if err := p.dev.CopyDtoD(clone, 0, t.Dev, 0, nb); err != nil {
-			return 0, p.Fail(err)
+			return 0, p.fail(err)
 		}
 		p.st.Cloned.Add(int64(nb))
 		any = true
@@ -156,7 +154,7 @@ func (p *Path) preClone(s *Step) (gpu.Event, error) {
 	}
 	ev, err := p.dev.Record()
 	if err != nil {
-		return 0, p.Fail(err)
+		return 0, p.fail(err)
 	}
 	return ev, nil
 }
@@ -225,7 +223,7 @@ func (p *Path) claimPage(cold bool) (*Page, error) {
 			// ahead in the background (Spare).
 			if pg.Mem, err = p.spare.Get(); err != nil {
 				p.pages.Release(pg)
-				return nil, p.Fail(fmt.Errorf("staging page: %w", err))
+				return nil, p.fail(fmt.Errorf("staging page: %w", err))
 			}
 		}
 		return pg, nil
@@ -351,7 +349,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 		ev, err := p.late.issue(p.dev, nimm, w)
 		if err != nil {
 			p.release(w, false)
-			return p.Fail(err)
+			return p.fail(err)
 		}
 		w.lateEv, w.lateIssued = ev, true
 	}
@@ -363,7 +361,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 		var err error
 		if ev, err = p.dev.Record(); err != nil {
 			p.release(w, false)
-			return p.Fail(err)
+			return p.fail(err)
 		}
 		if err := p.join(ev); err != nil {
 			p.release(w, false)
@@ -379,7 +377,7 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 		refs.Src[k], refs.SrcOff[k], refs.Omit[k] = w, 0, w.Absent[ki]
 	}
 	w.Owners = 1
-	p.PinLocked(refs, w)
+	p.pinLocked(refs, w)
 	p.refillWrites()
 	p.mu.Unlock()
 	p.handOver(w, ev, lazy, s.Blocks, true)
@@ -458,29 +456,25 @@ func (p *Path) park(s *Step, refs *Refs, pg *Page, need int64) error {
 	p.buf.K++
 	p.st.Buffered.Add(1)
 	if p.buf.K == p.lay.BlockSize {
-		return p.flushBuffer(true)
+		p.flushBuffer(true)
 	}
 	return nil
 }
 
-// FlushBuffer writes the parked steps as one task: the committer copies
-// the device-parked rows into the buffer's page (one batch of copies,
-// CopyLate) and then scatters them. The engine goroutine only hands the
-// write over: a flush costs it no device call (after an idle forward a
-// batch of copies and an event record are tens of µs of driver time).
-// Engine goroutine.
-func (p *Path) FlushBuffer() error { return p.flushBuffer(false) }
-
-// flushBuffer is FlushBuffer; own says the buffer holds the rows of the
-// step being saved (it filled the buffer: see Rider).
-func (p *Path) flushBuffer(own bool) error {
+// flushBuffer writes the parked steps (if any) as one task: the committer
+// copies the device-parked rows into the buffer's page (one batch of
+// copies, CopyLate) and then scatters them. The engine goroutine only
+// hands the write over: a flush costs it no device call (after an idle
+// forward a batch of copies and an event record are tens of µs of driver
+// time). own says the buffer holds the rows of the step being saved (it
+// filled the buffer: see Rider). Engine goroutine.
+func (p *Path) flushBuffer(own bool) {
 	w := p.buf.Take()
 	if w == nil {
-		return nil
+		return
 	}
 	p.handOver(w, 0, true, nil, own) // nothing waits for a flush until a read or a page does: they wake the committer
 	p.st.Flushes.Add(1)
-	return nil
 }
 
 // join is the save-side join point of writes of host rows: before such a
@@ -490,7 +484,7 @@ func (p *Path) flushBuffer(own bool) error {
 func (p *Path) join(ev gpu.Event) error {
 	prev := p.lastEv[0]
 	p.lastEv[0], p.lastEv[1] = p.lastEv[1], ev
-	return p.WaitDev(prev)
+	return p.waitDev(prev)
 }
 
 // rejectRows returns, per row of step s, whether its token was rejected

@@ -62,7 +62,7 @@ func (t *importTask) RunInOrder(failed bool) {
 		neg[i] = -1
 	}
 	t0 := time.Now()
-	c.epoch.Add(1)
+	c.prog.BeginScatter()
 	for j, b := range t.blocks {
 		for i := range sl {
 			sl[i] = b*int32(bs) + int32(i)
@@ -82,7 +82,7 @@ func (t *importTask) RunInOrder(failed bool) {
 		p.ten.Publish(sl, sl, t.id)
 		p.st.Rows.Add(int64(bs * nimm))
 	}
-	c.endScatter()
+	c.prog.EndScatter()
 	p.st.CommitNanos.Add(int64(time.Since(t0)))
 	t.f.Applied(why, false)
 }

@@ -73,7 +73,7 @@ type Write struct {
 	DevCharge  int64
 	// CopyLate: the write has device rows; their device→host copies (Dev
 	// into Staged) are the committer's to issue, not the engine
-	// goroutine's (see Path.writeStep and Path.FlushBuffer).
+	// goroutine's (see Path.writeStep and Path.flushBuffer).
 	CopyLate bool
 	// Direct: a one-step write whose device rows the committer copies
 	// straight into the mirror (Config.Direct), never into Staged: they

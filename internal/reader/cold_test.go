@@ -62,7 +62,7 @@ func coldWorld(t *testing.T) (w *world, s *Step, release func()) {
 	w.blocks[3] = []int32{3}
 	_, err := w.read(w.step([]sched{{1, 0, 4}}))
 	require.NoError(t, err)
-	require.NoError(t, w.p.Sync())
+	require.NoError(t, w.f.sync())
 	w.rd.Freed(nil)
 	entered, release := holdFresh(t)
 	s = w.step([]sched{{3, 0, 2}, {2, 4, 2}}, Hit{Index: 1, Tokens: 4, Blocks: []int32{1}})
@@ -81,7 +81,7 @@ func TestColdBuffersConsumerWithRoomReadsItself(t *testing.T) {
 	for _, subset := range []bool{false, true} {
 		t.Run(fmt.Sprintf("subset=%v", subset), func(t *testing.T) {
 			w, s, release := coldWorld(t)
-			ahead := w.p.Parts().Counters.ReadsAhead.Load()
+			ahead := (&w.f.st).ReadsAhead.Load()
 			w.sized = true
 			var d *dest
 			var err error
@@ -95,26 +95,26 @@ func TestColdBuffersConsumerWithRoomReadsItself(t *testing.T) {
 				wantRows(t, d, 0, 3, 0, 3, 0)
 				wantRows(t, d, 1, 1, 4, 2, 0)
 			}
-			require.Equal(t, ahead+1, w.p.Parts().Counters.ReadsAhead.Load(), "read by the consumer")
+			require.Equal(t, ahead+1, (&w.f.st).ReadsAhead.Load(), "read by the consumer")
 			require.Zero(t, w.rd.ReadAheadBytes(), "the charge is back once the consumer served the read")
 			require.Zero(t, w.rd.poolBytes(), "the committer still holds the buffers it makes")
 			release()
-			require.NoError(t, w.p.Sync())
+			require.NoError(t, w.f.sync())
 			require.Equal(t, []*Step{s}, w.rd.Freed(nil), "released once the committer passed the read")
 			require.Positive(t, w.rd.poolBytes(), "the new buffers wait in the pool")
 
 			testHookFresh = func(int) { t.Error("a new buffer was made though the pool holds one") }
 			w.blocks[4] = []int32{1, 6}
 			w.blocks[5] = []int32{7}
-			used := w.p.Parts().Counters.PrefetchUsed.Load()
+			used := (&w.f.st).PrefetchUsed.Load()
 			s2 := w.step([]sched{{5, 0, 2}, {4, 4, 2}}, Hit{Index: 1, Tokens: 4, Blocks: []int32{1}})
-			require.NoError(t, w.p.Sync()) // the committer read it
+			require.NoError(t, w.f.sync()) // the committer read it
 			w.sized = false
 			d, err = w.read(s2)
 			require.NoError(t, err)
 			wantRows(t, d, 0, 5, 0, 5, 0)
 			wantRows(t, d, 1, 1, 4, 4, 0)
-			require.Equal(t, used+1, w.p.Parts().Counters.PrefetchUsed.Load(), "the committer's read, adopted")
+			require.Equal(t, used+1, (&w.f.st).PrefetchUsed.Load(), "the committer's read, adopted")
 		})
 	}
 }
@@ -124,15 +124,15 @@ func TestColdBuffersConsumerWithRoomReadsItself(t *testing.T) {
 // making): it waits for the committer's read and adopts its buffers.
 func TestColdBuffersConsumerWithoutRoomAdopts(t *testing.T) {
 	w, s, release := coldWorld(t)
-	ahead := w.p.Parts().Counters.ReadsAhead.Load()
-	used := w.p.Parts().Counters.PrefetchUsed.Load()
+	ahead := (&w.f.st).ReadsAhead.Load()
+	used := (&w.f.st).PrefetchUsed.Load()
 	time.AfterFunc(10*time.Millisecond, release) // the consumer waits by then (or not yet: it adopts either way)
 	d, err := w.read(s)
 	require.NoError(t, err)
 	wantRows(t, d, 0, 3, 0, 3, 0)
 	wantRows(t, d, 1, 1, 4, 2, 0)
-	require.Equal(t, ahead, w.p.Parts().Counters.ReadsAhead.Load(), "not read by the consumer")
-	require.Equal(t, used+1, w.p.Parts().Counters.PrefetchUsed.Load(), "the committer's read, adopted")
+	require.Equal(t, ahead, (&w.f.st).ReadsAhead.Load(), "not read by the consumer")
+	require.Equal(t, used+1, (&w.f.st).PrefetchUsed.Load(), "the committer's read, adopted")
 	require.Zero(t, w.rd.ReadAheadBytes())
 }
 
@@ -145,9 +145,9 @@ func TestColdBuffersOfACancelledStep(t *testing.T) {
 	require.Zero(t, w.rd.ReadAheadBytes(), "Cancel gave the charge back at once")
 	require.Empty(t, w.rd.Freed(nil), "the committer still holds the record")
 	release()
-	require.NoError(t, w.p.Sync())
+	require.NoError(t, w.f.sync())
 	require.Equal(t, []*Step{s}, w.rd.Freed(nil))
-	require.Zero(t, w.p.Parts().Counters.PrefetchUsed.Load(), "the skipped read served nothing")
+	require.Zero(t, (&w.f.st).PrefetchUsed.Load(), "the skipped read served nothing")
 	require.Positive(t, w.rd.poolBytes(), "the new buffers wait in the pool")
 }
 
@@ -161,10 +161,10 @@ func TestColdBuffersHandedBack(t *testing.T) {
 	entered, release := holdFresh(t)
 	s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}}) // block 3: never written
 	waitClosed(t, entered, "the committer making the read's buffers")
-	handed := w.p.Parts().Counters.HandedBack.Load()
+	handed := (&w.f.st).HandedBack.Load()
 	go func() {
 		deadline := time.Now().Add(waitBound)
-		for w.p.Parts().Counters.HandedBack.Load() == handed && time.Now().Before(deadline) {
+		for (&w.f.st).HandedBack.Load() == handed && time.Now().Before(deadline) {
 			time.Sleep(100 * time.Microsecond) // until the consumer handed the read back
 		}
 		release()
@@ -172,9 +172,9 @@ func TestColdBuffersHandedBack(t *testing.T) {
 	w.sized = true
 	d, err := w.read(s)
 	require.NoError(t, err)
-	require.Equal(t, handed+1, w.p.Parts().Counters.HandedBack.Load(), "the consumer took the read and handed it back")
+	require.Equal(t, handed+1, (&w.f.st).HandedBack.Load(), "the consumer took the read and handed it back")
 	require.ErrorIs(t, d.errs[0], errs.AbsentRequired, "the committer read it and found block 3 absent")
-	require.Equal(t, int64(1), w.p.Parts().Counters.PrefetchUsed.Load())
+	require.Equal(t, int64(1), (&w.f.st).PrefetchUsed.Load())
 	require.Zero(t, w.rd.ReadAheadBytes())
 }
 

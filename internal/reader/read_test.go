@@ -1,24 +1,22 @@
 package reader
 
-// The read path's own behaviour, driven through a real write path
-// (writer.Path) on the host device the way the cache drives them: a step's
-// record is made, its hits charged and planned at Begin (prefetch) or at
-// Save, its rows handed to Path.Save, and it is consumed by Read and
-// Release, or given up by Cancel.
+// The read path's own behaviour, driven against a fake write path
+// (fakeWrites: the semantics the read relies on, over the write path's
+// tables) the way the cache drives them: a step's record is made, its hits
+// charged and planned at Begin (prefetch) or at Save, its rows handed to
+// the write path, and it is consumed by Read and Release, or given up by
+// Cancel.
 
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/writer"
-	"github.com/omnicache/omnicache/soa"
 )
 
 const (
@@ -30,21 +28,21 @@ const (
 // The keys: a required hidden state and an optional per-token tensor.
 var testKeys = []writer.KeySpec{{Name: "hidden", RowBytes: 16}, {Name: "aux", RowBytes: 8, Optional: true}}
 
-// rowOf is the content of key k's row at position pos of request id:
-// distinct for every (id, k, pos).
-func rowOf(id int64, k, pos int) []byte {
-	b := make([]byte, testKeys[k].RowBytes)
+// rowOf is the content of a row of rb bytes of key k at position pos of
+// request id: distinct for every (id, k, pos).
+func rowOf(rb int, id int64, k, pos int) []byte {
+	b := make([]byte, rb)
 	for i := range b {
 		b[i] = byte(int(id)*53 + k*29 + pos*7 + i + 1)
 	}
 	return b
 }
 
-// rowsOf are rowOf's rows of positions [pos, pos+n).
-func rowsOf(id int64, k, pos, n int) []byte {
+// rowsOf are rowOf's rows of key k (of keys) of positions [pos, pos+n).
+func rowsOf(keys []writer.KeySpec, id int64, k, pos, n int) []byte {
 	var b []byte
 	for p := pos; p < pos+n; p++ {
-		b = append(b, rowOf(id, k, p)...)
+		b = append(b, rowOf(keys[k].RowBytes, id, k, p)...)
 	}
 	return b
 }
@@ -52,7 +50,7 @@ func rowsOf(id int64, k, pos, n int) []byte {
 // world is a write path and its read path, and a block table.
 type world struct {
 	t      *testing.T
-	p      *writer.Path
+	f      *fakeWrites
 	rd     *Reader
 	nextID uint64
 	blocks map[int64][]int32 // per request: its blocks, in position order
@@ -60,24 +58,19 @@ type world struct {
 	// sized: read sizes the destination of a whole prefetched step too
 	// (a Result that held as many rows before).
 	sized bool
+	keys  []writer.KeySpec
+	omit  map[int]bool // keys the next steps omit (optional keys only)
 }
 
 func newWorld(t *testing.T, opt Options) *world {
+	return newWorldOf(t, testKeys, opt)
+}
+
+// newWorldOf is newWorld with other keys (rowOf's key indices are theirs).
+func newWorldOf(t *testing.T, keys []writer.KeySpec, opt Options) *world {
 	t.Helper()
-	p, err := writer.NewPath(writer.Config{
-		Dev: gpu.NewHost(), NumBlocks: testBlocks, BlockSize: testBS, Keys: testKeys,
-		StagingDepth: 4, Capacity: 64, ClaimTimeout: waitBound, Budget: 1 << 20, ChunkBytes: 1 << 20,
-		WaitTimeout: waitBound, CopyWorkers: 1,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(time.Now().Add(waitBound), nil); err != nil {
-			t.Error(err)
-		}
-	})
-	return &world{t: t, p: p, rd: New(p, p.Parts(), opt), blocks: map[int64][]int32{}}
+	f := newFakeWrites(t, testBlocks, testBS, keys)
+	return &world{t: t, f: f, rd: New(f, &f.parts, opt), blocks: map[int64][]int32{}, keys: keys}
 }
 
 // sched is a request of a step: tokens [start, start+n) of request id.
@@ -88,36 +81,37 @@ type sched struct {
 
 // step makes the record of a step of reqs with hits (Hit.Index in reqs),
 // plans its hit read as the cache does (at "Begin" when the read-ahead
-// budget takes it, else after Save), and saves its rows (every key, host
-// tensors).
+// budget takes it, else after Save), and saves its rows (every key but
+// those w.omit names).
 func (w *world) step(reqs []sched, hits ...Hit) *Step {
 	w.t.Helper()
 	s := &Step{}
-	s.Reset(len(testKeys))
+	s.Reset(len(w.keys))
 	w.nextID++
 	s.ID = w.nextID
-	ws := &writer.Step{Out: make([]writer.Src, len(testKeys))}
-	for i, r := range reqs {
+	var slots []int32
+	rows := make([][]byte, len(w.keys))
+	for _, r := range reqs {
 		s.IDs = append(s.IDs, r.id)
 		s.Start = append(s.Start, int32(r.start))
 		s.Count = append(s.Count, int32(r.n))
-		ws.Handles = append(ws.Handles, soa.Handle(i))
 		for pos := r.start; pos < r.start+r.n; pos++ {
 			bl := w.blocks[r.id]
 			require.Less(w.t, pos/testBS, len(bl), "request %d has no block for position %d", r.id, pos)
-			ws.Slots = append(ws.Slots, bl[pos/testBS]*testBS+int32(pos%testBS))
+			slots = append(slots, bl[pos/testBS]*testBS+int32(pos%testBS))
 		}
-		for k := range testKeys {
-			ws.Out[k].Host = append(ws.Out[k].Host, rowsOf(r.id, k, r.start, r.n)...)
+		for k := range w.keys {
+			if !w.omit[k] {
+				rows[k] = append(rows[k], rowsOf(w.keys, r.id, k, r.start, r.n)...)
+			}
 		}
 	}
-	ws.IDs, ws.Count = s.IDs, s.Count
 	planned := false
 	if len(hits) > 0 && w.rd.Charge(s, hits) {
 		w.rd.Plan(s, hits) // Begin: behind the writes handed over so far
 		planned = true
 	}
-	require.NoError(w.t, w.p.Save(ws, &s.Refs), "Save")
+	w.f.save(slots, rows, &s.Refs)
 	if len(hits) > 0 && !planned {
 		w.rd.Plan(s, hits) // behind the step's own rows
 	}
@@ -127,14 +121,15 @@ func (w *world) step(reqs []sched, hits ...Hit) *Step {
 // dest is a Result-like Dest: per asked request its prefix and step rows,
 // one buffer per key, requests in the order asked.
 type dest struct {
+	spec   []writer.KeySpec
 	off, n []int // per asked request: its first row, its rows
 	keys   [][]byte
 	errs   []error
 	into   bool // the buffers are the caller's: nothing adopted
 }
 
-func newDest(s *Step, asked []int) *dest {
-	d := &dest{keys: make([][]byte, len(testKeys)), errs: make([]error, len(asked))}
+func newDest(s *Step, keys []writer.KeySpec, asked []int) *dest {
+	d := &dest{spec: keys, keys: make([][]byte, len(keys)), errs: make([]error, len(asked))}
 	rows := 0
 	for _, i := range asked {
 		n := int(s.Prefix(i) + s.Count[i])
@@ -145,7 +140,7 @@ func newDest(s *Step, asked []int) *dest {
 }
 
 func (d *dest) Rows(qi, k int) []byte {
-	rb := testKeys[k].RowBytes
+	rb := d.spec[k].RowBytes
 	return d.keys[k][d.off[qi]*rb : (d.off[qi]+d.n[qi])*rb]
 }
 
@@ -155,7 +150,7 @@ func (d *dest) Size() {
 		rows = d.off[n-1] + d.n[n-1]
 	}
 	for k := range d.keys {
-		d.keys[k] = make([]byte, rows*testKeys[k].RowBytes)
+		d.keys[k] = make([]byte, rows*d.spec[k].RowBytes)
 	}
 }
 
@@ -166,7 +161,7 @@ func (d *dest) Fits() bool {
 		rows = d.off[n-1] + d.n[n-1]
 	}
 	for k := range d.keys {
-		if cap(d.keys[k]) < rows*testKeys[k].RowBytes {
+		if cap(d.keys[k]) < rows*d.spec[k].RowBytes {
 			return false
 		}
 	}
@@ -203,7 +198,7 @@ func (w *world) read(s *Step, asked ...int) (*dest, error) {
 	for _, i := range asked {
 		s.Qidx = append(s.Qidx, int32(i))
 	}
-	d := newDest(s, asked)
+	d := newDest(s, w.keys, asked)
 	d.into = w.into
 	if !all || !s.Prefetched() || d.into || w.sized {
 		d.Size() // else the read adopts the prefetched buffers
@@ -225,24 +220,11 @@ func (w *world) read(s *Step, asked ...int) (*dest, error) {
 func wantRows(t *testing.T, d *dest, qi int, owner int64, pre int, id int64, from int) {
 	t.Helper()
 	require.NoError(t, d.errs[qi], "request %d failed", id)
-	for k := range testKeys {
-		want := append(rowsOf(owner, k, from, pre), rowsOf(id, k, from+pre, d.n[qi]-pre)...)
-		require.Equal(t, want, d.Rows(qi, k), "key %q of request %d", testKeys[k].Name, id)
+	for k := range d.keys {
+		want := append(rowsOf(d.spec, owner, k, from, pre), rowsOf(d.spec, id, k, from+pre, d.n[qi]-pre)...)
+		require.Equal(t, want, d.Rows(qi, k), "key %q of request %d", d.spec[k].Name, id)
 	}
 }
-
-// hold queues in-order work that holds the committer until the returned
-// func is called: nothing queued after it runs meanwhile.
-func hold(p *writer.Path) (release func()) {
-	g := make(gate)
-	p.PushRead(g)
-	p.Parts().Progress.Kick()
-	return sync.OnceFunc(func() { close(g) })
-}
-
-type gate chan struct{}
-
-func (g gate) RunInOrder(bool) { <-g }
 
 // A hit read returns the rows the writes before its plan landed: request
 // 2 hits request 1's two blocks and computes two more rows; its result is
@@ -264,19 +246,19 @@ func TestReadServesTheRowsAWriteLanded(t *testing.T) {
 			require.NoError(t, err)
 			wantRows(t, d, 0, 1, 0, 1, 0)
 
-			hits := w.p.Parts().Counters.HitRows.Load()
+			hits := (&w.f.st).HitRows.Load()
 			s2 := w.step([]sched{{3, 0, 3}, {2, 8, 2}}, Hit{Index: 1, Tokens: 8, Blocks: []int32{1, 2}})
 			require.Equal(t, prefetch, s2.Prefetched())
 			require.True(t, s2.HasHits())
 			if tc.into {
 				// the committer's read ahead done: Read serves its buffers
-				require.NoError(t, w.p.Sync())
+				require.NoError(t, w.f.sync())
 			}
 			d, err = w.read(s2)
 			require.NoError(t, err)
 			wantRows(t, d, 0, 3, 0, 3, 0)
 			wantRows(t, d, 1, 1, 8, 2, 0) // request 1's rows 0..7, then its own 8, 9
-			require.Equal(t, hits+8, w.p.Parts().Counters.HitRows.Load(), "hit rows served")
+			require.Equal(t, hits+8, (&w.f.st).HitRows.Load(), "hit rows served")
 
 			s3 := w.step([]sched{{3, 3, 1}, {2, 10, 1}})
 			d, err = w.read(s3, 1)
@@ -314,7 +296,7 @@ func TestReadRefusesAReassignedBlock(t *testing.T) {
 			require.NoError(t, err)
 			s2 := w.step([]sched{{2, 4, 1}, {4, 0, 2}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{5}})
 			w.step([]sched{{3, 0, 4}}) // rewrites block 5; never consumed here
-			require.NoError(t, w.p.Sync())
+			require.NoError(t, w.f.sync())
 
 			d, err := w.read(s2)
 			require.NoError(t, err, "a request that cannot be served fails alone")
@@ -340,7 +322,7 @@ func TestReadRefusesAbsentRequiredRows(t *testing.T) {
 			w := newWorld(t, Options{Prefetch: prefetch, Budget: 1 << 20})
 			w.blocks[1] = []int32{3, 4}
 			s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}})
-			require.NoError(t, w.p.Sync())
+			require.NoError(t, w.f.sync())
 			d, err := w.read(s)
 			require.NoError(t, err)
 			require.ErrorIs(t, d.errs[0], errs.AbsentRequired)
@@ -366,15 +348,15 @@ func TestReleaseRecyclesRecords(t *testing.T) {
 
 	s2 := w.step([]sched{{2, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{1}})
 	require.True(t, s2.Prefetched())
-	require.NoError(t, w.p.Sync()) // the committer's read ran and dropped its reference
+	require.NoError(t, w.f.sync()) // the committer's read ran and dropped its reference
 	_, err = w.read(s2)
 	require.NoError(t, err)
 	s3 := w.step([]sched{{2, 5, 1}})
 	w.rd.Cancel(s3)
 	require.ElementsMatch(t, []*Step{s2, s3}, w.rd.Freed(nil))
 	require.Empty(t, w.rd.Freed(nil), "each record is handed over once")
-	require.NoError(t, w.p.Sync())
-	require.Zero(t, w.p.Usage().PagesInUse, "the released steps' pages came back")
+	require.NoError(t, w.f.sync())
+	require.Zero(t, w.f.liveWrites(), "the released steps' writes went back")
 
 	for i := 0; i < MaxFreeSteps+6; i++ {
 		s := &Step{}
@@ -395,10 +377,10 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 	s1 := w.step([]sched{{1, 0, 4}})
 	_, err := w.read(s1)
 	require.NoError(t, err)
-	require.NoError(t, w.p.Sync())
+	require.NoError(t, w.f.sync())
 	w.rd.Freed(nil)
 
-	release := hold(w.p)
+	release := w.f.hold()
 	defer release()
 	s2 := w.step([]sched{{2, 4, 2}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{1}})
 	require.True(t, s2.Prefetched())
@@ -407,16 +389,16 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 		want += int64(4+2) * int64(k.RowBytes) // prefix and step rows of every key
 	}
 	require.Equal(t, want, w.rd.ReadAheadBytes(), "the step's buffers are charged from Begin")
-	dropped := w.p.Parts().Counters.PrefetchDropped.Load()
+	dropped := (&w.f.st).PrefetchDropped.Load()
 	w.rd.Cancel(s2)
 	require.Zero(t, w.rd.ReadAheadBytes(), "Cancel gave the charge back at once")
-	require.Equal(t, dropped+1, w.p.Parts().Counters.PrefetchDropped.Load())
+	require.Equal(t, dropped+1, (&w.f.st).PrefetchDropped.Load())
 	require.Empty(t, w.rd.Freed(nil), "the committer still holds the record")
 	release()
-	require.NoError(t, w.p.Sync())
+	require.NoError(t, w.f.sync())
 	require.Equal(t, []*Step{s2}, w.rd.Freed(nil), "freed once the committer passed the skipped read")
 	require.Zero(t, w.rd.ReadAheadBytes())
-	require.Zero(t, w.p.Parts().Counters.PrefetchUsed.Load(), "the skipped read served nothing")
+	require.Zero(t, (&w.f.st).PrefetchUsed.Load(), "the skipped read served nothing")
 }
 
 // A read ahead the consumer hands back (a request it cannot serve) is run
@@ -428,7 +410,7 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 func TestHandedBackReadRunsOnTheCommitter(t *testing.T) {
 	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
 	w.blocks[1] = []int32{3, 4}
-	release := hold(w.p) // the committer reaches the read only once the consumer reads
+	release := w.f.hold() // the committer reaches the read only once the consumer reads
 	defer release()
 	s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}}) // block 3: never written
 	require.True(t, s.Prefetched())
@@ -453,12 +435,12 @@ func TestHandedBackReadRunsOnTheCommitter(t *testing.T) {
 	}
 	defer func() { testHookReadingAhead, testHookSawEngine = nil, nil }()
 
-	handed := w.p.Parts().Counters.HandedBack.Load()
+	handed := (&w.f.st).HandedBack.Load()
 	d, err := w.read(s)
 	require.NoError(t, err)
-	require.Equal(t, handed+1, w.p.Parts().Counters.HandedBack.Load(), "the consumer handed the read back")
+	require.Equal(t, handed+1, (&w.f.st).HandedBack.Load(), "the consumer handed the read back")
 	require.ErrorIs(t, d.errs[0], errs.AbsentRequired, "the committer read it and found block 3 absent")
-	require.Equal(t, int64(1), w.p.Parts().Counters.PrefetchUsed.Load())
+	require.Equal(t, int64(1), (&w.f.st).PrefetchUsed.Load())
 }
 
 // A prefetched step whose read the committer passed without running it
@@ -467,12 +449,12 @@ func TestHandedBackReadRunsOnTheCommitter(t *testing.T) {
 func TestUnrunPrefetchIsReadLate(t *testing.T) {
 	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
 	w.blocks[1] = []int32{3, 4}
-	release := hold(w.p)
+	release := w.f.hold()
 	s := w.step([]sched{{1, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{3}}) // block 3: never written
 	require.True(t, s.Prefetched())
 	s.pfState.Store(pfTaken) // the committer will find the read taken and skip it
 	release()
-	require.NoError(t, w.p.Sync())
+	require.NoError(t, w.f.sync())
 	d, err := w.read(s)
 	require.NoError(t, err)
 	require.ErrorIs(t, d.errs[0], errs.AbsentRequired)

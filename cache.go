@@ -24,11 +24,13 @@ type Cache struct {
 	rd    *reader.Reader
 	lay   *writer.Layout
 
-	// mu guards the saved steps not consumed yet, and the records Discard
-	// recycled (recFreeMu, see newRec).
-	mu        sync.Mutex
-	steps     []*reader.Step
-	recFreeMu []*reader.Step
+	// mu guards the saved steps not consumed yet, the delivery states
+	// (delivery.go) and the Materializes whose delivery is not recorded
+	// yet (reading, cut).
+	mu      sync.Mutex
+	steps   []saved
+	reading []*Result // taken, being read: what they deliver if served
+	cut     []cutRead // read while a replace cut them (an Abort may undo the cut)
 
 	eng    engine       // engine goroutine only
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
@@ -41,6 +43,9 @@ type Cache struct {
 
 	tl      *tierlink.Link // the tier's one link; nil without Config.Tier
 	hitWait *hist.H        // Materialize's hit reads (Config.Histograms; nil: off)
+	// testTaken, set by tests only, runs in Materialize between the take
+	// and the read.
+	testTaken func()
 
 	// gate is 2×(calls in flight) | 1 once Close began (see enter); Close
 	// waits until the last call left (idle is closed by it) before
@@ -192,9 +197,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		}
 	}
 	c.mu.Lock()
-	c.steps = append(c.steps, rec)
-	if len(e.recStash) == 0 {
-		e.recStash, c.recFreeMu = c.recFreeMu, e.recStash
+	c.steps = append(c.steps, saved{rec: rec, dl: e.batchD})
+	if len(c.cut) > 0 {
+		clear(c.cut) // the Begin whose replaces cut them stands: nothing to undo
+		c.cut = c.cut[:0]
 	}
 	c.mu.Unlock()
 	c.parts.Counters.Steps.Add(1)
@@ -262,8 +268,8 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 func (c *Cache) timeoutError(te *writer.TimeoutError) error {
 	c.mu.Lock()
 	ids := make([]StepID, 0, len(c.steps))
-	for _, r := range c.steps {
-		ids = append(ids, StepID(r.ID))
+	for _, sv := range c.steps {
+		ids = append(ids, StepID(sv.rec.ID))
 	}
 	c.mu.Unlock()
 	return &StagingTimeoutError{Depth: c.cfg.StagingDepth, Waited: te.Waited, Unconsumed: ids}
@@ -281,13 +287,9 @@ func (c *Cache) Discard(id StepID) error {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	rec, err := c.takeLocked(id, nil)
-	if err == nil && c.rd.CancelKept(rec) { // a prefetch not started yet is skipped
-		// the last reference: recycled here, under c.mu (see newRec)
-		c.path.Unpin(&rec.Refs)
-		if len(c.recFreeMu) < reader.MaxFreeSteps {
-			c.recFreeMu = append(c.recFreeMu, rec)
-		}
+	sv, err := c.takeLocked(id, nil)
+	if err == nil {
+		c.rd.Cancel(sv.rec) // a prefetch not started yet is skipped
 	}
 	c.mu.Unlock()
 	if err != nil {
@@ -306,6 +308,9 @@ func (c *Cache) Discard(id StepID) error {
 // (releasing its page and pins) and returns the failure. Any goroutine,
 // concurrently with Close too (it then completes or fails with ErrClosed).
 // A nil dst is ErrOutputs and leaves the step unconsumed.
+//
+// It takes the step, reads its rows, then records once what it delivered
+// (delivery.go): nothing is recorded for a request it did not serve.
 func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -315,32 +320,55 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		return fmt.Errorf("%w: nil Result (the step stays unconsumed)", ErrOutputs)
 	}
 	c.mu.Lock()
-	rec, err := c.takeLocked(id, reqs)
+	sv, err := c.takeLocked(id, reqs)
 	if err == nil {
-		var qidx []int32
-		nq := len(rec.IDs)
-		if reqs != nil {
-			qidx, nq = rec.Qidx, len(reqs)
-		}
-		c.deliverLocked(rec, qidx, nq, dst)
+		c.openDelivery(sv, reqs != nil, dst)
 	}
 	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
+	if c.testTaken != nil {
+		c.testTaken()
+	}
 	var imp *tierlink.Import
 	if c.tl != nil {
 		imp = c.tl.Take(uint64(id))
 	}
-	if err := c.path.Err(); err != nil {
-		c.drop(rec)
-		c.undeliver(dst, true)
+	err = c.read(sv.rec, reqs, dst)
+	if err == nil && imp != nil {
+		c.failImports(imp, dst)
+	}
+	c.deliver(dst, err == nil)
+	if err != nil {
+		dst.reset(c.lay.RowBytes) // nothing served
 		return err
 	}
-	if uint64(id) <= c.resetFence.Load() {
+	if dst.nfail > 0 {
+		re := &RequestError{Step: id}
+		for i, e := range dst.errs {
+			if e != nil {
+				re.IDs = append(re.IDs, dst.ids[i])
+				re.Errs = append(re.Errs, e)
+			}
+		}
+		return re
+	}
+	return nil
+}
+
+// read fills dst with the rows of the taken step rec for reqs (nil:
+// every request), leaving out what openDelivery left out at the front
+// and what a trim cut at the end, and releases rec. A sticky write
+// failure, or a Reset since the step was saved, fails it whole.
+func (c *Cache) read(rec *reader.Step, reqs []int64, dst *Result) error {
+	if err := c.path.Err(); err != nil {
 		c.drop(rec)
-		c.undeliver(dst, true)
-		return fmt.Errorf("%w: step %d", ErrReset, id)
+		return err
+	}
+	if rec.ID <= c.resetFence.Load() {
+		c.drop(rec)
+		return fmt.Errorf("%w: step %d", ErrReset, rec.ID)
 	}
 	all, nq := reqs == nil, len(reqs)
 	if all {
@@ -366,6 +394,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if !all || !rec.Prefetched() || !dst.adopts() {
 		dst.size() // else the read adopts the prefetched buffers
 	}
+	var err error
 	switch {
 	case c.hitWait == nil || !rec.HasHits():
 		err = c.rd.Read(rec, all, nq, dest{dst})
@@ -380,45 +409,24 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		c.hitWait.Observe(int64(time.Since(t0)))
 	}
 	c.drop(rec)
-	if err == nil {
-		// A request whose rows could not be served keeps its whole shape
-		// (zeros, Result.Err set): nothing of it was delivered.
-		for qi, skip := range dst.skip {
-			if skip > 0 && dst.errs[qi] == nil {
-				dst.trimFront(qi, skip) // rows the request already had (it resumed)
-			}
-		}
-		if trimmed {
-			for qi, n := range dst.keep {
-				if dst.errs[qi] == nil {
-					dst.trim(qi, n-dst.skip[qi])
-				}
-			}
-		}
-	}
-	if err == nil {
-		err = c.check()
-	}
 	if err != nil {
-		c.undeliver(dst, true)
-		dst.reset(c.lay.RowBytes) // nothing served
 		return err
 	}
-	if imp != nil {
-		c.failImports(imp, dst)
+	// A request whose rows could not be served keeps its whole shape
+	// (zeros, Result.Err set): nothing of it was delivered.
+	for qi, skip := range dst.skip {
+		if skip > 0 && dst.errs[qi] == nil {
+			dst.trimFront(qi, skip) // rows the request already had (it resumed)
+		}
 	}
-	if dst.nfail > 0 {
-		c.undeliver(dst, false)
-		re := &RequestError{Step: id}
-		for i, e := range dst.errs {
-			if e != nil {
-				re.IDs = append(re.IDs, dst.ids[i])
-				re.Errs = append(re.Errs, e)
+	if trimmed {
+		for qi, n := range dst.keep {
+			if dst.errs[qi] == nil {
+				dst.trim(qi, n-dst.skip[qi])
 			}
 		}
-		return re
 	}
-	return nil
+	return c.check()
 }
 
 // Sync writes out the decode buffer and waits until every write handed to
@@ -526,8 +534,8 @@ func (c *Cache) Close() error {
 		}
 		c.mu.Lock()
 		refs := make([]*writer.Refs, 0, 2*len(c.steps)+2)
-		for _, r := range c.steps {
-			refs = append(refs, &r.Refs, r.PlanPins())
+		for _, sv := range c.steps {
+			refs = append(refs, &sv.rec.Refs, sv.rec.PlanPins())
 		}
 		c.steps = nil
 		c.mu.Unlock()

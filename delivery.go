@@ -33,7 +33,6 @@ func rejects(accepted, count []int32) bool {
 // the step is published.
 func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 	e := &c.eng
-	rec.Dl = e.batchD
 	if e.pure && e.same && len(e.lenH) > 0 && e.nFloor == 0 {
 		e.lenPending++
 		return
@@ -145,15 +144,27 @@ func (c *Cache) applyReplaced(p *Plan) {
 	for i, id := range p.Replaced {
 		at := p.ReplacedFrom[i]
 		h, _ := reqs.Lookup(id)
-		if d := e.dlp[h]; d.pos > at {
+		d := e.dlp[h]
+		if d.pos > at {
 			e.undo.pos = append(e.undo.pos, posSnap{d, d.pos})
 			d.pos = at // delivery restarts there
+		}
+		// A step being read delivers its rows (taken before the replace,
+		// they were not cut), but its delivery counts only up to there.
+		for _, r := range c.reading {
+			for qi, rd := range r.dl {
+				if rd == d && r.dlHi[qi] > at {
+					e.undo.cuts = append(e.undo.cuts, cutSnap{r: r, step: r.dlStep, qi: qi, d: d, hi: r.dlHi[qi]})
+					r.dlHi[qi] = at
+				}
+			}
 		}
 		if int(h) < len(e.preLen) {
 			e.preLen[h] = min(e.preLen[h], at)
 		}
 	}
-	for _, rec := range c.steps {
+	for _, sv := range c.steps {
+		rec := sv.rec
 		for i, id := range p.Replaced {
 			if j := rec.Find(id); j >= 0 {
 				lo := rec.Start[j] - rec.Prefix(j)
@@ -168,19 +179,30 @@ func (c *Cache) applyReplaced(p *Plan) {
 // ---- delivery positions ----
 //
 // The cache knows, per request, up to which position its rows were
-// delivered: a dlState per request (made when it arrives; saved steps'
-// records point to it, so a step consumed after its request finished
-// still finds it), read and written under c.mu. Materialize advances it
-// (at take, under the lock it holds anyway; rolled back for a request it
-// could not serve) and a Discard delivers nothing. A preempted request
+// delivered: a delivery per request (made when it arrives; saved steps
+// point to it, so a step consumed after its request finished still finds
+// it), read and written under c.mu. A Materialize takes its step, reads
+// it, then records once what it delivered (deliver): each request it
+// served advances to the end of its rows; one it could not serve keeps
+// its position; a Discard delivers nothing. A preempted request
 // (flagFloor) that resumes recomputes rows: Materialize of such a step
 // leaves out every row below the request's delivered position and below
-// what its older steps not consumed yet will deliver, so the
-// concatenation of what it received has no gap and no repeat when a
-// request's steps are consumed in order.
+// what its older steps, not consumed yet or being read, will deliver, so
+// the concatenation of what it received has no gap and no repeat when a
+// request's steps are consumed in order. A replace moves the position
+// back, and cuts what the steps being read will record.
 
-// dlState is one request's delivered position (guarded by Cache.mu).
-type dlState struct{ pos int32 }
+// delivery is one request's delivered position (guarded by Cache.mu).
+type delivery struct{ pos int32 }
+
+// cutRead is a Materialize that recorded a delivery a replace had cut
+// while it read: the Abort of that replace's Begin delivers it whole
+// (unbegin). Guarded by c.mu; kept until the Begin is saved or undone.
+type cutRead struct {
+	d      *delivery
+	step   uint64
+	served bool
+}
 
 // freshReq resets the engine's state of handle h, which names a new
 // request. Engine goroutine, inside Begin's apply.
@@ -190,7 +212,7 @@ func (c *Cache) freshReq(h soa.Handle) {
 	e.lens = scratch.Extend(e.lens, int(h)+1)
 	e.lens[h] = 0
 	e.dlp = scratch.Extend(e.dlp, int(h)+1)
-	e.dlp[h] = &dlState{}
+	e.dlp[h] = &delivery{}
 }
 
 // newBatch makes the begun batch's delivery states the array its steps'
@@ -198,7 +220,7 @@ func (c *Cache) freshReq(h soa.Handle) {
 // to the old one. Engine goroutine.
 func (c *Cache) newBatch() {
 	e := &c.eng
-	e.batchD = make([]any, len(e.h))
+	e.batchD = make([]*delivery, len(e.h))
 	for i, h := range e.h {
 		e.batchD[i] = e.dlp[h]
 	}
@@ -237,59 +259,98 @@ func (c *Cache) dropFloor(h soa.Handle) {
 	}
 }
 
-// deliverLocked computes, for each request rec serves (qidx maps result
-// positions to step indices; nil: all), the rows Materialize leaves out at
-// the front (skip) and advances its delivered position, remembering the
-// old one (prev) for a rollback. Caller holds c.mu; rec was just taken.
-func (c *Cache) deliverLocked(rec *reader.Step, qidx []int32, nq int, dst *Result) {
-	dst.skip = dst.skip[:0]
-	dst.dlPrev = dst.dlPrev[:0]
-	dst.dlS = dst.dlS[:0]
+// openDelivery works out, for each request the taken step sv serves (the
+// first ones asked of Materialize, sv.rec.Qidx when subset, else all), the
+// rows Materialize leaves out at the front (dst.skip) and where its rows
+// end if it is served (dst.dlHi), and registers dst as being read: a
+// Materialize of a later step of the request counts those rows as
+// delivered, and a replace meanwhile cuts them. Nothing is recorded yet
+// (deliver does, once the read is done). Caller holds c.mu.
+func (c *Cache) openDelivery(sv saved, subset bool, dst *Result) {
+	rec := sv.rec
+	nq := len(rec.IDs)
+	if subset {
+		nq = len(rec.Qidx)
+	}
+	dst.skip, dst.dl, dst.dlHi, dst.dlFull = dst.skip[:0], dst.dl[:0], dst.dlHi[:0], dst.dlFull[:0]
 	for qi := 0; qi < nq; qi++ {
 		i := qi
-		if qidx != nil {
-			i = int(qidx[qi])
+		if subset {
+			i = int(rec.Qidx[qi])
 		}
-		var skip int32
-		prev := int32(-1) // nothing to roll back
-		var d *dlState
-		if i < len(rec.Dl) {
-			d = rec.Dl[i].(*dlState)
+		var skip, hi int32
+		var d *delivery
+		if i < len(sv.dl) {
+			d = sv.dl[i]
 			lo := rec.Start[i] - rec.Prefix(i)
-			hi := rec.Hi(i)
+			hi = rec.Hi(i)
 			if f := slices.Index(rec.Floor, int32(i)); f >= 0 {
 				// Rows below what it was delivered, or will be by its older
 				// steps, and that it had before its preemption.
-				floor := d.pos
-				for _, o := range c.steps { // older steps not consumed yet will deliver theirs
-					if o.ID < rec.ID {
-						if j := o.Find(rec.IDs[i]); j >= 0 && o.Count[j] > 0 {
-							floor = max(floor, o.Hi(j))
-						}
-					}
-				}
-				skip = max(0, min(floor, rec.FloorMax[f], hi)-lo)
+				skip = max(0, min(c.floorLocked(rec, i, d), rec.FloorMax[f], hi)-lo)
 			}
-			if lo+skip < hi && d.pos < hi {
-				prev = d.pos
-				d.pos = hi
+			if lo+skip >= hi {
+				d = nil // nothing to deliver
 			}
 		}
 		dst.skip = append(dst.skip, skip)
-		dst.dlPrev = append(dst.dlPrev, prev)
-		dst.dlS = append(dst.dlS, d)
+		dst.dl = append(dst.dl, d)
+		dst.dlHi = append(dst.dlHi, hi)
+		dst.dlFull = append(dst.dlFull, hi)
 	}
+	dst.dlStep = rec.ID
+	c.reading = append(c.reading, dst)
 }
 
-// undeliver rolls back the delivered position of the requests of dst that
-// failed (all: every one; their rows were not served). Any goroutine.
-func (c *Cache) undeliver(dst *Result, all bool) {
+// floorLocked is the position request i of rec (its delivery d) was
+// delivered up to, or will be once its older steps not consumed yet and
+// those being read are. Caller holds c.mu.
+func (c *Cache) floorLocked(rec *reader.Step, i int, d *delivery) int32 {
+	floor := d.pos
+	for _, o := range c.steps {
+		if o.rec.ID < rec.ID {
+			if j := o.rec.Find(rec.IDs[i]); j >= 0 && o.rec.Count[j] > 0 {
+				floor = max(floor, o.rec.Hi(j))
+			}
+		}
+	}
+	for _, r := range c.reading {
+		if r.dlStep < rec.ID {
+			for qi, rd := range r.dl {
+				if rd == d {
+					floor = max(floor, r.dlHi[qi])
+				}
+			}
+		}
+	}
+	return floor
+}
+
+// deliver records, once, what the Materialize into dst delivered, its
+// read done: each request it served (ok, and no error of its own)
+// advances its position to the end of its rows (as a replace since cut
+// them); the others keep theirs. dst is no longer being read. Any
+// goroutine.
+func (c *Cache) deliver(dst *Result, ok bool) {
 	c.mu.Lock()
-	for qi, prev := range dst.dlPrev {
-		if prev < 0 || !all && dst.errs[qi] == nil {
+	for qi, d := range dst.dl {
+		if d == nil {
 			continue
 		}
-		dst.dlS[qi].pos = min(dst.dlS[qi].pos, prev)
+		served := ok && dst.errs[qi] == nil
+		if served {
+			d.pos = max(d.pos, dst.dlHi[qi])
+		}
+		if dst.dlHi[qi] < dst.dlFull[qi] {
+			c.cut = append(c.cut, cutRead{d: d, step: dst.dlStep, served: served})
+		}
+	}
+	if i := slices.Index(c.reading, dst); i >= 0 {
+		last := len(c.reading) - 1
+		c.reading[i] = c.reading[last]
+		c.reading[last] = nil
+		c.reading = c.reading[:last]
 	}
 	c.mu.Unlock()
+	clear(dst.dl) // keeps no request's state alive
 }

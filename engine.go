@@ -47,8 +47,8 @@ type engine struct {
 	// steps over this batch (replaced, never reused, when the batch
 	// changes). preLen is, by handle, the length a preempted request had
 	// (flagFloor); nFloor counts those requests.
-	dlp    []*dlState
-	batchD []any
+	dlp    []*delivery
+	batchD []*delivery
 	preLen []int32
 	nFloor int
 	slots  []int32
@@ -66,15 +66,14 @@ type engine struct {
 	hbuf      []soa.Handle // spare for the next change of ids
 	stamp     []uint64     // per handle: last Begin that marked it (duplicate check)
 	stampGen  uint64
-	unknown   []int64        // scratch: batch ids not live (duplicate check)
-	chk       []soa.Handle   // scratch: checkIDs' handle per batch id (NoHandle: not live then)
-	arrived   []int64        // scratch: arrival ids (duplicate check)
-	starts    []idStart      // scratch: fresh batch requests by id
-	hits      []reader.Hit   // the begun step's hits (planned at Begin)
-	rec       *reader.Step   // the begun step's record when made at Begin (a hit step, prefetch on)
-	recStash  []*reader.Step // recycled records, taken a list at a time from Cache.recFreeMu (Save) or reader.Reader.Freed (newRec)
-	planned   bool           // rec's hits were planned (and their read queued) at Begin
-	blockMark []uint32       // scratch: per block, the markGen of the last hitsOverlapStep
+	unknown   []int64      // scratch: batch ids not live (duplicate check)
+	chk       []soa.Handle // scratch: checkIDs' handle per batch id (NoHandle: not live then)
+	arrived   []int64      // scratch: arrival ids (duplicate check)
+	starts    []idStart    // scratch: fresh batch requests by id
+	hits      []reader.Hit // the begun step's hits (planned at Begin)
+	rec       *reader.Step // the begun step's record when made at Begin (a hit step, prefetch on)
+	planned   bool         // rec's hits were planned (and their read queued) at Begin
+	blockMark []uint32     // scratch: per block, the markGen of the last hitsOverlapStep
 	markGen   uint32
 	// blocks are the blocks the begun step writes, one per block a request
 	// writes in, when the step is long (validate reads them off the block

@@ -2,6 +2,7 @@ package omnicache
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,3 +53,30 @@ func SetAheadWait(c *Cache, d time.Duration) { c.rd.SetAheadWait(d) }
 // ReadsHandedBack counts the hit reads Materialize began itself and handed
 // back to the committer (a row it found claimed since the plan).
 func ReadsHandedBack(c *Cache) int64 { return c.parts.Counters.HandedBack.Load() }
+
+// HoldMaterialize holds c's next Materialize once it took its step, before
+// it reads it, until release (once; later calls do nothing): held is
+// closed once it waits there. Set it while no Materialize runs.
+func HoldMaterialize(c *Cache) (held <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	c.testTaken = func() {
+		if first.CompareAndSwap(false, true) { // the next one only: later ones go on
+			close(in)
+			<-out
+		}
+	}
+	return in, sync.OnceFunc(func() { close(out) })
+}
+
+// Delivered is the position live request id's rows were delivered up to
+// (-1: not live). Not while Begin runs.
+func Delivered(c *Cache, id int64) int32 {
+	h, ok := c.eng.reqs.Lookup(id)
+	if !ok {
+		return -1
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.eng.dlp[h].pos
+}

@@ -9,6 +9,7 @@ package omnicache_test
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -314,4 +315,95 @@ func TestResumeHitStart(t *testing.T) {
 	w.mat(id)
 	_, err = w.step(&omnicache.Plan{Resumed: []int64{1}}, dreq{id: 1, start: 0, n: 4, ver: 1, accepted: -1, arrive: true, hitBlocks: []int32{0}})
 	require.ErrorIs(t, err, omnicache.ErrPlan)
+}
+
+// matHeld materializes step id on another goroutine into res, holding it
+// once it took the step, before it reads it; done yields its error once
+// release let it go on.
+func (w *dworld) matHeld(id omnicache.StepID, res *omnicache.Result) (release func(), done <-chan error) {
+	w.t.Helper()
+	held, release := omnicache.HoldMaterialize(w.c)
+	ch := make(chan error, 1)
+	go func() { ch <- w.c.Materialize(id, nil, res) }()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		w.t.Fatal("the Materialize did not take its step")
+	}
+	w.t.Cleanup(release)
+	return release, ch
+}
+
+// A Materialize is taken, read, then delivered: while it reads, a later
+// step of a resumed request leaves out the rows it will deliver (no
+// repeat), and once served its request's delivery is at the end of its
+// rows.
+func TestDeliveryOfAStepBeingRead(t *testing.T) {
+	w := newDWorld(t)
+	a := int64(1)
+	first, err := w.step(&omnicache.Plan{}, dreq{id: a, start: 0, n: 8, ver: 1, accepted: -1, arrive: true})
+	require.NoError(t, err)
+	id, err := w.step(&omnicache.Plan{Preempted: []int64{a}}, dreq{id: 2, start: 0, n: 4, ver: 1, accepted: -1, arrive: true})
+	require.NoError(t, err)
+	w.mat(id)
+	resumed, err := w.step(&omnicache.Plan{Resumed: []int64{a}}, dreq{id: a, start: 0, n: 9, ver: 1, accepted: -1})
+	require.NoError(t, err)
+
+	var res omnicache.Result
+	release, done := w.matHeld(first, &res)
+	require.Zero(t, omnicache.Delivered(w.c, a), "nothing recorded before the read")
+	require.NoError(t, w.c.Materialize(resumed, nil, &w.res))
+	require.Equal(t, []int{8, 1}, []int{w.res.From(0), w.res.Tokens(0)}, "the rows the step being read delivers are left out")
+	release()
+	require.NoError(t, <-done)
+	require.Equal(t, []int{0, 8}, []int{res.From(0), res.Tokens(0)})
+	require.Equal(t, want(a, 9, v1), append(append([]byte(nil), res.Rows(0, 0)...), w.res.Rows(0, 0)...))
+	require.EqualValues(t, 9, omnicache.Delivered(w.c, a))
+}
+
+// A replace while a step of the request is being read: the step, taken
+// before, delivers its rows, but its delivery counts only up to the
+// replaced position; an Abort of the replace's Begin (before the read
+// ends or after) makes it count whole again.
+func TestReplaceWhileAStepIsRead(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		abort          bool
+		abortWhileHeld bool
+	}{{"saved", false, false}, {"aborted after the read", true, false}, {"aborted during the read", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newDWorld(t)
+			a := int64(1)
+			first, err := w.step(&omnicache.Plan{}, dreq{id: a, start: 0, n: 8, ver: 1, accepted: -1, arrive: true})
+			require.NoError(t, err)
+			var res omnicache.Result
+			release, done := w.matHeld(first, &res)
+			p := &omnicache.Plan{Replaced: []int64{a}, ReplacedFrom: []int32{4}, IDs: []int64{a}, Rows: []int32{0},
+				Start: []int32{4}, Count: []int32{2}, Table: w.table, Stride: dStride}
+			require.NoError(t, w.c.Begin(p))
+			if tc.abortWhileHeld {
+				require.NoError(t, w.c.Abort())
+			}
+			release()
+			require.NoError(t, <-done)
+			require.Equal(t, want(a, 8, v1), res.Rows(0, 0), "taken before the replace: its rows whole")
+			wantPos := int32(8)
+			switch {
+			case tc.abortWhileHeld:
+			case tc.abort:
+				require.EqualValues(t, 4, omnicache.Delivered(w.c, a), "counted up to the replaced position")
+				require.NoError(t, w.c.Abort())
+			default:
+				wantPos = 4
+				rows := append(drow(a, 4, 2), drow(a, 5, 2)...)
+				id, err := w.c.Save(&omnicache.Outputs{Tokens: 2, Padded: 2, Tensors: []omnicache.Tensor{{Host: rows, Rows: 2}}})
+				require.NoError(t, err)
+				require.EqualValues(t, wantPos, omnicache.Delivered(w.c, a))
+				require.NoError(t, w.c.Materialize(id, nil, &w.res))
+				require.Equal(t, []int{4, 2}, []int{w.res.From(0), w.res.Tokens(0)}, "delivery restarts at the replaced position")
+				wantPos = 6
+			}
+			require.Equal(t, wantPos, omnicache.Delivered(w.c, a))
+		})
+	}
 }

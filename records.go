@@ -1,6 +1,6 @@
-// Saved steps' records: recycled through the cache's own lists, and taken
-// by the one call that consumes the step (Discard, Materialize). newRec runs
-// on the engine goroutine; freeRec, take and drop on any.
+// Saved steps' records: made by the engine goroutine (newRec, from the
+// read path's pool) and taken by the one call that consumes the step
+// (Discard, Materialize); takeLocked runs on any goroutine.
 
 package omnicache
 
@@ -10,28 +10,21 @@ import (
 	"github.com/omnicache/omnicache/internal/reader"
 )
 
+// saved is a step saved and not consumed yet: the read path's record and
+// its requests' delivery states (by step index: the batch's array, shared
+// by the steps over the same batch).
+type saved struct {
+	rec *reader.Step
+	dl  []*delivery
+}
+
 // newRec prepares the record of the step being saved (not yet published).
 // It takes the step's ids and counts (Begin copied them out of the
 // borrowed plan); the engine refills the record's old slices next Begin.
-//
-// Records come from the engine's stash, which takes a whole list of freed
-// records at a time: those Discard recycled under c.mu (recFreeMu, taken
-// under the c.mu Save holds anyway), else those the read path freed
-// elsewhere (Materialize, the committer's end of a read ahead).
+// Engine goroutine.
 func (c *Cache) newRec() *reader.Step {
 	e := &c.eng
-	if len(e.recStash) == 0 {
-		e.recStash = c.rd.Freed(e.recStash)
-	}
-	var r *reader.Step
-	if n := len(e.recStash); n > 0 {
-		r = e.recStash[n-1]
-		e.recStash[n-1] = nil
-		e.recStash = e.recStash[:n-1]
-	} else {
-		r = &reader.Step{}
-	}
-	r.Reset(len(c.cfg.Keys))
+	r := c.rd.NewStep(len(c.cfg.Keys))
 	e.nextStep++
 	r.ID = uint64(e.nextStep)
 	r.IDs, e.ids = e.ids, r.IDs[:0]
@@ -40,15 +33,11 @@ func (c *Cache) newRec() *reader.Step {
 	return r
 }
 
-// take removes an unconsumed step record, validating reqs first.
-func (c *Cache) take(id StepID, reqs []int64) (*reader.Step, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.takeLocked(id, reqs)
-}
-
-func (c *Cache) takeLocked(id StepID, reqs []int64) (*reader.Step, error) {
-	for i, r := range c.steps {
+// takeLocked removes an unconsumed step, validating reqs first. Caller
+// holds c.mu.
+func (c *Cache) takeLocked(id StepID, reqs []int64) (saved, error) {
+	for i, sv := range c.steps {
+		r := sv.rec
 		if r.ID != uint64(id) {
 			continue
 		}
@@ -56,14 +45,14 @@ func (c *Cache) takeLocked(id StepID, reqs []int64) (*reader.Step, error) {
 		for _, q := range reqs {
 			j := r.Find(q)
 			if j < 0 {
-				return nil, fmt.Errorf("%w: request %d in step %d", ErrNotInStep, q, id)
+				return saved{}, fmt.Errorf("%w: request %d in step %d", ErrNotInStep, q, id)
 			}
 			r.Qidx = append(r.Qidx, int32(j))
 		}
 		c.steps = append(c.steps[:i], c.steps[i+1:]...)
-		return r, nil
+		return sv, nil
 	}
-	return nil, fmt.Errorf("%w: %d", ErrUnknownStep, id)
+	return saved{}, fmt.Errorf("%w: %d", ErrUnknownStep, id)
 }
 
 // StepRows returns how many requests, and how many rows per key at most,
@@ -79,7 +68,8 @@ func (c *Cache) StepRows(id StepID, reqs []int64) (n, rows int, err error) {
 	defer c.leave()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, r := range c.steps {
+	for _, sv := range c.steps {
+		r := sv.rec
 		if r.ID != uint64(id) {
 			continue
 		}

@@ -19,8 +19,13 @@ type Result struct {
 	nfail    int
 	keep     []int32 // Materialize's scratch: rows kept per request when its step was trimmed
 	skip     []int32 // Materialize's scratch: rows left out at the front per request (delivered already)
-	dlPrev   []int32
-	dlS      []*dlState
+	// Materialize's delivery (delivery.go), per request asked: its state
+	// (nil: nothing to deliver), where its rows end if served (cut by a
+	// replace meanwhile), and where they end uncut; dlStep is the step.
+	dl     []*delivery
+	dlHi   []int32
+	dlFull []int32
+	dlStep uint64
 }
 
 // trimFront leaves out request i's first n rows (it had them already):

@@ -29,6 +29,7 @@ type undoLog struct {
 	nFloor int
 	trims  []trimSnap
 	pos    []posSnap
+	cuts   []cutSnap
 }
 
 // reqSnap is one live request as it stood before Begin changed it.
@@ -40,7 +41,7 @@ type reqSnap struct {
 	flags        uint32
 	aux          int64
 	lens, preLen int32
-	dl           *dlState
+	dl           *delivery
 	removed      bool // the Begin finished it: restored under h
 }
 
@@ -56,8 +57,19 @@ type trimSnap struct {
 
 // posSnap is a delivered position before a replace moved it back.
 type posSnap struct {
-	d   *dlState
+	d   *delivery
 	pos int32
+}
+
+// cutSnap is where a step being read (the Materialize into r, of step)
+// would have delivered request d's rows up to (its asked request qi)
+// before a replace cut it.
+type cutSnap struct {
+	r    *Result
+	step uint64
+	qi   int
+	d    *delivery
+	hi   int32
 }
 
 // startUndo empties the log for the Begin being applied.
@@ -65,6 +77,8 @@ func (c *Cache) startUndo() {
 	u := &c.eng.undo
 	u.gen++
 	u.reqs, u.blocks, u.trims, u.pos = u.reqs[:0], u.blocks[:0], u.trims[:0], u.pos[:0]
+	clear(u.cuts)
+	u.cuts = u.cuts[:0]
 	u.nFloor = c.eng.nFloor
 }
 
@@ -186,15 +200,25 @@ func (c *Cache) unbegin() {
 		e.dlp[s.h] = s.dl
 	}
 	e.nFloor = u.nFloor
-	if len(u.pos) > 0 || len(u.trims) > 0 {
+	if len(u.pos) > 0 || len(u.trims) > 0 || len(u.cuts) > 0 {
 		c.mu.Lock()
+		for i := len(u.cuts) - 1; i >= 0; i-- {
+			s := &u.cuts[i]
+			if slices.Contains(c.reading, s.r) && s.r.dlStep == s.step {
+				s.r.dlHi[s.qi] = max(s.r.dlHi[s.qi], s.hi) // still being read: delivers it whole if served
+			} else if slices.ContainsFunc(c.cut, func(x cutRead) bool { return x.d == s.d && x.step == s.step && x.served }) {
+				s.d.pos = max(s.d.pos, s.hi) // served since, its delivery cut: it counts as before the cut
+			}
+		}
+		clear(c.cut)
+		c.cut = c.cut[:0]
 		for i := len(u.pos) - 1; i >= 0; i-- {
 			// A Materialize since may have moved it on: never back.
 			u.pos[i].d.pos = max(u.pos[i].d.pos, u.pos[i].pos)
 		}
 		for i := len(u.trims) - 1; i >= 0; i-- {
 			t := &u.trims[i]
-			if !slices.ContainsFunc(c.steps, func(r *reader.Step) bool { return r == t.rec && r.ID == t.id }) {
+			if !slices.ContainsFunc(c.steps, func(sv saved) bool { return sv.rec == t.rec && sv.rec.ID == t.id }) {
 				continue // consumed since: delivered as it was cut
 			}
 			if t.trimmed {
@@ -206,6 +230,8 @@ func (c *Cache) unbegin() {
 		c.mu.Unlock()
 	}
 	u.reqs, u.blocks, u.trims, u.pos = u.reqs[:0], u.blocks[:0], u.trims[:0], u.pos[:0]
+	clear(u.cuts)
+	u.cuts = u.cuts[:0]
 	u.gen++ // the marks of this Begin no longer hold
 	e.prevIDs = e.prevIDs[:0]
 	e.prevH = e.prevH[:0] // an empty batch next is "the same" as none: no stale handles

@@ -63,7 +63,7 @@ func coldWorld(t *testing.T) (w *world, s *Step, release func()) {
 	_, err := w.read(w.step([]sched{{1, 0, 4}}))
 	require.NoError(t, err)
 	require.NoError(t, w.f.sync())
-	w.rd.Freed(nil)
+	w.rd.takeFreed(nil)
 	entered, release := holdFresh(t)
 	s = w.step([]sched{{3, 0, 2}, {2, 4, 2}}, Hit{Index: 1, Tokens: 4, Blocks: []int32{1}})
 	require.True(t, s.Prefetched())
@@ -100,7 +100,7 @@ func TestColdBuffersConsumerWithRoomReadsItself(t *testing.T) {
 			require.Zero(t, w.rd.poolBytes(), "the committer still holds the buffers it makes")
 			release()
 			require.NoError(t, w.f.sync())
-			require.Equal(t, []*Step{s}, w.rd.Freed(nil), "released once the committer passed the read")
+			require.Equal(t, []*Step{s}, w.rd.takeFreed(nil), "released once the committer passed the read")
 			require.Positive(t, w.rd.poolBytes(), "the new buffers wait in the pool")
 
 			testHookFresh = func(int) { t.Error("a new buffer was made though the pool holds one") }
@@ -143,10 +143,10 @@ func TestColdBuffersOfACancelledStep(t *testing.T) {
 	w, s, release := coldWorld(t)
 	w.rd.Cancel(s)
 	require.Zero(t, w.rd.ReadAheadBytes(), "Cancel gave the charge back at once")
-	require.Empty(t, w.rd.Freed(nil), "the committer still holds the record")
+	require.Empty(t, w.rd.takeFreed(nil), "the committer still holds the record")
 	release()
 	require.NoError(t, w.f.sync())
-	require.Equal(t, []*Step{s}, w.rd.Freed(nil))
+	require.Equal(t, []*Step{s}, w.rd.takeFreed(nil))
 	require.Zero(t, (&w.f.st).PrefetchUsed.Load(), "the skipped read served nothing")
 	require.Positive(t, w.rd.poolBytes(), "the new buffers wait in the pool")
 }

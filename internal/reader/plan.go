@@ -21,42 +21,61 @@ type Reader struct {
 	opt    Options
 	wait   time.Duration // the consumer's wait for a working committer (DefaultAheadWait)
 	joinBl [][]int32     // Plan's scratch: the hits' blocks (engine goroutine)
+	stash  []*Step       // NewStep's free records (engine goroutine), a list of freed at a time
 	// written by the committer's reads ahead too: kept off the lines above
 	// (128 bytes: the adjacent-line prefetcher moves lines in pairs)
 	_       [128]byte
 	charged atomic.Int64 // read-ahead bytes held by unconsumed steps
 	pool    bufPool
 	_       [128]byte
-	// freed holds the step records released on other goroutines (the
-	// consumer's Materialize, the committer's end of a read ahead) until
-	// the engine takes them back (Freed): a steady run allocates none.
-	// The reader's own list, not a sync.Pool: a record is often freed on
+	// freed holds the step records released (the consumer's Release or
+	// Cancel, the committer's end of a read ahead) until NewStep takes them
+	// back: the one pool of records, so a steady run allocates none. The
+	// reader's own list, not a sync.Pool: a record is often freed on
 	// another P than the engine's, and a pool then steals across Ps on
 	// every Get; and one cache's records keep the sizes its steps need.
 	freeMu sync.Mutex
 	freed  []*Step
 }
 
-// MaxFreeSteps bounds the step records kept for reuse (a burst of
+// maxFreeSteps bounds the step records kept for reuse (a burst of
 // unconsumed steps leaves no more than this behind).
-const MaxFreeSteps = 64
+const maxFreeSteps = 64
+
+// NewStep returns an empty record for a step of nkeys keys: a freed one
+// when there is one. The engine goroutine takes the freed records a whole
+// list at a time (one lock a list). Engine goroutine.
+func (r *Reader) NewStep(nkeys int) *Step {
+	if len(r.stash) == 0 {
+		r.stash = r.takeFreed(r.stash)
+	}
+	var s *Step
+	if n := len(r.stash); n > 0 {
+		s = r.stash[n-1]
+		r.stash[n-1] = nil
+		r.stash = r.stash[:n-1]
+	} else {
+		s = &Step{}
+	}
+	s.Reset(nkeys)
+	return s
+}
 
 // free recycles a record nothing references any more: its pins on the
-// write path are dropped, then it waits in r.freed for Freed. Any
+// write path are dropped, then it waits in r.freed for NewStep. Any
 // goroutine.
 func (r *Reader) free(s *Step) {
 	r.w.Unpin(&s.Refs)
 	r.freeMu.Lock()
-	if len(r.freed) < MaxFreeSteps {
+	if len(r.freed) < maxFreeSteps {
 		r.freed = append(r.freed, s)
 	}
 	r.freeMu.Unlock()
 }
 
-// Freed hands over the records released since the last call, taking
-// stash (emptied) as the next list's storage: the engine goroutine
-// refills its own stash a list at a time, one lock a list.
-func (r *Reader) Freed(stash []*Step) []*Step {
+// takeFreed hands over the records released since the last call, taking
+// stash (emptied) as the next list's storage.
+func (r *Reader) takeFreed(stash []*Step) []*Step {
 	r.freeMu.Lock()
 	out := r.freed
 	r.freed = stash[:0]

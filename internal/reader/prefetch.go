@@ -362,24 +362,18 @@ func (r *Reader) uncharge(s *Step) {
 // Save): a read not started yet is skipped and its charge is given back at
 // once (the step is consumed: its buffers will never be taken, and the next
 // step's Charge must not find them still counted); the consumer's
-// reference is dropped. Engine goroutine.
+// reference is dropped (the last one recycles the record). The consumer's
+// goroutine (the engine's for Abort and a failed Save).
 func (r *Reader) Cancel(s *Step) {
-	if r.CancelKept(s) {
-		r.free(s)
-	}
-}
-
-// CancelKept is Cancel for a consumer that recycles s itself: it reports
-// whether the consumer's reference was the last, and then leaves s to the
-// caller (who unpins and recycles it). The consumer's goroutine.
-func (r *Reader) CancelKept(s *Step) bool {
 	if s.pfSeq != 0 {
 		r.st.PrefetchDropped.Add(1)
 		if s.pfState.CompareAndSwap(pfQueued, pfCancelled) || s.pfState.CompareAndSwap(pfAlloc, pfCancelled) {
 			r.uncharge(s)
 		}
 	}
-	return r.drop(s, true)
+	if r.drop(s, true) {
+		r.free(s)
+	}
 }
 
 // consumePrefetched serves the asked requests of a prefetched step: the

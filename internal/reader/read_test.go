@@ -330,21 +330,21 @@ func TestReadRefusesAbsentRequiredRows(t *testing.T) {
 	}
 }
 
-// A consumed step's record is handed back for reuse (Freed) once the last
+// A consumed step's record is handed back for reuse once the last
 // reference is dropped: the consumer's Release of a step read at Read; the
 // consumer's and the committer's (its read ahead done) of a prefetched
-// one; Cancel of a step given up. Its pins go with it: the staging pages
-// come back. Freed hands each record over once, and keeps at most
-// MaxFreeSteps.
+// one; Cancel of a step given up. Its pins go with it: its writes go
+// back. Each record is handed over once, at most maxFreeSteps are kept,
+// and NewStep takes them (reset) before it makes a new one.
 func TestReleaseRecyclesRecords(t *testing.T) {
 	w := newWorld(t, Options{Prefetch: true, Budget: 1 << 20})
 	w.blocks[1] = []int32{1}
 	w.blocks[2] = []int32{1, 2}
 	s1 := w.step([]sched{{1, 0, 4}})
-	require.Empty(t, w.rd.Freed(nil), "nothing released yet")
+	require.Empty(t, w.rd.takeFreed(nil), "nothing released yet")
 	_, err := w.read(s1)
 	require.NoError(t, err)
-	require.Equal(t, []*Step{s1}, w.rd.Freed(nil), "the consumer's Release was the last reference")
+	require.Equal(t, []*Step{s1}, w.rd.takeFreed(nil), "the consumer's Release was the last reference")
 
 	s2 := w.step([]sched{{2, 4, 1}}, Hit{Index: 0, Tokens: 4, Blocks: []int32{1}})
 	require.True(t, s2.Prefetched())
@@ -353,17 +353,25 @@ func TestReleaseRecyclesRecords(t *testing.T) {
 	require.NoError(t, err)
 	s3 := w.step([]sched{{2, 5, 1}})
 	w.rd.Cancel(s3)
-	require.ElementsMatch(t, []*Step{s2, s3}, w.rd.Freed(nil))
-	require.Empty(t, w.rd.Freed(nil), "each record is handed over once")
+	require.ElementsMatch(t, []*Step{s2, s3}, w.rd.takeFreed(nil))
+	require.Empty(t, w.rd.takeFreed(nil), "each record is handed over once")
 	require.NoError(t, w.f.sync())
 	require.Zero(t, w.f.liveWrites(), "the released steps' writes went back")
 
-	for i := 0; i < MaxFreeSteps+6; i++ {
+	for i := 0; i < maxFreeSteps+6; i++ {
 		s := &Step{}
 		s.Reset(len(testKeys))
 		w.rd.Cancel(s)
 	}
-	require.Len(t, w.rd.Freed(nil), MaxFreeSteps, "records kept for reuse")
+	require.Len(t, w.rd.takeFreed(nil), maxFreeSteps, "records kept for reuse")
+
+	s4 := w.step([]sched{{2, 6, 1}})
+	w.rd.Cancel(s4)
+	got := w.rd.NewStep(len(testKeys))
+	require.Same(t, s4, got, "NewStep takes a freed record")
+	require.Empty(t, got.IDs, "reset")
+	require.Len(t, got.Src, len(testKeys), "reset for the keys")
+	require.NotSame(t, s4, w.rd.NewStep(len(testKeys)), "a new record once none is free")
 }
 
 // Cancel of a prefetched step whose read the committer has not started
@@ -378,7 +386,7 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 	_, err := w.read(s1)
 	require.NoError(t, err)
 	require.NoError(t, w.f.sync())
-	w.rd.Freed(nil)
+	w.rd.takeFreed(nil)
 
 	release := w.f.hold()
 	defer release()
@@ -393,10 +401,10 @@ func TestCancelGivesTheReadAheadBack(t *testing.T) {
 	w.rd.Cancel(s2)
 	require.Zero(t, w.rd.ReadAheadBytes(), "Cancel gave the charge back at once")
 	require.Equal(t, dropped+1, (&w.f.st).PrefetchDropped.Load())
-	require.Empty(t, w.rd.Freed(nil), "the committer still holds the record")
+	require.Empty(t, w.rd.takeFreed(nil), "the committer still holds the record")
 	release()
 	require.NoError(t, w.f.sync())
-	require.Equal(t, []*Step{s2}, w.rd.Freed(nil), "freed once the committer passed the skipped read")
+	require.Equal(t, []*Step{s2}, w.rd.takeFreed(nil), "freed once the committer passed the skipped read")
 	require.Zero(t, w.rd.ReadAheadBytes())
 	require.Zero(t, (&w.f.st).PrefetchUsed.Load(), "the skipped read served nothing")
 }

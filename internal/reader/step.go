@@ -64,11 +64,8 @@ type Step struct {
 	// lock while the step is unconsumed.
 	End     []int32
 	Trimmed bool
-	// Dl holds each request's delivery state, the cache's (a shared,
-	// immutable array of the batch); Floor lists the requests (step
-	// indices) that resumed after a preemption and may recompute rows
-	// they already delivered.
-	Dl    []any
+	// Floor lists the requests (step indices) that resumed after a
+	// preemption and may recompute rows they already delivered.
 	Floor []int32
 	// FloorMax is, parallel to Floor, the length the request had when it
 	// was preempted: rows past it are new to it, never left out.
@@ -152,7 +149,6 @@ func (s *Step) Reset(nkeys int) {
 	s.Start = s.Start[:0]
 	s.End = s.End[:0]
 	s.Trimmed = false
-	s.Dl = nil
 	s.Floor = s.Floor[:0]
 	s.FloorMax = s.FloorMax[:0]
 	s.tokOff = s.tokOff[:0]

@@ -4,6 +4,12 @@
 // engine's KV prefix cache skips a prefix it hands back
 // `cached prefix rows ++ this step's rows`, exactly as if nothing had hit.
 //
+// In this package the engine is the inference engine that drives the
+// cache through the contract below, and the engine goroutine the one that
+// calls Begin, Save, Abort and Sync; the engine state (engineState,
+// engine.go) is what the cache keeps on that goroutine: the live requests
+// and the begun step.
+//
 // The engine contract, once per real step:
 //
 //	Begin(plan)             before the engine drops finished requests

@@ -64,7 +64,7 @@ func (c *Cache) Begin(p *Plan) error {
 		c.tl.StartImport(c.path) // ahead of the hit read planned below
 	}
 	c.setBatch(p, same)
-	e.ntok, e.pure, e.same, e.begun = ntok, pure, same, true
+	e.tokens, e.pureDecode, e.sameBatch, e.begun = ntok, pure, same, true
 	if c.tl != nil {
 		c.tl.Begin(p.FullBlocks, p.FullHashes)
 	}
@@ -79,13 +79,13 @@ func (c *Cache) finish(finished []int64) (changed bool) {
 	e := &c.eng
 	e.finished = e.finished[:0]
 	for _, id := range finished {
-		if h, ok := e.reqs.Lookup(id); ok {
+		if h, ok := e.requests.Lookup(id); ok {
 			if s := c.snap(h); s != nil {
 				s.removed = true
 			}
 			e.finished = append(e.finished, h)
 			c.dropFloor(h)
-			e.reqs.Remove(h)
+			e.requests.Remove(h)
 			changed = true
 		}
 	}
@@ -96,29 +96,29 @@ func (c *Cache) finish(finished []int64) (changed bool) {
 // noting their tier imports, and reports whether any changed the table.
 func (c *Cache) arrive(p *Plan) (changed bool) {
 	e := &c.eng
-	e.fresh = e.fresh[:0]
+	e.added = e.added[:0]
 	used, tierUsed := 0, 0
 	for i, id := range p.Arrivals {
 		ht := p.HitTokens[i]
 		nb := int(ht) / c.cfg.BlockSize
 		blocks := p.HitBlocks[used : used+nb]
 		used += nb
-		h, fresh := e.reqs.Add(id, ht, blocks)
+		h, fresh := e.requests.Add(id, ht, blocks)
 		rehit := !fresh && ht > 0 && slices.Contains(p.Resumed, id)
 		if rehit {
 			// A preempted request resuming with a hit: the hit is served as
 			// an arrival's (delivery leaves out what it already had).
 			c.snap(h)
-			e.reqs.SetHit(h, ht, blocks)
+			e.requests.SetHit(h, ht, blocks)
 		}
 		if fresh || rehit {
 			changed = true
 			if fresh {
-				e.fresh = append(e.fresh, h)
+				e.added = append(e.added, h)
 				c.freshReq(h)
 			}
 			if ht > 0 {
-				e.reqs.Flags[e.reqs.Pos(h)] |= flagHitPending
+				e.requests.Flags[e.requests.Pos(h)] |= flagHitPending
 			}
 			if len(p.TierBlocks) > 0 && p.TierBlocks[i] > 0 {
 				n := int(p.TierBlocks[i])
@@ -137,37 +137,37 @@ func (c *Cache) arrive(p *Plan) (changed bool) {
 func (c *Cache) setBatch(p *Plan, same bool) {
 	e := &c.eng
 	e.ids = append(e.ids[:0], p.IDs...)
-	e.count = append(e.count[:0], p.Count...)
-	e.start = append(e.start[:0], p.Start...)
-	e.hitReq = e.hitReq[:0]
+	e.counts = append(e.counts[:0], p.Count...)
+	e.starts = append(e.starts[:0], p.Start...)
+	e.hitPos = e.hitPos[:0]
 	if same {
-		e.h = e.prevH // read-only until the ids change
+		e.handles = e.prevHandles // read-only until the ids change
 	} else {
-		e.h = e.hbuf[:0]
+		e.handles = e.spareHandles[:0]
 		// checkIDs ran (the ids changed) and looked every id up: a request
 		// live then, and not finished, keeps its handle (removals do not
 		// move others); only the rest are looked up again.
 		for i, id := range p.IDs {
-			h := e.chk[i]
+			h := e.liveHandles[i]
 			if h == soa.NoHandle {
 				var ok bool
-				if h, ok = e.reqs.Lookup(id); !ok {
-					h, _ = e.reqs.Add(id, 0, nil)
-					e.fresh = append(e.fresh, h)
+				if h, ok = e.requests.Lookup(id); !ok {
+					h, _ = e.requests.Add(id, 0, nil)
+					e.added = append(e.added, h)
 					c.freshReq(h)
 				}
 			}
-			e.h = append(e.h, h)
+			e.handles = append(e.handles, h)
 		}
-		for i, h := range e.h {
-			if e.reqs.Flags[e.reqs.Pos(h)]&flagHitPending != 0 {
-				e.hitReq = append(e.hitReq, int32(i))
+		for i, h := range e.handles {
+			if e.requests.Flags[e.requests.Pos(h)]&flagHitPending != 0 {
+				e.hitPos = append(e.hitPos, int32(i))
 			}
 		}
 		c.newBatch()
 		e.prevIDs = append(e.prevIDs[:0], p.IDs...)
-		e.hbuf, e.prevH = e.prevH, e.h
-		c.live.Store(int64(e.reqs.Len())) // the table changes only with the ids
+		e.spareHandles, e.prevHandles = e.prevHandles, e.handles
+		c.live.Store(int64(e.requests.Len())) // the table changes only with the ids
 	}
 }
 
@@ -177,16 +177,16 @@ func (c *Cache) setBatch(p *Plan, same bool) {
 func (c *Cache) planHits() {
 	e := &c.eng
 	e.hits = e.hits[:0]
-	if len(e.hitReq) > 0 {
+	if len(e.hitPos) > 0 {
 		// Plan the hits now, behind the rows handed over so far (the buffer
 		// was flushed above): with prefetch their rows move while the
 		// engine runs its forward.
-		for _, i := range e.hitReq {
-			h := e.h[i]
+		for _, i := range e.hitPos {
+			h := e.handles[i]
 			c.snap(h)
-			pos := e.reqs.Pos(h)
-			e.reqs.Flags[pos] &^= flagHitPending
-			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.reqs.HitTokens[pos], Blocks: e.reqs.HitBlocks(h)})
+			pos := e.requests.Pos(h)
+			e.requests.Flags[pos] &^= flagHitPending
+			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.requests.HitTokens[pos], Blocks: e.requests.HitBlocks(h)})
 		}
 		// Prefetched steps are planned now. A step that reads its own rows
 		// (a hit on blocks it writes) is planned at Save, behind its own
@@ -194,10 +194,10 @@ func (c *Cache) planHits() {
 		// cannot hold is planned at Save as without prefetch (its plan's
 		// pins then come after Save's reservation).
 		if !c.cfg.DisablePrefetch {
-			e.rec = c.newRec()
-			if c.rd.Charge(e.rec, e.hits) && !c.hitsOverlapStep() {
-				c.rd.Plan(e.rec, e.hits)
-				e.planned = true
+			e.hitRec = c.newRec()
+			if c.rd.Charge(e.hitRec, e.hits) && !c.hitsOverlapStep() {
+				c.rd.Plan(e.hitRec, e.hits)
+				e.hitsPlanned = true
 			}
 		}
 	}
@@ -212,26 +212,26 @@ func (c *Cache) hitsOverlapStep() bool {
 	if len(e.blockMark) < c.cfg.NumBlocks {
 		e.blockMark = make([]uint32, c.cfg.NumBlocks)
 	}
-	e.markGen++
-	if e.markGen == 0 { // wrapped: start the marks afresh
+	e.blockGen++
+	if e.blockGen == 0 { // wrapped: start the marks afresh
 		clear(e.blockMark)
-		e.markGen = 1
+		e.blockGen = 1
 	}
 	for _, h := range e.hits {
 		for _, b := range h.Blocks {
-			e.blockMark[b] = e.markGen
+			e.blockMark[b] = e.blockGen
 		}
 	}
-	if e.blocks != nil { // a long step: its blocks, read off the block table
-		for _, b := range e.blocks {
-			if e.blockMark[b] == e.markGen {
+	if e.stepBlocks != nil { // a long step: its blocks, read off the block table
+		for _, b := range e.stepBlocks {
+			if e.blockMark[b] == e.blockGen {
 				return true
 			}
 		}
 		return false
 	}
 	for _, s := range e.slots {
-		if e.blockMark[int(s)/bs] == e.markGen {
+		if e.blockMark[int(s)/bs] == e.blockGen {
 			return true
 		}
 	}

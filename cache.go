@@ -32,7 +32,7 @@ type Cache struct {
 	reading []*Result // taken, being read: what they deliver if served
 	cut     []cutRead // read while a replace cut them (an Abort may undo the cut)
 
-	eng    engine       // engine goroutine only
+	eng    engineState  // engine goroutine only
 	ws     writer.Step  // engine goroutine: Save's hand-over to the write path
 	live   atomic.Int64 // requests tracked, for Stats
 	closed atomic.Bool
@@ -87,7 +87,7 @@ func New(cfg Config) (*Cache, error) {
 	c.parts = c.path.Parts()
 	c.rd = reader.New(c.path, c.parts, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes})
 	c.lay = c.parts.Layout
-	c.eng.reqs = soa.NewRequests(64)
+	c.eng.requests = soa.NewRequests(64)
 	c.ws.Out = make([]writer.Src, len(cfg.Keys))
 	return c, nil
 }
@@ -144,13 +144,13 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		c.unbegin()
 		return 0, err
 	}
-	rec := e.rec // planned at Begin when the step has hits
+	rec := e.hitRec // planned at Begin when the step has hits
 	if rec == nil {
 		rec = c.newRec()
 	}
 	ws := &c.ws
-	ws.Slots, ws.IDs, ws.Handles, ws.Count = e.slots[:e.ntok], rec.IDs, e.h, rec.Count
-	ws.TokOff, ws.Pure, ws.Blocks = nil, e.pure, e.blocks
+	ws.Slots, ws.IDs, ws.Handles, ws.Count = e.slots[:e.tokens], rec.IDs, e.handles, rec.Count
+	ws.TokOff, ws.Pure, ws.Blocks = nil, e.pureDecode, e.stepBlocks
 	ws.Accepted = nil
 	if o.Accepted != nil && rejects(o.Accepted, rec.Count) {
 		ws.Accepted = o.Accepted
@@ -171,7 +171,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		ws.Out[k] = writer.Src{} // borrowed for the call (a loop: clear's bulk barrier costs more for a few keys)
 	}
 	if err != nil {
-		if e.rec == nil {
+		if e.hitRec == nil {
 			c.rd.Release(rec)
 		}
 		c.unbegin() // cancels a planned record; after a sticky failure every later call fails anyway
@@ -186,10 +186,10 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		c.tl.Saved(rec.ID)
 	}
 	if len(e.hits) > 0 {
-		if !e.planned {
+		if !e.hitsPlanned {
 			c.rd.Plan(rec, e.hits) // not prefetched: planned behind the step's own rows
 		}
-		e.rec, e.planned = nil, false
+		e.hitRec, e.hitsPlanned = nil, false
 		st := c.parts.Counters
 		st.HitRequests.Add(int64(len(e.hits)))
 		for _, h := range e.hits {
@@ -197,7 +197,7 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		}
 	}
 	c.mu.Lock()
-	c.steps = append(c.steps, saved{rec: rec, dl: e.batchD})
+	c.steps = append(c.steps, saved{rec: rec, dl: e.batchDelivered})
 	if len(c.cut) > 0 {
 		clear(c.cut) // the Begin whose replaces cut them stands: nothing to undo
 		c.cut = c.cut[:0]
@@ -212,7 +212,7 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 	if o == nil {
 		return fmt.Errorf("%w: nil outputs", ErrOutputs)
 	}
-	n := c.eng.ntok
+	n := c.eng.tokens
 	if o.Tokens != n {
 		return fmt.Errorf("%w: outputs carry %d tokens, the plan scheduled %d", ErrTokenCount, o.Tokens, n)
 	}
@@ -221,9 +221,9 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 	}
 	if o.Accepted != nil {
 		e := &c.eng
-		ids, count := e.ids, e.count
-		if e.rec != nil { // a hit step's record took them at Begin
-			ids, count = e.rec.IDs, e.rec.Count
+		ids, count := e.ids, e.counts
+		if e.hitRec != nil { // a hit step's record took them at Begin
+			ids, count = e.hitRec.IDs, e.hitRec.Count
 		}
 		if len(o.Accepted) != len(ids) {
 			return fmt.Errorf("%w: %d accepted counts for %d scheduled requests", ErrOutputs, len(o.Accepted), len(ids))
@@ -232,7 +232,7 @@ func (c *Cache) checkOutputs(o *Outputs) error {
 			switch {
 			case a < 0 || a > count[i]:
 				return fmt.Errorf("%w: accepted count out of range: request %d: %d tokens accepted of %d scheduled (want 0..%d)", ErrOutputs, ids[i], a, count[i], count[i])
-			case a < count[i] && e.pure:
+			case a < count[i] && e.pureDecode:
 				return fmt.Errorf("%w: request %d: a decode step's one token cannot be rejected", ErrOutputs, ids[i])
 			}
 		}
@@ -542,7 +542,7 @@ func (c *Cache) Close() error {
 		// A step begun and never saved holds the pins of its hit plan. No
 		// call is in flight (waited above) and a later one fails before
 		// touching the engine's state.
-		if r := c.eng.rec; r != nil {
+		if r := c.eng.hitRec; r != nil {
 			refs = append(refs, &r.Refs, r.PlanPins())
 		}
 		return refs, nil

@@ -10,7 +10,7 @@ import (
 )
 
 // Positions a request's rows are delivered at. A request's length (the
-// positions its saved steps cover, engine.lens) bounds a replace; a
+// positions its saved steps cover, engineState.savedLen) bounds a replace; a
 // step's rows past what was accepted, or past a replaced position, are
 // left out of what Materialize delivers (reader.Step.End).
 
@@ -28,30 +28,30 @@ func rejects(accepted, count []int32) bool {
 // noteSaved records the saved step's lengths: each request's length grows
 // to the end of its accepted rows, and a step that rejected rows delivers
 // only the accepted ones. A decode step over the previous step's batch
-// only counts itself (lenPending, applied by flushLens when the batch
+// only counts itself (decodeSteps, applied by flushLens when the batch
 // changes): every request's length grows by one. Engine goroutine, before
 // the step is published.
 func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 	e := &c.eng
-	if e.pure && e.same && len(e.lenH) > 0 && e.nFloor == 0 {
-		e.lenPending++
+	if e.pureDecode && e.sameBatch && len(e.decodeBatch) > 0 && e.floors == 0 {
+		e.decodeSteps++
 		return
 	}
 	c.flushLens()
-	for i, h := range e.h[:len(rec.Start)] {
-		if e.nFloor > 0 {
-			if pos := e.reqs.Pos(h); e.reqs.Flags[pos]&flagFloor != 0 {
+	for i, h := range e.handles[:len(rec.Start)] {
+		if e.floors > 0 {
+			if pos := e.requests.Pos(h); e.requests.Flags[pos]&flagFloor != 0 {
 				lo := rec.Start[i] // its rows start here, or at 0 with a hit prefix
 				for _, hit := range e.hits {
 					if int(hit.Index) == i {
 						lo -= hit.Tokens
 					}
 				}
-				if lo >= e.preLen[h] {
+				if lo >= e.preemptLen[h] {
 					c.dropFloor(h) // saved past what it had: nothing to leave out from here on
 				} else {
 					rec.Floor = append(rec.Floor, int32(i))
-					rec.FloorMax = append(rec.FloorMax, e.preLen[h])
+					rec.FloorMax = append(rec.FloorMax, e.preemptLen[h])
 				}
 			}
 		}
@@ -62,11 +62,11 @@ func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 				rec.Trim(i, end)
 			}
 		}
-		e.lens = scratch.Extend(e.lens, int(h)+1)
-		e.lens[h] = max(e.lens[h], end)
+		e.savedLen = scratch.Extend(e.savedLen, int(h)+1)
+		e.savedLen[h] = max(e.savedLen[h], end)
 	}
-	if e.pure {
-		e.lenH = append(e.lenH[:0], e.h...)
+	if e.pureDecode {
+		e.decodeBatch = append(e.decodeBatch[:0], e.handles...)
 	}
 }
 
@@ -75,13 +75,13 @@ func (c *Cache) noteSaved(rec *reader.Step, accepted []int32) {
 // request of that batch can leave.
 func (c *Cache) flushLens() {
 	e := &c.eng
-	if e.lenPending > 0 {
-		for _, h := range e.lenH {
-			e.lens[h] += e.lenPending
+	if e.decodeSteps > 0 {
+		for _, h := range e.decodeBatch {
+			e.savedLen[h] += e.decodeSteps
 		}
 	}
-	e.lenPending = 0
-	e.lenH = e.lenH[:0]
+	e.decodeSteps = 0
+	e.decodeBatch = e.decodeBatch[:0]
 }
 
 // checkReplaced validates the plan's replaced prompts: every id live, the
@@ -90,7 +90,7 @@ func (c *Cache) checkReplaced(p *Plan) error {
 	if len(p.Replaced) != len(p.ReplacedFrom) {
 		return fmt.Errorf("%w: %d replaced requests, %d positions", ErrPlan, len(p.Replaced), len(p.ReplacedFrom))
 	}
-	reqs := c.eng.reqs
+	reqs := c.eng.requests
 	for i, id := range p.Replaced {
 		h, ok := reqs.Lookup(id)
 		if !ok {
@@ -107,12 +107,12 @@ func (c *Cache) checkReplaced(p *Plan) error {
 // length is the positions request h's saved steps cover.
 func (c *Cache) length(h soa.Handle) int32 {
 	e := &c.eng
-	if int(h) >= len(e.lens) {
+	if int(h) >= len(e.savedLen) {
 		return 0
 	}
-	n := e.lens[h]
-	if e.lenPending > 0 && slices.Contains(e.lenH, h) {
-		n += e.lenPending
+	n := e.savedLen[h]
+	if e.decodeSteps > 0 && slices.Contains(e.decodeBatch, h) {
+		n += e.decodeSteps
 	}
 	return n
 }
@@ -126,15 +126,15 @@ func (c *Cache) applyReplaced(p *Plan) {
 		return
 	}
 	e := &c.eng
-	reqs := e.reqs
+	reqs := e.requests
 	bs := int32(c.cfg.BlockSize)
 	for i, id := range p.Replaced {
 		at := p.ReplacedFrom[i]
 		h, _ := reqs.Lookup(id)
 		c.snap(h)
 		pos := reqs.Pos(h)
-		e.lens = scratch.Extend(e.lens, int(h)+1)
-		e.lens[h] = at
+		e.savedLen = scratch.Extend(e.savedLen, int(h)+1)
+		e.savedLen[h] = at
 		if reqs.Flags[pos]&flagHitPending != 0 && reqs.HitTokens[pos] > at {
 			reqs.HitTokens[pos] = at / bs * bs
 			reqs.HitN[pos] = at / bs
@@ -144,7 +144,7 @@ func (c *Cache) applyReplaced(p *Plan) {
 	for i, id := range p.Replaced {
 		at := p.ReplacedFrom[i]
 		h, _ := reqs.Lookup(id)
-		d := e.dlp[h]
+		d := e.delivered[h]
 		if d.pos > at {
 			e.undo.pos = append(e.undo.pos, posSnap{d, d.pos})
 			d.pos = at // delivery restarts there
@@ -159,8 +159,8 @@ func (c *Cache) applyReplaced(p *Plan) {
 				}
 			}
 		}
-		if int(h) < len(e.preLen) {
-			e.preLen[h] = min(e.preLen[h], at)
+		if int(h) < len(e.preemptLen) {
+			e.preemptLen[h] = min(e.preemptLen[h], at)
 		}
 	}
 	for _, sv := range c.steps {
@@ -209,10 +209,10 @@ type cutRead struct {
 func (c *Cache) freshReq(h soa.Handle) {
 	e := &c.eng
 	c.markFresh(h)
-	e.lens = scratch.Extend(e.lens, int(h)+1)
-	e.lens[h] = 0
-	e.dlp = scratch.Extend(e.dlp, int(h)+1)
-	e.dlp[h] = &delivery{}
+	e.savedLen = scratch.Extend(e.savedLen, int(h)+1)
+	e.savedLen[h] = 0
+	e.delivered = scratch.Extend(e.delivered, int(h)+1)
+	e.delivered[h] = &delivery{}
 }
 
 // newBatch makes the begun batch's delivery states the array its steps'
@@ -220,9 +220,9 @@ func (c *Cache) freshReq(h soa.Handle) {
 // to the old one. Engine goroutine.
 func (c *Cache) newBatch() {
 	e := &c.eng
-	e.batchD = make([]*delivery, len(e.h))
-	for i, h := range e.h {
-		e.batchD[i] = e.dlp[h]
+	e.batchDelivered = make([]*delivery, len(e.handles))
+	for i, h := range e.handles {
+		e.batchDelivered[i] = e.delivered[h]
 	}
 }
 
@@ -232,30 +232,30 @@ func (c *Cache) newBatch() {
 func (c *Cache) applyPreempted(p *Plan) {
 	e := &c.eng
 	for _, id := range p.Preempted {
-		h, ok := e.reqs.Lookup(id)
+		h, ok := e.requests.Lookup(id)
 		if !ok {
 			continue
 		}
 		c.snap(h)
-		pos := e.reqs.Pos(h)
+		pos := e.requests.Pos(h)
 		// A hit not served yet goes with the KV it came from: the request
 		// resumes with a hit of its own, or none.
-		e.reqs.Flags[pos] &^= flagHitPending
-		if e.reqs.Flags[pos]&flagFloor == 0 {
-			e.reqs.Flags[pos] |= flagFloor
-			e.nFloor++
+		e.requests.Flags[pos] &^= flagHitPending
+		if e.requests.Flags[pos]&flagFloor == 0 {
+			e.requests.Flags[pos] |= flagFloor
+			e.floors++
 		}
-		e.preLen = scratch.Extend(e.preLen, int(h)+1)
-		e.preLen[h] = c.length(h)
+		e.preemptLen = scratch.Extend(e.preemptLen, int(h)+1)
+		e.preemptLen[h] = c.length(h)
 	}
 }
 
 // dropFloor clears request h's flagFloor (it finished, or caught up).
 func (c *Cache) dropFloor(h soa.Handle) {
 	e := &c.eng
-	if pos := e.reqs.Pos(h); e.reqs.Flags[pos]&flagFloor != 0 {
-		e.reqs.Flags[pos] &^= flagFloor
-		e.nFloor--
+	if pos := e.requests.Pos(h); e.requests.Flags[pos]&flagFloor != 0 {
+		e.requests.Flags[pos] &^= flagFloor
+		e.floors--
 	}
 }
 

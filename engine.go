@@ -16,70 +16,76 @@ import (
 const (
 	flagHitPending = 1
 	// flagFloor: the request was preempted and has not yet been saved
-	// past the length it had then (preLen): its steps may recompute rows
+	// past the length it had then (preemptLen): its steps may recompute rows
 	// it already delivered, which Materialize leaves out.
 	flagFloor = 2
 )
 
-// engine is the engine goroutine's view of the step: the live request
-// table and the begun step. Only Begin, Save, Sync and Close touch it.
-type engine struct {
-	reqs     *soa.Requests
+// engineState is what the cache keeps on the engine goroutine: the live
+// request table and the begun step, and Begin's scratch. Only Begin, Save,
+// Abort, Sync, Reset and Close touch it.
+type engineState struct {
+	requests *soa.Requests
 	begun    bool
 	nextStep StepID
 
-	// the begun step
-	ids   []int64
-	h     []soa.Handle
-	count []int32
-	start []int32
-	same  bool // the batch is the previous step's
+	// the begun step, batch order: request ids, handles, scheduled tokens
+	// and first scheduled positions
+	ids       []int64
+	handles   []soa.Handle
+	counts    []int32
+	starts    []int32
+	sameBatch bool // the batch is the previous step's
 
-	// lens are, by handle, the positions each request's saved steps cover
-	// (what a replace may cut back); lenPending decode steps over the
-	// batch lenH are not in them yet (see noteSaved).
-	lens       []int32
-	lenH       []soa.Handle
-	lenPending int32
+	// savedLen is, by handle, the positions each request's saved steps
+	// cover (what a replace may cut back); decodeSteps decode steps over
+	// decodeBatch (handles) are not in it yet (see noteSaved).
+	savedLen    []int32
+	decodeBatch []soa.Handle
+	decodeSteps int32
 
-	// dlp is, by handle, the live request's delivery state (delivery.go);
-	// batchD the begun batch's, an array shared by the records of the
-	// steps over this batch (replaced, never reused, when the batch
-	// changes). preLen is, by handle, the length a preempted request had
-	// (flagFloor); nFloor counts those requests.
-	dlp    []*delivery
-	batchD []*delivery
-	preLen []int32
-	nFloor int
-	slots  []int32
-	ntok   int
-	pure   bool
-	hitReq []int32      // positions in the batch of requests whose hit prefix is served this step
-	fresh  []soa.Handle // requests this Begin added (removed again if the step fails)
+	// delivered is, by handle, the live request's delivery (delivery.go);
+	// batchDelivered the begun batch's, an array shared by the steps over
+	// this batch (replaced, never reused, when the batch changes).
+	// preemptLen is, by handle, the length a preempted request had
+	// (flagFloor); floors counts those requests.
+	delivered      []*delivery
+	batchDelivered []*delivery
+	preemptLen     []int32
+	floors         int
+
+	slots      []int32 // the begun step's slots, its tokens' in batch order
+	tokens     int
+	pureDecode bool         // every request decodes one token, nothing arrives or leaves
+	hitPos     []int32      // positions in the batch of requests whose hit prefix is served this step
+	added      []soa.Handle // requests this Begin added (removed again if the step fails)
 	// finished are the handles of the requests this Begin finished (their
 	// deferred rows go to the write path).
 	finished []soa.Handle
 	undo     undoLog // what this Begin changed (undo.go)
 
-	prevIDs   []int64
-	prevH     []soa.Handle // handles of prevIDs (h aliases it while the ids stay the same)
-	hbuf      []soa.Handle // spare for the next change of ids
-	stamp     []uint64     // per handle: last Begin that marked it (duplicate check)
-	stampGen  uint64
-	unknown   []int64      // scratch: batch ids not live (duplicate check)
-	chk       []soa.Handle // scratch: checkIDs' handle per batch id (NoHandle: not live then)
-	arrived   []int64      // scratch: arrival ids (duplicate check)
-	starts    []idStart    // scratch: fresh batch requests by id
-	hits      []reader.Hit // the begun step's hits (planned at Begin)
-	rec       *reader.Step // the begun step's record when made at Begin (a hit step, prefetch on)
-	planned   bool         // rec's hits were planned (and their read queued) at Begin
-	blockMark []uint32     // scratch: per block, the markGen of the last hitsOverlapStep
-	markGen   uint32
-	// blocks are the blocks the begun step writes, one per block a request
-	// writes in, when the step is long (validate reads them off the block
-	// table); nil for a short step (its slots are few).
-	blocks []int32
-	blkBuf []int32 // blocks' memory
+	prevIDs      []int64
+	prevHandles  []soa.Handle // handles of prevIDs (handles aliases it while the ids stay the same)
+	spareHandles []soa.Handle // spare for the next change of ids
+
+	// checkIDs' scratch (duplicates, arrivals' starts)
+	seen          []uint64 // per handle: the last Begin that saw it (seenGen)
+	seenGen       uint64
+	notLive       []int64      // batch ids not live
+	liveHandles   []soa.Handle // per batch id: its handle (NoHandle: not live then)
+	arrivalIDs    []int64
+	notLiveStarts []idStart // batch requests not live, by id
+
+	hits        []reader.Hit // the begun step's hits (planned at Begin)
+	hitRec      *reader.Step // the begun step's record when made at Begin (a hit step, prefetch on)
+	hitsPlanned bool         // hitRec's hits were planned (and their read queued) at Begin
+	blockMark   []uint32     // scratch: per block, the blockGen of the last hitsOverlapStep
+	blockGen    uint32
+	// stepBlocks are the blocks the begun step writes, one per block a
+	// request writes in, when the step is long (validate reads them off
+	// the block table); nil for a short step (its slots are few).
+	stepBlocks   []int32
+	stepBlockBuf []int32 // stepBlocks' memory
 }
 
 type idStart struct {
@@ -87,9 +93,11 @@ type idStart struct {
 	start int32
 }
 
-func (e *engine) mark(h soa.Handle, gen uint64) (was uint64) {
-	e.stamp = scratch.Extend(e.stamp, int(h)+1)
-	was, e.stamp[h] = e.stamp[h], gen
+// markSeen records that gen saw handle h and returns the gen that saw it
+// before.
+func (e *engineState) markSeen(h soa.Handle, gen uint64) (was uint64) {
+	e.seen = scratch.Extend(e.seen, int(h)+1)
+	was, e.seen[h] = e.seen[h], gen
 	return was
 }
 

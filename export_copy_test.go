@@ -72,11 +72,11 @@ func HoldMaterialize(c *Cache) (held <-chan struct{}, release func()) {
 // Delivered is the position live request id's rows were delivered up to
 // (-1: not live). Not while Begin runs.
 func Delivered(c *Cache, id int64) int32 {
-	h, ok := c.eng.reqs.Lookup(id)
+	h, ok := c.eng.requests.Lookup(id)
 	if !ok {
 		return -1
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.eng.dlp[h].pos
+	return c.eng.delivered[h].pos
 }

@@ -28,8 +28,8 @@ func (c *Cache) newRec() *reader.Step {
 	e.nextStep++
 	r.ID = uint64(e.nextStep)
 	r.IDs, e.ids = e.ids, r.IDs[:0]
-	r.Count, e.count = e.count, r.Count[:0]
-	r.Start, e.start = e.start, r.Start[:0]
+	r.Count, e.counts = e.counts, r.Count[:0]
+	r.Start, e.starts = e.starts, r.Start[:0]
 	return r
 }
 

@@ -45,7 +45,7 @@ func (c *Cache) Reset(ctx context.Context, opt ResetOptions) error {
 	if e.begun {
 		return fmt.Errorf("%w: Reset between Begin and Save", ErrSequence)
 	}
-	if n := e.reqs.Len(); n > 0 {
+	if n := e.requests.Len(); n > 0 {
 		return fmt.Errorf("%w: Reset with %d live requests: finish or abort them first", ErrSequence, n)
 	}
 	if opt.PurgeTier && c.tl == nil {

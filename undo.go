@@ -26,7 +26,7 @@ type undoLog struct {
 	mark   []uint64
 	at     []int32
 	gen    uint64
-	nFloor int
+	floors int
 	trims  []trimSnap
 	pos    []posSnap
 	cuts   []cutSnap
@@ -40,7 +40,8 @@ type reqSnap struct {
 	blkOff, blkN int32
 	flags        uint32
 	aux          int64
-	lens, preLen int32
+	savedLen     int32
+	preemptLen   int32
 	dl           *delivery
 	removed      bool // the Begin finished it: restored under h
 }
@@ -79,7 +80,7 @@ func (c *Cache) startUndo() {
 	u.reqs, u.blocks, u.trims, u.pos = u.reqs[:0], u.blocks[:0], u.trims[:0], u.pos[:0]
 	clear(u.cuts)
 	u.cuts = u.cuts[:0]
-	u.nFloor = c.eng.nFloor
+	u.floors = c.eng.floors
 }
 
 // markHandle makes room for handle h in the log's marks and reports
@@ -105,15 +106,15 @@ func (c *Cache) snap(h soa.Handle) *reqSnap {
 		return &u.reqs[u.at[h]]
 	}
 	u.mark[h], u.at[h] = u.gen, int32(len(u.reqs))
-	pos := e.reqs.Pos(h)
-	bl := e.reqs.HitBlocks(h)
-	s := reqSnap{h: h, id: e.reqs.ID[pos], hit: e.reqs.HitTokens[pos], blkOff: int32(len(u.blocks)), blkN: int32(len(bl)),
-		flags: e.reqs.Flags[pos], aux: e.reqs.Aux[pos], dl: e.dlp[h]}
-	if int(h) < len(e.lens) {
-		s.lens = e.lens[h]
+	pos := e.requests.Pos(h)
+	bl := e.requests.HitBlocks(h)
+	s := reqSnap{h: h, id: e.requests.ID[pos], hit: e.requests.HitTokens[pos], blkOff: int32(len(u.blocks)), blkN: int32(len(bl)),
+		flags: e.requests.Flags[pos], aux: e.requests.Aux[pos], dl: e.delivered[h]}
+	if int(h) < len(e.savedLen) {
+		s.savedLen = e.savedLen[h]
 	}
-	if int(h) < len(e.preLen) {
-		s.preLen = e.preLen[h]
+	if int(h) < len(e.preemptLen) {
+		s.preemptLen = e.preemptLen[h]
 	}
 	u.blocks = append(u.blocks, bl...)
 	u.reqs = append(u.reqs, s)
@@ -170,36 +171,36 @@ func (c *Cache) unbegin() {
 	if c.tl != nil {
 		c.tl.Unbegin()
 	}
-	if e.rec != nil {
-		c.rd.Cancel(e.rec) // a prefetch not started is skipped
-		e.rec, e.planned = nil, false
+	if e.hitRec != nil {
+		c.rd.Cancel(e.hitRec) // a prefetch not started is skipped
+		e.hitRec, e.hitsPlanned = nil, false
 	}
-	for i := len(e.fresh) - 1; i >= 0; i-- {
-		if h := e.fresh[i]; e.reqs.Pos(h) >= 0 {
-			e.reqs.Remove(h)
+	for i := len(e.added) - 1; i >= 0; i-- {
+		if h := e.added[i]; e.requests.Pos(h) >= 0 {
+			e.requests.Remove(h)
 		}
 	}
-	e.fresh = e.fresh[:0]
+	e.added = e.added[:0]
 	for i := len(u.reqs) - 1; i >= 0; i-- {
 		s := &u.reqs[i]
 		blocks := u.blocks[s.blkOff : s.blkOff+s.blkN]
 		if s.removed {
-			if !e.reqs.AddAt(s.h, s.id, s.hit, blocks) {
+			if !e.requests.AddAt(s.h, s.id, s.hit, blocks) {
 				panic(fmt.Sprintf("omnicache: undo: request %d cannot return under handle %d", s.id, s.h))
 			}
-		} else if pos := e.reqs.Pos(s.h); e.reqs.HitTokens[pos] != s.hit || !slices.Equal(e.reqs.HitBlocks(s.h), blocks) {
-			e.reqs.SetHit(s.h, s.hit, blocks)
+		} else if pos := e.requests.Pos(s.h); e.requests.HitTokens[pos] != s.hit || !slices.Equal(e.requests.HitBlocks(s.h), blocks) {
+			e.requests.SetHit(s.h, s.hit, blocks)
 		}
-		pos := e.reqs.Pos(s.h)
-		e.reqs.Flags[pos], e.reqs.Aux[pos] = s.flags, s.aux
-		e.lens = scratch.Extend(e.lens, int(s.h)+1)
-		e.lens[s.h] = s.lens
-		if int(s.h) < len(e.preLen) {
-			e.preLen[s.h] = s.preLen
+		pos := e.requests.Pos(s.h)
+		e.requests.Flags[pos], e.requests.Aux[pos] = s.flags, s.aux
+		e.savedLen = scratch.Extend(e.savedLen, int(s.h)+1)
+		e.savedLen[s.h] = s.savedLen
+		if int(s.h) < len(e.preemptLen) {
+			e.preemptLen[s.h] = s.preemptLen
 		}
-		e.dlp[s.h] = s.dl
+		e.delivered[s.h] = s.dl
 	}
-	e.nFloor = u.nFloor
+	e.floors = u.floors
 	if len(u.pos) > 0 || len(u.trims) > 0 || len(u.cuts) > 0 {
 		c.mu.Lock()
 		for i := len(u.cuts) - 1; i >= 0; i-- {
@@ -234,7 +235,7 @@ func (c *Cache) unbegin() {
 	u.cuts = u.cuts[:0]
 	u.gen++ // the marks of this Begin no longer hold
 	e.prevIDs = e.prevIDs[:0]
-	e.prevH = e.prevH[:0] // an empty batch next is "the same" as none: no stale handles
+	e.prevHandles = e.prevHandles[:0] // an empty batch next is "the same" as none: no stale handles
 	e.begun = false
-	c.live.Store(int64(e.reqs.Len()))
+	c.live.Store(int64(e.requests.Len()))
 }

@@ -87,11 +87,11 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 	nslots := c.cfg.NumBlocks * bs
 	var bad bool
 	last := int32(nslots - 1)
-	e.blocks = nil
+	e.stepBlocks = nil
 	if ntok <= 4*n {
 		bad = outside(e.slots, last)
 	} else {
-		e.blocks = e.blkBuf[:0]
+		e.stepBlocks = e.stepBlockBuf[:0]
 		lastB, bs32 := int32(c.cfg.NumBlocks-1), int32(bs)
 		for i, cnt := range p.Count {
 			if cnt == 0 {
@@ -103,9 +103,9 @@ func (c *Cache) validate(p *Plan) (ntok int, pure, same bool, err error) {
 				bad = true
 				break
 			}
-			e.blocks = append(e.blocks, bl...) // the write path's join log takes them (writer.Step.Blocks)
+			e.stepBlocks = append(e.stepBlocks, bl...) // the write path's join log takes them (writer.Step.Blocks)
 		}
-		e.blkBuf = e.blocks[:0]
+		e.stepBlockBuf = e.stepBlocks[:0]
 	}
 	if bad {
 		for _, s := range e.slots {
@@ -187,63 +187,63 @@ func (c *Cache) mapError(p *Plan, err error) error {
 // nothing but scratch and stamps.
 func (c *Cache) checkIDs(p *Plan) error {
 	e := &c.eng
-	e.stampGen += 2
-	finGen, batchGen := e.stampGen-1, e.stampGen
+	e.seenGen += 2
+	finGen, batchGen := e.seenGen-1, e.seenGen
 	for _, id := range p.Finished {
-		if h, ok := e.reqs.Lookup(id); ok {
-			e.mark(h, finGen)
+		if h, ok := e.requests.Lookup(id); ok {
+			e.markSeen(h, finGen)
 		}
 	}
-	finished := func(h soa.Handle) bool { return int(h) < len(e.stamp) && e.stamp[h] == finGen }
+	finished := func(h soa.Handle) bool { return int(h) < len(e.seen) && e.seen[h] == finGen }
 	// live reports whether id is live once the finished are dropped.
 	live := func(id int64) (soa.Handle, bool) {
-		h, ok := e.reqs.Lookup(id)
+		h, ok := e.requests.Lookup(id)
 		return h, ok && !finished(h)
 	}
-	e.unknown = e.unknown[:0]
-	e.starts = e.starts[:0]
-	e.chk = e.chk[:0]
+	e.notLive = e.notLive[:0]
+	e.notLiveStarts = e.notLiveStarts[:0]
+	e.liveHandles = e.liveHandles[:0]
 	// A batch position that holds the previous step's id holds its handle
-	// too (prevH is valid while prevIDs is: unbegin clears it), unless the
+	// too (prevHandles is valid while prevIDs is: unbegin clears it), unless the
 	// request finished in this plan: a decode batch, where a few ids change
 	// per step, looks up only those.
 	for i, id := range p.IDs {
 		var h soa.Handle
 		var ok bool
 		if i < len(e.prevIDs) && e.prevIDs[i] == id {
-			h = e.prevH[i]
+			h = e.prevHandles[i]
 			ok = !finished(h)
 		} else {
 			h, ok = live(id)
 		}
 		if !ok {
-			e.chk = append(e.chk, soa.NoHandle)
-			e.unknown = append(e.unknown, id)
-			e.starts = append(e.starts, idStart{id, p.Start[i]})
+			e.liveHandles = append(e.liveHandles, soa.NoHandle)
+			e.notLive = append(e.notLive, id)
+			e.notLiveStarts = append(e.notLiveStarts, idStart{id, p.Start[i]})
 			continue
 		}
-		if e.mark(h, batchGen) == batchGen {
+		if e.markSeen(h, batchGen) == batchGen {
 			return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, id)
 		}
-		e.chk = append(e.chk, h)
+		e.liveHandles = append(e.liveHandles, h)
 	}
-	slices.Sort(e.unknown)
-	for i := 1; i < len(e.unknown); i++ {
-		if e.unknown[i] == e.unknown[i-1] {
-			return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, e.unknown[i])
+	slices.Sort(e.notLive)
+	for i := 1; i < len(e.notLive); i++ {
+		if e.notLive[i] == e.notLive[i-1] {
+			return fmt.Errorf("%w: request %d scheduled twice", ErrPlan, e.notLive[i])
 		}
 	}
 	if len(p.Arrivals) == 0 {
 		return nil
 	}
-	e.arrived = append(e.arrived[:0], p.Arrivals...)
-	slices.Sort(e.arrived)
-	for i := 1; i < len(e.arrived); i++ {
-		if e.arrived[i] == e.arrived[i-1] {
-			return fmt.Errorf("%w: request %d arrives twice", ErrPlan, e.arrived[i])
+	e.arrivalIDs = append(e.arrivalIDs[:0], p.Arrivals...)
+	slices.Sort(e.arrivalIDs)
+	for i := 1; i < len(e.arrivalIDs); i++ {
+		if e.arrivalIDs[i] == e.arrivalIDs[i-1] {
+			return fmt.Errorf("%w: request %d arrives twice", ErrPlan, e.arrivalIDs[i])
 		}
 	}
-	slices.SortFunc(e.starts, func(a, b idStart) int { return cmp.Compare(a.id, b.id) })
+	slices.SortFunc(e.notLiveStarts, func(a, b idStart) int { return cmp.Compare(a.id, b.id) })
 	for i, id := range p.Arrivals {
 		if _, ok := live(id); ok {
 			if p.HitTokens[i] == 0 || !slices.Contains(p.Resumed, id) {
@@ -255,9 +255,9 @@ func (c *Cache) checkIDs(p *Plan) error {
 			}
 			continue
 		}
-		j, found := slices.BinarySearchFunc(e.starts, id, func(s idStart, id int64) int { return cmp.Compare(s.id, id) })
-		if found && e.starts[j].start != p.HitTokens[i] {
-			return fmt.Errorf("%w: request %d arrives with %d hit tokens but is scheduled from position %d", ErrPlan, id, p.HitTokens[i], e.starts[j].start)
+		j, found := slices.BinarySearchFunc(e.notLiveStarts, id, func(s idStart, id int64) int { return cmp.Compare(s.id, id) })
+		if found && e.notLiveStarts[j].start != p.HitTokens[i] {
+			return fmt.Errorf("%w: request %d arrives with %d hit tokens but is scheduled from position %d", ErrPlan, id, p.HitTokens[i], e.notLiveStarts[j].start)
 		}
 	}
 	return nil

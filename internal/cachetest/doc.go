@@ -37,6 +37,9 @@
 // has a batch copy, PinLog records staging allocations; gputest.Faulty
 // (internal/gputest) injects failures.
 //
+// In this package the engine is that model engine (Engine), and the
+// engine goroutine the test's goroutine that drives a Harness for it.
+//
 // Goroutines: a Harness is used by the test's goroutine (the engine
 // goroutine), except where a method says otherwise (Verify may run on
 // several goroutines at once).

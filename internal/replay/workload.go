@@ -5,6 +5,10 @@
 // cache costs the engine goroutine, what it writes, whether it is right
 // (--verify) and the projected throughput change.
 //
+// In this package the engine is the simulated inference engine (package
+// sim's Sim, one per replica) that drives a cache, and the engine loop
+// its step loop.
+//
 // The command is `go run ./cmd/omnicache replay`; this package is the
 // machinery behind it, internal to the module. It runs on the goroutine
 // that calls Run (one engine loop per replica, each on its own goroutine in

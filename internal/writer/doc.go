@@ -19,7 +19,7 @@
 // (Snapshot.JoinSeq, over the engine goroutine's log of what it handed over:
 // pendlog.go), not everything queued.
 //
-// and the resources those stages hold: the device byte budget (every device
+// It owns the resources those stages hold too: the device byte budget (every device
 // copy is charged once and released once), the staging pages (one per
 // unconsumed step), the sticky write failure, and the state lock that
 // guards the reference counts of writes (Owners: pending writes of its rows;
@@ -27,19 +27,18 @@
 //
 // Path's calls are few: the engine goroutine's (Save, Flush,
 // BufferContinues, Sync, Reset, Close, PushImport), the read path's
-// (reads.go: Pin, PushRead, WaitSeq, ReadRows, Unpin; the read path's
-// interface, reader.Writes, is these), and the sticky failure (Err) and
-// what the path holds (Usage). The cache and the read path read the
-// mirrors, the slot tables, the counters and the committer's progress
-// directly (Parts).
+// (reads.go: Pin, PushRead, WaitSeq, ReadRows, Unpin and Err, which are
+// the read path's interface, reader.Writes), and what the path holds
+// (Usage). The cache and the read path read the mirrors, the slot tables,
+// the counters and the committer's progress directly (Parts).
 //
 // Goroutines. Save, Flush, Sync, Reset, Close, PushImport, Pin and
 // PushRead are called by the engine goroutine only (the root package's
 // Begin, Save, Sync, Reset and Close). WaitSeq, ReadRows, Unpin, Err,
 // Usage and the Parts may be used from any goroutine. The Committer runs
-// on its own goroutine (pprof label omnicache=committer). No lock is held across a
-// copy, a wait or a budget flush: the state lock covers reference counts and
-// the clone table only; Budget and Pages wait on condition variables whose
+// on its own goroutine (pprof label omnicache=committer). No lock is held
+// across a copy, a wait or a budget flush: the state lock covers reference
+// counts and the clone table only; Budget and Pages wait on condition variables whose
 // mutexes cover only their counters, and the committer on Queue's wake
 // channel (or its poll timer).
 package writer

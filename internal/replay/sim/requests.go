@@ -53,7 +53,7 @@ func (s *Sim) lookup(r *Req) []int32 {
 // their hashes in s.extBuf; capped like lookup, so that a token is computed.
 func (s *Sim) external(r *Req, nhit int) int {
 	s.extBuf = s.extBuf[:0]
-	if s.cfg.External == nil || s.cfg.NoPrefixCaching || r.seen {
+	if s.cfg.External == nil || s.cfg.NoPrefixCaching || r.seen || r.NoExternal {
 		return 0
 	}
 	bs := s.cfg.BlockSize

@@ -5,6 +5,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 )
 
@@ -12,6 +13,9 @@ import (
 func (s *Sim) topUp() error {
 	for !s.srcDone && s.inFlight < s.cfg.Concurrency {
 		rq, ok, err := s.src.Next()
+		if errors.Is(err, ErrNoRequestYet) {
+			break // asked again at the next step
+		}
 		if err != nil {
 			return err
 		}
@@ -37,6 +41,8 @@ func (s *Sim) topUp() error {
 			row:       -1,
 			Sent:      s.Steps,
 			Replace:   rq.Replace,
+
+			NoExternal: rq.NoExternal,
 		}
 		h := RootHash
 		for p, t := range rq.Prompt {

@@ -22,6 +22,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/omnicache/omnicache"
 )
@@ -79,6 +80,9 @@ type Request struct {
 	// Replace, when set, replaces the request's tokens mid-flight
 	// (streaming input).
 	Replace *Replace
+	// NoExternal: Config.External loads nothing for this request (an
+	// engine recomputing a prompt whose loaded rows were lost).
+	NoExternal bool
 }
 
 // Replace is a replacement of a request's tokens: once the request has
@@ -93,12 +97,23 @@ type Replace struct {
 // Source yields requests in admission order.
 type Source interface {
 	// Next returns the next request; ok is false when the source is done.
+	// An error matching ErrNoRequestYet means none is ready now: the
+	// simulator asks again at its next step.
 	Next() (r Request, ok bool, err error)
 }
 
 // ErrTooLarge reports a request that cannot fit the KV pool or the model
 // length even alone.
 var ErrTooLarge = errors.New("sim: request larger than the KV pool or model length")
+
+// ErrNoRequestYet is a Source's answer when it has no request ready now but
+// may have one later (a decode instance waiting for prefills to finish).
+var ErrNoRequestYet = errors.New("sim: no request ready yet")
+
+// ErrIdle is Next's answer when nothing can be scheduled now: no request
+// waits or runs and the source has none ready (ErrNoRequestYet). Nothing
+// changed; call Next again once the source has one.
+var ErrIdle = errors.New("sim: idle, no request ready")
 
 // Req is a request inside the simulator. Tokens and H grow as tokens are
 // sampled and never change once written: a replacement (Request.Replace)
@@ -108,6 +123,8 @@ type Req struct {
 	ID        int64
 	PromptLen int
 	OutputLen int
+	// NoExternal: Config.External loads nothing for it (Request.NoExternal).
+	NoExternal bool
 	// Tokens are the prompt and the tokens sampled so far.
 	Tokens []int32
 	// H[p] is the rolling hash of Tokens[:p+1].
@@ -242,6 +259,7 @@ type Sim struct {
 	Preemptions int64
 	Finished    int64
 	Arrived     int64
+	Aborted     int64 // Abort
 	// ResumedHits are resumes of preempted requests that hit their
 	// prefix (listed in Plan.Arrivals as well as Plan.Resumed).
 	ResumedHits int64
@@ -316,6 +334,46 @@ func (s *Sim) Live() int {
 	return len(s.waiting) + len(s.running) + len(s.finishing) + len(s.reported)
 }
 
+// Pending is the number of requests waiting or running: Next has something
+// to schedule.
+func (s *Sim) Pending() int { return len(s.waiting) + len(s.running) }
+
+// Abort ends request id between steps (after Advance, before Next), as an
+// engine aborting it does: a running or preempted one is reported in the
+// next step's Plan.Finished (its blocks are freed by that step's Release,
+// their hashes kept) and no longer counts in flight; one the engine never
+// scheduled is dropped. It reports whether the request was live and not
+// finishing already.
+func (s *Sim) Abort(id int64) bool {
+	for i, r := range s.running {
+		if r.ID == id {
+			s.running = slices.Delete(s.running, i, i+1)
+			s.abort(r)
+			return true
+		}
+	}
+	for i, r := range s.waiting {
+		if r.ID == id {
+			s.waiting = slices.Delete(s.waiting, i, i+1)
+			if r.seen {
+				s.abort(r)
+			} else {
+				s.inFlight--
+				r.state = stDone
+			}
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Sim) abort(r *Req) {
+	r.state = stFinishing
+	s.finishing = append(s.finishing, r)
+	s.inFlight--
+	s.Aborted++
+}
+
 // Next schedules the next step. It returns nil when every request has
 // finished.
 func (s *Sim) Next() (*Step, error) {
@@ -325,6 +383,10 @@ func (s *Sim) Next() (*Step, error) {
 	}
 	if err := s.topUp(); err != nil {
 		return nil, err
+	}
+	if len(s.waiting) == 0 && len(s.running) == 0 && !s.srcDone {
+		s.stepValid = false
+		return nil, ErrIdle // finished requests are reported by the next step
 	}
 	if len(s.waiting) == 0 && len(s.running) == 0 {
 		// Done; requests finished in the last step are dropped unreported

@@ -41,11 +41,17 @@ const barrierKeep = 1 << 16
 
 // barrier tracks the outcome of every block noted for publishing.
 type barrier struct {
-	mu      sync.Mutex
-	blocks  map[uint64]*outcome
-	order   []uint64 // resolved hashes, oldest first, for forgetting
+	mu     sync.Mutex
+	blocks map[uint64]*outcome
+	// order lists the resolutions, oldest first, for forgetting: a block
+	// resolved again since an entry (its seq moved on) is not forgotten
+	// by that entry.
+	order   []resolution
+	seq     uint64
 	changed chan struct{}
 }
+
+type resolution struct{ hash, seq uint64 }
 
 type outcome struct {
 	noted time.Time
@@ -54,6 +60,7 @@ type outcome struct {
 	pending int
 	done    bool
 	err     error
+	seq     uint64 // its latest entry in order
 }
 
 func newBarrier() *barrier {
@@ -116,7 +123,7 @@ func (b *barrier) resolve(hashes []uint64, err error, lag func(time.Duration)) {
 		o.err = err
 		if o.pending == 0 && !o.done {
 			o.done = true
-			b.order = append(b.order, h)
+			b.record(h, o)
 		}
 	}
 	b.forgetLocked()
@@ -124,15 +131,23 @@ func (b *barrier) resolve(hashes []uint64, err error, lag func(time.Duration)) {
 	b.wake()
 }
 
-// forgetLocked drops the oldest resolved outcomes past barrierKeep.
+// record appends block h's resolution to order.
+func (b *barrier) record(h uint64, o *outcome) {
+	b.seq++
+	o.seq = b.seq
+	b.order = append(b.order, resolution{h, b.seq})
+}
+
+// forgetLocked drops the oldest resolved outcomes past barrierKeep (an
+// outcome resolved again since keeps its latest).
 func (b *barrier) forgetLocked() {
 	if len(b.order) <= barrierKeep {
 		return
 	}
 	n := len(b.order) - barrierKeep
-	for _, h := range b.order[:n] {
-		if o := b.blocks[h]; o != nil && o.done && o.pending == 0 {
-			delete(b.blocks, h)
+	for _, r := range b.order[:n] {
+		if o := b.blocks[r.hash]; o != nil && o.done && o.pending == 0 && o.seq == r.seq {
+			delete(b.blocks, r.hash)
 		}
 	}
 	b.order = b.order[:copy(b.order, b.order[n:])]
@@ -144,7 +159,7 @@ func (b *barrier) abandon() {
 	for h, o := range b.blocks {
 		if !o.done {
 			o.pending, o.done, o.err = 0, true, ErrPublishAbandoned
-			b.order = append(b.order, h)
+			b.record(h, o)
 		}
 	}
 	b.mu.Unlock()

@@ -106,6 +106,9 @@ type replayFlags struct {
 	route         string        // replicas.go
 	sharedKV      int           // replicas.go
 	waitPublish   bool          // replicas.go
+	pd            string        // pd.go
+	pdPrefill     int           // pd.go: parsed from pd
+	pdDecode      int           // pd.go
 
 	realScale bool
 	busy      int
@@ -171,6 +174,7 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.realScale, "real-scale", false, fmt.Sprintf("run at the scale upstream measured: a KV pool of %d blocks of %d tokens, a 4 KiB hidden row and two 4 KiB layer keys (%s; %.2f GiB of mirror a key, allocated lazily), and print start-up and memory: New, the first request, RSS", realScaleBlocks, realScaleBlockSize, realScaleWidths, float64(realScaleBlocks*realScaleBlockSize*4096)/(1<<30)))
 	fs.IntVar(&f.busy, "busy", 0, "keep N cores busy beside the engine (N child processes spinning) for the whole replay, as a colocated stage sharing the machine: what it costs the cache-on runs' measured cache time, and so their projection")
 	replicaFlags(fs, &f)
+	pdFlags(fs, &f)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -292,15 +296,15 @@ func checkFlags(f *replayFlags, set map[string]bool) error {
 		}
 	}
 	if f.realScale {
-		for _, name := range []string{"kv-blocks", "block-size", "widths", "mirror-budget-mib", "replicas"} {
+		for _, name := range []string{"kv-blocks", "block-size", "widths", "mirror-budget-mib", "replicas", "pd"} {
 			if set[name] {
 				return fmt.Errorf("--real-scale sets the KV pool and keys: not with --%s", name)
 			}
 		}
 		f.kvBlocks, f.blockSize, f.widths = realScaleBlocks, realScaleBlockSize, realScaleWidths
 	}
-	if f.busy > 0 && f.replicas > 0 {
-		return fmt.Errorf("--busy applies to one engine's replay: not with --replicas")
+	if f.busy > 0 && (f.replicas > 0 || f.pd != "") {
+		return fmt.Errorf("--busy applies to one engine's replay: not with --replicas or --pd")
 	}
 	f.scaleSet = set["scale"] || set["full"]
 	if set["full"] && set["scale"] {
@@ -354,8 +358,12 @@ func runReplay(f *replayFlags, stdout, stderr io.Writer) (int, error) {
 		}
 		defer o.stop() // before the file's Close (deferred first)
 	}
-	if f.replicas > 0 {
-		code, err := runReplicas(f, specs, stdout, stderr)
+	if f.replicas > 0 || f.pd != "" {
+		run := runReplicas
+		if f.pd != "" {
+			run = runPD
+		}
+		code, err := run(f, specs, stdout, stderr)
 		if f.memprofile != "" {
 			if merr := writeMemProfile(f.memprofile); merr != nil && err == nil {
 				return 1, merr

@@ -10,11 +10,78 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/omnicache/omnicache"
 	"github.com/omnicache/omnicache/internal/replay/sim"
+	"github.com/omnicache/omnicache/tier"
 )
+
+// replicaSetup is what newReplica makes a replica of.
+type replicaSetup struct {
+	idx, blocks, conc int
+	src               sim.Source
+	kv                *sharedKV // nil: none (the P/D replay)
+	// tier, when set, is shared by the replicas' caches; external is then
+	// the simulator's KV connector, or with loadShared the replica itself
+	// (Load: the shared KV store, intersected with the tier).
+	tier       *tier.Tier
+	external   sim.External
+	loadShared bool
+	withCache  bool
+	fullBlocks bool // publish the full blocks a step computes
+	// tierConfig adjusts the cache's TierConfig.
+	tierConfig func(*omnicache.TierConfig)
+}
+
+// newReplica makes replica rs.idx of spec: its simulator and, withCache,
+// its cache and verifier.
+func newReplica(spec Spec, o ReplicaOptions, rs replicaSetup) (*replica, error) {
+	r := &replica{idx: rs.idx, kv: rs.kv, keys: spec.Keys, o: o}
+	scfg := sim.Config{BlockSize: o.BlockSize, NumBlocks: rs.blocks, MaxBatchedTokens: o.MaxBatchedTokens,
+		Concurrency: rs.conc, MaxModelLen: spec.MaxModelLen, Vocab: Vocab, FullBlocks: rs.fullBlocks}
+	if rs.tier != nil {
+		scfg.External = rs.external
+		if rs.loadShared {
+			scfg.External = r
+		}
+	}
+	if spec.Sim != nil {
+		spec.Sim(&scfg)
+	}
+	var err error
+	if r.s, err = sim.New(scfg, rs.src); err != nil {
+		return nil, fmt.Errorf("replica %d: %w", rs.idx, err)
+	}
+	if !rs.withCache {
+		return r, nil
+	}
+	cfg := omnicache.Config{NumBlocks: rs.blocks, BlockSize: o.BlockSize, Keys: spec.Keys, StagingCapacityTokens: o.MaxBatchedTokens}
+	if !o.PacePark {
+		cfg.SyncSpin = omnicache.MaxSyncSpin
+	}
+	r.rowBytes = keyRowBytes(spec.Keys)
+	r.pool = newBufPool(r.rowBytes, o.MaxBatchedTokens, true)
+	cfg.ReleaseHost = r.pool.release
+	if rs.tier != nil {
+		cfg.Tier = &omnicache.TierConfig{Tier: rs.tier, ImportTimeout: o.ImportTimeout, OnImport: r.onImport, AdmitAfter: o.AdmitAfter}
+		if rs.tierConfig != nil {
+			rs.tierConfig(cfg.Tier)
+		}
+	}
+	cfg.Histograms = o.Histograms
+	if r.c, err = omnicache.New(cfg); err != nil {
+		return nil, fmt.Errorf("replica %d: %w", rs.idx, err)
+	}
+	if o.OnCache != nil {
+		o.OnCache(rs.idx, r.c)
+	}
+	if o.Verify {
+		r.ver = newVerifier(spec.Keys, rs.blocks*o.BlockSize, o.BlockSize)
+	}
+	return r, nil
+}
 
 // replica is one engine: its simulator, its cache and its verifier.
 type replica struct {
@@ -40,8 +107,18 @@ type replica struct {
 	pool     *bufPool
 	rowBytes []int
 
-	mu  sync.Mutex
-	lat []int64 // import latencies (OnImport, on the committer)
+	mu       sync.Mutex
+	lat      []int64      // import latencies (OnImport, on the committer)
+	nImports atomic.Int64 // len(lat)
+
+	// The last step (nil after an idle Next), its engine time and its
+	// Materialize time (-1: discarded), and the requests Materialize
+	// failed: what the P/D replay reads after each step.
+	last        *sim.Step
+	lastEngine  int64
+	lastMat     int64
+	lastFailed  []int64
+	lastFailErr []error
 
 	engineNs, matNs, paceNs, lookupNs, lookupErrs, reqErrs, failedTok int64
 	beginNs, saveNs, discardNs                                        int64
@@ -68,20 +145,44 @@ func (r *replica) Load(hashes []uint64) int {
 
 func (r *replica) onImport(e omnicache.ImportEvent) {
 	r.mu.Lock()
+	r.nImports.Store(int64(len(r.lat) + 1))
 	r.lat = append(r.lat, e.Latency.Nanoseconds())
 	r.mu.Unlock()
 }
 
+// importLatency waits until the replica's cache reported its nth import
+// (OnImport runs on the committer right after the import's rows are in the
+// mirror, so just after a Materialize that waited for them) and returns
+// that import's latency.
+func (r *replica) importLatency(n int) (int64, error) {
+	for deadline := time.Now().Add(time.Second); r.nImports.Load() < int64(n); {
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("import %d not reported (%d were)", n, r.nImports.Load())
+		}
+		runtime.Gosched()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lat[n-1], nil
+}
+
 // engineStep records one step's engine time.
 func (r *replica) engineStep(ns int64) {
+	r.lastEngine = ns
 	r.engineNs += ns
 	r.stepNs = append(r.stepNs, ns)
 	r.stepAt = append(r.stepAt, time.Now().UnixNano())
 }
 
 // step runs one engine step (done when the replica has no work left).
+// An idle simulator (sim.ErrIdle) runs no step.
 func (r *replica) step() error {
+	r.last, r.lastEngine, r.lastMat = nil, 0, -1
+	r.lastFailed, r.lastFailErr = r.lastFailed[:0], r.lastFailErr[:0]
 	st, err := r.s.Next()
+	if errors.Is(err, sim.ErrIdle) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -89,8 +190,11 @@ func (r *replica) step() error {
 		r.done = true
 		return nil
 	}
+	r.last = st
 	if r.c == nil { // simulator alone
-		r.kv.add(st.Plan.FullHashes)
+		if r.kv != nil {
+			r.kv.add(st.Plan.FullHashes)
+		}
 		return nil
 	}
 	if r.ver != nil {
@@ -147,7 +251,9 @@ func (r *replica) step() error {
 	r.saveNs += save
 	endRegion(rg)
 	r.s.Advance()
-	r.kv.add(st.Plan.FullHashes) // the step's KV exists now: the shared store has it
+	if r.kv != nil {
+		r.kv.add(st.Plan.FullHashes) // the step's KV exists now: the shared store has it
+	}
 	if r.ver == nil && len(r.rec.hits) == 0 {
 		rg = region("discard")
 		t = time.Now()
@@ -165,7 +271,8 @@ func (r *replica) step() error {
 	}
 	t = time.Now()
 	err = r.c.Materialize(id, asked, &r.res)
-	r.matNs += time.Since(t).Nanoseconds()
+	r.lastMat = time.Since(t).Nanoseconds()
+	r.matNs += r.lastMat
 	var re *omnicache.RequestError
 	if err != nil && !errors.As(err, &re) {
 		return fmt.Errorf("step %d: materialize: %w", st.Index, err)
@@ -194,6 +301,7 @@ func (r *replica) failed(st *sim.Step, asked []int64) []int64 {
 			continue
 		}
 		r.reqErrs++
+		r.lastFailed, r.lastFailErr = append(r.lastFailed, id), append(r.lastFailErr, err)
 		if errors.Is(err, omnicache.ErrTierMiss) {
 			blocks := r.ver.forget(st, r.o.BlockSize, id) // a nil verifier only counts
 			r.failedTok += int64(blocks * r.o.BlockSize)
@@ -217,6 +325,7 @@ func (r *replica) finish() (ReplicaReport, error) {
 				return pr, err
 			}
 			pr.VerifiedRows, pr.VerifyFailures = r.ver.rows, r.ver.failures
+			pr.VerifyRepeated, pr.VerifyMissing = r.ver.repeated, r.ver.missing
 		}
 		err := r.c.Close() // the publisher drains: every publish counted
 		st := r.c.Stats()

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/omnicache/omnicache"
-	"github.com/omnicache/omnicache/internal/replay/sim"
 	"github.com/omnicache/omnicache/tier"
 )
 
@@ -76,9 +75,13 @@ type ReplicaOptions struct {
 	// pay for the cold caches.
 	PacePark bool
 	// AfterRound, when set, is called after every round of the cache-on
-	// run (one step of each replica still running), with the round's index
-	// (tests kill a tier node mid-run).
+	// run (one step of each replica still running; in the P/D replay one
+	// step of one replica), with the round's index (tests kill a tier node
+	// mid-run).
 	AfterRound func(round int)
+	// OnTier, when set, is called with the run's tier once it is open
+	// (tests flush it mid-run).
+	OnTier func(*tier.Tier)
 }
 
 // ReplicaReport is one replica's (or, in ReplicasReport, all replicas')
@@ -137,6 +140,10 @@ type ReplicaReport struct {
 	RequestErrors  int64 `json:"request_errors"`
 	VerifiedRows   int64 `json:"verified_rows"`
 	VerifyFailures int64 `json:"verify_failures"`
+	// VerifyRepeated and VerifyMissing are the rows a result delivered
+	// again, or skipped (counted in VerifyFailures too).
+	VerifyRepeated int64 `json:"verify_repeated_rows"`
+	VerifyMissing  int64 `json:"verify_missing_rows"`
 	// StepsPerSecP50 and StepsPerSecMin are the replica's steps per
 	// second of wall time over the whole one-second windows of its run:
 	// the median window and the slowest one (what a stalled store costs a
@@ -259,15 +266,7 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 		return nil, err
 	}
 	rep := &ReplicasReport{Name: spec.Name, Replicas: o.Replicas, Tier: tier.Redact(o.Tier), Route: o.Route, KVBlocks: per * o.Replicas, Verify: o.Verify}
-	keys := slices.Clone(spec.Keys)
-	for i := range keys {
-		if keys[i].Deferred && o.Tier != "off" {
-			keys[i].Deferred = false
-			rep.Note = "deferred keys run immediate (a tier keeps immediate keys only)"
-		}
-	}
-	spec.Keys = keys
-
+	spec, rep.Note = immediateKeys(spec, o.Tier)
 	single, err := Simulate(spec, bo, true)
 	if err != nil {
 		return rep, err
@@ -279,34 +278,16 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 	}
 	rep.LocalOnlyHitRate = local.HitRate
 
-	var tr *tier.Tier
-	var emb *tier.Embedded
 	rep.AdmitAfter = o.AdmitAfter
-	if o.Tier != "off" {
-		var b tier.Backend
-		if o.Tier == "embedded" {
-			emb, err = tier.NewEmbeddedPolicy(o.TierBytes, o.TierPolicy)
-			b = emb
-			if emb != nil {
-				rep.TierPolicy = string(emb.Policy())
-			}
-		} else {
-			b, err = tier.Open(o.Tier, o.Redis)
-		}
-		if err != nil {
-			return rep, fmt.Errorf("tier %s: %w", tier.Redact(o.Tier), err)
-		}
-		// A namespace of its own per run: a server kept from an earlier
-		// run must not lend this one hits.
-		ns := tier.Namespace{Model: fmt.Sprintf("%s/%s/%x", spec.Model, spec.Name, time.Now().UnixNano()), BlockSize: o.BlockSize}
-		for _, k := range spec.Keys {
-			ns.Keys = append(ns.Keys, tier.Key{Name: k.Name, RowBytes: k.RowBytes})
-		}
-		if tr, err = tier.New(b, ns, tier.Options{RecentWindow: o.TierRecent, Histograms: o.Histograms}); err != nil {
-			b.Close()
-			return rep, err
-		}
+	tr, emb, err := openTier(spec, o)
+	if err != nil {
+		return rep, err
+	}
+	if tr != nil {
 		defer tr.Close()
+	}
+	if emb != nil {
+		rep.TierPolicy = string(emb.Policy())
 	}
 	wall := time.Now()
 	res, err := runReplicas(spec, o, per, tr, true)
@@ -325,6 +306,55 @@ func RunReplicas(spec Spec, o ReplicaOptions) (*ReplicasReport, error) {
 		return rep, fmt.Errorf("%s: %w: %d wrong rows over %d replicas", spec.Name, ErrVerify, rep.VerifyFailures, o.Replicas)
 	}
 	return rep, nil
+}
+
+// immediateKeys is spec with its deferred keys made immediate when it runs
+// with a tier (a tier keeps immediate keys only), and a note saying so.
+func immediateKeys(spec Spec, tierSpec string) (Spec, string) {
+	if tierSpec == "off" || !slices.ContainsFunc(spec.Keys, func(k omnicache.Key) bool { return k.Deferred }) {
+		return spec, ""
+	}
+	keys := slices.Clone(spec.Keys)
+	for i := range keys {
+		keys[i].Deferred = false
+	}
+	spec.Keys = keys
+	return spec, "deferred keys run immediate (a tier keeps immediate keys only)"
+}
+
+// openTier opens the tier of a run of spec under o (nil with o.Tier
+// "off"): the embedded store (also returned, for its usage) or the store
+// o.Tier names, under a namespace of the run's own, so that a server kept
+// from an earlier run lends it no hits. The caller closes it.
+func openTier(spec Spec, o ReplicaOptions) (*tier.Tier, *tier.Embedded, error) {
+	if o.Tier == "off" {
+		return nil, nil, nil
+	}
+	var b tier.Backend
+	var emb *tier.Embedded
+	var err error
+	if o.Tier == "embedded" {
+		emb, err = tier.NewEmbeddedPolicy(o.TierBytes, o.TierPolicy)
+		b = emb
+	} else {
+		b, err = tier.Open(o.Tier, o.Redis)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("tier %s: %w", tier.Redact(o.Tier), err)
+	}
+	ns := tier.Namespace{Model: fmt.Sprintf("%s/%s/%x", spec.Model, spec.Name, time.Now().UnixNano()), BlockSize: o.BlockSize}
+	for _, k := range spec.Keys {
+		ns.Keys = append(ns.Keys, tier.Key{Name: k.Name, RowBytes: k.RowBytes})
+	}
+	tr, err := tier.New(b, ns, tier.Options{RecentWindow: o.TierRecent, Histograms: o.Histograms})
+	if err != nil {
+		b.Close()
+		return nil, nil, err
+	}
+	if o.OnTier != nil {
+		o.OnTier(tr)
+	}
+	return tr, emb, nil
 }
 
 type replicasResult struct {
@@ -353,42 +383,10 @@ func runReplicas(spec Spec, o ReplicaOptions, per int, tr *tier.Tier, withCache 
 		}
 	}()
 	for i := range reps {
-		r := &replica{idx: i, kv: kv, keys: spec.Keys, o: o}
-		reps[i] = r
-		scfg := sim.Config{BlockSize: o.BlockSize, NumBlocks: per, MaxBatchedTokens: o.MaxBatchedTokens,
-			Concurrency: conc, MaxModelLen: spec.MaxModelLen, Vocab: Vocab, FullBlocks: true}
-		if tr != nil {
-			scfg.External = r
-		}
-		if spec.Sim != nil {
-			spec.Sim(&scfg)
-		}
 		var err error
-		if r.s, err = sim.New(scfg, rt.source(i)); err != nil {
-			return nil, fmt.Errorf("replica %d: %w", i, err)
-		}
-		if !withCache {
-			continue
-		}
-		cfg := omnicache.Config{NumBlocks: per, BlockSize: o.BlockSize, Keys: spec.Keys, StagingCapacityTokens: o.MaxBatchedTokens}
-		if !o.PacePark {
-			cfg.SyncSpin = omnicache.MaxSyncSpin
-		}
-		r.rowBytes = keyRowBytes(spec.Keys)
-		r.pool = newBufPool(r.rowBytes, o.MaxBatchedTokens, true)
-		cfg.ReleaseHost = r.pool.release
-		if tr != nil {
-			cfg.Tier = &omnicache.TierConfig{Tier: tr, ImportTimeout: o.ImportTimeout, OnImport: r.onImport, AdmitAfter: o.AdmitAfter}
-		}
-		cfg.Histograms = o.Histograms
-		if r.c, err = omnicache.New(cfg); err != nil {
-			return nil, fmt.Errorf("replica %d: %w", i, err)
-		}
-		if o.OnCache != nil {
-			o.OnCache(i, r.c)
-		}
-		if o.Verify {
-			r.ver = newVerifier(spec.Keys, per*o.BlockSize, o.BlockSize)
+		if reps[i], err = newReplica(spec, o, replicaSetup{idx: i, blocks: per, conc: conc, src: rt.source(i), kv: kv,
+			tier: tr, loadShared: true, withCache: withCache, fullBlocks: true}); err != nil {
+			return nil, err
 		}
 	}
 	for active, round := n, 0; active > 0; round++ {
@@ -459,6 +457,8 @@ func (t *ReplicaReport) add(pr ReplicaReport) {
 	t.RequestErrors += pr.RequestErrors
 	t.VerifiedRows += pr.VerifiedRows
 	t.VerifyFailures += pr.VerifyFailures
+	t.VerifyRepeated += pr.VerifyRepeated
+	t.VerifyMissing += pr.VerifyMissing
 }
 
 // finishRates computes the hit rate, engine time per step and import

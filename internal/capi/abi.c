@@ -181,6 +181,11 @@ int omnicache_lookup(uint64_t h, const uint64_t *hashes, int64_t n, int64_t *hel
 	return ocgo_lookup(h, (uint64_t *)hashes, n, held, MSG);
 }
 
+int omnicache_wait_published(uint64_t h, const uint64_t *hashes, int64_t n, int64_t timeout_ns) {
+	ENTER;
+	return ocgo_wait_published(h, (uint64_t *)hashes, n, timeout_ns, MSG);
+}
+
 int omnicache_stats(uint64_t h, int64_t *out, int64_t cap, int64_t *n_out) {
 	ENTER;
 	return ocgo_stats(h, out, cap, n_out, MSG);

@@ -150,7 +150,7 @@ func ocgo_new(cc *C.omnicache_config, out *C.uint64_t, mp *C.char, mcap C.int64_
 }
 
 func newEntry(cc *C.omnicache_config) (*entry, error) {
-	if cc.flags&^(C.OMNICACHE_DISABLE_DECODE_BUFFER|C.OMNICACHE_DISABLE_PREFETCH|C.OMNICACHE_ALLOC_STAGING_AT_NEW|C.OMNICACHE_ALLOC_STAGING_AHEAD|C.OMNICACHE_DEVICE_CUDA) != 0 {
+	if cc.flags&^(C.OMNICACHE_DISABLE_DECODE_BUFFER|C.OMNICACHE_DISABLE_PREFETCH|C.OMNICACHE_ALLOC_STAGING_AT_NEW|C.OMNICACHE_ALLOC_STAGING_AHEAD|C.OMNICACHE_DEVICE_CUDA|C.OMNICACHE_TIER_PUBLISH_BARRIER) != 0 {
 		return nil, fmt.Errorf("%w: unknown config flags %#x", errArgument, uint32(cc.flags))
 	}
 	ck, err := view[C.omnicache_key](cc.keys, cc.nkeys, "keys")
@@ -202,8 +202,15 @@ func newEntry(cc *C.omnicache_config) (*entry, error) {
 		})
 	}
 	e := &entry{keys: cfg.Keys}
+	if cc.flags&C.OMNICACHE_TIER_PUBLISH_BARRIER != 0 && cc.tier_spec == nil {
+		return nil, fmt.Errorf("%w: OMNICACHE_TIER_PUBLISH_BARRIER without a tier", omnicache.ErrConfig)
+	}
+	importTimeout, err := seconds(cc.tier_import_timeout_s)
+	if err != nil || importTimeout < 0 {
+		return nil, fmt.Errorf("%w: tier_import_timeout_s %v", errArgument, float64(cc.tier_import_timeout_s))
+	}
 	if cc.tier_spec != nil {
-		back, err := tier.Open(C.GoString(cc.tier_spec), tier.RedisOptions{})
+		back, err := openBackend(C.GoString(cc.tier_spec))
 		if err != nil {
 			return nil, err
 		}
@@ -217,7 +224,8 @@ func newEntry(cc *C.omnicache_config) (*entry, error) {
 			return nil, err
 		}
 		e.tier, e.back = t, back
-		cfg.Tier = &omnicache.TierConfig{Tier: t}
+		cfg.Tier = &omnicache.TierConfig{Tier: t, ImportTimeout: importTimeout,
+			PublishBarrier: cc.flags&C.OMNICACHE_TIER_PUBLISH_BARRIER != 0}
 	}
 	if cc.flags&C.OMNICACHE_DEVICE_CUDA != 0 {
 		dev, err := gpu.NewCUDA(int(cc.cuda_device))

@@ -11,6 +11,7 @@ void ocgo_c_set_steps(const uint64_t *ids, int64_t n); // abi.c
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"unsafe"
@@ -69,6 +70,7 @@ var codes = []struct {
 	{errUnsupported, C.OMNICACHE_ERR_UNSUPPORTED},
 	{gpu.ErrNoCUDA, C.OMNICACHE_ERR_UNSUPPORTED},
 	{gpu.ErrNoDevice, C.OMNICACHE_ERR_NO_DEVICE},
+	{context.DeadlineExceeded, C.OMNICACHE_ERR_TIMEOUT}, // a call's own bound (omnicache_wait_published)
 }
 
 func code(err error) C.int {

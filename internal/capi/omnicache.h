@@ -20,8 +20,8 @@
  * the library is returned as OMNICACHE_ERR_PANIC.
  *
  * Threads. omnicache_begin, _save, _abort and _sync are called by one thread
- * at a time (the engine's); _materialize, _discard, _stats, _lookup and
- * _close may be called from any thread, concurrently. Calls block (a save
+ * at a time (the engine's); _materialize, _discard, _stats, _lookup,
+ * _wait_published and _close may be called from any thread, concurrently. Calls block (a save
  * waiting for a staging page, a materialize joining a write): release any
  * interpreter lock around them.
  *
@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define OMNICACHE_ABI_VERSION 3 /* the struct layouts and calls below */
+#define OMNICACHE_ABI_VERSION 4 /* the struct layouts and calls below */
 #define OMNICACHE_VERSION_STRING "0.1.0"
 
 /* Error codes: stable numbers, never reused. */
@@ -81,7 +81,8 @@ enum {
 	OMNICACHE_ERR_PANIC = 104,        /* a panic inside the library (a bug) */
 	OMNICACHE_ERR_UNSUPPORTED = 105,  /* e.g. a CUDA tensor in a build without CUDA */
 	OMNICACHE_ERR_INTERNAL = 106,     /* an error with no code of its own */
-	OMNICACHE_ERR_NO_DEVICE = 107     /* OMNICACHE_DEVICE_CUDA: no such CUDA device (no GPU, no driver, ordinal) */
+	OMNICACHE_ERR_NO_DEVICE = 107,    /* OMNICACHE_DEVICE_CUDA: no such CUDA device (no GPU, no driver, ordinal) */
+	OMNICACHE_ERR_TIMEOUT = 108       /* a call's own timeout ran out (omnicache_wait_published: blocks still being stored) */
 };
 
 /* omnicache_key.flags */
@@ -101,6 +102,7 @@ typedef struct {
 #define OMNICACHE_ALLOC_STAGING_AT_NEW 4u
 #define OMNICACHE_ALLOC_STAGING_AHEAD 8u
 #define OMNICACHE_DEVICE_CUDA 16u /* stage through CUDA device cuda_device (cuda builds) */
+#define OMNICACHE_TIER_PUBLISH_BARRIER 32u /* with a tier: track every published block's outcome (omnicache_wait_published) */
 
 /* Config; zero fields take the Go defaults (omnicache.Config). Durations in
  * seconds: 0 default; staging_claim_timeout_s < 0 means fail at once
@@ -120,9 +122,14 @@ typedef struct {
 	int64_t copy_workers;
 	uint32_t flags;
 	int32_t cuda_device; /* the CUDA device ordinal, with OMNICACHE_DEVICE_CUDA */
-	/* a shared tier: NULL for none; "embedded" or redis://HOST:PORT ... */
+	/* a shared tier: NULL for none; "embedded" (this cache's own),
+	 * "embedded://NAME" (an embedded store shared by every cache of this
+	 * process that names it: prefill and decode instances in one process),
+	 * or redis://HOST:PORT, redis-cluster://H1:P1,... */
 	const char *tier_spec;
 	const char *tier_model; /* the tier namespace's model name */
+	/* with a tier: bound of one import's fetch, in seconds (0: 2 s) */
+	double tier_import_timeout_s;
 } omnicache_config;
 
 /* One real step's plan, struct-of-arrays (omnicache.Plan). An array with
@@ -278,6 +285,16 @@ int omnicache_slots(const int32_t *table, int64_t table_len, int64_t stride, con
 		    int64_t cap, int64_t *written);
 /* How many leading blocks of hashes the tier holds. */
 int omnicache_lookup(uint64_t h, const uint64_t *hashes, int64_t n, int64_t *held);
+/* Waits until every block of hashes (chained hashes the engine gave as a
+ * plan's full_hashes: a request's full prompt blocks it computed) is stored
+ * in the tier (Cache.WaitPublished; a cache with
+ * OMNICACHE_TIER_PUBLISH_BARRIER, else OMNICACHE_ERR_CONFIG): 0 once they
+ * are; OMNICACHE_ERR_NOT_PUBLISHED at once for a block that was not stored
+ * (the message names it and why); OMNICACHE_ERR_TIMEOUT when blocks are
+ * still being stored after timeout_ns (0: do not wait; negative:
+ * OMNICACHE_ERR_ARGUMENT). A prefill instance calls it before it reports
+ * the request's KV transferred. */
+int omnicache_wait_published(uint64_t h, const uint64_t *hashes, int64_t n, int64_t timeout_ns);
 /* Stats as int64 counters in the order of omnicache_stat_names; *n_out is
  * the number of counters (written up to cap). */
 int omnicache_stats(uint64_t h, int64_t *out, int64_t cap, int64_t *n_out);

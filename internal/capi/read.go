@@ -15,6 +15,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/omnicache/omnicache"
@@ -187,15 +188,21 @@ func compact(res *omnicache.Result, into [][]byte, keys []omnicache.Key) {
 	}
 }
 
+// withHashes is the cache of handle h and the caller's n block hashes.
+func withHashes(h C.uint64_t, hashes *C.uint64_t, n C.int64_t) (*entry, []uint64, error) {
+	e, err := lookup(uint64(h))
+	if err != nil {
+		return nil, nil, err
+	}
+	hs, err := view[uint64](hashes, n, "hashes")
+	return e, hs, err
+}
+
 //export ocgo_lookup
 func ocgo_lookup(h C.uint64_t, hashes *C.uint64_t, n C.int64_t, held *C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
-	e, err := lookup(uint64(h))
-	if err != nil {
-		return m.fail(err)
-	}
-	hs, err := view[uint64](hashes, n, "hashes")
+	e, hs, err := withHashes(h, hashes, n)
 	if err != nil {
 		return m.fail(err)
 	}
@@ -205,6 +212,28 @@ func ocgo_lookup(h C.uint64_t, hashes *C.uint64_t, n C.int64_t, held *C.int64_t,
 	k, err := e.c.Lookup(context.Background(), hs)
 	*held = C.int64_t(k)
 	return m.fail(err)
+}
+
+//export ocgo_wait_published
+func ocgo_wait_published(h C.uint64_t, hashes *C.uint64_t, n C.int64_t, timeoutNs C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	m := msgBuf{mp, mcap, mn}
+	defer m.recoverInto(&rc)
+	e, hs, err := withHashes(h, hashes, n)
+	if err != nil {
+		return m.fail(err)
+	}
+	if timeoutNs < 0 {
+		return m.fail(fmt.Errorf("%w: negative timeout %d ns", errArgument, int64(timeoutNs)))
+	}
+	return m.fail(waitPublished(e.c, hs, time.Duration(timeoutNs)))
+}
+
+// waitPublished is Cache.WaitPublished bounded by timeout (0: no wait: a
+// block still being stored fails at once).
+func waitPublished(c *omnicache.Cache, hashes []uint64, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return c.WaitPublished(ctx, hashes)
 }
 
 // statFields are omnicache.Stats' fields, in declaration order.

@@ -45,6 +45,7 @@ class Config(ctypes.Structure):
         ("cuda_device", c_i32),
         ("tier_spec", ctypes.c_char_p),
         ("tier_model", ctypes.c_char_p),
+        ("tier_import_timeout_s", ctypes.c_double),
     ]
 
 
@@ -96,8 +97,9 @@ DISABLE_PREFETCH = 2
 ALLOC_STAGING_AT_NEW = 4
 ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
+TIER_PUBLISH_BARRIER = 32
 TENSOR_CUDA = 1
-ABI_VERSION = 3  # the layouts above and the calls of signatures() (OMNICACHE_ABI_VERSION)
+ABI_VERSION = 4  # the layouts above and the calls of signatures() (OMNICACHE_ABI_VERSION)
 
 
 def signatures():
@@ -123,6 +125,7 @@ def signatures():
         "omnicache_slots": (ctypes.c_int, [c_ptr, c_i64, c_i64, c_ptr, c_ptr, c_ptr, c_i64, c_i64, c_ptr,
                                            c_i64, P(c_i64)]),
         "omnicache_lookup": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
+        "omnicache_wait_published": (ctypes.c_int, [c_u64, c_ptr, c_i64, c_i64]),
         "omnicache_stats": (ctypes.c_int, [c_u64, c_ptr, c_i64, P(c_i64)]),
         "omnicache_stat_names": (c_i64, [ctypes.c_char_p, c_i64]),
     }

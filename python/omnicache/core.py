@@ -82,7 +82,8 @@ class Cache(_Engine):
     def __init__(self, keys, num_blocks, block_size, *, staging_depth=0, staging_capacity_tokens=0,
                  staging_claim_timeout_s=0.0, device_budget_bytes=0, deferred_chunk_bytes=0,
                  wait_timeout_s=0.0, read_ahead_bytes=0, copy_workers=0, decode_buffer=True,
-                 prefetch=True, alloc_staging=None, tier=None, tier_model="", cuda_device=None):
+                 prefetch=True, alloc_staging=None, tier=None, tier_model="", cuda_device=None,
+                 publish_barrier=False, tier_import_timeout_s=0.0):
         try:
             self.keys = [k if isinstance(k, Key) else Key(*k) for k in keys]
         except TypeError as e:
@@ -114,11 +115,13 @@ class Cache(_Engine):
             raise ConfigError("omnicache: alloc_staging %r: want None, 'new' or 'ahead'" % (alloc_staging,))
         if cuda_device is not None:
             flags |= _ffi.DEVICE_CUDA
+        if publish_barrier:
+            flags |= _ffi.TIER_PUBLISH_BARRIER
         cfg = _ffi.Config(
             num_blocks=num_blocks, block_size=block_size, keys=ck, nkeys=len(self.keys),
             staging_claim_timeout_s=staging_claim_timeout_s, wait_timeout_s=wait_timeout_s, flags=flags,
             tier_spec=None if tier is None else tier.encode(), tier_model=tier_model.encode(),
-            cuda_device=cuda_device or 0, **sizes)
+            tier_import_timeout_s=tier_import_timeout_s, cuda_device=cuda_device or 0, **sizes)
         h = _ffi.c_u64()
         rc = L.omnicache_new(ctypes.byref(cfg), ctypes.byref(h))
         if rc:
@@ -319,6 +322,19 @@ class Cache(_Engine):
         if rc:
             _raise(rc)
         return held.value
+
+    def wait_published(self, hashes, timeout_s):
+        """Waits until every block of hashes (uint64 chained hashes given as
+        a plan's full_hashes) is stored in the tier: a prefill instance
+        calls it before it reports a request's KV transferred. Needs
+        Cache(publish_barrier=True). NotPublishedError names a block that
+        was not stored; WaitTimeoutError: blocks still being stored after
+        timeout_s (0: do not wait)."""
+        p, n, keep = _ints(hashes, "u64", "hashes")
+        ns = _int(round(float(timeout_s) * 1e9), "timeout_s (in ns)", 0, _I64[1])
+        rc = _ffi.lib().omnicache_wait_published(self._h, p, n, ns)
+        if rc:
+            _raise(rc)
 
     def stats(self):
         """The cache's counters (omnicache.Stats) as a dict."""

@@ -51,6 +51,8 @@ PanicError = _cls("PanicError", 104, "A panic inside the library (a bug).")
 UnsupportedError = _cls("UnsupportedError", 105, "Not supported by this build (e.g. CUDA tensors).")
 InternalError = _cls("InternalError", 106, "An error with no code of its own.")
 NoDeviceError = _cls("NoDeviceError", 107, "gpu.ErrNoDevice: no such CUDA device (no GPU, no driver, or the ordinal).")
+WaitTimeoutError = _cls("WaitTimeoutError", 108, "A call's own timeout ran out (wait_published: blocks still being stored).",
+                        (OmnicacheError, TimeoutError))
 
 
 # Errors of the package itself, before a call reaches the library: each is
@@ -94,7 +96,7 @@ ERRORS = {c.code: c for c in [
     NotInStepError, AbsentRequiredError, ReassignedError, BudgetError, WriteFailedError,
     DeviceTimeoutError, TierMissError, TierUnavailableError, TierAuthError, TierConfigError,
     TierClosedError, ResetError, TierCircuitOpenError, NotPublishedError, ArgumentError, BadHandleError, ShortBufferError, ForkedError, PanicError,
-    UnsupportedError, InternalError, NoDeviceError]}
+    UnsupportedError, InternalError, NoDeviceError, WaitTimeoutError]}
 
 
 def error(code, message, steps=()):

@@ -26,14 +26,32 @@ class OmniPrefixCacheStagingTimeoutError(OmniPrefixCacheUnmatchError):
     unconsumed = ()
 
 
+class OmniPrefixCacheTierMissError(OmniPrefixCacheUnmatchError):
+    """Not upstream's (a P/D decode side): materialize could not import the
+    rows of tier blocks (evicted, flushed, the store unreachable) for the
+    requests ``failed``: recompute them. ``outputs`` holds the other
+    requests' rows (a StageCacheOutputs), served exact. The core's
+    TierMissError is the __cause__."""
+
+    failed = ()
+    outputs = None
+
+
 # ---- interface ----
 
 
 @dataclasses.dataclass(frozen=True)
 class PrefixCacheConfig:
-    """Upstream's fields and defaults, and ``cuda_device``: the CUDA device
-    ordinal the cache stages through (None: the device of the first
-    save_outputs' tensors, the host when they are host tensors)."""
+    """Upstream's fields and defaults, and four of the adapter's own:
+    ``cuda_device``, the CUDA device ordinal the cache stages through (None:
+    the device of the first save_outputs' tensors, the host when they are
+    host tensors); the shared tier of a disaggregated (P/D) deployment:
+    ``tier`` (a spec: "embedded://NAME" for instances of one process,
+    "redis://HOST:PORT", "redis-cluster://H1:P1,..."; None: no tier) and
+    ``tier_model`` (its namespace's model name, the same on both sides),
+    ``publish_barrier`` (the prefill side: wait_published can wait for a
+    request's blocks) and ``tier_import_timeout_s`` (the decode side's bound
+    of one import; 0: 2 s)."""
 
     num_blocks: int
     block_size: int
@@ -43,6 +61,10 @@ class PrefixCacheConfig:
     staging_claim_timeout_s: float = 30.0
     copy_chunk_bytes: int = 16 << 20
     cuda_device: Optional[int] = None
+    tier: Optional[str] = None
+    tier_model: str = ""
+    publish_barrier: bool = False
+    tier_import_timeout_s: float = 0.0
 
     @classmethod
     def from_vllm_config(cls, *, num_blocks, block_size, scheduler_config=None, model_config=None, **kw):
@@ -102,12 +124,24 @@ TERMINAL = (PrefixCacheEventKind.FINISHED, PrefixCacheEventKind.ABORTED)
 
 @dataclasses.dataclass(frozen=True)
 class PrefixCacheRequestEvent:
+    """Upstream's event, extended for a shared tier (fields upstream's
+    event does not have; both empty by default): ``block_hashes``, the
+    chained hashes of the request's full blocks known so far (vLLM's
+    Request.block_hashes: a prompt's at STARTED), whose rows the cache
+    publishes to the tier once a step computed them (a P/D prefill side);
+    ``tier_hashes``, on a STARTED event with a hit, the hashes of the hit's
+    last len(tier_hashes) blocks, whose KV came from outside (a P/D decode
+    side: the transferred prompt) and whose rows the cache imports from the
+    tier."""
+
     req_id: str
     kind: PrefixCacheEventKind
     hit_start: int = 0
     hit_end: int = 0
     block_ids: Tuple[Tuple[int, ...], ...] = ()
     scheduled_tokens: int = 0
+    block_hashes: Tuple[int, ...] = ()
+    tier_hashes: Tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

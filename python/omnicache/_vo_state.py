@@ -16,12 +16,15 @@ K = PrefixCacheEventKind
 
 class Req:
     """A live request: its core id and the position its next scheduled
-    token has (the engine's num_computed_tokens)."""
+    token has (the engine's num_computed_tokens); with a tier its full
+    blocks' hashes (events' block_hashes) and those noted for publishing
+    (the blocks a step computed)."""
 
-    __slots__ = ("rid", "iid", "pos")
+    __slots__ = ("rid", "iid", "pos", "hashes", "noted")
 
     def __init__(self, rid, iid, pos):
         self.rid, self.iid, self.pos = rid, iid, pos
+        self.hashes, self.noted = (), {}  # noted: an ordered set
 
 
 class Pending:
@@ -37,7 +40,7 @@ class Pending:
 
     def __init__(self):
         self.sched = {}
-        self.arrivals = {}  # rid -> (Req, hit tokens, hit block ids)
+        self.arrivals = {}  # rid -> (Req, hit tokens, hit block ids, tier hashes)
         self.finished = []  # core ids
         self.preempted = {}  # rid -> Req
         self.resumed = {}  # rid -> Req
@@ -82,8 +85,10 @@ def plan_events(events, live, pos_of, block_size, num_blocks):
     requests, and per other event ("arrive" | "resume" | "continue", event,
     Req or None, hit block ids). Raises, changing nothing, on a hit without
     block ids or not block aligned (upstream's words), too few or
-    out-of-range block ids, a negative hit, or two events for one request
-    (a finish and a new start of a reused id excepted)."""
+    out-of-range block ids, a negative hit, two events for one request
+    (a finish and a new start of a reused id excepted), or tier hashes on
+    an event that is no arrival with a hit, more than its hit blocks, or
+    not uint64 (as block hashes)."""
     ending = [ev.req_id for kind, ev in events if kind in TERMINAL]
     gone = set(ending)
     seen = set()
@@ -121,6 +126,13 @@ def plan_events(events, live, pos_of, block_size, num_blocks):
             bad = [b for b in blocks if b < 0 or b >= num_blocks]
             if bad:
                 raise Unmatch("prefix hit for req %s: block ids %s outside [0, %d)" % (rid, bad[:8], num_blocks))
+        th = tuple(getattr(ev, "tier_hashes", ()) or ())
+        if th and (op != "arrive" or len(th) > len(blocks)):
+            raise Unmatch("req %s: %d tier_hashes on a%s event with %d hit blocks: tier blocks are the last of a new "
+                          "request's hit" % (rid, len(th), "n arriving" if op == "arrive" else " " + op, len(blocks)))
+        for name, hs in (("tier_hashes", th), ("block_hashes", getattr(ev, "block_hashes", ()) or ())):
+            if any(type(x) is bool or not isinstance(x, (int, np.integer)) or not 0 <= int(x) < 1 << 64 for x in hs):
+                raise ValueError("event for req %s: %s must be uint64 integers" % (rid, name))
         ops.append((op, ev, r, blocks))
     return ending, ops
 
@@ -222,18 +234,45 @@ def build_batch(layout, live, block_size, num_blocks, table):
     return b
 
 
-def make_plan(batch, pend, sentinel_finish=False):
+def full_blocks(batch, block_size):
+    """The full blocks the batch completes whose hashes its requests carry
+    (Req.hashes), with those hashes: (block ids, hashes, per block its
+    Req). A request's block j is complete once the step computes its last
+    position, (j+1)*block_size - 1; its block id is the batch table's (the
+    step writes that position)."""
+    blocks, hashes, reqs = [], [], []
+    bs = block_size
+    for i, (r, n) in enumerate(zip(batch.reqs, batch.counts.tolist())):
+        for j in range(r.pos // bs, min((r.pos + n) // bs, len(r.hashes))):
+            blocks.append(int(batch.table[i, j]))
+            hashes.append(int(r.hashes[j]))
+            reqs.append(r)
+    return blocks, hashes, reqs
+
+
+def make_plan(batch, pend, sentinel_finish=False, publish=False, block_size=0):
     """The core Plan of a checked batch and the pending step's events.
     sentinel_finish adds core id 0 (never a request's) to the finished
     ids: the step is then never a pure decode step, whose rows cannot be
-    rejected."""
+    rejected. publish (a cache with a tier) names the full blocks the step
+    completes, with their hashes, for publishing, and notes them on their
+    requests (Req.noted)."""
     arr = list(pend.arrivals.values())
     fin = pend.finished + [0] if sentinel_finish else pend.finished
     kw = {}
     if arr:
-        kw["arrivals"] = np.fromiter((r.iid for r, _, _ in arr), np.int64, len(arr))
-        kw["hit_tokens"] = np.fromiter((h for _, h, _ in arr), np.int32, len(arr))
-        kw["hit_blocks"] = np.fromiter((b for _, _, bl in arr for b in bl), np.int32)
+        kw["arrivals"] = np.fromiter((a[0].iid for a in arr), np.int64, len(arr))
+        kw["hit_tokens"] = np.fromiter((a[1] for a in arr), np.int32, len(arr))
+        kw["hit_blocks"] = np.fromiter((b for a in arr for b in a[2]), np.int32)
+        if any(a[3] for a in arr):
+            kw["tier_blocks"] = np.fromiter((len(a[3]) for a in arr), np.int32, len(arr))
+            kw["tier_hashes"] = np.fromiter((int(x) for a in arr for x in a[3]), np.uint64)
+    if publish:
+        blocks, hashes, reqs = full_blocks(batch, block_size)
+        if blocks:
+            kw["full_blocks"], kw["full_hashes"] = np.array(blocks, np.int32), np.array(hashes, np.uint64)
+            for r, h in zip(reqs, hashes):
+                r.noted[h] = None
     if fin:
         kw["finished"] = np.array(fin, np.int64)
     if pend.preempted:

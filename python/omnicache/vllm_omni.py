@@ -21,6 +21,7 @@ keys, row sizes and device that step's tensors have (or at once with
 ``keys=``).
 """
 
+import collections
 import threading
 import warnings
 
@@ -28,7 +29,8 @@ import numpy as np
 
 from . import core
 from ._vo_interface import (HIDDEN_KEY, ModelCachePolicy, OmniPrefixCacheStagingTimeoutError,
-                            OmniPrefixCacheUnmatchError, PrefixCacheConfig, PrefixCacheEventKind,
+                            OmniPrefixCacheTierMissError, OmniPrefixCacheUnmatchError, PrefixCacheConfig,
+                            PrefixCacheEventKind,
                             PrefixCacheRequestEvent, PrefixCacheSchedulerAdapter, PrefixCacheStep, PrefixCacheWrite,
                             PrefixCacheWriteLayout, StageCacheOutputs)
 from ._vo_state import KeyMeta, Pending, Req, build_batch, make_plan, plan_events, select_device, step_events
@@ -37,6 +39,8 @@ from .errors import (AbsentRequiredError, NoDeviceError, OmnicacheError, Reassig
 
 Unmatch = OmniPrefixCacheUnmatchError
 _UNREADABLE = (AbsentRequiredError, ReassignedError, TierMissError)
+# finished requests whose noted blocks wait_published(req_id) still knows
+_KEEP_NOTED = 4096
 
 
 def _is_rows(v, n, padded):
@@ -80,6 +84,8 @@ class OmniPrefixCacheManager:
         self._lock = threading.Lock()  # _steps: materialize may run on another thread
         self._fatal = None  # a failed write's message: every later call raises it
         self._table = np.zeros((8, 8), np.int32)  # block-table scratch (only a step's entries are read)
+        self._noted = collections.OrderedDict()  # req_id -> blocks noted for publishing, of finished requests
+        self._publish = config.tier is not None
         self._zeros = np.zeros(0, np.uint8)
         if keys:
             self._create(dict(keys), config.cuda_device)
@@ -100,7 +106,8 @@ class OmniPrefixCacheManager:
                 staging_capacity_tokens=c.staging_capacity_tokens,
                 staging_claim_timeout_s=c.staging_claim_timeout_s if c.staging_claim_timeout_s > 0 else -1,
                 device_budget_bytes=c.gpu_staging_bytes, deferred_chunk_bytes=c.copy_chunk_bytes,
-                prefetch=self.prefetch_reads, cuda_device=device)
+                prefetch=self.prefetch_reads, cuda_device=device, tier=c.tier, tier_model=c.tier_model,
+                publish_barrier=c.publish_barrier, tier_import_timeout_s=c.tier_import_timeout_s)
         except (UnsupportedError, NoDeviceError) as e:
             raise Unmatch("the cache cannot stage through cuda:%d: %s (the outputs are CUDA tensors or "
                           "PrefixCacheConfig.cuda_device is set: load a CUDA build of the library, make python-cuda "
@@ -168,6 +175,10 @@ class OmniPrefixCacheManager:
         for rid in ending:
             r = self._live.pop(rid, None)
             if r is not None:
+                if r.noted:
+                    self._noted[rid] = list(r.noted)
+                    while len(self._noted) > _KEEP_NOTED:
+                        self._noted.popitem(last=False)
                 p.finished.append(r.iid)
                 p.arrivals.pop(rid, None)
                 p.preempted.pop(rid, None)
@@ -177,16 +188,19 @@ class OmniPrefixCacheManager:
             if op == "arrive":
                 self._next += 1
                 r = self._live[rid] = Req(rid, self._next, hit)
-                p.arrivals[rid] = (r, hit, blocks)
+                p.arrivals[rid] = (r, hit, blocks, tuple(getattr(ev, "tier_hashes", ()) or ()))
             elif op == "resume":
                 r.pos = hit
                 p.preempted[rid] = p.resumed[rid] = r
                 if hit:
-                    p.arrivals[rid] = (r, hit, blocks)  # the core serves a resumed request's hit as an arrival's
+                    p.arrivals[rid] = (r, hit, blocks, ())  # the core serves a resumed request's hit as an arrival's
                 else:
                     p.arrivals.pop(rid, None)
             else:
                 r.pos = hit  # a continuation arrives at its computed tokens
+            hs = getattr(ev, "block_hashes", ()) or ()
+            if len(hs) > len(r.hashes):
+                r.hashes = tuple(int(x) for x in hs)
 
     def _drop(self, p):
         """The pending step computed rows that were never saved (its forward
@@ -290,7 +304,7 @@ class OmniPrefixCacheManager:
         batch = self._layout_batch(p, write_layout)
         if self._core is not None:
             try:
-                self._core.begin(make_plan(batch, p))
+                self._core.begin(make_plan(batch, p, publish=self._publish, block_size=self.config.block_size))
             except OmnicacheError as e:
                 p.layout, p.batch = old
                 raise self._wrap(e) from e
@@ -407,7 +421,7 @@ class OmniPrefixCacheManager:
         self._ensure_core(tensors, devices)
         outs = self._zero_outputs(0) if n == 0 else [tensors.get(k) for k in self._names]
         if not p.begun:
-            self._core.begin(make_plan(batch, p))
+            self._core.begin(make_plan(batch, p, publish=self._publish, block_size=self.config.block_size))
             p.begun = True
         return self._core.save(outs, tokens=n, padded=padded), batch
 
@@ -472,22 +486,57 @@ class OmniPrefixCacheManager:
                                          alloc=self._alloc)
         except _UNREADABLE as e:
             back = {v: k for k, v in ids.items()}
-            rid = back.get(e.failed[0], e.failed[0]) if getattr(e, "failed", None) else "?"
+            failed = [back.get(i, i) for i in getattr(e, "failed", ())]
+            res = getattr(e, "result", None)
+            if res is not None and any(isinstance(res.error(i), TierMissError) for i in range(len(res))):
+                w = OmniPrefixCacheTierMissError("rows of tier blocks not imported for req %s (%s): recompute them"
+                                                 % (", ".join(map(str, failed)), e))
+                w.failed = tuple(failed)
+                w.outputs = self._outputs(res, req_ids, set(failed))
+                raise w from e
             key = HIDDEN_KEY if HIDDEN_KEY in self._index else self._names[0]
-            raise Unmatch("hit span for req %s key=%s is not readable (%s)" % (rid, key, e)) from e
+            raise Unmatch("hit span for req %s key=%s is not readable (%s)" % (failed[0] if failed else "?", key, e)) from e
         except OmnicacheError as e:
             raise self._wrap(e) from e
+        return self._outputs(res, req_ids)
+
+    def _outputs(self, res, req_ids, leave_out=()):
+        """The StageCacheOutputs of a core Result of req_ids, without the
+        requests in leave_out."""
         hidden, mm = None, {}
         for k in self._names:
             # Each request's rows are a view of the key's one buffer, made
             # in the key's dtype and row shape (_alloc): no copy beyond the
             # one out of the cache.
-            per = dict(zip(req_ids, res.split(k)))
+            per = {r: v for r, v in zip(req_ids, res.split(k)) if r not in leave_out}
             if k == HIDDEN_KEY:
                 hidden = per
             else:
                 mm[k] = per
         return StageCacheOutputs(hidden_states=hidden, mm_outputs=mm)
+
+    def wait_published(self, req_or_hashes, timeout_s):
+        """Not upstream's (a P/D prefill side, PrefixCacheConfig.tier and
+        publish_barrier): waits until the full blocks a request computed
+        (req_or_hashes a req id, live or among the latest 4,096 finished;
+        the blocks its events' block_hashes named) or the blocks of the
+        given hashes are stored in the tier, before the engine reports the
+        request's KV transferred. Raises the core's NotPublishedError (a
+        block was not stored: the decode side must recompute) or
+        WaitTimeoutError (blocks still being stored after timeout_s); an
+        unknown request, or no cache yet, is OmniPrefixCacheUnmatchError."""
+        self._check()
+        if isinstance(req_or_hashes, str):
+            r = self._live.get(req_or_hashes)
+            hashes = list(r.noted) if r is not None else self._noted.get(req_or_hashes)
+            if hashes is None:
+                raise Unmatch("wait_published: req %s noted no block for publishing (no block_hashes in its events, "
+                              "or it finished long ago)" % req_or_hashes)
+        else:
+            hashes = req_or_hashes
+        if self._core is None:
+            raise Unmatch("wait_published before the cache exists (its first save_outputs)")
+        self._core.wait_published(np.asarray(hashes, np.uint64), timeout_s)
 
     def _alloc(self, key, rows):
         """A materialized key's buffer: host memory in the dtype and row
@@ -544,7 +593,8 @@ class OmniPrefixCacheManager:
                 raise self._wrap(e) from e
 
 
-__all__ = ["HIDDEN_KEY", "OmniPrefixCacheUnmatchError", "OmniPrefixCacheStagingTimeoutError", "PrefixCacheConfig",
+__all__ = ["HIDDEN_KEY", "OmniPrefixCacheUnmatchError", "OmniPrefixCacheStagingTimeoutError",
+           "OmniPrefixCacheTierMissError", "PrefixCacheConfig",
            "ModelCachePolicy", "StageCacheOutputs", "PrefixCacheEventKind", "PrefixCacheRequestEvent",
            "PrefixCacheStep", "PrefixCacheWrite", "PrefixCacheWriteLayout", "PrefixCacheSchedulerAdapter",
            "OmniPrefixCacheManager"]

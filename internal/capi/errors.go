@@ -70,7 +70,7 @@ var codes = []struct {
 	{errUnsupported, C.OMNICACHE_ERR_UNSUPPORTED},
 	{gpu.ErrNoCUDA, C.OMNICACHE_ERR_UNSUPPORTED},
 	{gpu.ErrNoDevice, C.OMNICACHE_ERR_NO_DEVICE},
-	{context.DeadlineExceeded, C.OMNICACHE_ERR_TIMEOUT}, // a call's own bound (omnicache_wait_published)
+	{context.DeadlineExceeded, C.OMNICACHE_ERR_WAIT_TIMEOUT}, // a call's own bound (omnicache_wait_published)
 }
 
 func code(err error) C.int {

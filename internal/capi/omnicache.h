@@ -82,7 +82,7 @@ enum {
 	OMNICACHE_ERR_UNSUPPORTED = 105,  /* e.g. a CUDA tensor in a build without CUDA */
 	OMNICACHE_ERR_INTERNAL = 106,     /* an error with no code of its own */
 	OMNICACHE_ERR_NO_DEVICE = 107,    /* OMNICACHE_DEVICE_CUDA: no such CUDA device (no GPU, no driver, ordinal) */
-	OMNICACHE_ERR_TIMEOUT = 108       /* a call's own timeout ran out (omnicache_wait_published: blocks still being stored) */
+	OMNICACHE_ERR_WAIT_TIMEOUT = 108  /* a call's own timeout ran out (omnicache_wait_published: blocks still being stored) */
 };
 
 /* omnicache_key.flags */
@@ -290,7 +290,7 @@ int omnicache_lookup(uint64_t h, const uint64_t *hashes, int64_t n, int64_t *hel
  * in the tier (Cache.WaitPublished; a cache with
  * OMNICACHE_TIER_PUBLISH_BARRIER, else OMNICACHE_ERR_CONFIG): 0 once they
  * are; OMNICACHE_ERR_NOT_PUBLISHED at once for a block that was not stored
- * (the message names it and why); OMNICACHE_ERR_TIMEOUT when blocks are
+ * (the message names it and why); OMNICACHE_ERR_WAIT_TIMEOUT when blocks are
  * still being stored after timeout_ns (0: do not wait; negative:
  * OMNICACHE_ERR_ARGUMENT). A prefill instance calls it before it reports
  * the request's KV transferred. */

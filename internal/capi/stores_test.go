@@ -61,7 +61,7 @@ func (h *heldSets) Set(ctx context.Context, keys []string, vals [][]byte) []erro
 }
 
 // omnicache_wait_published's bound: blocks still being stored when it
-// runs out answer OMNICACHE_ERR_TIMEOUT (108), a block never noted
+// runs out answer OMNICACHE_ERR_WAIT_TIMEOUT (108), a block never noted
 // OMNICACHE_ERR_NOT_PUBLISHED (25); once stored, 0.
 func TestWaitPublishedCodes(t *testing.T) {
 	const bs = 4

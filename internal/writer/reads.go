@@ -108,7 +108,9 @@ func (p *Path) ReadRows(w *Write, k, r0, cnt int, out []byte) error {
 		m := min(cnt, w.N-i)
 		slot := j*nimm + ki
 		if h := w.Host[slot]; h != nil { // host rows: staged by Save, or an owned host tensor
-			copy(out[:m*rb], h[i*rb:(i+m)*rb])
+			// A prefill's rows are megabytes: split across the copy
+			// workers, as the read path's prefix gathers are.
+			p.parts.Workers.Copy(out[:m*rb], h[i*rb:(i+m)*rb])
 		} else if err := p.readParked(w, slot, i, m, rb, out); err != nil {
 			return err
 		}
@@ -125,7 +127,7 @@ func (p *Path) ReadRows(w *Write, k, r0, cnt int, out []byte) error {
 // device rows once it is complete).
 func (p *Path) readParked(w *Write, slot, i, m, rb int, out []byte) error {
 	if !p.beginParkedRead(w) {
-		copy(out[:m*rb], w.Staged[slot][i*rb:(i+m)*rb])
+		p.parts.Workers.Copy(out[:m*rb], w.Staged[slot][i*rb:(i+m)*rb])
 		return nil
 	}
 	err := p.dev.CopyDtoH(out[:m*rb], w.Dev[slot], i*rb)

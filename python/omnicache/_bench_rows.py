@@ -44,13 +44,14 @@ class RowBench:
     """One shape's cache, plan, outputs and the torch.cat baseline's prefix
     rows; step() runs and times one step."""
 
-    def __init__(self, torch, reqs, tokens, hit, forward, cuda):
+    def __init__(self, torch, reqs, tokens, hit, forward, cuda, workers):
         self.torch, self.reqs, self.tokens, self.hit, self.forward, self.cuda = torch, reqs, tokens, hit, forward, cuda
         dev = "cuda:0" if cuda else "cpu"
         ntok = reqs * tokens
         keys = [Key("hidden", W * 4), Key("mm", MMW * 4, optional=True)]
         self.c = Cache(keys, num_blocks=max(reqs, 2) * STRIDE, block_size=BS,
-                       staging_capacity_tokens=max(2048, ntok), cuda_device=0 if cuda else None)
+                       staging_capacity_tokens=max(2048, ntok), cuda_device=0 if cuda else None,
+                       copy_workers=workers)
         g = torch.Generator().manual_seed(51)
         self.hs = torch.randn(ntok, W, generator=g).to(dev)
         self.mm = torch.randn(ntok, MMW, generator=g).to(dev)
@@ -191,12 +192,14 @@ class RowBench:
         self.c.close()
 
 
-def bench_rows(torch, rounds, steps, cuda=False, shapes=ROW_SHAPES):
+def bench_rows(torch, rounds, steps, cuda=False, shapes=ROW_SHAPES, workers=None):
     """Per shape: name and, per round, the median (engine, materialize,
-    torch.cat) µs a step."""
+    torch.cat) µs a step. The cache's copy workers are torch's intra-op
+    threads unless given: both sides copy with as many threads."""
     out = []
+    workers = workers or torch.get_num_threads()
     for name, reqs, tokens, hit, forward in shapes:
-        b = RowBench(torch, reqs, tokens, hit, forward, cuda)
+        b = RowBench(torch, reqs, tokens, hit, forward, cuda, workers)
         n = steps if tokens == 1 else max(3, steps // 10)
         for i in range(10):  # warm: buffers, the allocator's cache, the committer
             b.step(check=i == 9)

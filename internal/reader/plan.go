@@ -49,14 +49,7 @@ func (r *Reader) NewStep(nkeys int) *Step {
 	if len(r.stash) == 0 {
 		r.stash = r.takeFreed(r.stash)
 	}
-	var s *Step
-	if n := len(r.stash); n > 0 {
-		s = r.stash[n-1]
-		r.stash[n-1] = nil
-		r.stash = r.stash[:n-1]
-	} else {
-		s = &Step{}
-	}
+	s := scratch.Pop(&r.stash)
 	s.Reset(nkeys)
 	return s
 }

@@ -23,3 +23,18 @@ func Extend[T any](s []T, n int) []T {
 	}
 	return append(s, make([]T, n-len(s))...)
 }
+
+// Pop takes the last record of a free list, or a new one when it is empty:
+// the engine goroutine's recycling of step records and writes. The slot
+// it leaves is cleared, so the list keeps no reference to a record in use.
+func Pop[T any](free *[]*T) *T {
+	s := *free
+	n := len(s)
+	if n == 0 {
+		return new(T)
+	}
+	p := s[n-1]
+	s[n-1] = nil
+	*free = s[:n-1]
+	return p
+}

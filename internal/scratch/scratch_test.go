@@ -42,3 +42,17 @@ func TestExtend(t *testing.T) {
 		t.Fatalf("Extend kept a stale element past len: %v", r)
 	}
 }
+
+func TestPop(t *testing.T) {
+	a, b := new(int), new(int)
+	free := []*int{a, b}
+	if p := Pop(&free); p != b || len(free) != 1 || free[:2][1] != nil {
+		t.Fatalf("Pop took %p (want %p), left %d with the slot %v", p, b, len(free), free[:2][1])
+	}
+	if p := Pop(&free); p != a || len(free) != 0 {
+		t.Fatalf("Pop took %p, want %p", p, a)
+	}
+	if p := Pop(&free); p == nil || p == a || p == b {
+		t.Fatalf("Pop of an empty list gave %p, want a new record", p)
+	}
+}

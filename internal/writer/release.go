@@ -78,14 +78,7 @@ func (p *Path) newWrite(pg *Page, n int) *Write {
 		p.refillWrites()
 		p.mu.Unlock()
 	}
-	var w *Write
-	if k := len(p.wstash); k > 0 {
-		w = p.wstash[k-1]
-		p.wstash[k-1] = nil
-		p.wstash = p.wstash[:k-1]
-	} else {
-		w = &Write{}
-	}
+	w := scratch.Pop(&p.wstash)
 	host, dev, staged, absent, slots, owned := w.Host[:0], w.Dev[:0], w.Staged[:0], w.Absent[:0], w.Slots[:0], w.Owned[:0]
 	pub, pubKeys, reject := w.Pub[:0], w.PubKeys[:0], w.Reject[:0]
 	*w = Write{ID: p.newID(), Page: pg, N: n, Host: host, Dev: dev, Staged: staged, Absent: absent, Slots: slots, Owned: owned,

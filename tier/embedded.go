@@ -159,6 +159,14 @@ func (e *Embedded) Policy() Policy { return e.policy }
 // and pins the values (a value replaced, evicted or deleted meanwhile keeps
 // its slot until the copy is done), then copies, then unpins.
 func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
+	vals, errs, _ := e.getInto(keys, nil)
+	return vals, errs
+}
+
+// getInto is Get copying into buf when it is large enough (a fresh
+// allocation otherwise); it returns the buffer the values are in (nil when
+// none was found).
+func (e *Embedded) getInto(keys []string, buf []byte) ([][]byte, []error, []byte) {
 	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
 	hs := e.hashKeys(keys)
 	type pinned struct {
@@ -174,7 +182,7 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 		for i := range errs {
 			errs[i] = ErrClosed
 		}
-		return vals, errs
+		return vals, errs, nil
 	}
 	for i, k := range keys {
 		x := e.find(hs[i], k)
@@ -189,7 +197,7 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	}
 	if len(pins) == 0 {
 		e.mu.Unlock()
-		return vals, errs
+		return vals, errs, nil
 	}
 	e.inflight++
 	e.mu.Unlock()
@@ -197,7 +205,10 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 	if e.fetching != nil {
 		e.fetching()
 	}
-	buf := make([]byte, 0, total)
+	if cap(buf) < total {
+		buf = make([]byte, 0, total)
+	}
+	buf = buf[:0]
 	for _, p := range pins {
 		start := len(buf)
 		buf = append(buf, p.src...)
@@ -213,7 +224,7 @@ func (e *Embedded) Get(_ context.Context, keys []string) ([][]byte, []error) {
 		}
 	}
 	e.copyDone()
-	return vals, errs
+	return vals, errs, buf
 }
 
 // Set implements Backend: it copies each value into the store, evicting

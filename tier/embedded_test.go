@@ -282,3 +282,51 @@ func TestEmbeddedLookup(t *testing.T) {
 		})
 	}
 }
+
+// FetchInto copies an embedded store's values into the caller's buffer
+// when it is large enough (the same memory, every row exact, the old
+// contents overwritten), allocates a larger one otherwise, and returns no
+// buffer when nothing was found.
+func TestEmbeddedFetchIntoReusesBuffer(t *testing.T) {
+	ctx := context.Background()
+	e, _ := NewEmbedded(0)
+	tr := newTier(t, e)
+	hs := hashes(0, 8)
+	var blocks []Block
+	for _, h := range hs {
+		blocks = append(blocks, block(testNS, h))
+	}
+	if _, err := tr.Put(ctx, blocks); err != nil {
+		t.Fatal(err)
+	}
+	check := func(hs []uint64, rows [][]byte, errs []error) {
+		t.Helper()
+		dst := dstFor(tr, len(hs))
+		for i := range dst {
+			if errs[i/len(testNS.Keys)] == nil {
+				copy(dst[i], rows[i])
+			}
+		}
+		if n := checkServed(t, tr, hs, dst, errs); n != len(hs) {
+			t.Fatalf("%d of %d blocks served: %v", n, len(hs), errors.Join(errs...))
+		}
+	}
+	rows, errs, small := tr.FetchInto(ctx, hs[:2], nil)
+	check(hs[:2], rows, errs)
+	rows, errs, big := tr.FetchInto(ctx, hs, small)
+	check(hs, rows, errs)
+	if cap(big) <= cap(small) {
+		t.Fatalf("a buffer of %d bytes was used for 8 blocks (2 took %d)", cap(big), cap(small))
+	}
+	for i := range big[:cap(big)] {
+		big[:cap(big)][i] = 0xa5 // the next fetch must overwrite every byte it serves
+	}
+	rows, errs, again := tr.FetchInto(ctx, hs[4:], big)
+	check(hs[4:], rows, errs)
+	if &again[:1][0] != &big[:1][0] {
+		t.Fatal("a large enough buffer was not reused")
+	}
+	if _, errs, none := tr.FetchInto(ctx, hashes(100, 2), big); none != nil || !errors.Is(errs[0], ErrMiss) {
+		t.Fatalf("fetch of blocks never stored: buffer %d bytes, %v", len(none), errs[0])
+	}
+}

@@ -7,6 +7,7 @@ package tierlink
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/omnicache/omnicache/internal/writer"
@@ -25,7 +26,12 @@ type Import struct {
 	// written by the importer, read by the committer after done
 	rows  [][]byte
 	fetch []error
+	buf   []byte // the rows are views into it (nil: fresh values)
 	done  chan struct{}
+	// refs: the fetch and the committer's Applied; the last to let go
+	// hands buf back to the link (a fetch that outlived Wait's timeout
+	// still writes into it).
+	refs atomic.Int32
 
 	// written by the committer before applied is closed
 	why     []error
@@ -86,6 +92,7 @@ func (l *Link) StartImport(p *writer.Path) {
 		return
 	}
 	j.start = time.Now()
+	j.refs.Store(2)
 	select {
 	case l.fetchQ <- j:
 	default:
@@ -101,9 +108,37 @@ func (l *Link) StartImport(p *writer.Path) {
 // fetch runs on an importer goroutine.
 func (l *Link) fetch(j *Import) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.ImportTimeout)
-	j.rows, j.fetch = l.t.Fetch(ctx, j.hashes) // views into the values: the import only reads them
+	var buf []byte
+	select {
+	case buf = <-l.fetchBufs:
+	default:
+	}
+	j.rows, j.fetch, j.buf = l.t.FetchInto(ctx, j.hashes, buf) // views into the values: the import only reads them
 	cancel()
+	if j.buf == nil && buf != nil {
+		l.keepBuf(buf) // not used (nothing found, or a store that allocates)
+	}
 	close(j.done)
+	j.release()
+}
+
+// release lets go of j's buffer for one of its two holders: once both did
+// (the fetch ended, the committer applied or skipped the rows), no one
+// reads the rows any more.
+func (j *Import) release() {
+	if j.refs.Add(-1) == 0 && j.buf != nil {
+		j.l.keepBuf(j.buf)
+		j.rows, j.buf = nil, nil
+	}
+}
+
+// keepBuf offers buf to the next fetches (dropped when each importer has
+// one).
+func (l *Link) keepBuf(buf []byte) {
+	select {
+	case l.fetchBufs <- buf[:0]:
+	default:
+	}
 }
 
 // Wait implements writer.Fetch (on the committer): the fetched rows, or a
@@ -156,6 +191,7 @@ func (j *Import) Applied(why []error, failed bool) {
 	l.imported.Add(int64(ev.Blocks - ev.Failed))
 	l.importFailed.Add(int64(ev.Failed))
 	l.bytesImp.Add(ev.Bytes)
+	j.release() // the committer copied the rows (or skipped them)
 	close(j.applied)
 	if l.cfg.OnImport != nil {
 		l.cfg.OnImport(ev)

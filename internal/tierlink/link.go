@@ -41,9 +41,11 @@ import (
 type Store interface {
 	// Lookup counts the leading blocks of hashes the store holds.
 	Lookup(ctx context.Context, hashes []uint64) (int, error)
-	// Fetch reads blocks' rows: rows[j*nkeys+k], or errs[j] for a block
-	// it could not deliver.
-	Fetch(ctx context.Context, hashes []uint64) (rows [][]byte, errs []error)
+	// FetchInto reads blocks' rows: rows[j*nkeys+k], or errs[j] for a
+	// block it could not deliver; the rows are views into used (buf
+	// reused when large enough) where the store copies into a buffer of
+	// the caller's, which it may pass again once done with them.
+	FetchInto(ctx context.Context, hashes []uint64, buf []byte) (rows [][]byte, errs []error, used []byte)
 	// NewValue returns a fresh value for key k of block hash and the part
 	// of it the rows go in; PutValues stores values so made, Recycle
 	// gives back values not stored.
@@ -101,6 +103,9 @@ type Link struct {
 	cfg    Config
 	t      Store
 	fetchQ chan *Import
+	// fetchBufs keeps the buffers of imports applied for the next fetches
+	// (at most one per importer): their pages stay touched.
+	fetchBufs chan []byte
 	// pubQ carries batches of gathered blocks to the publishers; queued
 	// counts the blocks in it (the bound, PublishQueue). batchFree recycles
 	// batches: a steady publish stream allocates nothing per block (the
@@ -138,7 +143,7 @@ type Link struct {
 // New starts the link's importer and publisher goroutines over store t.
 func New(t Store, cfg Config) *Link {
 	l := &Link{cfg: cfg, t: t, byStep: map[uint64]*Import{},
-		fetchQ: make(chan *Import, 4*cfg.Importers), pubQ: make(chan *pubBatch, cfg.PublishQueue),
+		fetchQ: make(chan *Import, 4*cfg.Importers), fetchBufs: make(chan []byte, cfg.Importers), pubQ: make(chan *pubBatch, cfg.PublishQueue),
 		batchFree:  make(chan *pubBatch, cfg.PublishQueue),
 		publishLag: hist.NewDur(), importTime: hist.NewDur(), importWait: hist.NewDur()}
 	if cfg.Barrier {

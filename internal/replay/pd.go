@@ -4,8 +4,9 @@
 // before the request "transfers") and decoded on one decode replica (an
 // arrival whose hit is the prompt's full blocks, all tier blocks: their rows
 // are imported; the prompt's partial block and the output computed there).
-// A second run without the tier, whose decode replicas recompute the prompt,
-// is the baseline of the projected time to first packet.
+// A first run without the tier, whose decode replicas recompute the prompt,
+// is the baseline of the projected time to first packet; the run through
+// the tier replays its client's sends (an open loop at the same load).
 
 package replay
 
@@ -111,11 +112,11 @@ type PDReport struct {
 	// at the next stage (every prompt row there: the end of the decode
 	// step that completes the prompt, plus its Materialize when the rows
 	// came as a hit), through the tier and recomputing the prompt on the
-	// decode side (the run without the tier). DecodeTTFP: from the
+	// decode side (the run without the tier, a closed loop of
+	// Concurrency requests; the run through the tier sends every request
+	// when that run sent it: the same offered load). DecodeTTFP: from the
 	// handover (the prefill done and published, the KV transferred) to
-	// the first packet: the decode side's part, which the client's closed
-	// loop does not move (a faster decode side lets the client send
-	// sooner, and the prefill queue grows).
+	// the first packet: the decode side's part.
 	TTFPP50Ns                int64 `json:"ttfp_p50_ns"`
 	TTFPP99Ns                int64 `json:"ttfp_p99_ns"`
 	RecomputeTTFPP50Ns       int64 `json:"recompute_ttfp_p50_ns"`
@@ -210,7 +211,7 @@ func RunPD(spec Spec, o PDOptions) (*PDReport, error) {
 	base := o
 	base.Verify, base.Tier, base.AfterRound, base.OnHandover, base.OnCache = false, "off", nil, nil, nil
 	wall := time.Now()
-	rb, err := runPD(spec, base, cost, pre, dec, nil)
+	rb, err := runPD(spec, base, cost, pre, dec, nil, nil)
 	rep.RecomputeWallNs = time.Since(wall).Nanoseconds()
 	if err != nil {
 		return rep, fmt.Errorf("%s (without the tier): %w", spec.Name, err)
@@ -227,7 +228,15 @@ func RunPD(spec Spec, o PDOptions) (*PDReport, error) {
 		rep.TierPolicy = string(emb.Policy())
 	}
 	wall = time.Now()
-	r, err := runPD(spec, o, cost, pre, dec, tr)
+	// The client sends as it did without the tier: the same offered load.
+	// A closed loop would send sooner behind a faster decode side and queue
+	// more at the prefill side, so that ttfp from the send compared two
+	// loads.
+	sends := make([]float64, len(rb.reqs))
+	for i, q := range rb.reqs {
+		sends[i] = q.sent
+	}
+	r, err := runPD(spec, o, cost, pre, dec, tr, sends)
 	rep.WallNs = time.Since(wall).Nanoseconds()
 	if emb != nil {
 		rep.TierStoredBytes, rep.TierBoundBytes, rep.TierEvicted = emb.Usage()

@@ -107,7 +107,7 @@ func (n *pdNode) Load(hashes []uint64) int {
 // finished reports that no request will be handed to n any more.
 func (n *pdNode) finished() bool {
 	run := n.run
-	return run.srcDone && len(n.queue) == 0 && n.inflight == 0 && (!n.decode || run.atPrefill == 0)
+	return (run.srcDone || run.arrivals != nil && len(run.reqs) >= len(run.arrivals)) && len(n.queue) == 0 && n.inflight == 0 && (!n.decode || run.atPrefill == 0)
 }
 
 // next is when n can run its next step (+Inf: nothing to run now).
@@ -157,6 +157,12 @@ type pdRun struct {
 	pre, dec        []*pdNode
 	rrPre, rrDec    int
 
+	// arrivals, when set, are the client's send times (projected ns, in
+	// its order): an open loop replaying another run's sends, so that both
+	// runs' time to first packet is under the same offered load. Without
+	// them the client is a closed loop of Concurrency requests.
+	arrivals []float64
+
 	promptTokens                                         int64
 	pubWait, importWait, decodeSteps                     []int64
 	publishFailed, importFailed, otherFailed, recomputed int64
@@ -174,8 +180,8 @@ type pdResult struct {
 // runPD runs spec's requests through pre prefill and dec decode... replicas
 // of the given pools (KV blocks each) over tr (nil: none, the decode side
 // recomputes every prompt).
-func runPD(spec Spec, o PDOptions, cost StepCost, preBlocks, decBlocks int, tr *tier.Tier) (*pdResult, error) {
-	run := &pdRun{o: o, cost: cost, tr: tr, bs: o.BlockSize, src: spec.Source()}
+func runPD(spec Spec, o PDOptions, cost StepCost, preBlocks, decBlocks int, tr *tier.Tier, arrivals []float64) (*pdResult, error) {
+	run := &pdRun{o: o, cost: cost, tr: tr, bs: o.BlockSize, src: spec.Source(), arrivals: arrivals}
 	var all []*pdNode
 	defer func() {
 		for _, n := range all {
@@ -212,8 +218,10 @@ func runPD(spec Spec, o PDOptions, cost StepCost, preBlocks, decBlocks int, tr *
 			}
 		}
 	}
-	for range spec.Concurrency { // the client's first requests
-		run.send(0)
+	if arrivals == nil {
+		for range spec.Concurrency { // the client's first requests
+			run.send(0)
+		}
 	}
 	for round := 0; ; round++ {
 		var n *pdNode
@@ -225,6 +233,10 @@ func runPD(spec Spec, o PDOptions, cost StepCost, preBlocks, decBlocks int, tr *
 		}
 		if run.err != nil {
 			return nil, run.err
+		}
+		if k := len(run.reqs); k < len(arrivals) && arrivals[k] <= at {
+			run.send(arrivals[k]) // the open loop's next request, before any step after it
+			continue
 		}
 		if n == nil {
 			break
@@ -400,7 +412,9 @@ func (run *pdRun) decoded(n *pdNode, st *sim.Step) error {
 			q.done = true
 			n.inflight--
 			run.open--
-			run.send(n.clock)
+			if run.arrivals == nil {
+				run.send(n.clock)
+			}
 		}
 	}
 	if st.PureDecode {

@@ -204,3 +204,36 @@ func TestPDOptionsRefused(t *testing.T) {
 		}
 	}
 }
+
+// With arrivals the client is an open loop: every request is sent at its
+// time, whatever finished before, and all of them are prefilled and
+// decoded (the tier run replays the sends of the run without it).
+func TestPDOpenLoopSends(t *testing.T) {
+	spec := distinct(t, 12, 2)
+	o := PDOptions{Prefill: 1, Decode: 2, ReplicaOptions: ReplicaOptions{BlockSize: DefaultBlockSize, MaxBatchedTokens: DefaultMaxBatchedTokens}}
+	o.Tier, o.PublishTimeout = "off", DefaultPublishTimeout
+	bo := Options{BlockSize: o.BlockSize, MaxBatchedTokens: o.MaxBatchedTokens}
+	bo.defaults()
+	pre, dec, err := PDKVBlocks(spec, bo, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// All at once, then one every 50 ms: later than any finish, and
+	// earlier than a closed loop of 2 would send the first ones.
+	sends := make([]float64, 12)
+	for i := range sends {
+		sends[i] = float64(max(0, i-5)) * 50e6
+	}
+	r, err := runPD(spec, o, CostOf(spec, bo), pre, dec, nil, sends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.reqs) != len(sends) {
+		t.Fatalf("%d requests sent, want %d", len(r.reqs), len(sends))
+	}
+	for i, q := range r.reqs {
+		if q.sent != sends[i] || !q.done || q.first < q.sent {
+			t.Fatalf("request %d: sent at %v (want %v), done %v, first packet at %v", i, q.sent, sends[i], q.done, q.first)
+		}
+	}
+}

@@ -132,6 +132,14 @@ type PDReport struct {
 	PrefillPool ReplicaReport   `json:"prefill"`
 	DecodePool  ReplicaReport   `json:"decode"`
 	PerReplica  []ReplicaReport `json:"per_replica"`
+	// InFlightBytes bounds the values published and not yet imported:
+	// Concurrency requests of the largest prompt (its full blocks' rows of
+	// every key); MaxRequestBytes is that prompt's. TierAutoSized: the
+	// embedded tier's bound was not given and the run set it
+	// (PDTierBytes).
+	InFlightBytes   int64 `json:"in_flight_bytes"`
+	MaxRequestBytes int64 `json:"max_request_bytes"`
+	TierAutoSized   bool  `json:"tier_auto_sized,omitempty"`
 	// With the embedded tier, as ReplicasReport's.
 	TierPolicy      string `json:"tier_policy,omitempty"`
 	TierStoredBytes int64  `json:"tier_stored_bytes,omitempty"`
@@ -219,6 +227,9 @@ func RunPD(spec Spec, o PDOptions) (*PDReport, error) {
 	rep.RecomputeTTFPP50Ns, rep.RecomputeTTFPP99Ns = rb.ttfp.P50, rb.ttfp.P99
 	rep.RecomputeDecodeTTFPP50Ns, rep.RecomputeDecodeTTFPP99Ns = rb.decodeTTFP.P50, rb.decodeTTFP.P99
 
+	if err := rep.sizeTier(spec, &o); err != nil {
+		return rep, err
+	}
 	tr, emb, err := openTier(spec, o.ReplicaOptions)
 	if err != nil {
 		return rep, err
@@ -275,4 +286,46 @@ func (r *pdResult) fill(rep *PDReport) {
 	rep.DecodeStepNs = percentile(r.decodeSteps, 0.50)
 	rep.TTFPP50Ns, rep.TTFPP99Ns = r.ttfp.P50, r.ttfp.P99
 	rep.DecodeTTFPP50Ns, rep.DecodeTTFPP99Ns = r.decodeTTFP.P50, r.decodeTTFP.P99
+}
+
+// PDTierHeadroom is the embedded tier's bound a P/D run sets, in multiples
+// of the values in flight (PDReport.InFlightBytes): the store's eviction
+// does not know which values still wait for their import (a value already
+// imported was touched later than one still waiting), so a bound of just
+// the values in flight evicts some that wait. MiniCPM-o/P4096_h0_c32, 64
+// requests of 32 MiB, 32 in flight: 1 GiB recomputed 17 requests, 2 GiB
+// none (replay --pd 1:2 --verify --tier-mib).
+const PDTierHeadroom = 2
+
+// PDMaxAutoTierBytes caps the bound a P/D run sets by itself: a run that
+// needs more says so (PDReport.InFlightBytes) and takes --tier-mib.
+const PDMaxAutoTierBytes = 4 << 30
+
+// sizeTier sets the report's in-flight bytes and, with the embedded tier
+// and no bound given, the tier's bound: PDTierHeadroom times the values
+// in flight, at least tier.DefaultEmbeddedBytes, at most what the run
+// publishes and PDMaxAutoTierBytes.
+func (rep *PDReport) sizeTier(spec Spec, o *PDOptions) error {
+	rowBytes := int64(keyRowBytesSum(spec.Keys))
+	src := spec.Source()
+	var total int64
+	for {
+		q, ok, err := src.Next()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		n := int64(len(q.Prompt)/o.BlockSize*o.BlockSize) * rowBytes
+		rep.MaxRequestBytes = max(rep.MaxRequestBytes, n)
+		total += n
+	}
+	rep.InFlightBytes = int64(spec.Concurrency) * rep.MaxRequestBytes
+	if o.Tier != "embedded" || o.TierBytes != 0 {
+		return nil
+	}
+	o.TierBytes = min(max(PDTierHeadroom*rep.InFlightBytes, tier.DefaultEmbeddedBytes), max(total, tier.DefaultEmbeddedBytes), PDMaxAutoTierBytes)
+	rep.TierAutoSized = true
+	return nil
 }

@@ -35,10 +35,21 @@ func WritePDTable(w io.Writer, reps []*PDReport) error {
 			name, r.PrefillPool.Requests, r.PrefillPool.Steps, pct(r.PrefillPool.HitRate, 1), dur(r.PrefillPool.EngineNsPerStep),
 			r.DecodePool.Requests, r.Recomputed, r.PublishFailed, r.ImportFailed, r.OtherFailed, r.DecodePool.Steps,
 			dur(r.DecodePool.EngineNsPerStep), dur(float64(r.DecodePool.MaterializeNs)/float64(max(1, r.DecodePool.Steps))))
+		fmt.Fprintf(&b, "%s: in flight at most %s (%d requests of up to %s)", name, shortBytes(r.InFlightBytes),
+			r.InFlightBytes/max(1, r.MaxRequestBytes), shortBytes(r.MaxRequestBytes))
 		if r.TierBoundBytes > 0 {
-			fmt.Fprintf(&b, "%s: tier: policy %s, holds %s of %s, %d values evicted\n", name, r.TierPolicy,
-				shortBytes(r.TierStoredBytes), shortBytes(r.TierBoundBytes), r.TierEvicted)
+			sized := "given"
+			if r.TierAutoSized {
+				sized = "sized by the run"
+			}
+			fmt.Fprintf(&b, "; tier: policy %s, holds %s of %s (%s), %d values evicted", r.TierPolicy,
+				shortBytes(r.TierStoredBytes), shortBytes(r.TierBoundBytes), sized, r.TierEvicted)
+			if r.ImportFailed > 0 && r.TierEvicted > 0 {
+				fmt.Fprintf(&b, "; TIER TOO SMALL: %d requests recomputed, their values evicted before the import (--tier-mib %d: %dx the values in flight)",
+					r.ImportFailed, PDTierHeadroom*r.InFlightBytes>>20, PDTierHeadroom)
+			}
 		}
+		b.WriteString("\n")
 		fmt.Fprintf(&b, "%s: step cost %s; import wait p99 %s one decode step (the import itself %s)\n", name, r.StepCost,
 			pdVerdict(r.DecodeStepNs > 0 && r.ImportWaitP99Ns <= r.DecodeStepNs, "within", "OVER"),
 			pdVerdict(r.DecodeStepNs > 0 && r.ImportP99Ns <= r.DecodeStepNs, "within it at p99", "over it at p99"))

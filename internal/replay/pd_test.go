@@ -237,3 +237,34 @@ func TestPDOpenLoopSends(t *testing.T) {
 		}
 	}
 }
+
+// The run sizes an embedded tier it was given no bound for from the values
+// in flight (Concurrency requests of the largest prompt), and keeps a bound
+// it was given.
+func TestPDSizesTheTier(t *testing.T) {
+	spec := distinct(t, 6, 3)
+	rowBytes := int64(keyRowBytesSum(spec.Keys))
+	var most int64
+	src := spec.Source()
+	for {
+		q, ok, err := src.Next()
+		if err != nil || !ok {
+			break
+		}
+		most = max(most, int64(len(q.Prompt)/DefaultBlockSize*DefaultBlockSize)*rowBytes)
+	}
+	for _, given := range []int64{0, 3 << 30} {
+		rep, err := RunPD(spec, PDOptions{Prefill: 1, Decode: 1, ReplicaOptions: ReplicaOptions{TierBytes: given}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := min(max(PDTierHeadroom*3*most, tier.DefaultEmbeddedBytes), PDMaxAutoTierBytes)
+		if given != 0 {
+			want = given
+		}
+		if rep.MaxRequestBytes != most || rep.InFlightBytes != 3*most || rep.TierAutoSized != (given == 0) || rep.TierBoundBytes != want {
+			t.Fatalf("given %d: largest request %d B (want %d), in flight %d B, auto %v, bound %d (want %d)", given,
+				rep.MaxRequestBytes, most, rep.InFlightBytes, rep.TierAutoSized, rep.TierBoundBytes, want)
+		}
+	}
+}

@@ -288,13 +288,15 @@ func (r *pdResult) fill(rep *PDReport) {
 	rep.DecodeTTFPP50Ns, rep.DecodeTTFPP99Ns = r.decodeTTFP.P50, r.decodeTTFP.P99
 }
 
-// PDTierHeadroom is the embedded tier's bound a P/D run sets, in multiples
-// of the values in flight (PDReport.InFlightBytes): the store's eviction
-// does not know which values still wait for their import (a value already
-// imported was touched later than one still waiting), so a bound of just
-// the values in flight evicts some that wait. MiniCPM-o/P4096_h0_c32, 64
-// requests of 32 MiB, 32 in flight: 1 GiB recomputed 17 requests, 2 GiB
-// none (replay --pd 1:2 --verify --tier-mib).
+// PDTierHeadroom is the least embedded tier's bound a P/D run sets, in
+// multiples of the values in flight (PDReport.InFlightBytes): the store's
+// eviction does not know which values still wait for their import (a value
+// already imported was touched later than one still waiting; S3-FIFO
+// evicts a value never read from its small queue first), so a bound of
+// just the values in flight evicts some that wait. MiniCPM-o/P4096_h0_c32,
+// 64 requests of 32 MiB, 32 in flight: 1 GiB recomputed 17 requests, 2 GiB
+// none (replay --pd 1:2 --verify --tier-mib); MiniCPM-o/P1024_h0_c64, 128
+// requests of 8 MiB, 64 in flight: 1 GiB (2x) recomputed 2.
 const PDTierHeadroom = 2
 
 // PDMaxAutoTierBytes caps the bound a P/D run sets by itself: a run that
@@ -302,9 +304,10 @@ const PDTierHeadroom = 2
 const PDMaxAutoTierBytes = 4 << 30
 
 // sizeTier sets the report's in-flight bytes and, with the embedded tier
-// and no bound given, the tier's bound: PDTierHeadroom times the values
-// in flight, at least tier.DefaultEmbeddedBytes, at most what the run
-// publishes and PDMaxAutoTierBytes.
+// and no bound given, the tier's bound: room for every value the run
+// publishes (its rows and a sixteenth for the values' headers and keys),
+// or PDTierHeadroom times the values in flight if that is more, at least
+// tier.DefaultEmbeddedBytes, at most PDMaxAutoTierBytes.
 func (rep *PDReport) sizeTier(spec Spec, o *PDOptions) error {
 	rowBytes := int64(keyRowBytesSum(spec.Keys))
 	src := spec.Source()
@@ -325,7 +328,7 @@ func (rep *PDReport) sizeTier(spec Spec, o *PDOptions) error {
 	if o.Tier != "embedded" || o.TierBytes != 0 {
 		return nil
 	}
-	o.TierBytes = min(max(PDTierHeadroom*rep.InFlightBytes, tier.DefaultEmbeddedBytes), max(total, tier.DefaultEmbeddedBytes), PDMaxAutoTierBytes)
+	o.TierBytes = min(max(PDTierHeadroom*rep.InFlightBytes, total+total/16, tier.DefaultEmbeddedBytes), PDMaxAutoTierBytes)
 	rep.TierAutoSized = true
 	return nil
 }

@@ -45,8 +45,8 @@ func WritePDTable(w io.Writer, reps []*PDReport) error {
 			fmt.Fprintf(&b, "; tier: policy %s, holds %s of %s (%s), %d values evicted", r.TierPolicy,
 				shortBytes(r.TierStoredBytes), shortBytes(r.TierBoundBytes), sized, r.TierEvicted)
 			if r.ImportFailed > 0 && r.TierEvicted > 0 {
-				fmt.Fprintf(&b, "; TIER TOO SMALL: %d requests recomputed, their values evicted before the import (--tier-mib %d: %dx the values in flight)",
-					r.ImportFailed, PDTierHeadroom*r.InFlightBytes>>20, PDTierHeadroom)
+				fmt.Fprintf(&b, "; TIER TOO SMALL: %d requests recomputed, their values evicted before the import (give a larger --tier-mib)",
+					r.ImportFailed)
 			}
 		}
 		b.WriteString("\n")

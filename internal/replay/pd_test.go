@@ -244,21 +244,22 @@ func TestPDOpenLoopSends(t *testing.T) {
 func TestPDSizesTheTier(t *testing.T) {
 	spec := distinct(t, 6, 3)
 	rowBytes := int64(keyRowBytesSum(spec.Keys))
-	var most int64
+	var most, total int64
 	src := spec.Source()
 	for {
 		q, ok, err := src.Next()
 		if err != nil || !ok {
 			break
 		}
-		most = max(most, int64(len(q.Prompt)/DefaultBlockSize*DefaultBlockSize)*rowBytes)
+		n := int64(len(q.Prompt)/DefaultBlockSize*DefaultBlockSize) * rowBytes
+		most, total = max(most, n), total+n
 	}
 	for _, given := range []int64{0, 3 << 30} {
 		rep, err := RunPD(spec, PDOptions{Prefill: 1, Decode: 1, ReplicaOptions: ReplicaOptions{TierBytes: given}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := min(max(PDTierHeadroom*3*most, tier.DefaultEmbeddedBytes), PDMaxAutoTierBytes)
+		want := min(max(PDTierHeadroom*3*most, total+total/16, tier.DefaultEmbeddedBytes), PDMaxAutoTierBytes)
 		if given != 0 {
 			want = given
 		}

@@ -102,7 +102,9 @@ type TierConfig struct {
 	// is counted in Stats.TierPublishUnadmitted. At most MaxAdmitAfter.
 	AdmitAfter int
 	// Importers is the number of goroutines fetching imports (an import
-	// that finds them all busy and their queue full fails at once);
+	// that finds them all busy and their queue full fails at once); with
+	// the embedded store the cache keeps up to one fetch buffer per
+	// importer, as large as the largest import, for the next imports;
 	// Publishers the number storing published blocks.
 	Importers, Publishers int
 	// OnImport, when set, is called once per import that ran (from the

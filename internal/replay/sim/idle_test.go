@@ -68,18 +68,7 @@ func TestIdleUntilReady(t *testing.T) {
 		t.Fatalf("finished %v, arrivals %v; want the first request reported, the second arriving", st.Plan.Finished, st.Plan.Arrivals)
 	}
 	src.open, src.closed = 3, true
-	for {
-		st, err := s.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st == nil {
-			break
-		}
-		checkStep(t, s, st, live, finished)
-		s.Release()
-		s.Advance()
-	}
+	drive(t, s, live, finished, nil)
 	if s.Finished != 3 || s.KV().NumFree() != s.KV().Len() {
 		t.Fatalf("%d finished, %d of %d blocks free", s.Finished, s.KV().NumFree(), s.KV().Len())
 	}
@@ -118,19 +107,7 @@ func TestAbortAndNoExternal(t *testing.T) {
 	if len(st.Plan.TierBlocks) != 0 || len(st.Plan.TierHashes) != 0 || st.Plan.HitTokens[0] != 0 || ext.asked != 2 {
 		t.Fatalf("a NoExternal request: tier blocks %v, hit %v, External asked %d times", st.Plan.TierBlocks, st.Plan.HitTokens, ext.asked)
 	}
-	for {
-		st, err := s.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st == nil {
-			break
-		}
-		checkStep(t, s, st, live, finished)
-		s.Release()
-		s.Advance()
-		checkRefs(t, s)
-	}
+	drive(t, s, live, finished, nil)
 	if s.Finished != 2 || s.Aborted != 1 || s.KV().NumFree() != s.KV().Len() {
 		t.Fatalf("%d finished, %d aborted, %d of %d blocks free", s.Finished, s.Aborted, s.KV().NumFree(), s.KV().Len())
 	}

@@ -40,23 +40,18 @@ func randomPrompts(seed uint64, n, shared, in, out int) []Request {
 	return reqs
 }
 
-// runAll drives the simulator to the end, checking invariants every step,
-// and calls each (if not nil) with every step.
-func runAll(t *testing.T, cfg Config, reqs []Request, each func(*Sim, *Step)) *Sim {
+// drive steps s to the end, checking invariants every step (live and
+// finished carry over from steps run before), and calls each (if not nil)
+// with every step.
+func drive(t *testing.T, s *Sim, live, finished map[int64]bool, each func(*Sim, *Step)) {
 	t.Helper()
-	s, err := New(cfg, &listSource{reqs: reqs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	finished := map[int64]bool{}
-	live := map[int64]bool{}
 	for {
 		st, err := s.Next()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st == nil {
-			break
+			return
 		}
 		checkStep(t, s, st, live, finished)
 		if each != nil {
@@ -66,6 +61,17 @@ func runAll(t *testing.T, cfg Config, reqs []Request, each func(*Sim, *Step)) *S
 		s.Advance()
 		checkRefs(t, s)
 	}
+}
+
+// runAll drives the simulator to the end, checking invariants every step,
+// and calls each (if not nil) with every step.
+func runAll(t *testing.T, cfg Config, reqs []Request, each func(*Sim, *Step)) *Sim {
+	t.Helper()
+	s, err := New(cfg, &listSource{reqs: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, map[int64]bool{}, map[int64]bool{}, each)
 	if s.Finished != int64(len(reqs)) {
 		t.Fatalf("finished %d of %d requests", s.Finished, len(reqs))
 	}

@@ -157,7 +157,7 @@ gpu-bundle: ## build the CUDA tests, replay, library and Python package into .gp
 	cp bench/testdata/mooncake/synthetic_trace.jsonl .gpu/
 	rm -rf .gpu/python && mkdir -p .gpu/python/omnicache
 	cp python/omnicache/*.py python/omnicache/_fast.c .gpu/python/omnicache/
-	cp -r python/tests python/tests_cuda .gpu/python/
+	cp -r python/tests python/tests_cuda python/examples .gpu/python/
 	find .gpu/python -name __pycache__ -prune -exec rm -rf {} +
 	cp .ci/gpu-run.sh .gpu/run.sh && chmod +x .gpu/run.sh
 	@n=$$(du -sm .gpu | cut -f1); echo "gpu-bundle: .gpu is $$n MiB (carry limit 64)"; \

@@ -51,6 +51,21 @@ def _is_rows(v, n, padded):
     return int(v.shape[0]) in (n, padded)
 
 
+def _as_layout(z, layout):
+    """Zero rows z (uint8 [rows, row_bytes]) in a key's saved layout (dtype
+    name, row shape; None: none saved yet): a key keeps the first layout it
+    was saved in (KeyLayoutError otherwise)."""
+    if layout is None or layout == ("uint8", (z.shape[1],)):
+        return z
+    dtype, shape = layout
+    try:
+        return z.view(np.dtype(dtype)).reshape((z.shape[0],) + shape)
+    except TypeError:  # a dtype numpy lacks (bfloat16): the rows as torch's
+        import torch
+
+        return torch.from_numpy(z).view(getattr(torch, dtype)).reshape((z.shape[0],) + shape)
+
+
 class OmniPrefixCacheManager:
     """The upstream manager's surface over the omnicache core.
 
@@ -262,14 +277,15 @@ class OmniPrefixCacheManager:
         has none: zeros for the required (hidden) key, optional keys
         omitted."""
         outs = []
-        for name, k in zip(self._names, self._core.keys):
+        for i, k in enumerate(self._core.keys):
             if k.optional:
                 outs.append(None)
                 continue
             need = n * k.row_bytes
             if self._zeros.size < max(need, k.row_bytes):
                 self._zeros = np.zeros(max(need, k.row_bytes), np.uint8)
-            outs.append(self._zeros[:need].reshape(n, k.row_bytes) if n else self._zeros[:k.row_bytes].reshape(1, -1))
+            z = self._zeros[:need].reshape(n, k.row_bytes) if n else self._zeros[:k.row_bytes].reshape(1, -1)
+            outs.append(_as_layout(z, self._core._layouts.get(i)))
         return outs
 
     def _layout_batch(self, p, layout):

@@ -3,6 +3,8 @@ forward (its hit reads start then), abort_prepared_step drops them, the
 prefetch_reads switch, memory_stats, and which device a cache stages
 through."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from conftest import torch_or_fail
 from omnicache import vllm_omni as vo
 from omnicache._vo_state import select_device
 from omnicache.errors import UnsupportedError
-from vo_world import RB, World, layout, slots_of
+from vo_world import RB, K, World, ev, layout, slots_of
 
 U = vo.OmniPrefixCacheUnmatchError
 
@@ -113,8 +115,12 @@ def test_device_selection():
 def test_cuda_device_without_a_cuda_library():
     """A configured CUDA device with this (host) build of the library: a
     clear error naming the CUDA build, at keys= creation or at the first
-    save, which can be saved once the config is right."""
+    save, which can be saved once the config is right. Against the cuda
+    build (OMNICACHE_CUDA_BUILD=1, .gpu/run.sh) the device opens instead."""
     cfg = vo.PrefixCacheConfig(num_blocks=16, block_size=4, cuda_device=0)
+    if os.environ.get("OMNICACHE_CUDA_BUILD") == "1":
+        vo.OmniPrefixCacheManager(cfg, keys={vo.HIDDEN_KEY: RB}).shutdown()
+        return
     with pytest.raises(U, match=r"cannot stage through cuda:0.*make python-cuda") as ei:
         vo.OmniPrefixCacheManager(cfg, keys={vo.HIDDEN_KEY: RB})
     assert isinstance(ei.value.__cause__, UnsupportedError)
@@ -135,3 +141,23 @@ def test_meta_tensor_refused():
     with pytest.raises(U, match="outputs on a meta device"):
         w.m.save_outputs(torch.empty(2, 2, device="meta"), {}, num_tokens_unpadded=2, num_tokens_padded=2,
                          write_layout=lay)
+
+
+def test_dropped_step_keeps_the_keys_layout():
+    """A step that registered, was prepared and aborted, and is dropped by the
+    next new_step_starts is saved with zero rows in each key's saved layout
+    (float32 rows of 4 here, not bytes): the drop goes through, and a hit over
+    its slots is refused rather than served."""
+    m = vo.OmniPrefixCacheManager(vo.PrefixCacheConfig(num_blocks=64, block_size=4))
+    m.new_step_starts([ev("x", K.STARTED, 0, [1, 2])], num_scheduled_tokens={"x": 8})
+    m.discard_step(m.save_outputs(np.ones((8, 4), np.float32), {}, num_tokens_unpadded=8, num_tokens_padded=8,
+                                  write_layout=layout(("x", slots_of([1, 2], 0, 8)))))
+    m.new_step_starts([ev("x", K.FINISHED), ev("y", K.STARTED, 0, [1, 2, 3])], num_scheduled_tokens={"y": 8})
+    m.prepare_read_plans(layout(("y", slots_of([1, 2, 3], 0, 8))))
+    m.abort_prepared_step()
+    m.new_step_starts([ev("z", K.STARTED, 8, [1, 2, 4])], num_scheduled_tokens={"z": 1})
+    sid = m.save_outputs(np.ones((1, 4), np.float32), {}, num_tokens_unpadded=1, num_tokens_padded=1,
+                         write_layout=layout(("z", slots_of([1, 2, 4], 8, 1))))
+    with pytest.raises(vo.OmniPrefixCacheUnmatchError, match="hit span for req z key=__hidden_states__ is not readable"):
+        m.materialize(sid, ["z"])
+    m.shutdown()

@@ -303,6 +303,26 @@ type Plan struct {
 	// and HitBlocks like any hit block.
 	TierBlocks []int32
 	TierHashes []uint64
+
+	// PrefetchInto, when set, holds per key (Config.Keys order) a buffer
+	// for the step's Result rows of every request in batch order, laid out
+	// as Materialize of the whole step lays them out: at least the rows
+	// StepRows(id, nil) gives once the step is saved (per request its hit
+	// prefix and its scheduled tokens) times the key's RowBytes. When the
+	// step's hits are prefetched (see Config.DisablePrefetch), their rows
+	// are read straight into these buffers while the engine runs its
+	// forward, and Materialize of the whole step into the same buffers
+	// (Result.Into, reqs nil) copies only the step's own rows: a hit's
+	// prefix is copied once, during the forward. Buffers shorter than the
+	// step's rows, or a step whose hits are not prefetched, leave the
+	// prefetch in the cache's own buffers (Materialize then copies the
+	// prefix). The buffers are borrowed from Begin until the step is
+	// consumed: its Materialize, Discard or Abort returned, its Save
+	// failed, or the cache closed; the engine must neither write nor free
+	// them meanwhile. A Materialize of some requests only into buffers
+	// that overlap them is ErrOutputs (it would move rows across one
+	// another). Empty, or one buffer per key; else ErrPlan.
+	PrefetchInto [][]byte
 }
 
 // Tensor is one key's output rows for a step.

@@ -68,7 +68,7 @@ func (c *Cache) Begin(p *Plan) error {
 	if c.tl != nil {
 		c.tl.Begin(p.FullBlocks, p.FullHashes)
 	}
-	c.planHits()
+	c.planHits(p.PrefetchInto)
 	return nil
 }
 
@@ -173,8 +173,9 @@ func (c *Cache) setBatch(p *Plan, same bool) {
 
 // planHits plans the begun step's hits behind the rows handed over so far
 // (the buffer was flushed above): with prefetch their rows move while the
-// engine runs its forward.
-func (c *Cache) planHits() {
+// engine runs its forward, into the engine's buffers when it gave them
+// (into: Plan.PrefetchInto).
+func (c *Cache) planHits(into [][]byte) {
 	e := &c.eng
 	e.hits = e.hits[:0]
 	if len(e.hitPos) > 0 {
@@ -195,7 +196,7 @@ func (c *Cache) planHits() {
 		// pins then come after Save's reservation).
 		if !c.cfg.DisablePrefetch {
 			e.hitRec = c.newRec()
-			if c.rd.Charge(e.hitRec, e.hits) && !c.hitsOverlapStep() {
+			if c.rd.Charge(e.hitRec, e.hits, into) && !c.hitsOverlapStep() {
 				c.rd.Plan(e.hitRec, e.hits)
 				e.hitsPlanned = true
 			}

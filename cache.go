@@ -287,7 +287,7 @@ func (c *Cache) Discard(id StepID) error {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	sv, err := c.takeLocked(id, nil)
+	sv, err := c.takeLocked(id, nil, nil)
 	if err == nil {
 		c.rd.Cancel(sv.rec) // a prefetch not started yet is skipped
 	}
@@ -320,7 +320,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 		return fmt.Errorf("%w: nil Result (the step stays unconsumed)", ErrOutputs)
 	}
 	c.mu.Lock()
-	sv, err := c.takeLocked(id, reqs)
+	sv, err := c.takeLocked(id, reqs, dst)
 	if err == nil {
 		c.openDelivery(sv, reqs != nil, dst)
 	}
@@ -391,8 +391,8 @@ func (c *Cache) read(rec *reader.Step, reqs []int64, dst *Result) error {
 			dst.keep = append(dst.keep, rec.End[i]-lo)
 		}
 	}
-	if !all || !rec.Prefetched() || !dst.adopts() {
-		dst.size() // else the read adopts the prefetched buffers
+	if !all || !rec.Prefetched() || rec.ReadsInto() || !dst.adopts() {
+		dst.size() // else the read adopts the prefetched buffers (the cache's, never the engine's)
 	}
 	var err error
 	switch {

@@ -33,13 +33,19 @@ func (c *Cache) newRec() *reader.Step {
 	return r
 }
 
-// takeLocked removes an unconsumed step, validating reqs first. Caller
-// holds c.mu.
-func (c *Cache) takeLocked(id StepID, reqs []int64) (saved, error) {
+// takeLocked removes an unconsumed step, validating reqs first, and for a
+// Materialize (dst set) that its buffers do not clash with the step's
+// Plan.PrefetchInto buffers. Caller holds c.mu.
+func (c *Cache) takeLocked(id StepID, reqs []int64, dst *Result) (saved, error) {
 	for i, sv := range c.steps {
 		r := sv.rec
 		if r.ID != uint64(id) {
 			continue
+		}
+		if dst != nil && r.IntoClash(dst.into, reqs == nil) {
+			return saved{}, fmt.Errorf("%w: step %d: Result.Into buffers overlap the step's Plan.PrefetchInto buffers "+
+				"other than as the same buffer per key for the whole step (rows would move across one another): "+
+				"materialize the whole step into them, or into other buffers; the step stays unconsumed", ErrOutputs, id)
 		}
 		r.Qidx = r.Qidx[:0]
 		for _, q := range reqs {

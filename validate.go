@@ -26,6 +26,9 @@ func (c *Cache) validatePlan(p *Plan) (ntok int, pure, same bool, err error) {
 	if err := c.checkReplaced(p); err != nil {
 		return 0, false, false, err
 	}
+	if len(p.PrefetchInto) != 0 && len(p.PrefetchInto) != len(c.cfg.Keys) {
+		return 0, false, false, fmt.Errorf("%w: %d PrefetchInto buffers for %d keys", ErrPlan, len(p.PrefetchInto), len(c.cfg.Keys))
+	}
 	return ntok, pure, same, nil
 }
 

@@ -170,8 +170,11 @@ func (r *Reader) ReadAheadBytes() int64 { return r.charged.Load() }
 // Charge lays out the prefetch buffers of a step about to be planned with
 // hits (per request, batch order, [prefix | step rows]) and charges them to
 // the read-ahead budget. false: the budget cannot hold them (the step is
-// then planned at Save and read at Materialize). Engine goroutine.
-func (r *Reader) Charge(s *Step, hits []Hit) bool {
+// then planned at Save and read at Materialize). into, the engine's
+// buffers per key (Plan.PrefetchInto), become the read's when each holds
+// the step's rows; the charge is the same either way (the budget bounds
+// the prefetches in flight). Engine goroutine.
+func (r *Reader) Charge(s *Step, hits []Hit, into [][]byte) bool {
 	n := len(s.IDs)
 	s.pfOff = scratch.Grow(s.pfOff, n)
 	clear(s.pfOff)
@@ -193,6 +196,17 @@ func (r *Reader) Charge(s *Step, hits []Hit) bool {
 		return false
 	}
 	s.pfCharge.Store(bytes)
+	if len(into) == len(r.lay.RowBytes) {
+		for k, rb := range r.lay.RowBytes {
+			if len(into[k]) < int(rows)*rb {
+				clear(s.into)
+				s.into = s.into[:0]
+				break
+			}
+			n := int(rows) * rb
+			s.into = append(s.into, into[k][:n:n])
+		}
+	}
 	return true
 }
 
@@ -240,6 +254,10 @@ func (s *Step) RunInOrder(failed bool) {
 	// failed claim looks again rather than take the state it saw before for
 	// the one now. Buffers taken for a read the consumer served go back to
 	// the pool with the step's release.
+	caller := len(s.into) > 0
+	if caller {
+		s.pfMu.Lock() // until the read into the engine's buffers is done (settle)
+	}
 	claimed := false
 	if !failed && s.pfState.CompareAndSwap(pfQueued, pfAlloc) {
 		r.takeBuffers(s)
@@ -276,15 +294,22 @@ claim:
 			r.readInOrder(s)
 		}
 	}
+	if caller {
+		s.pfMu.Unlock()
+	}
 	// The clones it read are no longer needed: their budget can be forced
 	// out before the step is consumed.
 	r.w.Unpin(&s.planPins)
-	r.Release(s)
+	r.release(s)
 }
 
 // takeBuffers gives s its read's buffers, one per key, laid out as the
 // step's Result (pfOff). The committer.
 func (r *Reader) takeBuffers(s *Step) {
+	if len(s.into) > 0 {
+		s.pf = append(s.pf, s.into...) // the engine's (Plan.PrefetchInto)
+		return
+	}
 	rows := 0
 	if n := len(s.IDs); n > 0 {
 		rows = int(s.pfOff[n-1] + s.Prefix(n-1) + s.Count[n-1])
@@ -316,12 +341,33 @@ func (r *Reader) readInOrder(s *Step) {
 	}
 }
 
-// Release drops one reference to s (the committer's once its read ran, or
-// the consumer's); the last one returns the buffers, the budget and the
-// record. Any goroutine.
+// Release drops the consumer's reference to s once it consumed it; the
+// last reference returns the buffers, the budget and the record. A read
+// into the engine's buffers that the committer is running is waited for
+// first (settle). The consumer's goroutine.
 func (r *Reader) Release(s *Step) {
+	r.settle(s)
+	r.release(s)
+}
+
+// release drops one reference to s (the committer's once its read ran, or
+// the consumer's): the last one returns the buffers, the budget and the
+// record. Any goroutine.
+func (r *Reader) release(s *Step) {
 	if r.drop(s, false) {
 		r.free(s)
+	}
+}
+
+// settle waits until no read writes into the engine's buffers of s
+// (Plan.PrefetchInto) any more: the consumer calls it before it gives s
+// up, so that the buffers are the engine's again when its call returns. A
+// read the committer has not claimed by then never starts (the consumer
+// took it, or cancelled it first); one it claimed holds pfMu until done.
+func (r *Reader) settle(s *Step) {
+	if len(s.into) > 0 {
+		s.pfMu.Lock()
+		s.pfMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
 	}
 }
 
@@ -340,7 +386,9 @@ func (r *Reader) drop(s *Step, consumer bool) bool {
 		}
 	}
 	for k, b := range s.pf {
-		r.pool.put(b)
+		if len(s.into) == 0 { // the engine's buffers are not the pool's
+			r.pool.put(b)
+		}
 		s.pf[k] = nil
 	}
 	r.uncharge(s)
@@ -370,6 +418,7 @@ func (r *Reader) Cancel(s *Step) {
 		if s.pfState.CompareAndSwap(pfQueued, pfCancelled) || s.pfState.CompareAndSwap(pfAlloc, pfCancelled) {
 			r.uncharge(s)
 		}
+		r.settle(s)
 	}
 	if r.drop(s, true) {
 		r.free(s)
@@ -403,7 +452,8 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 		return err
 	}
 	r.st.PrefetchUsed.Add(1)
-	adopt := all && dst.Adopts()
+	// The engine's buffers are never adopted: they are not the cache's.
+	adopt := all && dst.Adopts() && len(s.into) == 0
 	if adopt {
 		for k := range s.pf {
 			r.pool.put(dst.Adopt(k, s.pf[k]))
@@ -429,7 +479,11 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 			out := dst.Rows(qi, k)
 			if !adopt && pre > 0 {
 				lo := int(s.pfOff[i]) * rb
-				r.parts.Workers.Copy(out[:pre*rb], s.pf[k][lo:lo+pre*rb])
+				// Into the buffers the rows were read into (Plan.PrefetchInto,
+				// the whole step): they are in place.
+				if src := s.pf[k][lo : lo+pre*rb]; &src[0] != &out[0] {
+					r.parts.Workers.Copy(out[:pre*rb], src)
+				}
 			}
 			if err := r.readOwn(s, i, k, tokOff, out[pre*rb:]); err != nil {
 				return err

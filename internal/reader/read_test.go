@@ -107,7 +107,7 @@ func (w *world) step(reqs []sched, hits ...Hit) *Step {
 		}
 	}
 	planned := false
-	if len(hits) > 0 && w.rd.Charge(s, hits) {
+	if len(hits) > 0 && w.rd.Charge(s, hits, nil) {
 		w.rd.Plan(s, hits) // Begin: behind the writes handed over so far
 		planned = true
 	}

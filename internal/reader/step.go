@@ -46,6 +46,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/omnicache/omnicache/internal/writer"
 )
@@ -116,6 +117,13 @@ type Step struct {
 	// back): see Reader.readAhead and "Cold buffers" in prefetch.go.
 	pfState atomic.Int32
 	engMu   sync.Mutex
+	// into are the engine's buffers for the read (Plan.PrefetchInto, cut
+	// to the step's rows; empty: the pool's). pfMu is held by the
+	// committer from its claim of such a read until the read is done: the
+	// consumer takes it (settle) before it gives the step up, so that no
+	// read writes into the engine's memory once the call returned.
+	into [][]byte
+	pfMu sync.Mutex
 	// pfCharge is the read-ahead charge still held: the bytes Charge
 	// charged for pf (0: not prefetched) until given back, once, by
 	// whichever of Cancel and the last Release is first.
@@ -166,6 +174,8 @@ func (s *Step) Reset(nkeys int) {
 	s.lastQ = 0
 	s.Qidx = s.Qidx[:0]
 	s.pf = s.pf[:0]
+	clear(s.into) // the engine's memory: not kept alive by a free record
+	s.into = s.into[:0]
 	s.pfOff = s.pfOff[:0]
 	s.pfSeq = 0
 	clear(s.pfErr)
@@ -269,4 +279,36 @@ func (s *Step) hitSlots(i, pre, bs int) []int32 {
 	}
 	s.immSlot, s.immReq = sl, i+1
 	return sl
+}
+
+// ReadsInto reports whether the step's hits are read into the engine's
+// buffers (Plan.PrefetchInto) rather than the cache's.
+func (s *Step) ReadsInto() bool { return len(s.into) > 0 }
+
+// IntoClash reports whether Materialize buffers bufs (per key; all: the
+// whole step, in batch order) overlap the step's PrefetchInto buffers
+// other than as key k's own buffer from its first byte for the whole step,
+// where each request's rows are read in place: any other overlap would
+// write rows over prefix rows not read yet.
+func (s *Step) IntoClash(bufs [][]byte, all bool) bool {
+	for k, b := range bufs {
+		for j, in := range s.into {
+			if !overlap(b, in) {
+				continue
+			}
+			if !all || j != k || &b[0] != &in[0] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// overlap reports whether a and b share memory.
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
 }

@@ -304,25 +304,30 @@ type Plan struct {
 	TierBlocks []int32
 	TierHashes []uint64
 
-	// PrefetchInto, when set, holds per key (Config.Keys order) a buffer
-	// for the step's Result rows of every request in batch order, laid out
-	// as Materialize of the whole step lays them out: at least the rows
-	// StepRows(id, nil) gives once the step is saved (per request its hit
-	// prefix and its scheduled tokens) times the key's RowBytes. When the
-	// step's hits are prefetched (see Config.DisablePrefetch), their rows
-	// are read straight into these buffers while the engine runs its
-	// forward, and Materialize of the whole step into the same buffers
-	// (Result.Into, reqs nil) copies only the step's own rows: a hit's
-	// prefix is copied once, during the forward. Buffers shorter than the
-	// step's rows, or a step whose hits are not prefetched, leave the
-	// prefetch in the cache's own buffers (Materialize then copies the
-	// prefix). The buffers are borrowed from Begin until the step is
-	// consumed: its Materialize, Discard or Abort returned, its Save
-	// failed, or the cache closed; the engine must neither write nor free
-	// them meanwhile. A Materialize of some requests only into buffers
-	// that overlap them is ErrOutputs (it would move rows across one
-	// another). Empty, or one buffer per key; else ErrPlan.
-	PrefetchInto [][]byte
+	// ResultInto, when set, holds per key (Config.Keys order) the
+	// engine's buffer for the step's Result: the rows of every request in
+	// batch order, laid out as Materialize of the whole step lays them out
+	// (per request its hit prefix, then its scheduled tokens: at least
+	// StepRows(id, nil) rows of the key's RowBytes once the step is
+	// saved). The cache fills it as it goes, so that Materialize of the
+	// whole step into the same buffers (Result.Into, reqs nil) finds the
+	// rows in place and copies nothing it has not:
+	//   - a prefetched hit (see Config.DisablePrefetch) is read into it
+	//     while the engine runs its forward;
+	//   - a step of more than 4 MiB of immediate rows (a prefill) whose
+	//     only hit, if any, is its first request's has its host rows
+	//     copied into it by Save, instead of into a staging page, while
+	//     the committer writes them to the mirror from the engine's
+	//     tensor; Save returns once both are done.
+	// Buffers smaller than the step's rows are left unused (Materialize
+	// then copies as without them). They are borrowed from Begin until the
+	// step is consumed (its Materialize, Discard or Abort returned, its
+	// Save failed) or the cache closed: the engine must neither write nor
+	// free them meanwhile. A Materialize of some requests only into
+	// buffers that overlap them, or of the whole step into them shifted,
+	// is ErrOutputs (rows would move across one another). Empty, or one
+	// buffer per key; else ErrPlan.
+	ResultInto [][]byte
 }
 
 // Tensor is one key's output rows for a step.

@@ -68,7 +68,8 @@ func (c *Cache) Begin(p *Plan) error {
 	if c.tl != nil {
 		c.tl.Begin(p.FullBlocks, p.FullHashes)
 	}
-	c.planHits(p.PrefetchInto)
+	c.planHits(p.ResultInto)
+	c.intoForSave(p.ResultInto)
 	return nil
 }
 
@@ -174,7 +175,7 @@ func (c *Cache) setBatch(p *Plan, same bool) {
 // planHits plans the begun step's hits behind the rows handed over so far
 // (the buffer was flushed above): with prefetch their rows move while the
 // engine runs its forward, into the engine's buffers when it gave them
-// (into: Plan.PrefetchInto).
+// (into: Plan.ResultInto).
 func (c *Cache) planHits(into [][]byte) {
 	e := &c.eng
 	e.hits = e.hits[:0]
@@ -237,4 +238,35 @@ func (c *Cache) hitsOverlapStep() bool {
 		}
 	}
 	return false
+}
+
+// intoForSave keeps, per key, the region of the begun step's
+// Plan.ResultInto buffers that its own rows take in the Result (after
+// its first request's hit prefix), for Save to copy them there
+// (writer.Step.Into): only when no other request has a hit prefix (the
+// step's rows are then one run, as in a staging page) and every buffer
+// holds them.
+func (c *Cache) intoForSave(into [][]byte) {
+	e := &c.eng
+	clear(e.into)
+	e.into = e.into[:0]
+	if len(into) == 0 {
+		return
+	}
+	off := 0
+	for _, h := range e.hits {
+		if h.Index != 0 {
+			return
+		}
+		off = int(h.Tokens)
+	}
+	for k, key := range c.cfg.Keys {
+		lo, hi := off*key.RowBytes, (off+e.tokens)*key.RowBytes
+		if len(into[k]) < hi {
+			clear(e.into)
+			e.into = e.into[:0]
+			return
+		}
+		e.into = append(e.into, into[k][lo:hi:hi])
+	}
 }

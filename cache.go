@@ -162,11 +162,14 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		t := &o.Tensors[k]
 		ws.Out[k] = writer.Src{Host: t.Host, Dev: t.Dev, Owned: t.Owned}
 	}
+	ws.Into = e.into
 	err := c.path.Save(ws, &rec.Refs)
 	if err == nil {
 		c.noteSaved(rec, ws.Accepted)
 	}
-	ws.Accepted = nil
+	ws.Accepted, ws.Into = nil, nil
+	clear(e.into) // the engine's memory: borrowed for the step
+	e.into = e.into[:0]
 	for k := range ws.Out {
 		ws.Out[k] = writer.Src{} // borrowed for the call (a loop: clear's bulk barrier costs more for a few keys)
 	}

@@ -35,7 +35,7 @@ func (c *Cache) newRec() *reader.Step {
 
 // takeLocked removes an unconsumed step, validating reqs first, and for a
 // Materialize (dst set) that its buffers do not clash with the step's
-// Plan.PrefetchInto buffers. Caller holds c.mu.
+// Plan.ResultInto buffers. Caller holds c.mu.
 func (c *Cache) takeLocked(id StepID, reqs []int64, dst *Result) (saved, error) {
 	for i, sv := range c.steps {
 		r := sv.rec
@@ -43,7 +43,7 @@ func (c *Cache) takeLocked(id StepID, reqs []int64, dst *Result) (saved, error) 
 			continue
 		}
 		if dst != nil && r.IntoClash(dst.into, reqs == nil) {
-			return saved{}, fmt.Errorf("%w: step %d: Result.Into buffers overlap the step's Plan.PrefetchInto buffers "+
+			return saved{}, fmt.Errorf("%w: step %d: Result.Into buffers overlap the step's Plan.ResultInto buffers "+
 				"other than as the same buffer per key for the whole step (rows would move across one another): "+
 				"materialize the whole step into them, or into other buffers; the step stays unconsumed", ErrOutputs, id)
 		}

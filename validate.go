@@ -26,8 +26,8 @@ func (c *Cache) validatePlan(p *Plan) (ntok int, pure, same bool, err error) {
 	if err := c.checkReplaced(p); err != nil {
 		return 0, false, false, err
 	}
-	if len(p.PrefetchInto) != 0 && len(p.PrefetchInto) != len(c.cfg.Keys) {
-		return 0, false, false, fmt.Errorf("%w: %d PrefetchInto buffers for %d keys", ErrPlan, len(p.PrefetchInto), len(c.cfg.Keys))
+	if len(p.ResultInto) != 0 && len(p.ResultInto) != len(c.cfg.Keys) {
+		return 0, false, false, fmt.Errorf("%w: %d ResultInto buffers for %d keys", ErrPlan, len(p.ResultInto), len(c.cfg.Keys))
 	}
 	return ntok, pure, same, nil
 }

@@ -46,9 +46,9 @@ type Step struct {
 	// were accepted (speculative decoding; absent: all).
 	Replaced map[int64]int
 	Accepted map[int64]int
-	// PrefetchInto: the plan's Plan.PrefetchInto (the engine's buffers for
+	// ResultInto: the plan's Plan.ResultInto (the engine's buffers for
 	// the step's prefetched hit rows).
-	PrefetchInto [][]byte
+	ResultInto [][]byte
 }
 
 // reqWant is what Materialize must return for one request of a step.
@@ -376,7 +376,7 @@ func (h *Harness) Plan(st Step) *omnicache.Plan {
 	p.Finished = append([]int64(nil), st.Finished...)
 	p.Preempted = append([]int64(nil), st.Preempted...)
 	p.Resumed = append([]int64(nil), st.Resumed...)
-	p.PrefetchInto = st.PrefetchInto
+	p.ResultInto = st.ResultInto
 	return p
 }
 

@@ -131,6 +131,13 @@ int omnicache_discard_begin(uint64_t h, uint64_t discard, const omnicache_plan *
 	return ocgo_discard_begin(h, discard, (omnicache_plan *)plan, MSG);
 }
 
+int omnicache_discard_begin_into(uint64_t h, uint64_t discard, const omnicache_plan *plan, void *const *key_data,
+				 const int64_t *key_cap, int64_t nkeys) {
+	ENTER;
+	return ocgo_discard_begin_into(h, discard, (omnicache_plan *)plan, (void **)key_data, (int64_t *)key_cap, nkeys,
+				       MSG);
+}
+
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step) {
 	ENTER;
 	return ocgo_save(h, (omnicache_outputs *)out, step, MSG);

@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define OMNICACHE_ABI_VERSION 4 /* the struct layouts and calls below */
+#define OMNICACHE_ABI_VERSION 5 /* the struct layouts and calls below */
 #define OMNICACHE_VERSION_STRING "0.1.0"
 
 /* Error codes: stable numbers, never reused. */
@@ -242,6 +242,18 @@ int omnicache_begin(uint64_t h, const omnicache_plan *plan);
  * crossing into the library a step fewer): a failed discard begins
  * nothing; a failed begin leaves the step discarded. */
 int omnicache_discard_begin(uint64_t h, uint64_t discard, const omnicache_plan *plan);
+/* omnicache_discard_begin with, per key (nkeys, config order), a buffer
+ * for the step's rows of every request as omnicache_materialize of the
+ * whole step (reqs NULL) lays them out, key_cap[k] bytes at key_data[k]
+ * (Plan.ResultInto): the step's prefetched hit rows are read into them
+ * while the forward runs, and omnicache_materialize of the whole step into
+ * the same buffers copies only the step's own rows. Buffers smaller than
+ * the step's rows are left unused. They are borrowed until the step is
+ * consumed (its materialize, discard or abort returned, its save failed)
+ * or the cache closed: neither write nor free them meanwhile. nkeys other
+ * than the config's is OMNICACHE_ERR_PLAN. */
+int omnicache_discard_begin_into(uint64_t h, uint64_t discard, const omnicache_plan *plan, void *const *key_data,
+				 const int64_t *key_cap, int64_t nkeys);
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step);
 int omnicache_abort(uint64_t h);
 int omnicache_sync(uint64_t h);

@@ -34,6 +34,41 @@ func ocgo_discard_begin(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, mp 
 	return m.fail(e.begin(cp))
 }
 
+//export ocgo_discard_begin_into
+func ocgo_discard_begin_into(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, kd *unsafe.Pointer, kc *C.int64_t,
+	nkeys C.int64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	m := msgBuf{mp, mcap, mn}
+	defer m.recoverInto(&rc)
+	e, err := lookup(uint64(h))
+	if err != nil {
+		return m.fail(err)
+	}
+	data, err := view[unsafe.Pointer](kd, nkeys, "key_data")
+	if err != nil {
+		return m.fail(err)
+	}
+	caps, err := view[int64](kc, nkeys, "key_cap")
+	if err != nil {
+		return m.fail(err)
+	}
+	into := make([][]byte, len(data))
+	for k := range data {
+		if caps[k] < 0 || (data[k] == nil && caps[k] > 0) {
+			return m.fail(fmt.Errorf("%w: key_data[%d] %p with capacity %d", errArgument, k, data[k], caps[k]))
+		}
+		if caps[k] > 0 {
+			into[k] = unsafe.Slice((*byte)(data[k]), caps[k])
+		}
+	}
+	if step != 0 {
+		if err := e.c.Discard(omnicache.StepID(step)); err != nil {
+			return m.fail(err) // nothing begun
+		}
+	}
+	e.plan.ResultInto = into
+	return m.fail(e.begin(cp))
+}
+
 //export ocgo_begin
 func ocgo_begin(h C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}

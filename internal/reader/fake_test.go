@@ -323,7 +323,7 @@ func (f *fakeWrites) WaitSeq(seq uint64) error {
 	return f.Err()
 }
 
-func (f *fakeWrites) ReadRows(w *writer.Write, k, r0, cnt int, out []byte) error {
+func (f *fakeWrites) ReadRows(w *writer.Write, k, r0, cnt int, out []byte, _ *writer.ReadBatch) error {
 	if w.Pins.Load() <= 0 {
 		f.t.Errorf("ReadRows of write %d, which nothing pins", w.ID)
 	}
@@ -485,3 +485,6 @@ func (f *fakeWrites) mirrorRow(k int, sl int32) []byte {
 	m.ReadRow(row, sl)
 	return row
 }
+
+// FinishReads: the fake copies at once (host rows), nothing to wait for.
+func (f *fakeWrites) FinishReads(*writer.ReadBatch) error { return nil }

@@ -171,7 +171,7 @@ func (r *Reader) ReadAheadBytes() int64 { return r.charged.Load() }
 // hits (per request, batch order, [prefix | step rows]) and charges them to
 // the read-ahead budget. false: the budget cannot hold them (the step is
 // then planned at Save and read at Materialize). into, the engine's
-// buffers per key (Plan.PrefetchInto), become the read's when each holds
+// buffers per key (Plan.ResultInto), become the read's when each holds
 // the step's rows; the charge is the same either way (the budget bounds
 // the prefetches in flight). Engine goroutine.
 func (r *Reader) Charge(s *Step, hits []Hit, into [][]byte) bool {
@@ -307,7 +307,7 @@ claim:
 // step's Result (pfOff). The committer.
 func (r *Reader) takeBuffers(s *Step) {
 	if len(s.into) > 0 {
-		s.pf = append(s.pf, s.into...) // the engine's (Plan.PrefetchInto)
+		s.pf = append(s.pf, s.into...) // the engine's (Plan.ResultInto)
 		return
 	}
 	rows := 0
@@ -360,7 +360,7 @@ func (r *Reader) release(s *Step) {
 }
 
 // settle waits until no read writes into the engine's buffers of s
-// (Plan.PrefetchInto) any more: the consumer calls it before it gives s
+// (Plan.ResultInto) any more: the consumer calls it before it gives s
 // up, so that the buffers are the engine's again when its call returns. A
 // read the committer has not claimed by then never starts (the consumer
 // took it, or cancelled it first); one it claimed holds pfMu until done.
@@ -479,7 +479,7 @@ func (r *Reader) consumePrefetched(s *Step, all bool, nq int, dst Dest) error {
 			out := dst.Rows(qi, k)
 			if !adopt && pre > 0 {
 				lo := int(s.pfOff[i]) * rb
-				// Into the buffers the rows were read into (Plan.PrefetchInto,
+				// Into the buffers the rows were read into (Plan.ResultInto,
 				// the whole step): they are in place.
 				if src := s.pf[k][lo : lo+pre*rb]; &src[0] != &out[0] {
 					r.parts.Workers.Copy(out[:pre*rb], src)

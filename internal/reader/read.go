@@ -35,7 +35,18 @@ type Dest interface {
 // prefix cannot be served (ErrAbsentRequired; ErrReassigned, only for a
 // step read here rather than prefetched) is failed in dst and the others
 // are read; an error returned fails the whole call (a write failure).
+//
+// The step's own rows on a device are copied as one batch (s.batch),
+// waited for once before Read returns.
 func (r *Reader) Read(s *Step, all bool, nq int, dst Dest) error {
+	err := r.read(s, all, nq, dst)
+	if ferr := r.w.FinishReads(&s.batch); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+func (r *Reader) read(s *Step, all bool, nq int, dst Dest) error {
 	if s.Prefetched() {
 		if r.readsSelf(s, all, dst) {
 			if done, err := r.readAhead(s, all, nq, dst); done {
@@ -172,7 +183,7 @@ func (r *Reader) readOwn(s *Step, i, k int, tokOff []int32, out []byte) error {
 	if w == nil {
 		return fmt.Errorf("%w: step %d has no rows for key %q", errs.WriteFailed, s.ID, r.lay.Keys[k].Name)
 	}
-	return r.w.ReadRows(w, k, int(s.SrcOff[k])+int(tokOff[i]), cnt, out)
+	return r.w.ReadRows(w, k, int(s.SrcOff[k])+int(tokOff[i]), cnt, out, &s.batch)
 }
 
 // readPrefix reads request i's hit prefix of key k (pre rows) into out.
@@ -209,7 +220,7 @@ func (r *Reader) readPrefix(s *Step, i, k, pre int, out []byte, inOrder bool) er
 				return fmt.Errorf("%w: position %d (slot %d)", errs.Reassigned, t, sl)
 			}
 		case srcClone:
-			if err := r.w.ReadRows(s.snap.Clones[e], k, int(s.snap.Rows[e]), 1, d); err != nil {
+			if err := r.w.ReadRows(s.snap.Clones[e], k, int(s.snap.Rows[e]), 1, d, nil); err != nil {
 				return err
 			}
 		case srcFailed:

@@ -117,13 +117,16 @@ type Step struct {
 	// back): see Reader.readAhead and "Cold buffers" in prefetch.go.
 	pfState atomic.Int32
 	engMu   sync.Mutex
-	// into are the engine's buffers for the read (Plan.PrefetchInto, cut
+	// into are the engine's buffers for the read (Plan.ResultInto, cut
 	// to the step's rows; empty: the pool's). pfMu is held by the
 	// committer from its claim of such a read until the read is done: the
 	// consumer takes it (settle) before it gives the step up, so that no
 	// read writes into the engine's memory once the call returned.
 	into [][]byte
 	pfMu sync.Mutex
+	// batch: the device copies of the consumer's read of the step's own
+	// rows (Reader.Read waits for them once).
+	batch writer.ReadBatch
 	// pfCharge is the read-ahead charge still held: the bytes Charge
 	// charged for pf (0: not prefetched) until given back, once, by
 	// whichever of Cancel and the last Release is first.
@@ -282,11 +285,11 @@ func (s *Step) hitSlots(i, pre, bs int) []int32 {
 }
 
 // ReadsInto reports whether the step's hits are read into the engine's
-// buffers (Plan.PrefetchInto) rather than the cache's.
+// buffers (Plan.ResultInto) rather than the cache's.
 func (s *Step) ReadsInto() bool { return len(s.into) > 0 }
 
 // IntoClash reports whether Materialize buffers bufs (per key; all: the
-// whole step, in batch order) overlap the step's PrefetchInto buffers
+// whole step, in batch order) overlap the step's ResultInto buffers
 // other than as key k's own buffer from its first byte for the whole step,
 // where each request's rows are read in place: any other overlap would
 // write rows over prefix rows not read yet.

@@ -26,8 +26,12 @@ type Writes interface {
 	WaitSeq(seq uint64) error
 	// ReadRows copies rows [r0, r0+cnt) of key k of write w, which the
 	// caller pins, into out; a device copy that fails is the sticky
-	// failure.
-	ReadRows(w *writer.Write, k, r0, cnt int, out []byte) error
+	// failure. With a batch a device copy is only issued: out holds the
+	// rows once FinishReads(b) returned.
+	ReadRows(w *writer.Write, k, r0, cnt int, out []byte, b *writer.ReadBatch) error
+	// FinishReads waits for the device copies of batch b and ends its
+	// reads; every read that passed b to ReadRows calls it.
+	FinishReads(b *writer.ReadBatch) error
 	// Unpin drops the pins of r (releasing the writes nothing else
 	// references). Any goroutine.
 	Unpin(r *writer.Refs)

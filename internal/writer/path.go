@@ -95,8 +95,10 @@ type Path struct {
 	// lazyTokens is the most tokens a step write handed over lazily holds
 	// (lazyBytes of immediate rows; see writeStep).
 	lazyTokens int
-	pageO      []int // per key: offset of its region in a page (immediate keys)
-	immRowB    int   // bytes of one row of every immediate key
+	pageO      []int     // per key: offset of its region in a page (immediate keys)
+	into       [][]byte  // Step.Into of the write being staged (writeStep), else nil
+	intoFix    []intoFix // its rows read from the engine's tensors until saveInto
+	immRowB    int       // bytes of one row of every immediate key
 
 	pages   *Pages
 	spare   *Spare // page memory allocated one page ahead

@@ -42,6 +42,15 @@ type Step struct {
 	Accepted []int32
 	Blocks   []int32 // the blocks the step writes (nil: not known; its slots tell)
 	Out      []Src   // per key
+	// Into, when set, holds per key (nil: none) the engine's buffer for
+	// the step's rows in batch order (its Result's rows after any hit
+	// prefix: Plan.ResultInto). A step written as one write and handed
+	// over at once (more than lazyBytes of immediate rows) has a host key's
+	// rows copied there rather than into the staging page, while the
+	// committer writes them to the mirror from the engine's tensor; Save
+	// returns once both are done, the write reading them from Into after
+	// (saveInto).
+	Into [][]byte
 }
 
 // Save hands the step's rows to the write path: immediate rows of the whole
@@ -108,6 +117,14 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 		err = p.park(s, refs, pg, immNeed)
 	case imm:
 		err = p.writeStep(s, refs, pg, immNeed, cloneEv != 0)
+		if len(p.intoFix) > 0 {
+			if err == nil {
+				err = p.saveInto()
+			} else {
+				clear(p.intoFix) // the write was released, never handed over
+				p.intoFix = p.intoFix[:0]
+			}
+		}
 	}
 	if err != nil {
 		p.dropPreClones()
@@ -285,6 +302,14 @@ func (p *Path) stage(w *Write, t *Src, k, ki, j int) {
 	o := p.pageO[k] + j*nb
 	region := w.Page.Mem[o : o+nb : o+nb]
 	if t.Host != nil {
+		if p.into != nil && !t.Owned && len(p.into[k]) >= nb {
+			// The committer writes the engine's rows (borrowed until Save
+			// returns) while Save copies them into the engine's buffer.
+			w.Host[slot] = t.Host[:nb:nb]
+			p.intoFix = append(p.intoFix, intoFix{w: w, slot: slot, src: t.Host[:nb:nb], dst: p.into[k][:nb:nb]})
+			p.st.Cloned.Add(int64(nb))
+			return
+		}
 		if t.Owned {
 			w.Host[slot] = t.Host[:nb:nb]
 			w.Owned = append(w.Owned, t.Host)
@@ -335,11 +360,15 @@ func (p *Path) writeStep(s *Step, refs *Refs, pg *Page, need int64, cloned bool)
 	w.Dev = scratch.Grow(w.Dev, nimm)
 	w.Staged = scratch.Grow(w.Staged, nimm)
 	w.Absent = scratch.Grow(w.Absent, nimm)
+	lazy := len(s.Slots) <= p.lazyTokens
+	if len(s.Into) == len(p.lay.RowBytes) && !lazy {
+		p.into = s.Into // read by stage, for this write only
+	}
 	for ki, k := range p.lay.Imm {
 		p.stage(w, &s.Out[k], k, ki, 0)
 	}
+	p.into = nil
 	w.Steps = 1
-	lazy := len(s.Slots) <= p.lazyTokens
 	w.Direct = p.cfg.Direct && w.DevLive && int64(len(s.Slots)*p.immRowB) >= p.cfg.DirectMinBytes
 	if cloned && w.DevLive && !lazy && !w.Direct {
 		// Save waits for this step's clones before it returns: a large
@@ -503,4 +532,37 @@ func rejectRows(buf []bool, s *Step) []bool {
 		return buf[:0]
 	}
 	return buf
+}
+
+// intoFix is a host key's rows that a write reads from the engine's
+// tensor (src) until Save copied them into the engine's buffer (dst) and
+// the write landed (Step.Into).
+type intoFix struct {
+	w    *Write
+	slot int
+	src  []byte
+	dst  []byte
+}
+
+// saveInto completes a write of Step.Into rows, handed over: it copies
+// each key's rows into the engine's buffer while the committer writes
+// them to the mirror from the engine's tensor, waits until the write
+// landed (the committer is done with the tensor, which the engine may
+// overwrite once Save returned), and points the write at the engine's
+// buffer, which holds the same rows, for Materialize. A wait that fails is
+// the sticky failure. Engine goroutine, in Save.
+func (p *Path) saveInto() error {
+	fix := p.intoFix
+	for _, f := range fix {
+		p.parts.Workers.Copy(f.dst, f.src)
+	}
+	err := p.WaitSeq(fix[0].w.Seq)
+	p.mu.Lock()
+	for i, f := range fix {
+		f.w.Host[f.slot] = f.dst
+		fix[i] = intoFix{}
+	}
+	p.mu.Unlock()
+	p.intoFix = fix[:0]
+	return err
 }

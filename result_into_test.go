@@ -1,6 +1,6 @@
 package omnicache_test
 
-// Plan.PrefetchInto: a prefetched hit read straight into the engine's
+// Plan.ResultInto: a prefetched hit read straight into the engine's
 // buffers, Materialize into them copying only the step's own rows, and the
 // buffers the engine's again once the step is consumed.
 
@@ -26,21 +26,21 @@ func intoBufs(h *cachetest.Harness, rows int) [][]byte {
 
 // intoHit writes request a's 8 tokens, then begins and saves a step in
 // which b arrives hitting them and computes 2, with into as its
-// PrefetchInto: the step's Result is b's 8 prefix rows and its 2 own.
+// ResultInto: the step's Result is b's 8 prefix rows and its 2 own.
 func intoHit(h *cachetest.Harness, into [][]byte) omnicache.StepID {
 	const a, b = 1, 2
 	h.Assign(a, 1, 2)
 	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
 	h.Assign(b, 1, 2, 3)
 	return h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}},
-		Finished: []int64{a}, PrefetchInto: into})
+		Finished: []int64{a}, ResultInto: into})
 }
 
 // The prefetch reads the hit's rows into the engine's buffers during the
 // forward; Materialize of the whole step into them returns them there,
 // every row right, and the prefix rows it found in place are the ones it
 // returns.
-func TestPrefetchIntoTheEnginesBuffers(t *testing.T) {
+func TestResultIntoTheEnginesBuffers(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	into := intoBufs(h, 10)
 	sid := intoHit(h, into)
@@ -66,7 +66,7 @@ func TestPrefetchIntoTheEnginesBuffers(t *testing.T) {
 // cache's buffers are adopted, the engine's are not): its rows are in its
 // own memory, right, and the engine's buffers are not written after the
 // step was consumed.
-func TestPrefetchIntoNotAdopted(t *testing.T) {
+func TestResultIntoNotAdopted(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	into := intoBufs(h, 10)
 	sid := intoHit(h, into)
@@ -86,7 +86,7 @@ func TestPrefetchIntoNotAdopted(t *testing.T) {
 // Buffers too small for the step's rows are not used: the prefetch goes to
 // the cache's own buffers, nothing is written into them, and the rows are
 // right.
-func TestPrefetchIntoTooSmall(t *testing.T) {
+func TestResultIntoTooSmall(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	into := intoBufs(h, 9)
 	sid := intoHit(h, into)
@@ -98,9 +98,9 @@ func TestPrefetchIntoTooSmall(t *testing.T) {
 }
 
 // A Materialize of some requests only into buffers overlapping the step's
-// PrefetchInto, or of the whole step into them shifted, is ErrOutputs and
+// ResultInto, or of the whole step into them shifted, is ErrOutputs and
 // consumes nothing; the whole step into them then serves every row.
-func TestPrefetchIntoClash(t *testing.T) {
+func TestResultIntoClash(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	into := intoBufs(h, 12)
 	sid := intoHit(h, into)
@@ -118,23 +118,23 @@ func TestPrefetchIntoClash(t *testing.T) {
 	require.Same(t, &into[0][0], &h.Res.Rows(0, 0)[0])
 }
 
-// A plan with another number of PrefetchInto buffers than keys is ErrPlan
+// A plan with another number of ResultInto buffers than keys is ErrPlan
 // and registers nothing.
-func TestPrefetchIntoWrongCount(t *testing.T) {
+func TestResultIntoWrongCount(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	h.Assign(1, 1, 2)
 	err := h.TryBegin(cachetest.Step{Sched: []cachetest.S{{1, 0, 8}}, Arrive: []cachetest.A{{ID: 1}},
-		PrefetchInto: [][]byte{make([]byte, 8*cachetest.KeyHidden.RowBytes)}})
+		ResultInto: [][]byte{make([]byte, 8*cachetest.KeyHidden.RowBytes)}})
 	require.ErrorIs(t, err, omnicache.ErrPlan)
 	require.Zero(t, h.Stats().LiveRequests)
 	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{1, 0, 8}}, Arrive: []cachetest.A{{ID: 1}}}))
 }
 
 // Discard, Abort and a Materialize of a prefetched step return only once
-// no read writes into its PrefetchInto buffers: the engine writes them at
+// no read writes into its ResultInto buffers: the engine writes them at
 // once (the race detector sees a read still running), and a later Sync
 // finds its own bytes there.
-func TestPrefetchIntoSettles(t *testing.T) {
+func TestResultIntoSettles(t *testing.T) {
 	const rb, hit, bs = 64 << 10, 256, 16 // 16 MiB of hit rows a step: a read that takes a while
 	c, err := omnicache.New(omnicache.Config{NumBlocks: 2 * (hit/bs + 1), BlockSize: bs,
 		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, StagingCapacityTokens: hit + bs,
@@ -166,7 +166,7 @@ func TestPrefetchIntoSettles(t *testing.T) {
 	step := func() {
 		plan := &omnicache.Plan{IDs: []int64{next}, Rows: []int32{1}, Start: []int32{hit}, Count: []int32{bs},
 			Table: table, Stride: stride, Arrivals: []int64{next}, HitTokens: []int32{hit}, HitBlocks: hitBlocks,
-			Finished: []int64{next - 1}, PrefetchInto: [][]byte{into}}
+			Finished: []int64{next - 1}, ResultInto: [][]byte{into}}
 		if next == 2 {
 			plan.Finished = nil
 		}
@@ -202,4 +202,127 @@ func TestPrefetchIntoSettles(t *testing.T) {
 		require.Equal(t, rows, res.Rows(0, 0)[:hit*rb], "the hit rows")
 		scribble("Materialize", 0x3C)
 	}
+}
+
+// A prefill of more than 4 MiB with ResultInto: Save copies its rows into
+// the engine's buffer while the committer writes them to the mirror from
+// the engine's tensor, and returns once both are done: the engine
+// overwrites its tensor at once (the race detector sees a committer still
+// reading it), Materialize into the buffer copies nothing and returns the
+// rows, and a later hit over the blocks reads the rows the step computed.
+// The hit step, its only hit its first request's, has its prefix
+// prefetched and its own rows saved into its buffer the same way.
+func TestResultIntoSavesTheStepsRows(t *testing.T) {
+	const rb, n, bs = 64 << 10, 128, 16 // 8 MiB of rows a step
+	const stride = 2 * n / bs
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 2 * stride, BlockSize: bs,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, StagingCapacityTokens: n,
+		ReadAheadBytes: 4 * 2 * n * rb})
+	require.NoError(t, err)
+	defer c.Close()
+	table := make([]int32, 2*stride)
+	for i := range table {
+		table[i] = int32(i % stride) // both rows: blocks 0..15
+	}
+	fill := func(b []byte, seed byte) {
+		for i := range b {
+			b[i] = byte(i/rb) + seed
+		}
+	}
+	out := make([]byte, n*rb)
+	want := make([]byte, n*rb)
+	fill(out, 1)
+	copy(want, out)
+	into := make([]byte, n*rb)
+	require.NoError(t, c.Begin(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{n},
+		Table: table, Stride: stride, Arrivals: []int64{1}, HitTokens: []int32{0}, ResultInto: [][]byte{into}}))
+	id, err := c.Save(&omnicache.Outputs{Tokens: n, Tensors: []omnicache.Tensor{{Host: out, Rows: n}}})
+	require.NoError(t, err)
+	require.Equal(t, want, into, "the rows are in the engine's buffer when Save returns")
+	fill(out, 9) // the engine's next forward
+	var res omnicache.Result
+	res.Into([][]byte{into})
+	require.NoError(t, c.Materialize(id, nil, &res))
+	require.Same(t, &into[0], &res.Rows(0, 0)[0])
+	require.Equal(t, want, res.Rows(0, 0))
+
+	// request 2 hits request 1's first 64 tokens and computes 64 more
+	const hit = n / 2
+	hitBlocks := make([]int32, hit/bs)
+	for i := range hitBlocks {
+		hitBlocks[i] = int32(i)
+	}
+	into2 := make([]byte, (hit+n)*rb)
+	require.NoError(t, c.Begin(&omnicache.Plan{IDs: []int64{2}, Rows: []int32{1}, Start: []int32{hit}, Count: []int32{n},
+		Table: table, Stride: stride, Arrivals: []int64{2}, HitTokens: []int32{hit}, HitBlocks: hitBlocks,
+		Finished: []int64{1}, ResultInto: [][]byte{into2}}))
+	fill(out, 40)
+	copy(want, out)
+	id, err = c.Save(&omnicache.Outputs{Tokens: n, Tensors: []omnicache.Tensor{{Host: out, Rows: n}}})
+	require.NoError(t, err)
+	fill(out, 77)
+	res.Into([][]byte{into2})
+	require.NoError(t, c.Materialize(id, nil, &res))
+	require.Same(t, &into2[0], &res.Rows(0, 0)[0])
+	got := res.Rows(0, 0)
+	first := make([]byte, hit*rb)
+	fill(first, 1)
+	require.Equal(t, first, got[:hit*rb], "the hit prefix: request 1's rows")
+	require.Equal(t, want, got[hit*rb:], "the step's own rows")
+}
+
+// Save with ResultInto rows returns only once the committer has written
+// them from the engine's tensor: held at the write's device event, the
+// committer keeps Save waiting; released, Save returns, and the rows
+// written are the step's, whatever the engine writes into its tensor then.
+func TestResultIntoSaveWaitsForTheWrite(t *testing.T) {
+	const rb, n, bs = 64 << 10, 128, 16
+	const stride = n/bs + 1
+	dev := cachetest.NewGateDevice()
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 2 * stride, BlockSize: bs, Device: dev,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, StagingCapacityTokens: n})
+	require.NoError(t, err)
+	defer c.Close()
+	table := make([]int32, 2*stride)
+	for i := range table {
+		table[i] = int32(i % stride) // both rows: blocks 0..7, then 8 (row 0) and 17 (row 1)
+	}
+	table[2*stride-1] = 2*stride - 1
+	out, want, into := make([]byte, n*rb), make([]byte, n*rb), make([]byte, n*rb)
+	for i := range out {
+		out[i] = byte(i/rb) + 3
+	}
+	copy(want, out)
+	require.NoError(t, c.Begin(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{n},
+		Table: table, Stride: stride, Arrivals: []int64{1}, HitTokens: []int32{0}, ResultInto: [][]byte{into}}))
+	stop := dev.Hold()
+	done := make(chan error, 1)
+	var id omnicache.StepID
+	go func() {
+		var err error
+		id, err = c.Save(&omnicache.Outputs{Tokens: n, Tensors: []omnicache.Tensor{{Host: out, Rows: n}}})
+		done <- err
+	}()
+	require.True(t, dev.WaitEntered(5*time.Second), "the committer waits at the write's event")
+	select {
+	case err := <-done:
+		t.Fatalf("Save returned (%v) while its write had not landed", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	dev.Release(stop())
+	require.NoError(t, <-done)
+	clear(out) // the engine's next forward
+	var res omnicache.Result
+	res.Into([][]byte{into})
+	require.NoError(t, c.Materialize(id, nil, &res))
+	require.Equal(t, want, res.Rows(0, 0))
+	// the mirror holds the step's rows: a hit on them reads them back
+	hitBlocks := []int32{0, 1, 2, 3, 4, 5, 6, 7}
+	require.NoError(t, c.Begin(&omnicache.Plan{IDs: []int64{2}, Rows: []int32{1}, Start: []int32{n}, Count: []int32{1},
+		Table: table, Stride: stride, Arrivals: []int64{2}, HitTokens: []int32{n}, HitBlocks: hitBlocks, Finished: []int64{1}}))
+	id, err = c.Save(&omnicache.Outputs{Tokens: 1, Tensors: []omnicache.Tensor{{Host: out[:rb], Rows: 1}}})
+	require.NoError(t, err)
+	res.Into(nil)
+	require.NoError(t, c.Materialize(id, nil, &res))
+	require.Equal(t, want, res.Rows(0, 0)[:n*rb])
 }

@@ -8,7 +8,10 @@ rows and one per-token multimodal key through Cache, host tensors or (with
 - materialize: Cache.materialize of the step into torch buffers of the
   keys' dtype and width (always host memory; pinned with --cuda), and
   Result.split into one tensor per request and key, ``[prefix + step
-  rows, width]``;
+  rows, width]``; a prefill step is begun with Cache.begin_into, its
+  buffers made then (in the engine part): the hit rows are read into them
+  during the forward, save copies the step's rows into them while the
+  library writes its mirror, and materialize finds them in place;
 - torch.cat: beside it, on the same rows, one torch.cat per request and
   key of its prefix rows and its step rows: what a Python manager that
   keeps the rows itself does (on the device with --cuda, synchronized).
@@ -74,6 +77,7 @@ class RowBench:
         self.hits = np.full(1, hit, np.int32)
         self.hit_blocks = np.arange(hit // BS, dtype=np.int32)
         self.n = 0
+        self.into = None  # the begun step's begin_into buffers, by key name
         pin = cuda  # pinned host buffers: the device copies into them directly
         self.alloc = lambda k, rows: torch.empty((rows, W if k.name == "hidden" else MMW), pin_memory=pin)
         if tokens == 1:
@@ -137,7 +141,12 @@ class RowBench:
         torch, clock, c = self.torch, time.perf_counter_ns, self.c
         self.advance()
         t0 = clock()
-        c.begin(self.plan)
+        if self.tokens > 1:
+            rows = self.plan.result_rows()
+            self.into = {k.name: self.alloc(k, rows) for k in c.keys}
+            c.begin_into(self.plan, list(self.into.values()))
+        else:
+            c.begin(self.plan)
         t1 = clock()
         if self.cuda:
             with torch.cuda.stream(self.stream):  # the forward writes the outputs on its stream
@@ -170,8 +179,10 @@ class RowBench:
         freed at once, as torch.cat's: each side's allocations find the
         memory the other freed)."""
         clock = time.perf_counter_ns
+        into, self.into = self.into, None
+        alloc = self.alloc if into is None else (lambda k, rows: into[k.name][:rows])
         t0 = clock()
-        r = self.c.materialize(sid, alloc=self.alloc)
+        r = self.c.materialize(sid, alloc=alloc)
         out = (r.split(0), r.split(1))
         t = clock() - t0
         return t, out if keep else None
@@ -192,10 +203,31 @@ class RowBench:
         self.c.close()
 
 
+def warm_heap():
+    """Keeps glibc's heap from handing the steps' 16 MiB buffers back to
+    the kernel (M_MMAP_THRESHOLD and M_TRIM_THRESHOLD at 1 GiB), as a
+    caching allocator would: otherwise, depending on how the two sides'
+    buffers interleave, the heap is trimmed between steps and every buffer
+    of either side is faulted in afresh (25-30 ms a 2,048-row step on a
+    VM, drowning what is measured). Both sides allocate from the same heap.
+    Not glibc: nothing to do."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+
+
 def bench_rows(torch, rounds, steps, cuda=False, shapes=ROW_SHAPES, workers=None):
     """Per shape: name and, per round, the median (engine, materialize,
     torch.cat) µs a step. The cache's copy workers are torch's intra-op
     threads unless given: both sides copy with as many threads."""
+    warm_heap()
     out = []
     workers = workers or torch.get_num_threads()
     for name, reqs, tokens, hit, forward in shapes:

@@ -99,7 +99,7 @@ ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
 TIER_PUBLISH_BARRIER = 32
 TENSOR_CUDA = 1
-ABI_VERSION = 4  # the layouts above and the calls of signatures() (OMNICACHE_ABI_VERSION)
+ABI_VERSION = 5  # the layouts above and the calls of signatures() (OMNICACHE_ABI_VERSION)
 
 
 def signatures():
@@ -115,6 +115,7 @@ def signatures():
         "omnicache_close": (ctypes.c_int, [c_u64]),
         "omnicache_begin": (ctypes.c_int, [c_u64, c_ptr]),
         "omnicache_discard_begin": (ctypes.c_int, [c_u64, c_u64, c_ptr]),
+        "omnicache_discard_begin_into": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_ptr, c_ptr, c_i64]),
         "omnicache_save": (ctypes.c_int, [c_u64, c_ptr, c_ptr]),
         "omnicache_abort": (ctypes.c_int, [c_u64]),
         "omnicache_sync": (ctypes.c_int, [c_u64]),

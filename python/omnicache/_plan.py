@@ -3,6 +3,8 @@
 
 import ctypes
 
+import numpy as np
+
 from . import _ffi
 from ._args import _I64, _int, _ints
 from .errors import PlanError
@@ -163,6 +165,25 @@ class Plan:
     def n(self):
         """The number of scheduled requests."""
         return self._n
+
+    def result_rows(self):
+        """The rows materialize of the whole step returns per key when the
+        hits are those of this plan's arrivals: every scheduled token plus
+        the hit tokens of the arrivals scheduled in the step (a hit of an
+        earlier arrival first scheduled now makes more: Cache.begin_into's
+        buffers are then left unused)."""
+        k = self._keep
+        ids, count = k.get("ids"), k.get("count")
+        if ids is None or self._n == 0:
+            return 0
+        rows = int(np.asarray(count).sum())
+        arr, hits = k.get("arrivals"), k.get("hit_tokens")
+        if arr is not None and self._c.n_arrivals:
+            arr, hits = np.asarray(arr), np.asarray(hits)
+            on = hits > 0
+            if on.any():
+                rows += int(hits[on][np.isin(arr[on], np.asarray(ids))].sum())
+        return rows
 
 
 def _plan_field(name):

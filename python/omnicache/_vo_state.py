@@ -7,8 +7,8 @@ before anything changes; the manager applies."""
 import numpy as np
 
 from . import core
-from ._vo_interface import (TERMINAL, OmniPrefixCacheUnmatchError, PrefixCacheEventKind, PrefixCacheStep, _counts,
-                            layout_slots)
+from ._vo_interface import (HIDDEN_KEY, TERMINAL, OmniPrefixCacheUnmatchError, PrefixCacheEventKind, PrefixCacheStep,
+                            StageCacheOutputs, _counts, layout_slots)
 
 Unmatch = OmniPrefixCacheUnmatchError
 K = PrefixCacheEventKind
@@ -34,9 +34,11 @@ class Pending:
     requests), gathered over every new_step_starts since the last save.
     ``layout`` is the step's write layout once one is known (prepare or a
     save attempt), ``batch`` its checked batch; ``prepared``: given to
-    prepare_read_plans; ``begun``: the core holds the step begun."""
+    prepare_read_plans; ``begun``: the core holds the step begun (with
+    ``into``, the buffers of its rows, when begun with them)."""
 
-    __slots__ = ("sched", "arrivals", "finished", "preempted", "resumed", "layout", "batch", "prepared", "begun")
+    __slots__ = ("sched", "arrivals", "finished", "preempted", "resumed", "layout", "batch", "prepared", "begun",
+                 "into")
 
     def __init__(self):
         self.sched = {}
@@ -44,7 +46,7 @@ class Pending:
         self.finished = []  # core ids
         self.preempted = {}  # rid -> Req
         self.resumed = {}  # rid -> Req
-        self.layout = self.batch = None
+        self.layout = self.batch = self.into = None  # into: the core's begin_into buffers while begun
         self.prepared = self.begun = False
 
     def counts(self):
@@ -341,3 +343,68 @@ def select_device(configured, devices):
                           % (cuda.pop(), configured))
         return int(configured)
     return cuda.pop() if cuda else None
+
+
+def as_layout(z, layout):
+    """Zero rows z (uint8 [rows, row_bytes]) in a key's saved layout (dtype
+    name, row shape; None: none saved yet): a key keeps the first layout it
+    was saved in (KeyLayoutError otherwise)."""
+    if layout is None or layout == ("uint8", (z.shape[1],)):
+        return z
+    dtype, shape = layout
+    try:
+        return z.view(np.dtype(dtype)).reshape((z.shape[0],) + shape)
+    except TypeError:  # a dtype numpy lacks (bfloat16): the rows as torch's
+        import torch
+
+        return torch.from_numpy(z).view(getattr(torch, dtype)).reshape((z.shape[0],) + shape)
+
+
+def zero_rows(buf, n, row_bytes, layout):
+    """(buf, n zero rows of row_bytes in layout (as_layout); one row when n
+    is 0), buf grown as needed: the zero buffer kept across calls."""
+    need = n * row_bytes
+    if buf.size < max(need, row_bytes):
+        buf = np.zeros(max(need, row_bytes), np.uint8)
+    z = buf[:need].reshape(n, row_bytes) if n else buf[:row_bytes].reshape(1, -1)
+    return buf, as_layout(z, layout)
+
+
+def alloc_rows(meta, key, rows):
+    """A materialized key's buffer: host memory in the dtype and row shape
+    of its saved tensors (meta, a KeyMeta; None: uint8 rows, a key never
+    saved)."""
+    if meta is None:
+        return np.empty((rows, key.row_bytes), np.uint8)
+    if meta.torch:
+        import torch
+
+        return torch.empty((rows,) + meta.trailing, dtype=meta.dtype)
+    return np.empty((rows,) + meta.trailing, meta.dtype)
+
+
+def into_alloc(keys, into, alloc):
+    """materialize's alloc for a step begun with buffers into (per key, in
+    keys order): the key's buffer when it holds the rows, else alloc's."""
+    by = {k.name: b for k, b in zip(keys, into)}
+
+    def get(key, rows):
+        b = by[key.name]
+        return b[:rows] if len(b) >= rows else alloc(key, rows)
+
+    return get
+
+
+def stage_outputs(res, req_ids, names, leave_out=()):
+    """The StageCacheOutputs of a core Result of req_ids (keys names, in
+    the core's order), without the requests in leave_out. Each request's
+    rows are a view of the key's one buffer, made in the key's dtype and
+    row shape (alloc_rows): no copy beyond the one out of the cache."""
+    hidden, mm = None, {}
+    for k in names:
+        per = {r: v for r, v in zip(req_ids, res.split(k)) if r not in leave_out}
+        if k == HIDDEN_KEY:
+            hidden = per
+        else:
+            mm[k] = per
+    return StageCacheOutputs(hidden_states=hidden, mm_outputs=mm)

@@ -11,7 +11,7 @@ from ._args import _I32, _I64, _U64, _int, _ints, _rows, _step, _torch_tensor  #
 from ._outputs import Outputs
 from ._plan import Plan
 from ._result import Result
-from .errors import (AbsentRequiredError, ArgumentTypeError, ConfigError, OmnicacheError, ReassignedError,
+from .errors import (AbsentRequiredError, ArgumentError, ArgumentTypeError, ConfigError, OmnicacheError, ReassignedError,
                      ShortBufferError, TierMissError, error)
 
 __all__ = ["Cache", "Key", "Outputs", "Plan", "Result", "stat_names", "version"]
@@ -161,6 +161,35 @@ class Cache(_Engine):
                                     % type(plan).__name__)
         discard = 0 if discard is None else _step(discard, "discard")
         rc = self._discard_begin(self._h, discard, plan._ref)  # discard 0: none
+        if rc:
+            _raise(rc)
+        self._plan = plan
+
+    def begin_into(self, plan, into, discard=0):
+        """begin(plan, discard) with into, per key (Cache.keys order), a
+        host buffer (C-contiguous numpy array or torch tensor, pinned or
+        not) of at least plan.result_rows() rows of the key's row bytes, for
+        the step's rows as materialize of the whole step returns them
+        (Plan.ResultInto): its prefetched hit rows are read into them while
+        the forward runs, and a prefill's own rows (more than 4 MiB) are
+        copied there by save while the library writes them to its mirror.
+        materialize of the whole step into the same buffers (reqs None,
+        alloc returning them) then copies only what is not there yet.
+        Buffers too small are left unused. The cache borrows them until the
+        step is consumed (its materialize, discard or abort returned, or its
+        save failed) or the cache closed: keep them alive and do not write
+        them meanwhile."""
+        if type(plan) is not Plan:
+            raise ArgumentTypeError("omnicache: begin_into: plan is a %s; want a Plan" % type(plan).__name__)
+        keys = self.keys
+        if len(into) != len(keys):
+            raise ArgumentError("omnicache: begin_into: %d buffers for %d keys" % (len(into), len(keys)))
+        kd, kc = self._kd(), self._kc()
+        for i, (k, b) in enumerate(zip(keys, into)):
+            ptr, nbytes, _, _, dev, _ = _rows(b, k.row_bytes, k.name)
+            kd[i], kc[i] = ptr, nbytes
+        discard = 0 if discard is None else _step(discard, "discard")
+        rc = _ffi.lib().omnicache_discard_begin_into(self._h, discard, plan._ref, kd, kc, len(keys))
         if rc:
             _raise(rc)
         self._plan = plan

@@ -33,7 +33,8 @@ from ._vo_interface import (HIDDEN_KEY, ModelCachePolicy, OmniPrefixCacheStaging
                             PrefixCacheEventKind,
                             PrefixCacheRequestEvent, PrefixCacheSchedulerAdapter, PrefixCacheStep, PrefixCacheWrite,
                             PrefixCacheWriteLayout, StageCacheOutputs)
-from ._vo_state import KeyMeta, Pending, Req, build_batch, make_plan, plan_events, select_device, step_events
+from ._vo_state import (KeyMeta, Pending, Req, alloc_rows, build_batch, into_alloc, make_plan, plan_events,
+                        select_device, stage_outputs, step_events, zero_rows)
 from .errors import (AbsentRequiredError, NoDeviceError, OmnicacheError, ReassignedError, StagingTimeoutError,
                      TierMissError, UnsupportedError, WriteFailedError)
 
@@ -49,21 +50,6 @@ def _is_rows(v, n, padded):
     if not (core._torch_tensor(v) or isinstance(v, np.ndarray)) or v.ndim < 2:
         return False
     return int(v.shape[0]) in (n, padded)
-
-
-def _as_layout(z, layout):
-    """Zero rows z (uint8 [rows, row_bytes]) in a key's saved layout (dtype
-    name, row shape; None: none saved yet): a key keeps the first layout it
-    was saved in (KeyLayoutError otherwise)."""
-    if layout is None or layout == ("uint8", (z.shape[1],)):
-        return z
-    dtype, shape = layout
-    try:
-        return z.view(np.dtype(dtype)).reshape((z.shape[0],) + shape)
-    except TypeError:  # a dtype numpy lacks (bfloat16): the rows as torch's
-        import torch
-
-        return torch.from_numpy(z).view(getattr(torch, dtype)).reshape((z.shape[0],) + shape)
 
 
 class OmniPrefixCacheManager:
@@ -96,6 +82,7 @@ class OmniPrefixCacheManager:
         self._next = 0  # core ids: 1, 2, ... (0 is never a request's)
         self._pend = None  # the step registered and not saved (Pending)
         self._steps = {}  # step id -> {req_id: core id}
+        self._into = {}  # step id -> its begin_into buffers (a prefill's or a hit's)
         self._lock = threading.Lock()  # _steps: materialize may run on another thread
         self._fatal = None  # a failed write's message: every later call raises it
         self._table = np.zeros((8, 8), np.int32)  # block-table scratch (only a step's entries are read)
@@ -160,7 +147,21 @@ class OmniPrefixCacheManager:
         except OmnicacheError as e:
             raise self._wrap(e) from e
         finally:
-            p.begun = False
+            p.begun, p.into = False, None
+
+    def _begin_core(self, p, plan):
+        """The core's Begin of p; a step of 64 tokens or more, or with
+        arrivals, gets its rows' buffers made now (Cache.begin_into): a hit
+        is read into them during the forward, a prefill's rows are copied
+        there by save, and materialize of the whole step returns them."""
+        p.into = None
+        rows = plan.result_rows() if p.batch.ntok >= 64 or p.arrivals else 0
+        if rows > 1 and self._meta:
+            p.into = [self._alloc(k, rows) for k in self._core.keys]
+            self._core.begin_into(plan, p.into)
+        else:
+            self._core.begin(plan)
+        p.begun = True
 
     # -- the engine loop --
 
@@ -281,11 +282,8 @@ class OmniPrefixCacheManager:
             if k.optional:
                 outs.append(None)
                 continue
-            need = n * k.row_bytes
-            if self._zeros.size < max(need, k.row_bytes):
-                self._zeros = np.zeros(max(need, k.row_bytes), np.uint8)
-            z = self._zeros[:need].reshape(n, k.row_bytes) if n else self._zeros[:k.row_bytes].reshape(1, -1)
-            outs.append(_as_layout(z, self._core._layouts.get(i)))
+            self._zeros, z = zero_rows(self._zeros, n, k.row_bytes, self._core._layouts.get(i))
+            outs.append(z)
         return outs
 
     def _layout_batch(self, p, layout):
@@ -320,11 +318,10 @@ class OmniPrefixCacheManager:
         batch = self._layout_batch(p, write_layout)
         if self._core is not None:
             try:
-                self._core.begin(make_plan(batch, p, publish=self._publish, block_size=self.config.block_size))
+                self._begin_core(p, make_plan(batch, p, publish=self._publish, block_size=self.config.block_size))
             except OmnicacheError as e:
                 p.layout, p.batch = old
                 raise self._wrap(e) from e
-            p.begun = True
         p.prepared = True
 
     def abort_prepared_step(self, write_layout=None):
@@ -437,8 +434,7 @@ class OmniPrefixCacheManager:
         self._ensure_core(tensors, devices)
         outs = self._zero_outputs(0) if n == 0 else [tensors.get(k) for k in self._names]
         if not p.begun:
-            self._core.begin(make_plan(batch, p, publish=self._publish, block_size=self.config.block_size))
-            p.begun = True
+            self._begin_core(p, make_plan(batch, p, publish=self._publish, block_size=self.config.block_size))
         return self._core.save(outs, tokens=n, padded=padded), batch
 
     def save_outputs(self, hidden_states, mm_outputs, *, num_tokens_unpadded, num_tokens_padded,
@@ -460,7 +456,8 @@ class OmniPrefixCacheManager:
             sid, batch = self._save(p, hidden_states, mm_outputs, num_tokens_unpadded, num_tokens_padded,
                                     write_layout)
         except OmnicacheError as e:
-            p.begun = False  # the core's Begin or Save failed: nothing is begun (a failed Save undid its Begin)
+            # the core's Begin or Save failed: nothing is begun (a failed Save undid its Begin)
+            p.begun, p.into = False, None
             raise self._wrap(e) from e
         except BaseException:
             if p.begun:
@@ -472,22 +469,26 @@ class OmniPrefixCacheManager:
         self._pend = None
         with self._lock:
             self._steps[sid] = batch.ids_map()
+            if p.into is not None:
+                self._into[sid] = p.into
         return sid
 
     def _take(self, step_id):
+        """The step's {req_id: core id} and its begin_into buffers (None),
+        kept referenced by the caller until the core consumed the step."""
         with self._lock:
             ids = self._steps.pop(step_id, None)
             if ids is None:
                 raise Unmatch("step context %s missing (have %s); already consumed or never saved"
                               % (step_id, sorted(self._steps)))
-        return ids
+            return ids, self._into.pop(step_id, None)
 
     def materialize(self, step_id, req_ids) -> StageCacheOutputs:
         """Per save-time request of req_ids its rows ``[cached prefix | this
         step]``, per key (a resumed request: only the rows it was not
         delivered before); consumes the step."""
         self._check()
-        ids = self._take(step_id)
+        ids, into = self._take(step_id)
         req_ids = list(req_ids)
         outside = [r for r in req_ids if r not in ids]
         if outside:
@@ -498,8 +499,11 @@ class OmniPrefixCacheManager:
             raise Unmatch("materialize(step %s) got req ids outside the save snapshot: %s"
                           % (step_id, sorted(outside)[:8]))
         try:
-            res = self._core.materialize(step_id, np.fromiter((ids[r] for r in req_ids), np.int64, len(req_ids)),
-                                         alloc=self._alloc)
+            if into is not None and req_ids == list(ids):  # the whole step, in batch order: into its buffers
+                res = self._core.materialize(step_id, alloc=into_alloc(self._core.keys, into, self._alloc))
+            else:
+                res = self._core.materialize(step_id, np.fromiter((ids[r] for r in req_ids), np.int64, len(req_ids)),
+                                             alloc=self._alloc)
         except _UNREADABLE as e:
             back = {v: k for k, v in ids.items()}
             failed = [back.get(i, i) for i in getattr(e, "failed", ())]
@@ -508,28 +512,13 @@ class OmniPrefixCacheManager:
                 w = OmniPrefixCacheTierMissError("rows of tier blocks not imported for req %s (%s): recompute them"
                                                  % (", ".join(map(str, failed)), e))
                 w.failed = tuple(failed)
-                w.outputs = self._outputs(res, req_ids, set(failed))
+                w.outputs = stage_outputs(res, req_ids, self._names, set(failed))
                 raise w from e
             key = HIDDEN_KEY if HIDDEN_KEY in self._index else self._names[0]
             raise Unmatch("hit span for req %s key=%s is not readable (%s)" % (failed[0] if failed else "?", key, e)) from e
         except OmnicacheError as e:
             raise self._wrap(e) from e
-        return self._outputs(res, req_ids)
-
-    def _outputs(self, res, req_ids, leave_out=()):
-        """The StageCacheOutputs of a core Result of req_ids, without the
-        requests in leave_out."""
-        hidden, mm = None, {}
-        for k in self._names:
-            # Each request's rows are a view of the key's one buffer, made
-            # in the key's dtype and row shape (_alloc): no copy beyond the
-            # one out of the cache.
-            per = {r: v for r, v in zip(req_ids, res.split(k)) if r not in leave_out}
-            if k == HIDDEN_KEY:
-                hidden = per
-            else:
-                mm[k] = per
-        return StageCacheOutputs(hidden_states=hidden, mm_outputs=mm)
+        return stage_outputs(res, req_ids, self._names)
 
     def wait_published(self, req_or_hashes, timeout_s):
         """Not upstream's (a P/D prefill side, PrefixCacheConfig.tier and
@@ -555,21 +544,13 @@ class OmniPrefixCacheManager:
         self._core.wait_published(np.asarray(hashes, np.uint64), timeout_s)
 
     def _alloc(self, key, rows):
-        """A materialized key's buffer: host memory in the dtype and row
-        shape of its saved tensors (uint8 rows for a key never saved)."""
-        meta = self._meta.get(key.name)
-        if meta is None:
-            return np.empty((rows, key.row_bytes), np.uint8)
-        if meta.torch:
-            import torch
-
-            return torch.empty((rows,) + meta.trailing, dtype=meta.dtype)
-        return np.empty((rows,) + meta.trailing, meta.dtype)
+        """A materialized key's buffer (alloc_rows)."""
+        return alloc_rows(self._meta.get(key.name), key, rows)
 
     def discard_step(self, step_id):
         """Consumes a step id without reading it."""
         self._check()
-        self._take(step_id)
+        ids, into = self._take(step_id)  # into: kept until the core consumed the step
         try:
             self._core.discard(step_id)
         except OmnicacheError as e:
@@ -607,6 +588,7 @@ class OmniPrefixCacheManager:
                 self._core.close()
             except OmnicacheError as e:
                 raise self._wrap(e) from e
+            self._into.clear()  # closed: the core holds no buffer of a step
 
 
 __all__ = ["HIDDEN_KEY", "OmniPrefixCacheUnmatchError", "OmniPrefixCacheStagingTimeoutError",

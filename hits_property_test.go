@@ -48,9 +48,11 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		mut        func(*omnicache.Config)
 		dev, owned bool // outputs as device tensors (owned: handed over)
 		into       bool // Materialize into the test's buffers (Result.Into)
+		resultInto bool // begin with Plan.ResultInto, Materialize the whole step into them
 	}{
 		{name: "buffer on", mut: func(*omnicache.Config) {}},
 		{name: "buffer on, into the caller's buffers", mut: func(*omnicache.Config) {}, into: true},
+		{name: "buffer on, into the plans' result buffers", mut: func(*omnicache.Config) {}, resultInto: true},
 		{name: "buffer off", mut: func(c *omnicache.Config) { c.DisableDecodeBuffer = true }},
 		{name: "buffer on, tight budget", mut: func(c *omnicache.Config) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
@@ -137,7 +139,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					h.Device, h.Owned = run.dev, run.owned
 					h.Label = run.name
 					h.KeepRows = true
-					h.Into = run.into
+					h.Into, h.ResultInto = run.into, run.resultInto
 					if i == len(runs)-1 {
 						caps[i] = cachetest.RunAll(h, cachetest.WithoutAbandoned(acts))
 					} else {

@@ -1,6 +1,7 @@
 package cachetest
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"slices"
@@ -97,6 +98,7 @@ type pendingStep struct {
 	vers  map[int64]int
 	fresh []int64   // ids this Begin made live (a failed Save undoes them)
 	undo  modelUndo // the model as it stood before this Begin (abort.go)
+	into  [][]byte  // the plan's ResultInto buffers (Harness.ResultInto)
 }
 
 // Harness is the engine side of one cache, and the oracle of what it must
@@ -128,6 +130,11 @@ type Harness struct {
 	// (Result.Into), sized with Cache.StepRows, and check that every
 	// served row landed in them.
 	Into bool
+	// ResultInto begins every step with Plan.ResultInto buffers of the
+	// test's own, sized for the step's whole Result, and makes MatCall of
+	// the whole step read into them (Result.Into): a prefetched hit is
+	// read into them during the "forward", and every row must be there.
+	ResultInto bool
 	// Stride is the block table's stride of the plans (Stride by default).
 	Stride int
 
@@ -182,6 +189,8 @@ type Harness struct {
 	// asyncOpen: steps an asynchronous Materialize was started for and not
 	// yet checked (it may have taken its step at any time).
 	asyncOpen map[omnicache.StepID]bool
+	// resultInto: the ResultInto buffers of saved steps not consumed yet.
+	resultInto map[omnicache.StepID][][]byte
 }
 
 // replaced models a replace of request id from position at: its length
@@ -249,8 +258,9 @@ func New(t testing.TB, cfg omnicache.Config) *Harness {
 		lens:   map[int64]int{}, preLen: map[int64]int{}, pendingHit: map[int64][]int32{}, discarded: map[omnicache.StepID]bool{},
 		failedReq: map[omnicache.StepID]map[int64]bool{},
 		consumed:  map[omnicache.StepID]bool{}, served: map[omnicache.StepID]map[int64]bool{},
-		asyncOpen: map[omnicache.StepID]bool{},
-		rows:      map[rowKey][]byte{},
+		resultInto: map[omnicache.StepID][][]byte{},
+		asyncOpen:  map[omnicache.StepID]bool{},
+		rows:       map[rowKey][]byte{},
 
 		reassigned: map[int]bool{},
 		usableID:   5000,
@@ -407,12 +417,18 @@ func (h *Harness) BeginPlan(p *omnicache.Plan) error {
 func (h *Harness) TryBegin(st Step) error {
 	h.T.Helper()
 	p := h.Plan(st)
+	if h.ResultInto && p.ResultInto == nil {
+		p.ResultInto = h.resultBufs(st)
+	}
 	err := h.BeginPlan(p)
 	scribblePlan(p)
 	if err != nil {
 		return err
 	}
 	ps := &pendingStep{st: st, slots: map[int64][]int32{}, hits: map[int64][]int32{}, vers: map[int64]int{}}
+	if h.ResultInto {
+		ps.into = p.ResultInto // MatCall of the whole step reads into them (a test's own are its own to use)
+	}
 	ps.undo = h.saveModel()
 	for id, at := range st.Replaced {
 		h.replaced(id, at, &ps.undo)
@@ -483,4 +499,24 @@ func (h *Harness) AbortBegun() {
 func (h *Harness) Begin(st Step) {
 	h.T.Helper()
 	require.NoError(h.T, h.TryBegin(st), h.prefix()+"Begin")
+}
+
+// resultBufs makes ResultInto buffers for st's whole Result: its scheduled
+// tokens and the hit tokens of its arrivals that it schedules (0xA5 rows:
+// a row left unwritten shows).
+func (h *Harness) resultBufs(st Step) [][]byte {
+	rows := 0
+	for _, s := range st.Sched {
+		rows += s.Count()
+		for _, a := range st.Arrive {
+			if a.ID == s.ID() {
+				rows += a.Hit
+			}
+		}
+	}
+	bufs := make([][]byte, len(h.Cfg.Keys))
+	for k, key := range h.Cfg.Keys {
+		bufs[k] = bytes.Repeat([]byte{0xA5}, rows*key.RowBytes)
+	}
+	return bufs
 }

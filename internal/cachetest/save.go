@@ -150,6 +150,11 @@ func (h *Harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	if _, dup := h.wants[r.id]; dup {
 		h.T.Errorf("%sSave returned step id %v again (ids are never reused)", h.prefix(), r.id)
 	}
+	if ps.into != nil {
+		h.dmu.Lock()
+		h.resultInto[r.id] = ps.into
+		h.dmu.Unlock()
+	}
 	h.nsteps++
 	ord := h.nsteps
 	h.tokensAt = append(h.tokensAt, o.Tokens)
@@ -266,7 +271,16 @@ func reqList(reqs []int64) []int64 {
 func (h *Harness) MatCall(id omnicache.StepID, reqs []int64, res *omnicache.Result) error {
 	h.T.Helper()
 	var into func(error)
-	if h.Into && res != nil {
+	h.dmu.Lock()
+	bufs := h.resultInto[id]
+	h.dmu.Unlock()
+	switch {
+	case bufs != nil && reqs == nil && res != nil:
+		into = h.intoBufs(id, reqs, res, bufs)
+		h.dmu.Lock()
+		delete(h.resultInto, id)
+		h.dmu.Unlock()
+	case h.Into && res != nil:
 		into = h.into(id, reqs, res)
 	}
 	err := Guard(h.T, fmt.Sprintf("%sMaterialize(%v)", h.prefix(), id), func() error {
@@ -530,10 +544,26 @@ func (h *Harness) Steps() int { return h.nsteps }
 // after each other (no copy into the Result's own memory), and no more
 // rows than StepRows said.
 func (h *Harness) into(id omnicache.StepID, reqs []int64, res *omnicache.Result) func(error) {
-	n, rows, serr := h.C.StepRows(id, reqs)
+	_, rows, _ := h.C.StepRows(id, reqs)
 	bufs := make([][]byte, len(h.Cfg.Keys))
 	for k, key := range h.Cfg.Keys {
 		bufs[k] = bytes.Repeat([]byte{0xA5}, rows*key.RowBytes)
+	}
+	return h.intoBufs(id, reqs, res, bufs)
+}
+
+// intoBufs is into with the buffers given: the step's ResultInto buffers
+// for a whole-step read (Harness.ResultInto).
+func (h *Harness) intoBufs(id omnicache.StepID, reqs []int64, res *omnicache.Result, bufs [][]byte) func(error) {
+	n, rows, serr := h.C.StepRows(id, reqs)
+	for k, key := range h.Cfg.Keys {
+		if len(bufs[k]) < rows*key.RowBytes { // a hit the plan did not show: buffers of the right size
+			bufs = make([][]byte, len(h.Cfg.Keys))
+			for k, key := range h.Cfg.Keys {
+				bufs[k] = bytes.Repeat([]byte{0xA5}, rows*key.RowBytes)
+			}
+			break
+		}
 	}
 	res.Into(bufs)
 	return func(err error) {

@@ -408,3 +408,11 @@ def stage_outputs(res, req_ids, names, leave_out=()):
         else:
             mm[k] = per
     return StageCacheOutputs(hidden_states=hidden, mm_outputs=mm)
+
+
+def is_rows(v, n, padded):
+    """A tensor or array of this step's per-token rows: two or more
+    dimensions, the first n or padded."""
+    if not (core._torch_tensor(v) or isinstance(v, np.ndarray)) or v.ndim < 2:
+        return False
+    return int(v.shape[0]) in (n, padded)

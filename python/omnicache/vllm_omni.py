@@ -33,8 +33,8 @@ from ._vo_interface import (HIDDEN_KEY, ModelCachePolicy, OmniPrefixCacheStaging
                             PrefixCacheEventKind,
                             PrefixCacheRequestEvent, PrefixCacheSchedulerAdapter, PrefixCacheStep, PrefixCacheWrite,
                             PrefixCacheWriteLayout, StageCacheOutputs)
-from ._vo_state import (KeyMeta, Pending, Req, alloc_rows, build_batch, into_alloc, make_plan, plan_events,
-                        select_device, stage_outputs, step_events, zero_rows)
+from ._vo_state import (KeyMeta, Pending, Req, alloc_rows, build_batch, into_alloc, is_rows, make_plan,
+                        plan_events, select_device, stage_outputs, step_events, zero_rows)
 from .errors import (AbsentRequiredError, NoDeviceError, OmnicacheError, ReassignedError, StagingTimeoutError,
                      TierMissError, UnsupportedError, WriteFailedError)
 
@@ -42,14 +42,6 @@ Unmatch = OmniPrefixCacheUnmatchError
 _UNREADABLE = (AbsentRequiredError, ReassignedError, TierMissError)
 # finished requests whose noted blocks wait_published(req_id) still knows
 _KEEP_NOTED = 4096
-
-
-def _is_rows(v, n, padded):
-    """A tensor or array of this step's per-token rows: two or more
-    dimensions, the first n or padded."""
-    if not (core._torch_tensor(v) or isinstance(v, np.ndarray)) or v.ndim < 2:
-        return False
-    return int(v.shape[0]) in (n, padded)
 
 
 class OmniPrefixCacheManager:
@@ -61,6 +53,9 @@ class OmniPrefixCacheManager:
     off, they run at materialize. ``keys`` ({name: row_bytes}, the hidden
     key as HIDDEN_KEY) creates the core at once, on
     ``config.cuda_device``, instead of at the first save_outputs.
+    ``result_buffers`` (default on, not upstream's): steps of 64 tokens or
+    more, or with arrivals, are begun with their rows' buffers (_begin_core);
+    off, save returns without waiting for the mirror's copy of a prefill.
 
     A call that raises changes nothing, except that a step whose save
     failed stays registered (save it again, or let the next
@@ -69,10 +64,10 @@ class OmniPrefixCacheManager:
     discard_step, memory_stats and stats from any thread.
     """
 
-    def __init__(self, config: PrefixCacheConfig, *, eager=None, prefetch_reads=True, keys=None):
+    def __init__(self, config: PrefixCacheConfig, *, eager=None, prefetch_reads=True, keys=None, result_buffers=True):
         self.config = config
         self.eager = True if eager is None else bool(eager)
-        self.prefetch_reads = bool(prefetch_reads)
+        self.prefetch_reads, self.result_buffers = bool(prefetch_reads), bool(result_buffers)
         self.policy = ModelCachePolicy()
         self._core = None
         self._names, self._index = [], {}
@@ -155,7 +150,7 @@ class OmniPrefixCacheManager:
         is read into them during the forward, a prefill's rows are copied
         there by save, and materialize of the whole step returns them."""
         p.into = None
-        rows = plan.result_rows() if p.batch.ntok >= 64 or p.arrivals else 0
+        rows = plan.result_rows() if self.result_buffers and (p.batch.ntok >= 64 or p.arrivals) else 0
         if rows > 1 and self._meta:
             p.into = [self._alloc(k, rows) for k in self._core.keys]
             self._core.begin_into(plan, p.into)
@@ -357,7 +352,7 @@ class OmniPrefixCacheManager:
                     raise Unmatch("hidden_states has %d rows, need %d" % (rows, n))
                 out[HIDDEN_KEY] = hidden
             for k, v in (mm or {}).items():
-                if k != HIDDEN_KEY and _is_rows(v, n, padded):
+                if k != HIDDEN_KEY and is_rows(v, n, padded):
                     out[k] = v
         devices = set()
         for k, v in list(out.items()):

@@ -195,3 +195,24 @@ def test_steps_begun_with_their_rows_buffers():
     m.discard_step(sid)
     assert m._into == {}
     m.shutdown()
+
+
+def test_result_buffers_off():
+    """result_buffers=False begins every step plainly: materialize makes its
+    own buffers, the rows the same."""
+    m = vo.OmniPrefixCacheManager(vo.PrefixCacheConfig(num_blocks=64, block_size=4), result_buffers=False)
+    xb = list(range(1, 17))
+    m.new_step_starts([ev("x", K.STARTED, 0, xb)], num_scheduled_tokens={"x": 64})
+    x = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    m.discard_step(m.save_outputs(x, {}, num_tokens_unpadded=64, num_tokens_padded=64,
+                                  write_layout=layout(("x", slots_of(xb, 0, 64)))))
+    yb = xb + [20]
+    m.new_step_starts([ev("x", K.FINISHED), ev("y", K.STARTED, 64, yb)], num_scheduled_tokens={"y": 2})
+    lay = layout(("y", slots_of(yb, 64, 2)))
+    m.prepare_read_plans(lay)
+    assert m._pend.into is None
+    y = np.full((2, 4), 7, np.float32)
+    sid = m.save_outputs(y, {}, num_tokens_unpadded=2, num_tokens_padded=2, write_layout=lay)
+    assert m._into == {}
+    assert np.array_equal(m.materialize(sid, ["y"]).hidden_states["y"], np.concatenate([x, y]))
+    m.shutdown()

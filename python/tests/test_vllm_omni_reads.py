@@ -163,21 +163,30 @@ def test_dropped_step_keeps_the_keys_layout():
     m.shutdown()
 
 
+XB = list(range(1, 17))  # x's 16 blocks of 4
+
+
+def hit_on_prefill(**kw):
+    """A manager (kw its options) whose request x computed 64 tokens (rows
+    x) and whose request y, registered next, hits them and computes 2 at
+    layout lay, prepared: (m, x, lay)."""
+    m = vo.OmniPrefixCacheManager(vo.PrefixCacheConfig(num_blocks=64, block_size=4), **kw)
+    m.new_step_starts([ev("x", K.STARTED, 0, XB)], num_scheduled_tokens={"x": 64})
+    x = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    m.discard_step(m.save_outputs(x, {}, num_tokens_unpadded=64, num_tokens_padded=64,
+                                  write_layout=layout(("x", slots_of(XB, 0, 64)))))
+    m.new_step_starts([ev("x", K.FINISHED), ev("y", K.STARTED, 64, XB + [20])], num_scheduled_tokens={"y": 2})
+    lay = layout(("y", slots_of(XB + [20], 64, 2)))
+    m.prepare_read_plans(lay)
+    return m, x, lay
+
+
 def test_steps_begun_with_their_rows_buffers():
     """A step with arrivals (after the first save) is begun with buffers for
     its rows (Cache.begin_into): the hit is read into them during the
     forward and materialize of the whole step returns them, rows exact; the
     manager keeps them only until the step is consumed or dropped."""
-    m = vo.OmniPrefixCacheManager(vo.PrefixCacheConfig(num_blocks=64, block_size=4))
-    xb = list(range(1, 17))
-    m.new_step_starts([ev("x", K.STARTED, 0, xb)], num_scheduled_tokens={"x": 64})
-    x = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
-    m.discard_step(m.save_outputs(x, {}, num_tokens_unpadded=64, num_tokens_padded=64,
-                                  write_layout=layout(("x", slots_of(xb, 0, 64)))))
-    yb = xb + [20]
-    m.new_step_starts([ev("x", K.FINISHED), ev("y", K.STARTED, 64, yb)], num_scheduled_tokens={"y": 2})
-    lay = layout(("y", slots_of(yb, 64, 2)))
-    m.prepare_read_plans(lay)
+    m, x, lay = hit_on_prefill()
     assert m._pend.into is not None and len(m._pend.into[0]) == 66
     y = np.full((2, 4), 7, np.float32)
     sid = m.save_outputs(y, {}, num_tokens_unpadded=2, num_tokens_padded=2, write_layout=lay)
@@ -185,13 +194,13 @@ def test_steps_begun_with_their_rows_buffers():
     got = m.materialize(sid, ["y"]).hidden_states["y"]
     assert np.shares_memory(got, into) and np.array_equal(got, np.concatenate([x, y]))
     assert m._into == {}
-    m.new_step_starts([ev("z", K.STARTED, 64, xb + [21])], num_scheduled_tokens={"z": 1})
-    m.prepare_read_plans(layout(("z", slots_of(xb + [21], 64, 1))))
+    m.new_step_starts([ev("z", K.STARTED, 64, XB + [21])], num_scheduled_tokens={"z": 1})
+    m.prepare_read_plans(layout(("z", slots_of(XB + [21], 64, 1))))
     assert m._pend.into is not None
     m.abort_prepared_step()
     assert m._pend.into is None
     sid = m.save_outputs(np.ones((1, 4), np.float32), {}, num_tokens_unpadded=1, num_tokens_padded=1,
-                         write_layout=layout(("z", slots_of(xb + [21], 64, 1))))
+                         write_layout=layout(("z", slots_of(XB + [21], 64, 1))))
     m.discard_step(sid)
     assert m._into == {}
     m.shutdown()
@@ -200,16 +209,7 @@ def test_steps_begun_with_their_rows_buffers():
 def test_result_buffers_off():
     """result_buffers=False begins every step plainly: materialize makes its
     own buffers, the rows the same."""
-    m = vo.OmniPrefixCacheManager(vo.PrefixCacheConfig(num_blocks=64, block_size=4), result_buffers=False)
-    xb = list(range(1, 17))
-    m.new_step_starts([ev("x", K.STARTED, 0, xb)], num_scheduled_tokens={"x": 64})
-    x = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
-    m.discard_step(m.save_outputs(x, {}, num_tokens_unpadded=64, num_tokens_padded=64,
-                                  write_layout=layout(("x", slots_of(xb, 0, 64)))))
-    yb = xb + [20]
-    m.new_step_starts([ev("x", K.FINISHED), ev("y", K.STARTED, 64, yb)], num_scheduled_tokens={"y": 2})
-    lay = layout(("y", slots_of(yb, 64, 2)))
-    m.prepare_read_plans(lay)
+    m, x, lay = hit_on_prefill(result_buffers=False)
     assert m._pend.into is None
     y = np.full((2, 4), 7, np.float32)
     sid = m.save_outputs(y, {}, num_tokens_unpadded=2, num_tokens_padded=2, write_layout=lay)

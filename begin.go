@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
 )
 
@@ -69,6 +70,7 @@ func (c *Cache) Begin(p *Plan) error {
 		c.tl.Begin(p.FullBlocks, p.FullHashes)
 	}
 	c.planHits(p.ResultInto)
+	e.resultInto = append(scratch.Empty(e.resultInto), p.ResultInto...)
 	c.intoForSave(p.ResultInto)
 	return nil
 }
@@ -248,8 +250,7 @@ func (c *Cache) hitsOverlapStep() bool {
 // holds them.
 func (c *Cache) intoForSave(into [][]byte) {
 	e := &c.eng
-	clear(e.into)
-	e.into = e.into[:0]
+	e.into = scratch.Empty(e.into)
 	if len(into) == 0 {
 		return
 	}
@@ -263,8 +264,7 @@ func (c *Cache) intoForSave(into [][]byte) {
 	for k, key := range c.cfg.Keys {
 		lo, hi := off*key.RowBytes, (off+e.tokens)*key.RowBytes
 		if len(into[k]) < hi {
-			clear(e.into)
-			e.into = e.into[:0]
+			e.into = scratch.Empty(e.into)
 			return
 		}
 		e.into = append(e.into, into[k][lo:hi:hi])

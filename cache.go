@@ -9,6 +9,7 @@ import (
 
 	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/internal/reader"
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/internal/tierlink"
 	"github.com/omnicache/omnicache/internal/writer"
 	"github.com/omnicache/omnicache/soa"
@@ -165,11 +166,11 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	ws.Into = e.into
 	err := c.path.Save(ws, &rec.Refs)
 	if err == nil {
+		rec.SetResultInto(e.resultInto)
 		c.noteSaved(rec, ws.Accepted)
 	}
 	ws.Accepted, ws.Into = nil, nil
-	clear(e.into) // the engine's memory: borrowed for the step
-	e.into = e.into[:0]
+	e.into, e.resultInto = scratch.Empty(e.into), scratch.Empty(e.resultInto) // the engine's memory, borrowed
 	for k := range ws.Out {
 		ws.Out[k] = writer.Src{} // borrowed for the call (a loop: clear's bulk barrier costs more for a few keys)
 	}

@@ -79,7 +79,8 @@ type engineState struct {
 	hits        []reader.Hit // the begun step's hits (planned at Begin)
 	hitRec      *reader.Step // the begun step's record when made at Begin (a hit step, prefetch on)
 	hitsPlanned bool         // hitRec's hits were planned (and their read queued) at Begin
-	into        [][]byte     // the begun step's Plan.ResultInto regions for its own rows (intoForSave)
+	resultInto  [][]byte     // the begun step's Plan.ResultInto buffers
+	into        [][]byte     // their regions for the step's own rows (intoForSave)
 	blockMark   []uint32     // scratch: per block, the blockGen of the last hitsOverlapStep
 	blockGen    uint32
 	// stepBlocks are the blocks the begun step writes, one per block a

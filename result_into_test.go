@@ -326,3 +326,41 @@ func TestResultIntoSaveWaitsForTheWrite(t *testing.T) {
 	require.NoError(t, c.Materialize(id, nil, &res))
 	require.Equal(t, want, res.Rows(0, 0)[:n*rb])
 }
+
+// A step whose own rows Save put into its ResultInto buffers (no hit, so
+// no prefetch) guards them as a prefetched one does: a Materialize of its
+// requests in another order into those buffers is ErrOutputs and consumes
+// nothing (it would copy one request's rows over the other's before they
+// are read); the whole step into them then serves every row.
+func TestResultIntoSavedRowsClash(t *testing.T) {
+	const rb, n, bs = 64 << 10, 64, 16 // two requests of 64 tokens: 8 MiB
+	const stride = n / bs
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 2 * stride, BlockSize: bs,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, StagingCapacityTokens: 2 * n})
+	require.NoError(t, err)
+	defer c.Close()
+	table := make([]int32, 2*stride)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	out, want := make([]byte, 2*n*rb), make([]byte, 2*n*rb)
+	for i := range out {
+		out[i] = byte(i/rb) + 1
+	}
+	copy(want, out)
+	into := make([]byte, 2*n*rb)
+	require.NoError(t, c.Begin(&omnicache.Plan{IDs: []int64{1, 2}, Rows: []int32{0, 1}, Start: []int32{0, 0},
+		Count: []int32{n, n}, Table: table, Stride: stride, Arrivals: []int64{1, 2}, HitTokens: []int32{0, 0},
+		ResultInto: [][]byte{into}}))
+	id, err := c.Save(&omnicache.Outputs{Tokens: 2 * n, Tensors: []omnicache.Tensor{{Host: out, Rows: 2 * n}}})
+	require.NoError(t, err)
+	require.Equal(t, want, into, "Save put the rows there")
+	var res omnicache.Result
+	res.Into([][]byte{into})
+	require.ErrorIs(t, c.Materialize(id, []int64{2, 1}, &res), omnicache.ErrOutputs, "some requests, another order")
+	require.Equal(t, want, into, "nothing was moved")
+	require.NoError(t, c.Materialize(id, nil, &res), "the step stays unconsumed")
+	require.Same(t, &into[0], &res.Rows(0, 0)[0])
+	require.Equal(t, want[:n*rb], res.Rows(0, 0))
+	require.Equal(t, want[n*rb:], res.Rows(1, 0))
+}

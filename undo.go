@@ -175,8 +175,7 @@ func (c *Cache) unbegin() {
 		c.rd.Cancel(e.hitRec) // a prefetch not started is skipped
 		e.hitRec, e.hitsPlanned = nil, false
 	}
-	clear(e.into)
-	e.into = e.into[:0]
+	e.into, e.resultInto = scratch.Empty(e.into), scratch.Empty(e.resultInto)
 	for i := len(e.added) - 1; i >= 0; i-- {
 		if h := e.added[i]; e.requests.Pos(h) >= 0 {
 			e.requests.Remove(h)

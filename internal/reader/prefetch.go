@@ -199,8 +199,7 @@ func (r *Reader) Charge(s *Step, hits []Hit, into [][]byte) bool {
 	if len(into) == len(r.lay.RowBytes) {
 		for k, rb := range r.lay.RowBytes {
 			if len(into[k]) < int(rows)*rb {
-				clear(s.into)
-				s.into = s.into[:0]
+				s.into = scratch.Empty(s.into)
 				break
 			}
 			n := int(rows) * rb

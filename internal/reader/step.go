@@ -48,6 +48,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/internal/writer"
 )
 
@@ -124,6 +125,9 @@ type Step struct {
 	// read writes into the engine's memory once the call returned.
 	into [][]byte
 	pfMu sync.Mutex
+	// resultInto are the plan's Plan.ResultInto buffers, whole, whether
+	// or not a read or the step's Save used them (IntoClash).
+	resultInto [][]byte
 	// batch: the device copies of the consumer's read of the step's own
 	// rows (Reader.Read waits for them once).
 	batch writer.ReadBatch
@@ -177,8 +181,8 @@ func (s *Step) Reset(nkeys int) {
 	s.lastQ = 0
 	s.Qidx = s.Qidx[:0]
 	s.pf = s.pf[:0]
-	clear(s.into) // the engine's memory: not kept alive by a free record
-	s.into = s.into[:0]
+	s.into = scratch.Empty(s.into) // the engine's memory: not kept alive by a free record
+	s.resultInto = scratch.Empty(s.resultInto)
 	s.pfOff = s.pfOff[:0]
 	s.pfSeq = 0
 	clear(s.pfErr)
@@ -288,14 +292,19 @@ func (s *Step) hitSlots(i, pre, bs int) []int32 {
 // buffers (Plan.ResultInto) rather than the cache's.
 func (s *Step) ReadsInto() bool { return len(s.into) > 0 }
 
+// SetResultInto records the plan's Plan.ResultInto buffers (per key) for
+// IntoClash. Engine goroutine, before the step is saved.
+func (s *Step) SetResultInto(bufs [][]byte) { s.resultInto = append(s.resultInto[:0], bufs...) }
+
 // IntoClash reports whether Materialize buffers bufs (per key; all: the
 // whole step, in batch order) overlap the step's ResultInto buffers
 // other than as key k's own buffer from its first byte for the whole step,
 // where each request's rows are read in place: any other overlap would
-// write rows over prefix rows not read yet.
+// write rows over rows (a prefetched prefix, or the step's own rows Save
+// put there) not read yet.
 func (s *Step) IntoClash(bufs [][]byte, all bool) bool {
 	for k, b := range bufs {
-		for j, in := range s.into {
+		for j, in := range s.resultInto {
 			if !overlap(b, in) {
 				continue
 			}

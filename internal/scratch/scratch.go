@@ -38,3 +38,10 @@ func Pop[T any](free *[]*T) *T {
 	*free = s[:n-1]
 	return p
 }
+
+// Empty returns s emptied, its memory kept and its elements cleared, so
+// that it keeps no reference alive (borrowed buffers, records).
+func Empty[T any](s []T) []T {
+	clear(s)
+	return s[:0]
+}

@@ -56,3 +56,11 @@ func TestPop(t *testing.T) {
 		t.Fatalf("Pop of an empty list gave %p, want a new record", p)
 	}
 }
+
+func TestEmpty(t *testing.T) {
+	a, b := new(int), new(int)
+	s := Empty([]*int{a, b})
+	if len(s) != 0 || cap(s) != 2 || s[:2][0] != nil || s[:2][1] != nil {
+		t.Fatalf("Empty: len %d cap %d, references %v: want 0, 2, none", len(s), cap(s), s[:2])
+	}
+}

@@ -121,8 +121,7 @@ func (p *Path) Save(s *Step, refs *Refs) error {
 			if err == nil {
 				err = p.saveInto()
 			} else {
-				clear(p.intoFix) // the write was released, never handed over
-				p.intoFix = p.intoFix[:0]
+				p.intoFix = scratch.Empty(p.intoFix) // the write was released, never handed over
 			}
 		}
 	}
@@ -558,11 +557,10 @@ func (p *Path) saveInto() error {
 	}
 	err := p.WaitSeq(fix[0].w.Seq)
 	p.mu.Lock()
-	for i, f := range fix {
+	for _, f := range fix {
 		f.w.Host[f.slot] = f.dst
-		fix[i] = intoFix{}
 	}
 	p.mu.Unlock()
-	p.intoFix = fix[:0]
+	p.intoFix = scratch.Empty(fix)
 	return err
 }

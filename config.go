@@ -40,6 +40,11 @@ func mulLE(a, b, limit int64) bool {
 // (tests force the split on small steps; 0: the default).
 var splitBytes int
 
+// lazyBytes overrides the largest step write handed over lazily, the
+// least a step weighs for its rows to go into Plan.ResultInto at Save
+// (tests put small steps there; 0: the default, 4 MiB).
+var lazyBytes int
+
 // validate applies the defaults and checks every bound; it returns the
 // write path's configuration.
 func validate(cfg *Config) (writer.Config, error) {
@@ -165,7 +170,7 @@ func validate(cfg *Config) (writer.Config, error) {
 		StagingDepth: cfg.StagingDepth, Capacity: cfg.StagingCapacityTokens,
 		ClaimTimeout: cfg.StagingClaimTimeout, Budget: cfg.DeviceBudgetBytes,
 		ChunkBytes: cfg.DeferredChunkBytes, WaitTimeout: cfg.WaitTimeout, SyncSpin: cfg.SyncSpin, ReleaseHost: cfg.ReleaseHost,
-		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes, Hists: newWriterHists(cfg.Histograms),
+		CopyWorkers: cfg.CopyWorkers, SplitBytes: splitBytes, LazyBytes: lazyBytes, Hists: newWriterHists(cfg.Histograms),
 		Direct: cfg.MirrorDirect, DirectMinBytes: cfg.MirrorDirectMinBytes, Alloc: alloc,
 	}, nil
 }

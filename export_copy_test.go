@@ -15,6 +15,16 @@ func SetSplitBytes(n int) (restore func()) {
 	return func() { splitBytes = old }
 }
 
+// SetLazyBytes sets the largest step write handed over lazily for caches
+// made afterwards (0: the default) and returns a func that restores it.
+// Tests only: small steps then take the paths of a prefill's write
+// (Plan.ResultInto filled by Save).
+func SetLazyBytes(n int) (restore func()) {
+	old := lazyBytes
+	lazyBytes = n
+	return func() { lazyBytes = old }
+}
+
 // CopySplits is the number of copies c split across its copy workers.
 func CopySplits(c *Cache) int64 { return c.parts.Workers.Splits() }
 

@@ -49,10 +49,20 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		dev, owned bool // outputs as device tensors (owned: handed over)
 		into       bool // Materialize into the test's buffers (Result.Into)
 		resultInto bool // begin with Plan.ResultInto, Materialize the whole step into them
+		savedInto  bool // every step write handed over at once (SetLazyBytes): Save puts host rows into ResultInto
 	}{
 		{name: "buffer on", mut: func(*omnicache.Config) {}},
 		{name: "buffer on, into the caller's buffers", mut: func(*omnicache.Config) {}, into: true},
 		{name: "buffer on, into the plans' result buffers", mut: func(*omnicache.Config) {}, resultInto: true},
+		{name: "buffer off, saved into the plans' result buffers", mut: func(c *omnicache.Config) { c.DisableDecodeBuffer = true },
+			resultInto: true, savedInto: true},
+		{name: "device tensors, handed over at once, into the plans' result buffers", mut: func(*omnicache.Config) {},
+			dev: true, resultInto: true, savedInto: true},
+		{name: "device tensors, handed over at once, into the result buffers, lagging committer", mut: func(c *omnicache.Config) {
+			dev := gputest.NewFaulty(gpu.NewHost())
+			dev.DelayWaits(100 * time.Microsecond)
+			c.Device = dev
+		}, dev: true, resultInto: true, savedInto: true},
 		{name: "buffer off", mut: func(c *omnicache.Config) { c.DisableDecodeBuffer = true }},
 		{name: "buffer on, tight budget", mut: func(c *omnicache.Config) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
@@ -135,6 +145,9 @@ func TestPropertyRandomSchedule(t *testing.T) {
 				ok := t.Run(run.name, func(t *testing.T) {
 					cfg := base
 					run.mut(&cfg)
+					if run.savedInto {
+						defer omnicache.SetLazyBytes(1)()
+					}
 					h := cachetest.New(t, cfg)
 					h.Device, h.Owned = run.dev, run.owned
 					h.Label = run.name

@@ -349,3 +349,82 @@ func testCUDALargeClonedStep(t *testing.T, direct bool) {
 		t.Fatal("hit rows differ")
 	}
 }
+
+// A prefill with Plan.ResultInto on the CUDA device, the engine's buffer
+// pinned or pageable, staged or MirrorDirect: Materialize returns the
+// step's rows in the engine's buffer although the engine overwrote its
+// tensor after Save, the mirror holds them, and a later step that hits has
+// its prefix read into its own buffer during the forward and its rows
+// after it.
+func TestCUDAResultIntoPrefill(t *testing.T) {
+	for _, pinned := range []bool{false, true} {
+		for _, direct := range []bool{false, true} {
+			t.Run(fmt.Sprintf("pinned=%v/direct=%v", pinned, direct), func(t *testing.T) {
+				testCUDAResultIntoPrefill(t, pinned, direct)
+			})
+		}
+	}
+}
+
+func testCUDAResultIntoPrefill(t *testing.T, pinned, direct bool) {
+	const rb, tok, bs, hit = 128 << 10, 64, 16, 32 // 8 MiB, then 32 hit rows and 48 computed (6 MiB)
+	d := newCUDA(t, gpu.CUDAOptions{})
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 16, BlockSize: bs, StagingCapacityTokens: tok,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d,
+		MirrorDirect: direct})
+	must(t, err)
+	defer c.Close()
+	buf := func(n int) []byte {
+		if !pinned {
+			return make([]byte, n)
+		}
+		b, err := d.AllocHost(n)
+		must(t, err)
+		t.Cleanup(func() { d.FreeHost(b) })
+		return b
+	}
+	src := pattern(tok*rb, 7)
+	tensor, err := d.Alloc(tok * rb)
+	must(t, err)
+	defer d.Free(tensor)
+	must(t, d.CopyHtoD(tensor, 0, src))
+	table := []int32{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 8, 9, 10, 11, 12, 13}
+	into := buf(tok * rb)
+	must(t, c.Begin(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{tok},
+		Table: table, Stride: 8, Arrivals: []int64{1}, HitTokens: []int32{0}, ResultInto: [][]byte{into}}))
+	id, err := c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+	must(t, err)
+	next := pattern(tok*rb, 9)
+	must(t, d.CopyHtoD(tensor, 0, next)) // the engine's next forward
+	var res omnicache.Result
+	res.Into([][]byte{into})
+	must(t, c.Materialize(id, nil, &res))
+	if &res.Rows(0, 0)[0] != &into[0] || !bytes.Equal(res.Rows(0, 0), src) {
+		t.Fatal("the step's rows are not in the engine's buffer after Materialize")
+	}
+	// Request 2 hits request 1's first 32 rows and computes 48 more.
+	const n2 = 48
+	into2 := buf((hit + n2) * rb)
+	must(t, c.Begin(&omnicache.Plan{IDs: []int64{2}, Rows: []int32{1}, Start: []int32{hit}, Count: []int32{n2},
+		Table: table, Stride: 8, Arrivals: []int64{2}, HitTokens: []int32{hit}, HitBlocks: []int32{0, 1},
+		Finished: []int64{1}, ResultInto: [][]byte{into2}}))
+	id, err = c.Save(&omnicache.Outputs{Tokens: n2, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: n2}}})
+	must(t, err)
+	must(t, d.CopyHtoD(tensor, 0, src)) // the next forward again
+	res.Into([][]byte{into2})
+	must(t, c.Materialize(id, nil, &res))
+	got := res.Rows(0, 0)
+	if &got[0] != &into2[0] || !bytes.Equal(got[:hit*rb], src[:hit*rb]) || !bytes.Equal(got[hit*rb:], next[:n2*rb]) {
+		t.Fatal("the hit step's prefix or rows differ")
+	}
+	must(t, c.Sync())
+	sl := make([]int32, n2)
+	for i := range sl {
+		sl[i] = int32(8*bs + i)
+	}
+	peek := make([]byte, n2*rb)
+	must(t, c.Peek(0, sl, peek))
+	if !bytes.Equal(peek, next[:n2*rb]) {
+		t.Fatal("the mirror's rows of the hit step differ")
+	}
+}

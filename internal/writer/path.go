@@ -37,6 +37,7 @@ type Config struct {
 	ReleaseHost  func([]byte)
 	CopyWorkers  int // see CommitterConfig
 	SplitBytes   int // see CommitterConfig (tests)
+	LazyBytes    int // the largest step write handed over lazily (<= 0: lazyBytes; tests)
 	// Rider and Gather publish full blocks (a shared tier): the blocks
 	// Rider names ride on the writes handed over and are read into Gather
 	// once those land (both nil: none). Immediate keys only.
@@ -206,7 +207,11 @@ func NewPath(cfg Config) (*Path, error) {
 		immRowB += k.RowBytes
 	}
 	if immRowB > 0 {
-		p.lazyTokens = lazyBytes / immRowB
+		lb := lazyBytes
+		if cfg.LazyBytes > 0 {
+			lb = cfg.LazyBytes
+		}
+		p.lazyTokens = lb / immRowB
 	}
 	if len(l.Imm) > 0 {
 		// Optional immediate keys get an absent column (a step may omit

@@ -34,7 +34,7 @@ RULES = [
     (r"^make (test|check|vet|test-python|check-generate|generate)\b", "skip", "CI runs it itself (.ci/run)"),
     (r"^bash \.ci/cuda-headers\.sh|make (gpu-test|gpu-replay|gpu-bundle|python-cuda)\b", "skip",
      "CI runs it itself: the cuda build against Debian's headers (.ci/run)"),
-    (r"^(bash )?\.gpu/|--device cuda", "skip", "needs an NVIDIA GPU (the binaries run on the GPU machine)"),
+    (r"^(bash |cd )?\.gpu/|--device cuda", "skip", "needs an NVIDIA GPU (the binaries run on the GPU machine)"),
     (r"^redis-server ", "skip", "starts a server that runs until it is stopped (the Redis tests start their own)"),
     (r"^redis-cli |--tier redis://", "skip", "needs a Redis server at the address it names (docs/operations.md starts one; the Redis tests start their own)"),
     (r"--metrics-addr .*&$|^curl |^go tool pprof ", "skip",

@@ -128,7 +128,7 @@ func (p *Path) ReadRows(w *Write, k, r0, cnt int, out []byte, b *ReadBatch) erro
 			// A prefill's rows are megabytes: split across the copy
 			// workers, as the read path's prefix gathers are. Rows read
 			// into the buffer Save copied them to are in place.
-			if src := h[i*rb : (i+m)*rb]; m > 0 && &src[0] != &out[0] {
+			if src := h[i*rb : (i+m)*rb]; &src[0] != &out[0] {
 				p.parts.Workers.Copy(out[:m*rb], src)
 			}
 		} else if err := p.readParked(w, slot, i, m, rb, out, b); err != nil {

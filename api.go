@@ -328,6 +328,26 @@ type Plan struct {
 	// is ErrOutputs (rows would move across one another). Empty, or one
 	// buffer per key; else ErrPlan.
 	ResultInto [][]byte
+
+	// ResultDev, when set, holds per key (Config.Keys order) a buffer of
+	// the cache's device (Config.Device) for the step's Result, laid out
+	// as ResultInto (at least StepRows(id, nil) rows of the key's
+	// RowBytes once the step is saved), for MaterializeDev of the whole
+	// step into the same buffers: the rows move while the engine works,
+	// and MaterializeDev waits for them rather than copy them.
+	//   - a prefetched hit's rows (see Config.DisablePrefetch) are read
+	//     while the engine runs its forward, as without, and copied up
+	//     into the buffers by the committer right after;
+	//   - Save copies the step's own rows into them from the engine's
+	//     tensors (device to device; a host tensor host to device; an
+	//     omitted key's rows are zeroed) and returns once done.
+	// A hit not prefetched (prefetch off, the read-ahead budget
+	// exhausted) is read by MaterializeDev and copied up then. Buffers
+	// smaller than the step's rows are left unused (MaterializeDev then
+	// reads the step and copies every row up). Borrowed as ResultInto
+	// is, from Begin until the step is consumed or the cache closed.
+	// Empty, or one buffer per key with ResultInto empty; else ErrPlan.
+	ResultDev []gpu.Buffer
 }
 
 // Tensor is one key's output rows for a step.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/reader"
 	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
@@ -69,7 +70,7 @@ func (c *Cache) Begin(p *Plan) error {
 	if c.tl != nil {
 		c.tl.Begin(p.FullBlocks, p.FullHashes)
 	}
-	c.planHits(p.ResultInto)
+	c.planHits(p.ResultInto, p.ResultDev)
 	e.resultInto = append(scratch.Empty(e.resultInto), p.ResultInto...)
 	c.intoForSave(p.ResultInto)
 	return nil
@@ -177,11 +178,14 @@ func (c *Cache) setBatch(p *Plan, same bool) {
 // planHits plans the begun step's hits behind the rows handed over so far
 // (the buffer was flushed above): with prefetch their rows move while the
 // engine runs its forward, into the engine's buffers when it gave them
-// (into: Plan.ResultInto).
-func (c *Cache) planHits(into [][]byte) {
+// (into: Plan.ResultInto); dev, the Plan.ResultDev buffers, are kept for
+// Save and the committer when they hold the step's rows.
+func (c *Cache) planHits(into [][]byte, dev []gpu.Buffer) {
 	e := &c.eng
 	e.hits = e.hits[:0]
-	if len(e.hitPos) > 0 {
+	if len(e.hitPos) == 0 {
+		c.resultDevFor(dev)
+	} else {
 		// Plan the hits now, behind the rows handed over so far (the buffer
 		// was flushed above): with prefetch their rows move while the
 		// engine runs its forward.
@@ -192,6 +196,7 @@ func (c *Cache) planHits(into [][]byte) {
 			e.requests.Flags[pos] &^= flagHitPending
 			e.hits = append(e.hits, reader.Hit{Index: i, Tokens: e.requests.HitTokens[pos], Blocks: e.requests.HitBlocks(h)})
 		}
+		c.resultDevFor(dev) // the step's rows are known with its hits
 		// Prefetched steps are planned now. A step that reads its own rows
 		// (a hit on blocks it writes) is planned at Save, behind its own
 		// writes, and its prefetch queued there; one the read-ahead budget
@@ -199,6 +204,7 @@ func (c *Cache) planHits(into [][]byte) {
 		// pins then come after Save's reservation).
 		if !c.cfg.DisablePrefetch {
 			e.hitRec = c.newRec()
+			e.hitRec.SetResultDev(e.resultDev) // before its read is queued: the committer copies it up
 			if c.rd.Charge(e.hitRec, e.hits, into) && !c.hitsOverlapStep() {
 				c.rd.Plan(e.hitRec, e.hits)
 				e.hitsPlanned = true

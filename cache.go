@@ -28,8 +28,12 @@ type Cache struct {
 	// mu guards the saved steps not consumed yet, the delivery states
 	// (delivery.go) and the Materializes whose delivery is not recorded
 	// yet (reading, cut).
-	mu      sync.Mutex
-	steps   []saved
+	mu    sync.Mutex
+	steps []saved
+	// zeros is a zero buffer for clearing device rows (zeroDev), made
+	// once on first use (devZero).
+	zeros   []byte
+	devZero sync.Once
 	reading []*Result // taken, being read: what they deliver if served
 	cut     []cutRead // read while a replace cut them (an Abort may undo the cut)
 
@@ -86,7 +90,7 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c.parts = c.path.Parts()
-	c.rd = reader.New(c.path, c.parts, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes})
+	c.rd = reader.New(c.path, c.parts, reader.Options{Prefetch: !cfg.DisablePrefetch, Budget: cfg.ReadAheadBytes, Dev: cfg.Device})
 	c.lay = c.parts.Layout
 	c.eng.requests = soa.NewRequests(64)
 	c.ws.Out = make([]writer.Src, len(cfg.Keys))
@@ -164,13 +168,28 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 		ws.Out[k] = writer.Src{Host: t.Host, Dev: t.Dev, Owned: t.Owned}
 	}
 	ws.Into = e.into
-	err := c.path.Save(ws, &rec.Refs)
+	var err error
+	dev := len(e.resultDev) > 0
+	if dev {
+		err = c.saveDev(o, rec) // ahead of the write path's copies of the same rows
+	}
+	if err == nil {
+		err = c.path.Save(ws, &rec.Refs)
+	}
+	if dev {
+		// The engine's tensors read and its buffers written before Save
+		// returns (a failed Save's too).
+		if werr := c.waitDev(); err == nil {
+			err = werr
+		}
+	}
 	if err == nil {
 		rec.SetResultInto(e.resultInto)
 		c.noteSaved(rec, ws.Accepted)
 	}
 	ws.Accepted, ws.Into = nil, nil
 	e.into, e.resultInto = scratch.Empty(e.into), scratch.Empty(e.resultInto) // the engine's memory, borrowed
+	e.resultDev = scratch.Empty(e.resultDev)
 	for k := range ws.Out {
 		ws.Out[k] = writer.Src{} // borrowed for the call (a loop: clear's bulk barrier costs more for a few keys)
 	}
@@ -323,6 +342,20 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if dst == nil {
 		return fmt.Errorf("%w: nil Result (the step stays unconsumed)", ErrOutputs)
 	}
+	sv, imp, err := c.take(id, reqs, dst)
+	if err != nil {
+		return err
+	}
+	err = c.read(sv.rec, reqs, dst)
+	if err == nil && imp != nil {
+		c.failImports(imp, dst)
+	}
+	return c.served(id, dst, err)
+}
+
+// take takes step id for a Materialize of reqs into dst (its delivery
+// opened), with its tier import (nil: none).
+func (c *Cache) take(id StepID, reqs []int64, dst *Result) (saved, *tierlink.Import, error) {
 	c.mu.Lock()
 	sv, err := c.takeLocked(id, reqs, dst)
 	if err == nil {
@@ -330,7 +363,7 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	}
 	c.mu.Unlock()
 	if err != nil {
-		return err
+		return saved{}, nil, err
 	}
 	if c.testTaken != nil {
 		c.testTaken()
@@ -339,98 +372,18 @@ func (c *Cache) Materialize(id StepID, reqs []int64, dst *Result) error {
 	if c.tl != nil {
 		imp = c.tl.Take(uint64(id))
 	}
-	err = c.read(sv.rec, reqs, dst)
-	if err == nil && imp != nil {
-		c.failImports(imp, dst)
-	}
+	return sv, imp, nil
+}
+
+// served records what the Materialize of step id into dst delivered
+// (nothing when the read failed with err) and returns its error.
+func (c *Cache) served(id StepID, dst *Result, err error) error {
 	c.deliver(dst, err == nil)
 	if err != nil {
 		dst.reset(c.lay.RowBytes) // nothing served
 		return err
 	}
-	if dst.nfail > 0 {
-		re := &RequestError{Step: id}
-		for i, e := range dst.errs {
-			if e != nil {
-				re.IDs = append(re.IDs, dst.ids[i])
-				re.Errs = append(re.Errs, e)
-			}
-		}
-		return re
-	}
-	return nil
-}
-
-// read fills dst with the rows of the taken step rec for reqs (nil:
-// every request), leaving out what openDelivery left out at the front
-// and what a trim cut at the end, and releases rec. A sticky write
-// failure, or a Reset since the step was saved, fails it whole.
-func (c *Cache) read(rec *reader.Step, reqs []int64, dst *Result) error {
-	if err := c.path.Err(); err != nil {
-		c.drop(rec)
-		return err
-	}
-	if rec.ID <= c.resetFence.Load() {
-		c.drop(rec)
-		return fmt.Errorf("%w: step %d", ErrReset, rec.ID)
-	}
-	all, nq := reqs == nil, len(reqs)
-	if all {
-		nq = len(rec.IDs)
-	}
-	dst.reset(c.lay.RowBytes)
-	trimmed := rec.Trimmed // set under c.mu until take: stable now
-	dst.keep = dst.keep[:0]
-	for qi := 0; qi < nq; qi++ {
-		i := qi
-		if !all {
-			i = int(rec.Qidx[qi])
-		}
-		pre := rec.Prefix(i)
-		lo := rec.Start[i] - pre
-		dst.add(rec.IDs[i], pre, pre+rec.Count[i], lo)
-		if trimmed {
-			// Rows past End (rejected drafts, a replaced prompt's tail)
-			// are read as laid out, then left out of the result.
-			dst.keep = append(dst.keep, rec.End[i]-lo)
-		}
-	}
-	if !all || !rec.Prefetched() || rec.ReadsInto() || !dst.adopts() {
-		dst.size() // else the read adopts the prefetched buffers (the cache's, never the engine's)
-	}
-	var err error
-	switch {
-	case c.hitWait == nil || !rec.HasHits():
-		err = c.rd.Read(rec, all, nq, dest{dst})
-	case c.parts.Progress.Reached(rec.WaitSeq()):
-		// Nothing to wait for (the usual case: the prefetch ran during
-		// the forward): observed as no wait, with no clock read.
-		c.hitWait.Observe(0)
-		err = c.rd.Read(rec, all, nq, dest{dst})
-	default:
-		t0 := time.Now()
-		err = c.rd.Read(rec, all, nq, dest{dst})
-		c.hitWait.Observe(int64(time.Since(t0)))
-	}
-	c.drop(rec)
-	if err != nil {
-		return err
-	}
-	// A request whose rows could not be served keeps its whole shape
-	// (zeros, Result.Err set): nothing of it was delivered.
-	for qi, skip := range dst.skip {
-		if skip > 0 && dst.errs[qi] == nil {
-			dst.trimFront(qi, skip) // rows the request already had (it resumed)
-		}
-	}
-	if trimmed {
-		for qi, n := range dst.keep {
-			if dst.errs[qi] == nil {
-				dst.trim(qi, n-dst.skip[qi])
-			}
-		}
-	}
-	return c.check()
+	return dst.requestError(id)
 }
 
 // Sync writes out the decode buffer and waits until every write handed to

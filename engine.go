@@ -7,6 +7,7 @@ package omnicache
 import (
 	"unsafe"
 
+	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/reader"
 	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/soa"
@@ -81,6 +82,8 @@ type engineState struct {
 	hitsPlanned bool         // hitRec's hits were planned (and their read queued) at Begin
 	resultInto  [][]byte     // the begun step's Plan.ResultInto buffers
 	into        [][]byte     // their regions for the step's own rows (intoForSave)
+	resultDev   []gpu.Buffer // the begun step's Plan.ResultDev buffers (empty: none, or too small)
+	devOff      []int32      // per request: its first own row in resultDev (saveDev's scratch)
 	blockMark   []uint32     // scratch: per block, the blockGen of the last hitsOverlapStep
 	blockGen    uint32
 	// stepBlocks are the blocks the begun step writes, one per block a

@@ -50,6 +50,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 		into       bool // Materialize into the test's buffers (Result.Into)
 		resultInto bool // begin with Plan.ResultInto, Materialize the whole step into them
 		savedInto  bool // every step write handed over at once (SetLazyBytes): Save puts host rows into ResultInto
+		resultDev  bool // begin with Plan.ResultDev, MaterializeDev the whole step into them
 	}{
 		{name: "buffer on", mut: func(*omnicache.Config) {}},
 		{name: "buffer on, into the caller's buffers", mut: func(*omnicache.Config) {}, into: true},
@@ -63,6 +64,14 @@ func TestPropertyRandomSchedule(t *testing.T) {
 			dev.DelayWaits(100 * time.Microsecond)
 			c.Device = dev
 		}, dev: true, resultInto: true, savedInto: true},
+		{name: "buffer on, into the plans' device buffers", mut: func(*omnicache.Config) {}, resultDev: true},
+		{name: "device tensors, into the plans' device buffers, lagging committer", mut: func(c *omnicache.Config) {
+			dev := gputest.NewFaulty(gpu.NewHost())
+			dev.DelayWaits(100 * time.Microsecond)
+			c.Device = dev
+		}, dev: true, resultDev: true},
+		{name: "device tensors, prefetch off, into the plans' device buffers", mut: func(c *omnicache.Config) { c.DisablePrefetch = true },
+			dev: true, resultDev: true},
 		{name: "buffer off", mut: func(c *omnicache.Config) { c.DisableDecodeBuffer = true }},
 		{name: "buffer on, tight budget", mut: func(c *omnicache.Config) {
 			c.DeviceBudgetBytes = 2048 // > the largest step (32 tokens × 52 bytes)
@@ -152,7 +161,7 @@ func TestPropertyRandomSchedule(t *testing.T) {
 					h.Device, h.Owned = run.dev, run.owned
 					h.Label = run.name
 					h.KeepRows = true
-					h.Into, h.ResultInto = run.into, run.resultInto
+					h.Into, h.ResultInto, h.ResultDev = run.into, run.resultInto, run.resultDev
 					if i == len(runs)-1 {
 						caps[i] = cachetest.RunAll(h, cachetest.WithoutAbandoned(acts))
 					} else {

@@ -26,6 +26,9 @@ type Result struct {
 	dlHi   []int32
 	dlFull []int32
 	dlStep uint64
+	// dev: the last Materialize was a MaterializeDev (the rows are in
+	// device memory: Rows has none unless a host device's).
+	dev bool
 }
 
 // trimFront leaves out request i's first n rows (it had them already):
@@ -36,6 +39,22 @@ func (r *Result) trimFront(i int, n int32) {
 	r.tokens[i] -= n
 	r.from[i] += n
 	r.prefix[i] = max(0, r.prefix[i]-n)
+}
+
+// requestError is the *RequestError of the Materialize of step id into r
+// when a request was not served, else nil.
+func (r *Result) requestError(id StepID) error {
+	if r.nfail == 0 {
+		return nil
+	}
+	re := &RequestError{Step: id}
+	for i, e := range r.errs {
+		if e != nil {
+			re.IDs = append(re.IDs, r.ids[i])
+			re.Errs = append(re.Errs, e)
+		}
+	}
+	return re
 }
 
 // Err is nil when request i's rows were served, else why not (its rows
@@ -108,6 +127,9 @@ func (r *Result) Tokens(i int) int { return int(r.tokens[i]) }
 // Rows returns request i's rows of key k (Config.Keys order),
 // Tokens(i)*RowBytes bytes.
 func (r *Result) Rows(i, k int) []byte {
+	if r.dev && r.keys[k] == nil {
+		return nil // device memory (MaterializeDev)
+	}
 	rb := r.rowBytes[k]
 	lo := int(r.off[i]) * rb
 	return r.keys[k][lo : lo+int(r.tokens[i])*rb : lo+int(r.tokens[i])*rb]
@@ -115,6 +137,7 @@ func (r *Result) Rows(i, k int) []byte {
 
 // reset sizes the result for n requests and the given key widths.
 func (r *Result) reset(rowBytes []int) {
+	r.dev = false
 	r.ids = r.ids[:0]
 	r.prefix = r.prefix[:0]
 	r.tokens = r.tokens[:0]

@@ -135,7 +135,22 @@ func TestResultIntoWrongCount(t *testing.T) {
 // once (the race detector sees a read still running), and a later Sync
 // finds its own bytes there.
 func TestResultIntoSettles(t *testing.T) {
-	const rb, hit, bs = 64 << 10, 256, 16 // 16 MiB of hit rows a step: a read that takes a while
+	settles(t, func(p *omnicache.Plan, buf []byte) { p.ResultInto = [][]byte{buf} },
+		func(c *omnicache.Cache, id omnicache.StepID, buf []byte) []byte {
+			var res omnicache.Result
+			res.Into([][]byte{make([]byte, len(buf))}) // other buffers: the prefix is copied out of the engine's
+			require.NoError(t, c.Materialize(id, nil, &res))
+			return res.Rows(0, 0)
+		})
+}
+
+// settles runs the Settles tests: a hit step of 16 MiB of prefix rows
+// (a read that takes a while), begun with the engine's buffer buf (set
+// puts it in the plan), is discarded, aborted, then materialized (mat,
+// which returns the rows it served); after each the test writes buf at
+// once and requires, after a Sync, to find only its own bytes there.
+func settles(t *testing.T, set func(p *omnicache.Plan, buf []byte), mat func(c *omnicache.Cache, id omnicache.StepID, buf []byte) []byte) {
+	const rb, hit, bs = 64 << 10, 256, 16
 	c, err := omnicache.New(omnicache.Config{NumBlocks: 2 * (hit/bs + 1), BlockSize: bs,
 		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, StagingCapacityTokens: hit + bs,
 		ReadAheadBytes: 4 * (hit + bs) * rb})
@@ -160,13 +175,14 @@ func TestResultIntoSettles(t *testing.T) {
 	for i := range hitBlocks {
 		hitBlocks[i] = int32(i)
 	}
-	own := make([]byte, bs*rb)
-	into := make([]byte, (hit+bs)*rb)
+	own := bytes.Repeat([]byte{0x77}, bs*rb)
+	buf := make([]byte, (hit+bs)*rb)
 	next := int64(2)
 	step := func() {
 		plan := &omnicache.Plan{IDs: []int64{next}, Rows: []int32{1}, Start: []int32{hit}, Count: []int32{bs},
 			Table: table, Stride: stride, Arrivals: []int64{next}, HitTokens: []int32{hit}, HitBlocks: hitBlocks,
-			Finished: []int64{next - 1}, ResultInto: [][]byte{into}}
+			Finished: []int64{next - 1}}
+		set(plan, buf)
 		if next == 2 {
 			plan.Finished = nil
 		}
@@ -174,12 +190,12 @@ func TestResultIntoSettles(t *testing.T) {
 		require.NoError(t, c.Begin(plan))
 	}
 	scribble := func(what string, b byte) {
-		for i := range into {
-			into[i] = b
+		for i := range buf {
+			buf[i] = b
 		}
 		require.NoError(t, c.Sync())
 		time.Sleep(time.Millisecond)
-		require.Equal(t, bytes.Repeat([]byte{b}, len(into)), into, "%s: nothing written into the buffers after it returned", what)
+		require.Equal(t, bytes.Repeat([]byte{b}, len(buf)), buf, "%s: nothing written into the buffers after it returned", what)
 	}
 	save := func() omnicache.StepID {
 		id, err := c.Save(&omnicache.Outputs{Tokens: bs, Tensors: []omnicache.Tensor{{Host: own, Rows: bs}}})
@@ -196,10 +212,9 @@ func TestResultIntoSettles(t *testing.T) {
 		scribble("Abort", 0xAB)
 
 		step()
-		var res omnicache.Result
-		res.Into([][]byte{make([]byte, len(into))}) // other buffers: the prefix is copied out of the engine's
-		require.NoError(t, c.Materialize(save(), nil, &res))
-		require.Equal(t, rows, res.Rows(0, 0)[:hit*rb], "the hit rows")
+		got := mat(c, save(), buf)
+		require.Equal(t, rows, got[:hit*rb], "the hit rows")
+		require.Equal(t, own, got[hit*rb:], "the step's rows")
 		scribble("Materialize", 0x3C)
 	}
 }

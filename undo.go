@@ -176,6 +176,7 @@ func (c *Cache) unbegin() {
 		e.hitRec, e.hitsPlanned = nil, false
 	}
 	e.into, e.resultInto = scratch.Empty(e.into), scratch.Empty(e.resultInto)
+	e.resultDev = scratch.Empty(e.resultDev)
 	for i := len(e.added) - 1; i >= 0; i-- {
 		if h := e.added[i]; e.requests.Pos(h) >= 0 {
 			e.requests.Remove(h)

@@ -29,6 +29,9 @@ func (c *Cache) validatePlan(p *Plan) (ntok int, pure, same bool, err error) {
 	if len(p.ResultInto) != 0 && len(p.ResultInto) != len(c.cfg.Keys) {
 		return 0, false, false, fmt.Errorf("%w: %d ResultInto buffers for %d keys", ErrPlan, len(p.ResultInto), len(c.cfg.Keys))
 	}
+	if err := c.checkResultDev(p); err != nil {
+		return 0, false, false, err
+	}
 	return ntok, pure, same, nil
 }
 

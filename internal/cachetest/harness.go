@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 // S schedules request S[0] for S[2] tokens from position S[1]: a test
@@ -50,6 +51,10 @@ type Step struct {
 	// ResultInto: the plan's Plan.ResultInto (the engine's buffers for
 	// the step's prefetched hit rows).
 	ResultInto [][]byte
+	// ResultDev: the plan's Plan.ResultDev (the engine's device buffers
+	// for the step's Result); MatCall of the whole step then
+	// MaterializeDevs into them.
+	ResultDev []gpu.Buffer
 }
 
 // reqWant is what Materialize must return for one request of a step.
@@ -96,9 +101,10 @@ type pendingStep struct {
 	slots map[int64][]int32 // rows' slots per scheduled request
 	hits  map[int64][]int32 // hit slots per arrival that really hits
 	vers  map[int64]int
-	fresh []int64   // ids this Begin made live (a failed Save undoes them)
-	undo  modelUndo // the model as it stood before this Begin (abort.go)
-	into  [][]byte  // the plan's ResultInto buffers (Harness.ResultInto)
+	fresh []int64      // ids this Begin made live (a failed Save undoes them)
+	undo  modelUndo    // the model as it stood before this Begin (abort.go)
+	into  [][]byte     // the plan's ResultInto buffers (Harness.ResultInto)
+	dev   []gpu.Buffer // the plan's ResultDev buffers (Harness.ResultDev)
 }
 
 // Harness is the engine side of one cache, and the oracle of what it must
@@ -135,6 +141,11 @@ type Harness struct {
 	// the whole step read into them (Result.Into): a prefetched hit is
 	// read into them during the "forward", and every row must be there.
 	ResultInto bool
+	// ResultDev begins every step with Plan.ResultDev buffers (host
+	// memory as the host device's buffers), sized for the step's whole
+	// Result, and makes MatCall of the whole step MaterializeDev into
+	// them: every row must be there, in place.
+	ResultDev bool
 	// Stride is the block table's stride of the plans (Stride by default).
 	Stride int
 
@@ -191,6 +202,8 @@ type Harness struct {
 	asyncOpen map[omnicache.StepID]bool
 	// resultInto: the ResultInto buffers of saved steps not consumed yet.
 	resultInto map[omnicache.StepID][][]byte
+	// resultDev: the ResultDev buffers of saved steps not consumed yet.
+	resultDev map[omnicache.StepID][]gpu.Buffer
 }
 
 // replaced models a replace of request id from position at: its length
@@ -259,6 +272,7 @@ func New(t testing.TB, cfg omnicache.Config) *Harness {
 		failedReq: map[omnicache.StepID]map[int64]bool{},
 		consumed:  map[omnicache.StepID]bool{}, served: map[omnicache.StepID]map[int64]bool{},
 		resultInto: map[omnicache.StepID][][]byte{},
+		resultDev:  map[omnicache.StepID][]gpu.Buffer{},
 		asyncOpen:  map[omnicache.StepID]bool{},
 		rows:       map[rowKey][]byte{},
 
@@ -387,6 +401,7 @@ func (h *Harness) Plan(st Step) *omnicache.Plan {
 	p.Preempted = append([]int64(nil), st.Preempted...)
 	p.Resumed = append([]int64(nil), st.Resumed...)
 	p.ResultInto = st.ResultInto
+	p.ResultDev = st.ResultDev
 	return p
 }
 
@@ -420,6 +435,11 @@ func (h *Harness) TryBegin(st Step) error {
 	if h.ResultInto && p.ResultInto == nil {
 		p.ResultInto = h.resultBufs(st)
 	}
+	if h.ResultDev && p.ResultDev == nil && p.ResultInto == nil {
+		for _, b := range h.resultBufs(st) {
+			p.ResultDev = append(p.ResultDev, gpu.Buffer{Host: b, Size: len(b)})
+		}
+	}
 	err := h.BeginPlan(p)
 	scribblePlan(p)
 	if err != nil {
@@ -428,6 +448,9 @@ func (h *Harness) TryBegin(st Step) error {
 	ps := &pendingStep{st: st, slots: map[int64][]int32{}, hits: map[int64][]int32{}, vers: map[int64]int{}}
 	if h.ResultInto {
 		ps.into = p.ResultInto // MatCall of the whole step reads into them (a test's own are its own to use)
+	}
+	if h.ResultDev || st.ResultDev != nil {
+		ps.dev = p.ResultDev // MatCall of the whole step: MaterializeDev into them
 	}
 	ps.undo = h.saveModel()
 	for id, at := range st.Replaced {

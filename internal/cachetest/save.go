@@ -150,9 +150,14 @@ func (h *Harness) afterSave(o *omnicache.Outputs, r saveResult) (omnicache.StepI
 	if _, dup := h.wants[r.id]; dup {
 		h.T.Errorf("%sSave returned step id %v again (ids are never reused)", h.prefix(), r.id)
 	}
-	if ps.into != nil {
+	if ps.into != nil || ps.dev != nil {
 		h.dmu.Lock()
-		h.resultInto[r.id] = ps.into
+		if ps.into != nil {
+			h.resultInto[r.id] = ps.into
+		}
+		if ps.dev != nil {
+			h.resultDev[r.id] = ps.dev
+		}
 		h.dmu.Unlock()
 	}
 	h.nsteps++
@@ -273,7 +278,11 @@ func (h *Harness) MatCall(id omnicache.StepID, reqs []int64, res *omnicache.Resu
 	var into func(error)
 	h.dmu.Lock()
 	bufs := h.resultInto[id]
+	dev := h.resultDev[id]
 	h.dmu.Unlock()
+	if dev != nil && reqs == nil && res != nil {
+		return h.matDev(id, res, dev)
+	}
 	switch {
 	case bufs != nil && reqs == nil && res != nil:
 		into = h.intoBufs(id, reqs, res, bufs)
@@ -536,60 +545,3 @@ func (h *Harness) expectSkip(id omnicache.StepID, rid int64, lo, n, got int) int
 
 // Steps is the number of steps saved through the harness.
 func (h *Harness) Steps() int { return h.nsteps }
-
-// into hands res buffers of its own for key rows (Result.Into), as many
-// rows as Cache.StepRows says, filled with a pattern no row has; the
-// returned check, given Materialize's error, requires that it failed as
-// StepRows did, or that every request's rows lie inside those buffers,
-// after each other (no copy into the Result's own memory), and no more
-// rows than StepRows said.
-func (h *Harness) into(id omnicache.StepID, reqs []int64, res *omnicache.Result) func(error) {
-	_, rows, _ := h.C.StepRows(id, reqs)
-	bufs := make([][]byte, len(h.Cfg.Keys))
-	for k, key := range h.Cfg.Keys {
-		bufs[k] = bytes.Repeat([]byte{0xA5}, rows*key.RowBytes)
-	}
-	return h.intoBufs(id, reqs, res, bufs)
-}
-
-// intoBufs is into with the buffers given: the step's ResultInto buffers
-// for a whole-step read (Harness.ResultInto).
-func (h *Harness) intoBufs(id omnicache.StepID, reqs []int64, res *omnicache.Result, bufs [][]byte) func(error) {
-	n, rows, serr := h.C.StepRows(id, reqs)
-	for k, key := range h.Cfg.Keys {
-		if len(bufs[k]) < rows*key.RowBytes { // a hit the plan did not show: buffers of the right size
-			bufs = make([][]byte, len(h.Cfg.Keys))
-			for k, key := range h.Cfg.Keys {
-				bufs[k] = bytes.Repeat([]byte{0xA5}, rows*key.RowBytes)
-			}
-			break
-		}
-	}
-	res.Into(bufs)
-	return func(err error) {
-		h.T.Helper()
-		if serr != nil {
-			require.Error(h.T, err, "%sMaterialize(%v) after StepRows failed with %v", h.prefix(), id, serr)
-			return
-		}
-		var re *omnicache.RequestError
-		if err != nil && !errors.As(err, &re) {
-			return // a whole-call failure: nothing served
-		}
-		require.Equal(h.T, n, res.Len(), "%sStepRows(%v): requests", h.prefix(), id)
-		for k, key := range h.Cfg.Keys {
-			end := 0
-			for i := 0; i < res.Len(); i++ {
-				off, m := res.Offset(i), res.Tokens(i)
-				require.GreaterOrEqual(h.T, off, end, "%srequest %d's rows overlap the one before", h.prefix(), res.ID(i))
-				require.LessOrEqual(h.T, off+m, rows, "%srequest %d's rows past the %d rows StepRows(%v) said", h.prefix(), res.ID(i), rows, id)
-				if m > 0 {
-					got := res.Rows(i, k)
-					lo := off * key.RowBytes
-					require.True(h.T, &got[0] == &bufs[k][lo], "%skey %q of request %d not served in the caller's buffer", h.prefix(), key.Name, res.ID(i))
-				}
-				end = off + m
-			}
-		}
-	}
-}

@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define OMNICACHE_ABI_VERSION 5 /* the struct layouts and calls below */
+#define OMNICACHE_ABI_VERSION 6 /* the struct layouts and calls below */
 #define OMNICACHE_VERSION_STRING "0.1.0"
 
 /* Error codes: stable numbers, never reused. */
@@ -254,6 +254,19 @@ int omnicache_discard_begin(uint64_t h, uint64_t discard, const omnicache_plan *
  * than the config's is OMNICACHE_ERR_PLAN. */
 int omnicache_discard_begin_into(uint64_t h, uint64_t discard, const omnicache_plan *plan, void *const *key_data,
 				 const int64_t *key_cap, int64_t nkeys);
+/* omnicache_discard_begin with, per key, a buffer of device memory of the
+ * cache's CUDA device (OMNICACHE_DEVICE_CUDA) for the step's rows, laid out
+ * as omnicache_discard_begin_into's, key_cap[k] bytes at key_data[k]
+ * (Plan.ResultDev): the step's prefetched hit rows are copied up into them
+ * while the forward runs, omnicache_save copies the step's own rows there
+ * device to device, and omnicache_materialize_dev of the step into the same
+ * buffers waits for those copies. event, when not 0, is a CUevent the
+ * caller recorded on its stream after its last use of the buffers: the
+ * library's copies into them start once it completed. Buffers smaller than
+ * the step's rows are left unused. Borrowed as omnicache_discard_begin_into's
+ * are. A cache on the host device is OMNICACHE_ERR_UNSUPPORTED. */
+int omnicache_discard_begin_dev(uint64_t h, uint64_t discard, const omnicache_plan *plan, void *const *key_data,
+				const int64_t *key_cap, int64_t nkeys, uint64_t event);
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step);
 int omnicache_abort(uint64_t h);
 int omnicache_sync(uint64_t h);
@@ -274,6 +287,14 @@ int omnicache_discard(uint64_t h, uint64_t step);
  * errs names each, and the code of the first failed request is returned. */
 int omnicache_materialize(uint64_t h, uint64_t step, const int64_t *reqs, int64_t nreqs,
 			  omnicache_result *res);
+/* omnicache_materialize of the whole step into device memory of the
+ * cache's CUDA device: res->key_data are device pointers (the rows laid
+ * out as omnicache_materialize lays them out). Into the step's own
+ * omnicache_discard_begin_dev buffers it waits for the rows moved while
+ * the engine worked and copies only what did not move; into others it
+ * copies every row up. The rows are in place when it returns. event as
+ * omnicache_discard_begin_dev's (the caller's last use of the buffers). */
+int omnicache_materialize_dev(uint64_t h, uint64_t step, omnicache_result *res, uint64_t event);
 /* How many requests, and rows per key at most, omnicache_materialize(h,
  * step, reqs, nreqs, ...) returns (each asked request's hit prefix and
  * scheduled tokens; rejected drafts and rows left out make fewer), without

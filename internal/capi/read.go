@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/omnicache/omnicache"
+	"github.com/omnicache/omnicache/gpu"
 )
 
 // scratch is a materialize call's Result and its view of the caller's
@@ -73,38 +74,9 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 	if err != nil {
 		return m.fail(err)
 	}
-	if cr == nil {
-		return m.fail(fmt.Errorf("%w: NULL result", errArgument))
-	}
-	if cr.cap_reqs < 0 || (cr.cap_reqs > 0 && (cr.prefix == nil || cr.tokens == nil)) {
-		return m.fail(fmt.Errorf("%w: result: %d request entries without prefix or tokens arrays", errArgument, int64(cr.cap_reqs)))
-	}
-	if int(cr.nkeys) != len(e.keys) {
-		return m.fail(fmt.Errorf("%w: result: %d key buffers for %d keys", errArgument, int64(cr.nkeys), len(e.keys)))
-	}
-	data, err := view[unsafe.Pointer](cr.key_data, cr.nkeys, "key_data")
+	data, q, rows, err := e.resultBuffers(step, reqs, nreqs, cr)
 	if err != nil {
 		return m.fail(err)
-	}
-	caps, err := view[int64](cr.key_cap, cr.nkeys, "key_cap")
-	if err != nil {
-		return m.fail(err)
-	}
-	// The sizes first: buffers that cannot hold the step's rows consume
-	// nothing, and buffers that can are the Result's own (no copy).
-	q, n, rows, err := e.stepRows(step, reqs, nreqs)
-	if err != nil {
-		return m.fail(err)
-	}
-	cr.n_reqs, cr.total_rows = C.int64_t(n), C.int64_t(rows)
-	short := int64(cr.cap_reqs) < int64(n)
-	for k, key := range e.keys {
-		if need := rows * key.RowBytes; caps[k] < int64(need) || (data[k] == nil && need > 0) {
-			short = true
-		}
-	}
-	if short {
-		return m.fail(fmt.Errorf("%w: step %d: %d requests and %d rows; call again with buffers that hold them", errShortBuffer, uint64(step), n, rows))
 	}
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)
@@ -129,7 +101,103 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 	if err != nil && !errors.As(err, &re) {
 		return m.fail(err)
 	}
-	n = res.Len()
+	fillResult(cr, res)
+	compact(res, into, e.keys)
+	if err != nil {
+		m.fail(err)
+		return code(re.Errs[0]) // the first failed request's cause
+	}
+	return C.OMNICACHE_OK
+}
+
+//export ocgo_materialize_dev
+func ocgo_materialize_dev(h C.uint64_t, step C.uint64_t, cr *C.omnicache_result, ev C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	m := msgBuf{mp, mcap, mn}
+	defer m.recoverInto(&rc)
+	e, err := lookup(uint64(h))
+	if err != nil {
+		return m.fail(err)
+	}
+	if e.dev == nil {
+		return m.fail(fmt.Errorf("%w: device buffers for a cache on the host device (OMNICACHE_DEVICE_CUDA, a cuda build)", errUnsupported))
+	}
+	if cr == nil {
+		return m.fail(fmt.Errorf("%w: NULL result", errArgument))
+	}
+	bufs, err := e.devBuffers(cr.key_data, cr.key_cap, cr.nkeys)
+	if err != nil {
+		return m.fail(err)
+	}
+	if _, _, _, err = e.resultBuffers(step, nil, 0, cr); err != nil {
+		return m.fail(err)
+	}
+	if err := e.waitEvent(uintptr(ev)); err != nil {
+		return m.fail(err)
+	}
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	res := &sc.res
+	err = e.c.MaterializeDev(omnicache.StepID(step), bufs, res)
+	var re *omnicache.RequestError
+	if err != nil && !errors.As(err, &re) {
+		return m.fail(err)
+	}
+	fillResult(cr, res)
+	if cerr := compactDev(e.dev, res, bufs, e.keys); cerr != nil {
+		return m.fail(fmt.Errorf("%w: %w", omnicache.ErrWriteFailed, cerr))
+	}
+	if err != nil {
+		m.fail(err)
+		return code(re.Errs[0]) // the first failed request's cause
+	}
+	return C.OMNICACHE_OK
+}
+
+// resultBuffers checks a materialize call's result struct against the
+// step's sizes (Cache.StepRows of reqs): the request entries and key
+// buffers must hold them, else errShortBuffer with n_reqs and total_rows
+// set to the sizes needed. It returns the key buffers, the request list
+// and the rows per key.
+func (e *entry) resultBuffers(step C.uint64_t, reqs *C.int64_t, nreqs C.int64_t, cr *C.omnicache_result) (data []unsafe.Pointer, q []int64, rows int, err error) {
+	if cr == nil {
+		return nil, nil, 0, fmt.Errorf("%w: NULL result", errArgument)
+	}
+	if cr.cap_reqs < 0 || (cr.cap_reqs > 0 && (cr.prefix == nil || cr.tokens == nil)) {
+		return nil, nil, 0, fmt.Errorf("%w: result: %d request entries without prefix or tokens arrays", errArgument, int64(cr.cap_reqs))
+	}
+	if int(cr.nkeys) != len(e.keys) {
+		return nil, nil, 0, fmt.Errorf("%w: result: %d key buffers for %d keys", errArgument, int64(cr.nkeys), len(e.keys))
+	}
+	if data, err = view[unsafe.Pointer](cr.key_data, cr.nkeys, "key_data"); err != nil {
+		return nil, nil, 0, err
+	}
+	caps, err := view[int64](cr.key_cap, cr.nkeys, "key_cap")
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	// The sizes first: buffers that cannot hold the step's rows consume
+	// nothing, and buffers that can are the Result's own (no copy).
+	q, n, rows, err := e.stepRows(step, reqs, nreqs)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	cr.n_reqs, cr.total_rows = C.int64_t(n), C.int64_t(rows)
+	short := int64(cr.cap_reqs) < int64(n)
+	for k, key := range e.keys {
+		if need := rows * key.RowBytes; caps[k] < int64(need) || (data[k] == nil && need > 0) {
+			short = true
+		}
+	}
+	if short {
+		return nil, nil, 0, fmt.Errorf("%w: step %d: %d requests and %d rows; call again with buffers that hold them", errShortBuffer, uint64(step), n, rows)
+	}
+	return data, q, rows, nil
+}
+
+// fillResult writes res's requests (ids, prefixes, rows, errors, first
+// positions) and their rows into the result struct.
+func fillResult(cr *C.omnicache_result, res *omnicache.Result) {
+	n := res.Len()
 	total := 0
 	for i := 0; i < n; i++ {
 		total += res.Tokens(i)
@@ -160,12 +228,38 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 			from[i] = int32(res.From(i))
 		}
 	}
-	compact(res, into, e.keys)
-	if err != nil {
-		m.fail(err)
-		return code(re.Errs[0]) // the first failed request's cause
+}
+
+// compactDev is compact for rows in device buffers (MaterializeDev): a
+// request's rows after a gap move down over it device to device, in
+// pieces no longer than the gap (a copy's source and destination must not
+// overlap), then the copies are waited for.
+func compactDev(d gpu.Device, res *omnicache.Result, bufs []gpu.Buffer, keys []omnicache.Key) error {
+	moved := false
+	for k, key := range keys {
+		rb := key.RowBytes
+		at := 0
+		for i := 0; i < res.Len(); i++ {
+			off, n := res.Offset(i), res.Tokens(i)
+			for gap := off - at; gap > 0 && n > 0; {
+				m := min(n, gap)
+				if err := d.CopyDtoD(bufs[k], at*rb, bufs[k], off*rb, m*rb); err != nil {
+					return err
+				}
+				moved = true
+				at, off, n = at+m, off+m, n-m
+			}
+			at += n
+		}
 	}
-	return C.OMNICACHE_OK
+	if !moved {
+		return nil
+	}
+	ev, err := d.Record()
+	if err == nil {
+		err = d.Wait(ev)
+	}
+	return err
 }
 
 // compact lays each key's rows out request after request from the start

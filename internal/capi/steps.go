@@ -69,6 +69,73 @@ func ocgo_discard_begin_into(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan
 	return m.fail(e.begin(cp))
 }
 
+//export ocgo_discard_begin_dev
+func ocgo_discard_begin_dev(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, kd *unsafe.Pointer, kc *C.int64_t,
+	nkeys C.int64_t, ev C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	m := msgBuf{mp, mcap, mn}
+	defer m.recoverInto(&rc)
+	e, err := lookup(uint64(h))
+	if err != nil {
+		return m.fail(err)
+	}
+	bufs, err := e.devBuffers(kd, kc, nkeys)
+	if err != nil {
+		return m.fail(err)
+	}
+	if step != 0 {
+		if err := e.c.Discard(omnicache.StepID(step)); err != nil {
+			return m.fail(err) // nothing begun
+		}
+	}
+	// The library's copies into the buffers (the committer's during the
+	// forward, Save's) start once the caller's last use of them did.
+	if err := e.waitEvent(uintptr(ev)); err != nil {
+		return m.fail(err)
+	}
+	e.plan.ResultDev = bufs
+	return m.fail(e.begin(cp))
+}
+
+// devBuffers views nkeys device buffers (pointers kd, capacities in bytes
+// kc) of the cache's CUDA device.
+func (e *entry) devBuffers(kd *unsafe.Pointer, kc *C.int64_t, nkeys C.int64_t) ([]gpu.Buffer, error) {
+	if e.dev == nil {
+		return nil, fmt.Errorf("%w: device buffers for a cache on the host device (OMNICACHE_DEVICE_CUDA, a cuda build)", errUnsupported)
+	}
+	data, err := view[unsafe.Pointer](kd, nkeys, "key_data")
+	if err != nil {
+		return nil, err
+	}
+	caps, err := view[int64](kc, nkeys, "key_cap")
+	if err != nil {
+		return nil, err
+	}
+	bufs := make([]gpu.Buffer, len(data))
+	for k := range data {
+		if caps[k] < 0 || (data[k] == nil && caps[k] > 0) {
+			return nil, fmt.Errorf("%w: key_data[%d] %p with capacity %d", errArgument, k, data[k], caps[k])
+		}
+		bufs[k] = gpu.Buffer{Ptr: uintptr(data[k]), Size: int(caps[k])}
+	}
+	return bufs, nil
+}
+
+// waitEvent makes the device's stream wait for ev, a CUevent the caller
+// recorded on its own stream (0: none).
+func (e *entry) waitEvent(ev uintptr) error {
+	if ev == 0 {
+		return nil
+	}
+	w, ok := e.dev.(waiter)
+	if !ok {
+		return fmt.Errorf("%w: the device cannot wait for an event", errUnsupported)
+	}
+	if err := w.WaitExternal(ev); err != nil {
+		return fmt.Errorf("%w: %w", omnicache.ErrOutputs, err)
+	}
+	return nil
+}
+
 //export ocgo_begin
 func ocgo_begin(h C.uint64_t, cp *C.omnicache_plan, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
@@ -193,16 +260,9 @@ func ocgo_save(h C.uint64_t, co *C.omnicache_outputs, step *C.uint64_t, mp *C.ch
 	// stream start once they completed (a wait enqueued for a Save that
 	// then fails delays nothing but the stream).
 	for k := range ts {
-		if ev := uintptr(ts[k].event); ev != 0 {
-			w, ok := e.dev.(waiter)
-			if !ok {
-				clear(o.Tensors)
-				return fail(fmt.Errorf("%w: key %q: the device cannot wait for an event", errUnsupported, e.keys[k].Name))
-			}
-			if err := w.WaitExternal(ev); err != nil {
-				clear(o.Tensors)
-				return fail(fmt.Errorf("%w: key %q: %w", omnicache.ErrOutputs, e.keys[k].Name, err))
-			}
+		if err := e.waitEvent(uintptr(ts[k].event)); err != nil {
+			clear(o.Tensors)
+			return fail(fmt.Errorf("key %q: %w", e.keys[k].Name, err))
 		}
 	}
 	o.Accepted = acc

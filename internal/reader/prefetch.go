@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/errs"
 	"github.com/omnicache/omnicache/internal/hostmem"
 	"github.com/omnicache/omnicache/internal/scratch"
@@ -60,6 +61,9 @@ type Options struct {
 	// Budget bounds the bytes of prefetch buffers held by unconsumed steps
 	// (and the idle buffers kept for reuse).
 	Budget int64
+	// Dev is the cache's device: a step with device result buffers has
+	// its prefetched hit rows copied up on it (device.go).
+	Dev gpu.Device
 }
 
 // DefaultAheadWait bounds how long the consumer of a prefetched step
@@ -253,9 +257,9 @@ func (s *Step) RunInOrder(failed bool) {
 	// failed claim looks again rather than take the state it saw before for
 	// the one now. Buffers taken for a read the consumer served go back to
 	// the pool with the step's release.
-	caller := len(s.into) > 0
+	caller := len(s.into) > 0 || len(s.dev) > 0
 	if caller {
-		s.pfMu.Lock() // until the read into the engine's buffers is done (settle)
+		s.pfMu.Lock() // until the read (and copy up) into the engine's buffers is done (settle)
 	}
 	claimed := false
 	if !failed && s.pfState.CompareAndSwap(pfQueued, pfAlloc) {
@@ -291,6 +295,9 @@ claim:
 				r.takeBuffers(s)
 			}
 			r.readInOrder(s)
+			if len(s.dev) > 0 {
+				r.copyUp(s)
+			}
 		}
 	}
 	if caller {
@@ -359,14 +366,15 @@ func (r *Reader) release(s *Step) {
 }
 
 // settle waits until no read writes into the engine's buffers of s
-// (Plan.ResultInto) any more: the consumer calls it before it gives s
+// (Plan.ResultInto, Plan.ResultDev) any more: the consumer calls it before it gives s
 // up, so that the buffers are the engine's again when its call returns. A
 // read the committer has not claimed by then never starts (the consumer
 // took it, or cancelled it first); one it claimed holds pfMu until done.
 func (r *Reader) settle(s *Step) {
-	if len(s.into) > 0 {
+	if len(s.into) > 0 || len(s.dev) > 0 {
 		s.pfMu.Lock()
 		s.pfMu.Unlock() //nolint:staticcheck // an empty critical section: the wait is the point
+		r.settleDev(s)  // and the copy up into the engine's device buffers (Plan.ResultDev)
 	}
 }
 
@@ -384,6 +392,7 @@ func (r *Reader) drop(s *Step, consumer bool) bool {
 			return false
 		}
 	}
+	r.settleDev(s) // no copy up from the read's buffers in flight
 	for k, b := range s.pf {
 		if len(s.into) == 0 { // the engine's buffers are not the pool's
 			r.pool.put(b)

@@ -48,6 +48,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/scratch"
 	"github.com/omnicache/omnicache/internal/writer"
 )
@@ -136,6 +137,13 @@ type Step struct {
 	// whichever of Cancel and the last Release is first.
 	pfCharge atomic.Int64
 	hold     atomic.Int32
+	// device results (device.go): the step's device buffers for its
+	// Result (Plan.ResultDev), the event of the committer's copy of the
+	// hit rows up into them (devUp once issued) or its failure.
+	dev    []gpu.Buffer
+	devEv  gpu.Event
+	devErr error
+	devUp  bool
 }
 
 // Step.pfState values.
@@ -188,6 +196,7 @@ func (s *Step) Reset(nkeys int) {
 	clear(s.pfErr)
 	s.pfErr = s.pfErr[:0]
 	s.pfFailed, s.noBudget = false, false
+	s.resetDev()
 	// The record is not shared while it is reset: store only what changed
 	// (an atomic store is an exchange on amd64).
 	if s.pfState.Load() != pfQueued {

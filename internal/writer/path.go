@@ -378,6 +378,10 @@ func (p *Path) Err() error {
 	return nil
 }
 
+// Fail makes err, a failed device call of the cache's own (a copy into
+// the engine's device buffers), the sticky failure, as fail.
+func (p *Path) Fail(err error) error { return p.fail(err) }
+
 // fail makes err sticky (the first failure wins) and returns the sticky
 // error, which matches errs.WriteFailed.
 func (p *Path) fail(err error) error {

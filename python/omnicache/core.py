@@ -178,21 +178,48 @@ class Cache(_Engine):
         Buffers too small are left unused. The cache borrows them until the
         step is consumed (its materialize, discard or abort returned, or its
         save failed) or the cache closed: keep them alive and do not write
-        them meanwhile."""
+        them meanwhile.
+
+        CUDA tensors of the cache's device (a cache made with cuda_device)
+        instead put the step's rows on the device (Plan.ResultDev): the
+        prefetched hit rows are copied up into them while the forward runs,
+        save copies the step's own rows there device to device, and
+        materialize of the whole step into them waits for those copies
+        rather than copy. The library's copies into them start after the
+        work issued so far on the current CUDA stream (an event recorded
+        there)."""
         if type(plan) is not Plan:
             raise ArgumentTypeError("omnicache: begin_into: plan is a %s; want a Plan" % type(plan).__name__)
         keys = self.keys
         if len(into) != len(keys):
             raise ArgumentError("omnicache: begin_into: %d buffers for %d keys" % (len(into), len(keys)))
         kd, kc = self._kd(), self._kc()
+        devs = 0
         for i, (k, b) in enumerate(zip(keys, into)):
-            ptr, nbytes, _, _, dev, _ = _rows(b, k.row_bytes, k.name)
+            ptr, nbytes, _, _, dev, _ = _rows(b, k.row_bytes, k.name, self.cuda_device)
             kd[i], kc[i] = ptr, nbytes
+            devs += dev
+        if devs not in (0, len(keys)):
+            raise ArgumentError("omnicache: begin_into: %d of %d buffers are CUDA tensors: all or none" % (devs, len(keys)))
         discard = 0 if discard is None else _step(discard, "discard")
-        rc = _ffi.lib().omnicache_discard_begin_into(self._h, discard, plan._ref, kd, kc, len(keys))
+        if devs:
+            ev = self._stream_event()
+            rc = _ffi.lib().omnicache_discard_begin_dev(self._h, discard, plan._ref, kd, kc, len(keys), ev.cuda_event)
+        else:
+            rc = _ffi.lib().omnicache_discard_begin_into(self._h, discard, plan._ref, kd, kc, len(keys))
         if rc:
             _raise(rc)
         self._plan = plan
+
+    def _stream_event(self):
+        """An event recorded on the current CUDA stream of the cache's
+        device: the library's copies into the caller's device buffers wait
+        for it (it is kept alive until the call that passes it returned)."""
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.cuda_device))
+        return ev
 
     def _save_py(self, outputs, tokens=None, padded=None, accepted=None):
         """save(outputs, tokens=None, padded=None, accepted=None): save the
@@ -290,7 +317,14 @@ class Cache(_Engine):
         dimension is rows, at least ``rows``, of key.row_bytes bytes each
         (e.g. ``torch.empty((rows, 2048))`` for rows of 2048 float32, or
         pinned memory); by default numpy uint8 ``[rows, key.row_bytes]``.
-        Result.split(key) gives each request's rows as views of it."""
+        Result.split(key) gives each request's rows as views of it.
+
+        With a cache on a CUDA device, alloc may return CUDA tensors of it
+        (for the whole step only, reqs None): the rows are put there, the
+        copies complete when it returns; into the step's own begin_into
+        buffers it waits for the rows that moved while the engine worked.
+        The library's writes start after the work issued so far on the
+        current CUDA stream."""
         step = _step(step)
         rp, rn, keep = None, -1, None
         if reqs is not None:
@@ -314,19 +348,28 @@ class Cache(_Engine):
             a = meta.ctypes.data
             res.cap_reqs, res.ids, res.prefix, res.tokens, res.errs, res.from_ = (
                 n, a, a + 8 * n, a + 12 * n, a + 16 * n, a + 20 * n)
-            bufs = []
+            bufs, devs = [], 0
             for i, k in enumerate(keys):
                 if alloc is None:
                     b = np.empty((rows, k.row_bytes), np.uint8)
                     kd[i], kc[i] = b.ctypes.data, b.nbytes
                 else:
                     b = alloc(k, rows)
-                    ptr, nbytes, got, b, _, _ = _rows(b, k.row_bytes, k.name)
+                    ptr, nbytes, got, b, dev, _ = _rows(b, k.row_bytes, k.name, self.cuda_device)
                     if got < rows:
                         raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, got))
                     kd[i], kc[i] = ptr, nbytes
+                    devs += dev
                 bufs.append(b)
-            rc = self._materialize(h, step, rp, rn, ctypes.addressof(res))
+            if not devs:
+                rc = self._materialize(h, step, rp, rn, ctypes.addressof(res))
+            elif devs != len(keys) or reqs is not None:
+                raise ArgumentError("omnicache: materialize: alloc returned %d CUDA tensors for %d keys%s: device buffers "
+                                    "take every key of the whole step (reqs None)"
+                                    % (devs, len(keys), "" if reqs is None else " and reqs were given"))
+            else:
+                ev = self._stream_event()
+                rc = _ffi.lib().omnicache_materialize_dev(h, step, ctypes.addressof(res), ev.cuda_event)
             if rc != ShortBufferError.code:
                 break
             n, rows = res.n_reqs, res.total_rows

@@ -118,3 +118,46 @@ def test_accepted_rows_on_cuda():
     assert list(r.prefix) == [8] and list(r.from_) == [0]
     assert torch.equal(rows(r), torch.cat([h1, h2[:2], h3, h4]))
     c.close()
+
+
+def test_device_result_buffers():
+    """begin_into with CUDA tensors: the hit rows are copied up during the
+    forward, save puts the step's rows there, materialize into the same
+    tensors returns them in place; into other CUDA tensors every row is
+    copied up; with a draft rejected the rows after it move down."""
+    c = cache()
+    table = np.arange(32, dtype=np.int32).reshape(2, 16)
+    h1 = torch.randn(8, 4, device="cuda")
+    s = torch.cuda.Stream()
+    c.begin(ids=[1], rows=[0], start=[0], count=[8], table=table, arrivals=[1])
+    c.discard(c.save({"hidden": h1, "mm": None}))
+    for other in (False, True):
+        rid = 2 + other
+        plan = oc.Plan(ids=[rid], rows=[1], start=[8], count=[3], table=table, arrivals=[rid], hit_tokens=[8],
+                       hit_blocks=[0, 1], finished=[rid - 1] if other else None)
+        into = [torch.full((11, 4), 5.0, device="cuda"), torch.full((11, 2), 5.0, device="cuda")]
+        c.begin_into(plan, into)
+        h = torch.randn(3, 4, device="cuda")
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)  # the forward, still running when save is called
+            out = h * 1.0
+            sid = c.save({"hidden": out, "mm": None})
+            out.fill_(9)  # save returned: the rows were copied
+        bufs = [torch.empty_like(b) for b in into] if other else into
+        r = c.materialize(sid, alloc=lambda k, rows: bufs[c.keys.index(k)][:rows])
+        got = r.split("hidden")[0].view(torch.float32)
+        assert got.data_ptr() == bufs[0].data_ptr()
+        assert torch.equal(got, torch.cat([h1, h]))
+        assert not r.split("mm")[0].any(), "the omitted key's rows are zeros"
+        assert list(r.prefix) == [8]
+    c.begin(ids=[1, 3], rows=[0, 1], start=[8, 11], count=[3, 2], table=table)
+    d = [torch.zeros(5, 4, device="cuda"), torch.zeros(5, 2, device="cuda")]
+    h = torch.randn(5, 4, device="cuda")
+    r = c.materialize(c.save({"hidden": h, "mm": None}, accepted=[1, 2]),
+                      alloc=lambda k, rows: d[c.keys.index(k)][:rows])
+    assert list(r.tokens) == [1, 2]
+    assert torch.equal(r.keys["hidden"].view(torch.float32)[:3], torch.cat([h[:1], h[3:]]))
+    with pytest.raises(ValueError, match="whole step"):
+        c.begin(ids=[1], rows=[0], start=[9], count=[1], table=table)
+        c.materialize(c.save({"hidden": h[:1], "mm": None}), reqs=[1], alloc=lambda k, rows: d[c.keys.index(k)][:rows])
+    c.close()

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/omnicache/omnicache/gpu"
 	"github.com/omnicache/omnicache/internal/hist"
 	"github.com/omnicache/omnicache/internal/reader"
 	"github.com/omnicache/omnicache/internal/scratch"
@@ -169,17 +170,17 @@ func (c *Cache) Save(o *Outputs) (StepID, error) {
 	}
 	ws.Into = e.into
 	var err error
-	dev := len(e.resultDev) > 0
-	if dev {
-		err = c.saveDev(o, rec) // ahead of the write path's copies of the same rows
+	var devEv gpu.Event
+	if len(e.resultDev) > 0 {
+		devEv, err = c.saveDev(o, rec) // ahead of the write path's copies of the same rows
 	}
 	if err == nil {
 		err = c.path.Save(ws, &rec.Refs)
 	}
-	if dev {
+	if devEv != 0 {
 		// The engine's tensors read and its buffers written before Save
 		// returns (a failed Save's too).
-		if werr := c.waitDev(); err == nil {
+		if werr := c.waitDev(devEv); err == nil {
 			err = werr
 		}
 	}

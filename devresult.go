@@ -63,8 +63,11 @@ func (c *Cache) resultDevFor(dev []gpu.Buffer) {
 // tensors device to device, host tensors host to device, an omitted key's
 // rows zeroed. Issued on the device's stream before the write path sees
 // the step, so that Save's wait for its clones (or the wait that follows)
-// covers them. A copy that fails is the sticky failure.
-func (c *Cache) saveDev(o *Outputs, rec *reader.Step) error {
+// covers them; it returns the event that marks them done, which Save
+// waits for (an event of its own: the committer's copies of the step
+// that follow on the stream are not waited for). A copy that fails is the
+// sticky failure.
+func (c *Cache) saveDev(o *Outputs, rec *reader.Step) (gpu.Event, error) {
 	e := &c.eng
 	if len(rec.ResultDev()) == 0 { // a hit step planned at Begin has them (its committer may be reading them)
 		rec.SetResultDev(e.resultDev)
@@ -105,13 +108,17 @@ func (c *Cache) saveDev(o *Outputs, rec *reader.Step) error {
 				err = c.zeroDev(dst, at, nb)
 			}
 			if err != nil {
-				return c.path.Fail(fmt.Errorf("copying step rows into ResultDev: %w", err))
+				return 0, c.path.Fail(fmt.Errorf("copying step rows into ResultDev: %w", err))
 			}
 			src += nb
 			i = j
 		}
 	}
-	return nil
+	ev, err := d.Record()
+	if err != nil {
+		return 0, c.path.Fail(fmt.Errorf("copying step rows into ResultDev: %w", err))
+	}
+	return ev, nil
 }
 
 // zeroDev zeroes n bytes of b from off (host to device, from a zero
@@ -129,10 +136,14 @@ func (c *Cache) zeroDev(b gpu.Buffer, off, n int) error {
 	return nil
 }
 
-// waitDev waits for the device copies issued so far; a failure is sticky.
-func (c *Cache) waitDev() error {
+// waitDev waits for the device copies issued up to ev (0: all issued so
+// far); a failure is sticky.
+func (c *Cache) waitDev(ev gpu.Event) error {
 	d := c.cfg.Device
-	ev, err := d.Record()
+	var err error
+	if ev == 0 {
+		ev, err = d.Record()
+	}
 	if err == nil {
 		err = d.Wait(ev)
 	}
@@ -155,8 +166,15 @@ func (c *Cache) waitDev() error {
 // and copies every row up. A request not served has its rows zeroed and
 // Err set, as with Materialize (*RequestError). The copies are complete
 // when it returns. Buffers too small (or not the device's), or as many as
-// the keys, are ErrOutputs and consume nothing. Any goroutine.
-func (c *Cache) MaterializeDev(id StepID, bufs []gpu.Buffer, dst *Result) error {
+// the keys, are ErrOutputs and consume nothing.
+//
+// ready, when not nil, runs once before the first copy MaterializeDev
+// issues into bufs, and not at all when every row is in place already:
+// the C ABI makes the device's stream wait for the caller's stream there
+// (gpu.CUDA.WaitStream), so that only a call that writes pays for it. Its
+// error fails the call (ErrOutputs wrapping it; the step is consumed,
+// nothing delivered). Any goroutine.
+func (c *Cache) MaterializeDev(id StepID, bufs []gpu.Buffer, dst *Result, ready func() error) error {
 	if err := c.enter(); err != nil {
 		return err
 	}
@@ -185,7 +203,7 @@ func (c *Cache) MaterializeDev(id StepID, bufs []gpu.Buffer, dst *Result) error 
 	dst.into = nil // no host buffers to clash with the step's; rows read on the host go to dst's own memory
 	sv, imp, err := c.take(id, nil, dst)
 	if err == nil {
-		err = c.readDev(sv.rec, bufs, dst, imp)
+		err = c.readDev(sv.rec, bufs, dst, imp, ready)
 	}
 	dst.into = into
 	if sv.rec == nil {
@@ -203,7 +221,7 @@ func (c *Cache) MaterializeDev(id StepID, bufs []gpu.Buffer, dst *Result) error 
 
 // readDev serves the taken step rec into bufs (MaterializeDev) and
 // releases rec.
-func (c *Cache) readDev(rec *reader.Step, bufs []gpu.Buffer, dst *Result, imp *tierlink.Import) error {
+func (c *Cache) readDev(rec *reader.Step, bufs []gpu.Buffer, dst *Result, imp *tierlink.Import, ready func() error) error {
 	if err := c.readable(rec); err != nil {
 		return err
 	}
@@ -227,7 +245,16 @@ func (c *Cache) readDev(rec *reader.Step, bufs []gpu.Buffer, dst *Result, imp *t
 	if imp != nil {
 		c.failImports(imp, dst)
 	}
-	d := c.cfg.Device
+	// Copies only where rows did not move already (a fallback read, a
+	// failed request): the rows that moved were waited for (Save, ReadDev),
+	// and a wait here would also wait for the committer's copies of later
+	// steps on the same stream.
+	d, issued := c.cfg.Device, !done || dst.nfail > 0
+	if issued && ready != nil {
+		if err := ready(); err != nil {
+			return fmt.Errorf("%w: before copying into the device buffers: %w", ErrOutputs, err)
+		}
+	}
 	for k, rb := range c.lay.RowBytes {
 		if !done {
 			err = d.CopyHtoD(bufs[k], 0, dst.keys[k][:dst.rows()*rb]) // failed requests' rows are zeros
@@ -242,11 +269,28 @@ func (c *Cache) readDev(rec *reader.Step, bufs []gpu.Buffer, dst *Result, imp *t
 			return c.path.Fail(fmt.Errorf("copying a Result up into device buffers: %w", err))
 		}
 	}
-	if err := c.waitDev(); err != nil {
-		return err
+	if issued {
+		if err := c.waitDev(0); err != nil {
+			return err
+		}
 	}
 	c.cutRows(trimmed, dst)
 	return c.check()
+}
+
+// OwnResultDev reports whether bufs are the Plan.ResultDev buffers step id
+// keeps (begun with them, each holding the step's rows): MaterializeDev
+// into them finds the rows that moved while the engine worked.
+// ErrUnknownStep as Materialize. Any goroutine.
+func (c *Cache) OwnResultDev(id StepID, bufs []gpu.Buffer) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, sv := range c.steps {
+		if sv.rec.ID == uint64(id) {
+			return sameBuffers(sv.rec.ResultDev(), bufs), nil
+		}
+	}
+	return false, fmt.Errorf("%w: %d", ErrUnknownStep, id)
 }
 
 // sameBuffers reports whether bufs are the step's ResultDev buffers (the

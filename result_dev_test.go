@@ -64,6 +64,7 @@ func TestResultDevInPlace(t *testing.T) {
 	used := h.Stats().PrefetchUsed
 	h.Mat(sid)
 	assert.Equal(t, used+1, h.Stats().PrefetchUsed, "the prefetch served the step")
+	assert.Zero(t, h.DevReady, "nothing copied: ready never ran")
 	for k, b := range dev {
 		require.Equal(t, before[k], b.Host[:10*h.Cfg.Keys[k].RowBytes], "key %d: the rows found in place", k)
 	}
@@ -82,6 +83,7 @@ func TestResultDevNotPrefetched(t *testing.T) {
 	require.True(t, unwritten(dev[0].Host[:8*rb]), "no prefix rows before MaterializeDev")
 	require.False(t, unwritten(dev[0].Host[8*rb:10*rb]), "the step's rows from Save")
 	h.Mat(sid)
+	assert.Equal(t, 1, h.DevReady, "ready ran before the copies")
 }
 
 // MaterializeDev into buffers other than the step's ResultDev reads the
@@ -91,7 +93,9 @@ func TestResultDevOtherBuffers(t *testing.T) {
 	sid := devHit(h, devBufs(h, 10))
 	other := devBufs(h, 10)
 	var res omnicache.Result
-	require.NoError(t, h.C.MaterializeDev(sid, other, &res))
+	ready := 0
+	require.NoError(t, h.C.MaterializeDev(sid, other, &res, func() error { ready++; return nil }))
+	require.Equal(t, 1, ready, "ready ran once, before the copies")
 	require.NoError(t, h.Verify(sid, nil, &res))
 	require.Same(t, &other[0].Host[0], &res.Rows(0, 0)[0], "the rows are in the buffers given")
 }
@@ -110,12 +114,12 @@ func TestResultDevTooSmall(t *testing.T) {
 	}
 	st := h.Stats()
 	var res omnicache.Result
-	require.ErrorIs(t, h.C.MaterializeDev(sid, small, &res), omnicache.ErrOutputs)
-	require.ErrorIs(t, h.C.MaterializeDev(sid, small[:1], &res), omnicache.ErrOutputs, "one buffer for two keys")
-	require.ErrorIs(t, h.C.MaterializeDev(sid, devBufs(h, 10), nil), omnicache.ErrOutputs, "a nil Result")
+	require.ErrorIs(t, h.C.MaterializeDev(sid, small, &res, nil), omnicache.ErrOutputs)
+	require.ErrorIs(t, h.C.MaterializeDev(sid, small[:1], &res, nil), omnicache.ErrOutputs, "one buffer for two keys")
+	require.ErrorIs(t, h.C.MaterializeDev(sid, devBufs(h, 10), nil, nil), omnicache.ErrOutputs, "a nil Result")
 	require.Equal(t, st, h.Stats(), "nothing changed")
 	other := devBufs(h, 10)
-	require.NoError(t, h.C.MaterializeDev(sid, other, &res))
+	require.NoError(t, h.C.MaterializeDev(sid, other, &res, nil))
 	require.NoError(t, h.Verify(sid, nil, &res))
 }
 
@@ -181,7 +185,7 @@ func TestResultDevSettles(t *testing.T) {
 	settles(t, func(p *omnicache.Plan, buf []byte) { p.ResultDev = dev(buf) },
 		func(c *omnicache.Cache, id omnicache.StepID, buf []byte) []byte {
 			var res omnicache.Result
-			require.NoError(t, c.MaterializeDev(id, dev(buf), &res))
+			require.NoError(t, c.MaterializeDev(id, dev(buf), &res, nil))
 			return res.Rows(0, 0)
 		})
 }

@@ -106,6 +106,9 @@ type CUDA struct {
 	done uint64    // every handle <= done has completed
 	pend []evEntry // recorded events not yet recycled, handles consecutive
 	free []cuEvent
+	// streamEv is the event WaitStream records on callers' streams (nil
+	// until the first).
+	streamEv cuEvent
 }
 
 // devAlloc is a live Alloc allocation: its size and whether it came from
@@ -522,6 +525,10 @@ func (d *CUDA) Close() error {
 		eventDestroy(ev)
 	}
 	d.free = nil
+	if d.streamEv != nil {
+		eventDestroy(d.streamEv)
+		d.streamEv = nil
+	}
 	d.evMu.Unlock()
 	d.memMu.Lock()
 	for _, l := range d.spare {

@@ -366,14 +366,25 @@ func TestCUDAResultIntoPrefill(t *testing.T) {
 	}
 }
 
-func testCUDAResultIntoPrefill(t *testing.T, pinned, direct bool) {
-	const rb, tok, bs, hit = 128 << 10, 64, 16, 32 // 8 MiB, then 32 hit rows and 48 computed (6 MiB)
+// The prefill tests' cache: 128 KiB rows, a 64-token page (8 MiB), 16
+// blocks of 16, the decode buffer off.
+const prefillRB, prefillTok, prefillBS = 128 << 10, 64, 16
+
+// prefillCache is a CUDA device and the prefill tests' cache on it
+// (MirrorDirect when direct), closed when the test ends.
+func prefillCache(t *testing.T, direct bool) (gpu.Device, *omnicache.Cache) {
 	d := newCUDA(t, gpu.CUDAOptions{})
-	c, err := omnicache.New(omnicache.Config{NumBlocks: 16, BlockSize: bs, StagingCapacityTokens: tok,
-		Keys: []omnicache.Key{{Name: "hidden", RowBytes: rb}}, DisableDecodeBuffer: true, Device: d,
+	c, err := omnicache.New(omnicache.Config{NumBlocks: 16, BlockSize: prefillBS, StagingCapacityTokens: prefillTok,
+		Keys: []omnicache.Key{{Name: "hidden", RowBytes: prefillRB}}, DisableDecodeBuffer: true, Device: d,
 		MirrorDirect: direct})
 	must(t, err)
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return d, c
+}
+
+func testCUDAResultIntoPrefill(t *testing.T, pinned, direct bool) {
+	const rb, tok, bs, hit = prefillRB, prefillTok, prefillBS, 32 // 8 MiB, then 32 hit rows and 48 computed (6 MiB)
+	d, c := prefillCache(t, direct)
 	buf := func(n int) []byte {
 		if !pinned {
 			return make([]byte, n)
@@ -426,5 +437,82 @@ func testCUDAResultIntoPrefill(t *testing.T, pinned, direct bool) {
 	must(t, c.Peek(0, sl, peek))
 	if !bytes.Equal(peek, next[:n2*rb]) {
 		t.Fatal("the mirror's rows of the hit step differ")
+	}
+}
+
+// Plan.ResultDev on the CUDA device: a prefill's rows put into the
+// engine's device buffer by Save (device to device), a hit's prefix copied
+// up by the committer during the "forward" (staged or MirrorDirect), and
+// MaterializeDev into the same buffers finding every row there; into
+// other device buffers every row is copied up.
+func TestCUDAResultDev(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) { testCUDAResultDev(t, direct) })
+	}
+}
+
+func testCUDAResultDev(t *testing.T, direct bool) {
+	const rb, tok, bs, hit, n2 = prefillRB, prefillTok, prefillBS, 32, 48
+	d, c := prefillCache(t, direct)
+	alloc := func(n int) gpu.Buffer {
+		b, err := d.Alloc(n)
+		must(t, err)
+		t.Cleanup(func() { d.Free(b) })
+		return b
+	}
+	read := func(b gpu.Buffer, n int) []byte {
+		out := make([]byte, n)
+		must(t, d.CopyDtoH(out, b, 0))
+		ev, err := d.Record()
+		must(t, err)
+		must(t, d.Wait(ev))
+		return out
+	}
+	src, next := pattern(tok*rb, 7), pattern(tok*rb, 9)
+	tensor := alloc(tok * rb)
+	must(t, d.CopyHtoD(tensor, 0, src))
+	table := []int32{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 8, 9, 10, 11, 12, 13}
+	dev := alloc(tok * rb)
+	must(t, c.Begin(&omnicache.Plan{IDs: []int64{1}, Rows: []int32{0}, Start: []int32{0}, Count: []int32{tok},
+		Table: table, Stride: 8, Arrivals: []int64{1}, HitTokens: []int32{0}, ResultDev: []gpu.Buffer{dev}}))
+	id, err := c.Save(&omnicache.Outputs{Tokens: tok, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: tok}}})
+	must(t, err)
+	must(t, d.CopyHtoD(tensor, 0, next)) // the engine's next forward
+	if !bytes.Equal(read(dev, tok*rb), src) {
+		t.Fatal("Save did not put the step's rows in the device buffer")
+	}
+	var res omnicache.Result
+	must(t, c.MaterializeDev(id, []gpu.Buffer{dev}, &res, nil))
+	if res.Len() != 1 || res.Tokens(0) != tok || res.Offset(0) != 0 || res.Rows(0, 0) != nil || !bytes.Equal(read(dev, tok*rb), src) {
+		t.Fatal("MaterializeDev of the prefill")
+	}
+	// Request 2 hits request 1's first 32 rows and computes 48 more.
+	dev2 := alloc((hit + n2) * rb)
+	must(t, c.Begin(&omnicache.Plan{IDs: []int64{2}, Rows: []int32{1}, Start: []int32{hit}, Count: []int32{n2},
+		Table: table, Stride: 8, Arrivals: []int64{2}, HitTokens: []int32{hit}, HitBlocks: []int32{0, 1},
+		Finished: []int64{1}, ResultDev: []gpu.Buffer{dev2}}))
+	must(t, c.Sync()) // the forward: the prefetch ran and its rows were copied up
+	if !bytes.Equal(read(dev2, hit*rb), src[:hit*rb]) {
+		t.Fatal("the hit's rows were not copied up during the forward")
+	}
+	id, err = c.Save(&omnicache.Outputs{Tokens: n2, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: n2}}})
+	must(t, err)
+	must(t, d.CopyHtoD(tensor, 0, src)) // the next forward again
+	must(t, c.MaterializeDev(id, []gpu.Buffer{dev2}, &res, nil))
+	got := read(dev2, (hit+n2)*rb)
+	if res.Prefix(0) != hit || !bytes.Equal(got[:hit*rb], src[:hit*rb]) || !bytes.Equal(got[hit*rb:], next[:n2*rb]) {
+		t.Fatal("the hit step's prefix or rows differ")
+	}
+	// Into other buffers: read, then copied up.
+	must(t, c.Begin(&omnicache.Plan{IDs: []int64{3}, Rows: []int32{1}, Start: []int32{hit}, Count: []int32{n2},
+		Table: table, Stride: 8, Arrivals: []int64{3}, HitTokens: []int32{hit}, HitBlocks: []int32{0, 1},
+		Finished: []int64{2}, ResultDev: []gpu.Buffer{dev2}}))
+	id, err = c.Save(&omnicache.Outputs{Tokens: n2, Tensors: []omnicache.Tensor{{Dev: tensor, Rows: n2}}})
+	must(t, err)
+	other := alloc((hit + n2) * rb)
+	must(t, c.MaterializeDev(id, []gpu.Buffer{other}, &res, nil))
+	got = read(other, (hit+n2)*rb)
+	if !bytes.Equal(got[:hit*rb], src[:hit*rb]) || !bytes.Equal(got[hit*rb:], src[:n2*rb]) {
+		t.Fatal("MaterializeDev into other buffers")
 	}
 }

@@ -146,6 +146,9 @@ type Harness struct {
 	// Result, and makes MatCall of the whole step MaterializeDev into
 	// them: every row must be there, in place.
 	ResultDev bool
+	// DevReady counts the ready calls of those MaterializeDevs (copies
+	// into the buffers issued).
+	DevReady int
 	// Stride is the block table's stride of the plans (Stride by default).
 	Stride int
 

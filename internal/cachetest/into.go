@@ -37,7 +37,7 @@ func (h *Harness) matDev(id omnicache.StepID, res *omnicache.Result, dev []gpu.B
 		}
 	}
 	err := Guard(h.T, fmt.Sprintf("%sMaterializeDev(%v)", h.prefix(), id), func() error {
-		return h.C.MaterializeDev(id, dev, res)
+		return h.C.MaterializeDev(id, dev, res, func() error { h.DevReady++; return nil })
 	})
 	if err == nil || !errors.Is(err, omnicache.ErrUnknownStep) {
 		h.dmu.Lock()

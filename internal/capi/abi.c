@@ -139,10 +139,10 @@ int omnicache_discard_begin_into(uint64_t h, uint64_t discard, const omnicache_p
 }
 
 int omnicache_discard_begin_dev(uint64_t h, uint64_t discard, const omnicache_plan *plan, void *const *key_data,
-				const int64_t *key_cap, int64_t nkeys, uint64_t event) {
+				const int64_t *key_cap, int64_t nkeys, uint64_t stream) {
 	ENTER;
 	return ocgo_discard_begin_dev(h, discard, (omnicache_plan *)plan, (void **)key_data, (int64_t *)key_cap, nkeys,
-				      event, MSG);
+				      stream, MSG);
 }
 
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step) {
@@ -176,9 +176,9 @@ int omnicache_materialize(uint64_t h, uint64_t step, const int64_t *reqs, int64_
 	return ocgo_materialize(h, step, (int64_t *)reqs, nreqs, res, MSG);
 }
 
-int omnicache_materialize_dev(uint64_t h, uint64_t step, omnicache_result *res, uint64_t event) {
+int omnicache_materialize_dev(uint64_t h, uint64_t step, omnicache_result *res, uint64_t stream, uint32_t flags) {
 	ENTER;
-	return ocgo_materialize_dev(h, step, res, event, MSG);
+	return ocgo_materialize_dev(h, step, res, stream, flags, MSG);
 }
 
 int omnicache_step_rows(uint64_t h, uint64_t step, const int64_t *reqs, int64_t nreqs, int64_t *n_reqs,

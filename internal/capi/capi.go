@@ -264,6 +264,9 @@ func (e *entry) closeTier() {
 // waiter is the CUDA device's WaitExternal (gpu/cuda_wait.go).
 type waiter interface{ WaitExternal(ev uintptr) error }
 
+// streamWaiter is the CUDA device's WaitStream (gpu/cuda_wait.go).
+type streamWaiter interface{ WaitStream(stream uintptr) error }
+
 //export ocgo_close
 func ocgo_close(h C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}

@@ -260,13 +260,13 @@ int omnicache_discard_begin_into(uint64_t h, uint64_t discard, const omnicache_p
  * (Plan.ResultDev): the step's prefetched hit rows are copied up into them
  * while the forward runs, omnicache_save copies the step's own rows there
  * device to device, and omnicache_materialize_dev of the step into the same
- * buffers waits for those copies. event, when not 0, is a CUevent the
- * caller recorded on its stream after its last use of the buffers: the
- * library's copies into them start once it completed. Buffers smaller than
+ * buffers waits for those copies. stream is the caller's CUstream (0: the
+ * NULL stream) on which it last used the buffers: the library's copies into
+ * them start after the work issued there so far. Buffers smaller than
  * the step's rows are left unused. Borrowed as omnicache_discard_begin_into's
  * are. A cache on the host device is OMNICACHE_ERR_UNSUPPORTED. */
 int omnicache_discard_begin_dev(uint64_t h, uint64_t discard, const omnicache_plan *plan, void *const *key_data,
-				const int64_t *key_cap, int64_t nkeys, uint64_t event);
+				const int64_t *key_cap, int64_t nkeys, uint64_t stream);
 int omnicache_save(uint64_t h, const omnicache_outputs *out, uint64_t *step);
 int omnicache_abort(uint64_t h);
 int omnicache_sync(uint64_t h);
@@ -292,9 +292,17 @@ int omnicache_materialize(uint64_t h, uint64_t step, const int64_t *reqs, int64_
  * out as omnicache_materialize lays them out). Into the step's own
  * omnicache_discard_begin_dev buffers it waits for the rows moved while
  * the engine worked and copies only what did not move; into others it
- * copies every row up. The rows are in place when it returns. event as
- * omnicache_discard_begin_dev's (the caller's last use of the buffers). */
-int omnicache_materialize_dev(uint64_t h, uint64_t step, omnicache_result *res, uint64_t event);
+ * copies every row up. The rows are in place when it returns. stream as
+ * omnicache_discard_begin_dev's: a call that writes into the buffers does
+ * so after the work issued there so far (one that finds every row in place
+ * does not touch it). A failed wait on it is OMNICACHE_ERR_OUTPUTS with the
+ * step consumed. flags: OMNICACHE_MATERIALIZE_OWN makes buffers other than
+ * those the step was begun with (and keeps: they held its rows)
+ * OMNICACHE_ERR_OUTPUTS, the step unconsumed: a caller that keeps the
+ * buffers of its last begin_dev materializes into them only when they are
+ * the step's. */
+#define OMNICACHE_MATERIALIZE_OWN 1u /* omnicache_materialize_dev: only into the step's own begin_dev buffers */
+int omnicache_materialize_dev(uint64_t h, uint64_t step, omnicache_result *res, uint64_t stream, uint32_t flags);
 /* How many requests, and rows per key at most, omnicache_materialize(h,
  * step, reqs, nreqs, ...) returns (each asked request's hit prefix and
  * scheduled tokens; rejected drafts and rows left out make fewer), without

@@ -111,7 +111,7 @@ func ocgo_materialize(h C.uint64_t, step C.uint64_t, reqs *C.int64_t, nreqs C.in
 }
 
 //export ocgo_materialize_dev
-func ocgo_materialize_dev(h C.uint64_t, step C.uint64_t, cr *C.omnicache_result, ev C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+func ocgo_materialize_dev(h C.uint64_t, step C.uint64_t, cr *C.omnicache_result, stream C.uint64_t, flags C.uint32_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
 	e, err := lookup(uint64(h))
@@ -128,23 +128,42 @@ func ocgo_materialize_dev(h C.uint64_t, step C.uint64_t, cr *C.omnicache_result,
 	if err != nil {
 		return m.fail(err)
 	}
-	if _, _, _, err = e.resultBuffers(step, nil, 0, cr); err != nil {
-		return m.fail(err)
+	if flags&^C.OMNICACHE_MATERIALIZE_OWN != 0 {
+		return m.fail(fmt.Errorf("%w: unknown materialize flags %#x", errArgument, uint32(flags)))
 	}
-	if err := e.waitEvent(uintptr(ev)); err != nil {
+	if flags&C.OMNICACHE_MATERIALIZE_OWN != 0 {
+		own, err := e.c.OwnResultDev(omnicache.StepID(step), bufs)
+		if err != nil {
+			return m.fail(err)
+		}
+		if !own {
+			return m.fail(fmt.Errorf("%w: step %d: not the device buffers it was begun with (OMNICACHE_MATERIALIZE_OWN; the step stays unconsumed)", omnicache.ErrOutputs, uint64(step)))
+		}
+	}
+	if _, _, _, err = e.resultBuffers(step, nil, 0, cr); err != nil {
 		return m.fail(err)
 	}
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)
 	res := &sc.res
-	err = e.c.MaterializeDev(omnicache.StepID(step), bufs, res)
+	// The library's writes into the buffers wait for the caller's stream
+	// (once): none when every row is in place already.
+	waited := false
+	ready := func() error {
+		if waited {
+			return nil
+		}
+		waited = true
+		return e.waitStream(uintptr(stream))
+	}
+	err = e.c.MaterializeDev(omnicache.StepID(step), bufs, res, ready)
 	var re *omnicache.RequestError
 	if err != nil && !errors.As(err, &re) {
 		return m.fail(err)
 	}
 	fillResult(cr, res)
-	if cerr := compactDev(e.dev, res, bufs, e.keys); cerr != nil {
-		return m.fail(fmt.Errorf("%w: %w", omnicache.ErrWriteFailed, cerr))
+	if cerr := compactDev(e.dev, res, bufs, e.keys, ready); cerr != nil {
+		return m.fail(fmt.Errorf("%w: compacting the device rows: %w", omnicache.ErrWriteFailed, cerr))
 	}
 	if err != nil {
 		m.fail(err)
@@ -233,8 +252,8 @@ func fillResult(cr *C.omnicache_result, res *omnicache.Result) {
 // compactDev is compact for rows in device buffers (MaterializeDev): a
 // request's rows after a gap move down over it device to device, in
 // pieces no longer than the gap (a copy's source and destination must not
-// overlap), then the copies are waited for.
-func compactDev(d gpu.Device, res *omnicache.Result, bufs []gpu.Buffer, keys []omnicache.Key) error {
+// overlap), after ready (the caller's stream) and then waited for.
+func compactDev(d gpu.Device, res *omnicache.Result, bufs []gpu.Buffer, keys []omnicache.Key, ready func() error) error {
 	moved := false
 	for k, key := range keys {
 		rb := key.RowBytes
@@ -242,6 +261,11 @@ func compactDev(d gpu.Device, res *omnicache.Result, bufs []gpu.Buffer, keys []o
 		for i := 0; i < res.Len(); i++ {
 			off, n := res.Offset(i), res.Tokens(i)
 			for gap := off - at; gap > 0 && n > 0; {
+				if !moved {
+					if err := ready(); err != nil {
+						return err
+					}
+				}
 				m := min(n, gap)
 				if err := d.CopyDtoD(bufs[k], at*rb, bufs[k], off*rb, m*rb); err != nil {
 					return err

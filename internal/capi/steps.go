@@ -71,7 +71,7 @@ func ocgo_discard_begin_into(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan
 
 //export ocgo_discard_begin_dev
 func ocgo_discard_begin_dev(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan, kd *unsafe.Pointer, kc *C.int64_t,
-	nkeys C.int64_t, ev C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
+	nkeys C.int64_t, stream C.uint64_t, mp *C.char, mcap C.int64_t, mn *C.int64_t) (rc C.int) {
 	m := msgBuf{mp, mcap, mn}
 	defer m.recoverInto(&rc)
 	e, err := lookup(uint64(h))
@@ -89,7 +89,7 @@ func ocgo_discard_begin_dev(h C.uint64_t, step C.uint64_t, cp *C.omnicache_plan,
 	}
 	// The library's copies into the buffers (the committer's during the
 	// forward, Save's) start once the caller's last use of them did.
-	if err := e.waitEvent(uintptr(ev)); err != nil {
+	if err := e.waitStream(uintptr(stream)); err != nil {
 		return m.fail(err)
 	}
 	e.plan.ResultDev = bufs
@@ -131,6 +131,19 @@ func (e *entry) waitEvent(ev uintptr) error {
 		return fmt.Errorf("%w: the device cannot wait for an event", errUnsupported)
 	}
 	if err := w.WaitExternal(ev); err != nil {
+		return fmt.Errorf("%w: %w", omnicache.ErrOutputs, err)
+	}
+	return nil
+}
+
+// waitStream makes the device's stream wait for the work issued so far
+// on the caller's CUstream stream (gpu.CUDA.WaitStream).
+func (e *entry) waitStream(stream uintptr) error {
+	w, ok := e.dev.(streamWaiter)
+	if !ok {
+		return fmt.Errorf("%w: the device cannot wait for a stream", errUnsupported)
+	}
+	if err := w.WaitStream(stream); err != nil {
 		return fmt.Errorf("%w: %w", omnicache.ErrOutputs, err)
 	}
 	return nil

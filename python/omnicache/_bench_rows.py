@@ -6,12 +6,15 @@ rows and one per-token multimodal key through Cache, host tensors or (with
   untimed spin between them stands for the forward: the committer writes
   the step before, and a hit is read ahead, meanwhile);
 - materialize: Cache.materialize of the step into torch buffers of the
-  keys' dtype and width (always host memory; pinned with --cuda), and
-  Result.split into one tensor per request and key, ``[prefix + step
-  rows, width]``; a prefill step is begun with Cache.begin_into, its
-  buffers made then (in the engine part): the hit rows are read into them
-  during the forward, save copies the step's rows into them while the
-  library writes its mirror, and materialize finds them in place;
+  keys' dtype and width, and Result.split into one tensor per request and
+  key, ``[prefix + step rows, width]``. Host tensors: host buffers; a
+  prefill step is begun with Cache.begin_into, its buffers made then (in
+  the engine part): the hit rows are read into them during the forward,
+  save copies the step's rows into them while the library writes its
+  mirror, and materialize finds them in place. --cuda: every step is
+  begun with begin_into and CUDA buffers, made then: the hit rows are
+  copied up into them during the forward, save copies the step's rows
+  there device to device, and materialize(step) returns them there;
 - torch.cat: beside it, on the same rows, one torch.cat per request and
   key of its prefix rows and its step rows: what a Python manager that
   keeps the rows itself does (on the device with --cuda, its stream synchronized).
@@ -78,8 +81,9 @@ class RowBench:
         self.hit_blocks = np.arange(hit // BS, dtype=np.int32)
         self.n = 0
         self.into = None  # the begun step's begin_into buffers, by key name
-        pin = cuda  # pinned host buffers: the device copies into them directly
-        self.alloc = lambda k, rows: torch.empty((rows, W if k.name == "hidden" else MMW), pin_memory=pin)
+        self.alloc = lambda k, rows: torch.empty((rows, W if k.name == "hidden" else MMW))
+        if cuda:  # the step's rows on the device, as the device torch.cat makes them
+            self.alloc = lambda k, rows: torch.empty((rows, W if k.name == "hidden" else MMW), device=dev)
         if tokens == 1:
             self.table[:] = np.arange(reqs * STRIDE, dtype=np.int32).reshape(reqs, STRIDE)
             self.plan.set_arrivals(self.ids.copy(), np.zeros(reqs, np.int32))
@@ -141,7 +145,7 @@ class RowBench:
         torch, clock, c = self.torch, time.perf_counter_ns, self.c
         self.advance()
         t0 = clock()
-        if self.tokens > 1:
+        if self.tokens > 1 or self.cuda:
             rows = self.plan.result_rows()
             self.into = {k.name: self.alloc(k, rows) for k in c.keys}
             c.begin_into(self.plan, list(self.into.values()))
@@ -170,7 +174,7 @@ class RowBench:
         if check:
             for g, w in zip(got, want):
                 for a, b in zip(g, w):
-                    if not torch.equal(a, b.cpu()):
+                    if not torch.equal(a.cpu(), b.cpu()):
                         raise AssertionError("materialize differs from torch.cat of the request's rows")
         return (t1 - t0) + (t3 - t2), mat, cat
 
@@ -180,9 +184,15 @@ class RowBench:
         memory the other freed)."""
         clock = time.perf_counter_ns
         into, self.into = self.into, None
-        alloc = self.alloc if into is None else (lambda k, rows: into[k.name][:rows])
+        if into is None:
+            alloc = self.alloc
+        else:  # the buffers made at begin, whole when the step's rows fill them (no view to make)
+            def alloc(k, rows):
+                b = into[k.name]
+                return b if len(b) == rows else b[:rows]
         t0 = clock()
-        r = self.c.materialize(sid, alloc=alloc)
+        # a step begun with CUDA buffers: materialize(sid) returns its rows in them
+        r = self.c.materialize(sid) if self.cuda else self.c.materialize(sid, alloc=alloc)
         out = (r.split(0), r.split(1))
         t = clock() - t0
         return t, out if keep else None

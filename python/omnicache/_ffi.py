@@ -99,6 +99,7 @@ ALLOC_STAGING_AHEAD = 8
 DEVICE_CUDA = 16
 TIER_PUBLISH_BARRIER = 32
 TENSOR_CUDA = 1
+MATERIALIZE_OWN = 1
 ABI_VERSION = 6  # the layouts above and the calls of signatures() (OMNICACHE_ABI_VERSION)
 
 
@@ -123,7 +124,7 @@ def signatures():
         "omnicache_reset": (ctypes.c_int, [c_u64, ctypes.c_int]),
         "omnicache_discard": (ctypes.c_int, [c_u64, c_u64]),
         "omnicache_materialize": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr]),
-        "omnicache_materialize_dev": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_u64]),
+        "omnicache_materialize_dev": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_u64, ctypes.c_uint32]),
         "omnicache_step_rows": (ctypes.c_int, [c_u64, c_u64, c_ptr, c_i64, c_ptr, c_ptr]),
         "omnicache_slots": (ctypes.c_int, [c_ptr, c_i64, c_i64, c_ptr, c_ptr, c_ptr, c_i64, c_i64, c_ptr,
                                            c_i64, P(c_i64)]),

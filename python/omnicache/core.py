@@ -11,8 +11,8 @@ from ._args import _I32, _I64, _U64, _int, _ints, _rows, _step, _torch_tensor  #
 from ._outputs import Outputs
 from ._plan import Plan
 from ._result import Result
-from .errors import (AbsentRequiredError, ArgumentError, ArgumentTypeError, ConfigError, OmnicacheError, ReassignedError,
-                     ShortBufferError, TierMissError, error)
+from .errors import (AbsentRequiredError, ArgumentError, ArgumentTypeError, ConfigError, OmnicacheError, OutputsError,
+                     ReassignedError, ShortBufferError, TierMissError, error)
 
 __all__ = ["Cache", "Key", "Outputs", "Plan", "Result", "stat_names", "version"]
 
@@ -140,6 +140,7 @@ class Cache(_Engine):
         self._kd, self._kc = _ffi.c_ptr * len(self.keys), _ffi.c_i64 * len(self.keys)
         self._plan = None
         self._outs = None
+        self._dev_into = None  # the last begin_into's CUDA tensors, their pointers and sizes
 
     # -- the engine thread --
 
@@ -186,8 +187,7 @@ class Cache(_Engine):
         save copies the step's own rows there device to device, and
         materialize of the whole step into them waits for those copies
         rather than copy. The library's copies into them start after the
-        work issued so far on the current CUDA stream (an event recorded
-        there)."""
+        work issued so far on the current CUDA stream."""
         if type(plan) is not Plan:
             raise ArgumentTypeError("omnicache: begin_into: plan is a %s; want a Plan" % type(plan).__name__)
         keys = self.keys
@@ -203,23 +203,26 @@ class Cache(_Engine):
             raise ArgumentError("omnicache: begin_into: %d of %d buffers are CUDA tensors: all or none" % (devs, len(keys)))
         discard = 0 if discard is None else _step(discard, "discard")
         if devs:
-            ev = self._stream_event()
-            rc = _ffi.lib().omnicache_discard_begin_dev(self._h, discard, plan._ref, kd, kc, len(keys), ev.cuda_event)
+            rc = _ffi.lib().omnicache_discard_begin_dev(self._h, discard, plan._ref, kd, kc, len(keys), self._stream())
+            if not rc:
+                # materialize(step) finds the step's rows in them; alloc returning them needs no check again
+                self._dev_into = (tuple(into), self._kd(*kd), self._kc(*kc), max(plan.n, 1))
         else:
             rc = _ffi.lib().omnicache_discard_begin_into(self._h, discard, plan._ref, kd, kc, len(keys))
         if rc:
             _raise(rc)
         self._plan = plan
 
-    def _stream_event(self):
-        """An event recorded on the current CUDA stream of the cache's
-        device: the library's copies into the caller's device buffers wait
-        for it (it is kept alive until the call that passes it returned)."""
+    def _stream(self):
+        """The current CUDA stream of the cache's device, as a CUstream
+        handle: the library's copies into the caller's device buffers start
+        after the work issued there so far."""
         import torch
 
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(self.cuda_device))
-        return ev
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(self.cuda_device)
+        return torch.cuda.current_stream(self.cuda_device).cuda_stream
 
     def _save_py(self, outputs, tokens=None, padded=None, accepted=None):
         """save(outputs, tokens=None, padded=None, accepted=None): save the
@@ -324,8 +327,14 @@ class Cache(_Engine):
         copies complete when it returns; into the step's own begin_into
         buffers it waits for the rows that moved while the engine worked.
         The library's writes start after the work issued so far on the
-        current CUDA stream."""
+        current CUDA stream. materialize(step) of the step begun last with
+        CUDA tensors (alloc None, reqs None) returns its rows in them."""
         step = _step(step)
+        di = self._dev_into
+        if alloc is None and reqs is None and di is not None:
+            out = self._materialize_own(step, di)
+            if out is not None:
+                return out
         rp, rn, keep = None, -1, None
         if reqs is not None:
             rp, rn, keep = _ints(reqs, "i64", "reqs")
@@ -349,12 +358,20 @@ class Cache(_Engine):
             res.cap_reqs, res.ids, res.prefix, res.tokens, res.errs, res.from_ = (
                 n, a, a + 8 * n, a + 12 * n, a + 16 * n, a + 20 * n)
             bufs, devs = [], 0
+            di = self._dev_into
             for i, k in enumerate(keys):
                 if alloc is None:
                     b = np.empty((rows, k.row_bytes), np.uint8)
                     kd[i], kc[i] = b.ctypes.data, b.nbytes
                 else:
                     b = alloc(k, rows)
+                    if di is not None and b is di[0][i]:  # checked by begin_into (kept alive since)
+                        kd[i], kc[i] = di[1][i], di[2][i]
+                        if len(b) < rows:
+                            raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, len(b)))
+                        devs += 1
+                        bufs.append(b)
+                        continue
                     ptr, nbytes, got, b, dev, _ = _rows(b, k.row_bytes, k.name, self.cuda_device)
                     if got < rows:
                         raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, got))
@@ -368,15 +385,20 @@ class Cache(_Engine):
                                     "take every key of the whole step (reqs None)"
                                     % (devs, len(keys), "" if reqs is None else " and reqs were given"))
             else:
-                ev = self._stream_event()
-                rc = _ffi.lib().omnicache_materialize_dev(h, step, ctypes.addressof(res), ev.cuda_event)
+                rc = _ffi.lib().omnicache_materialize_dev(h, step, ctypes.addressof(res), self._stream(), 0)
             if rc != ShortBufferError.code:
                 break
             n, rows = res.n_reqs, res.total_rows
+        return self._result(rc, res, meta, n, bufs)
+
+    def _result(self, rc, res, meta, n, bufs):
+        """The Result of a materialize call into bufs that returned rc
+        (per request n entries of meta); a per-request failure is raised
+        with it, any other failure raised."""
         if rc and rc not in _PER_REQUEST:
             _raise(rc)
         m, rows = res.n_reqs, res.total_rows
-        out = Result(keys, meta[:2 * m].view(np.int64), meta[2 * n:2 * n + m], meta[3 * n:3 * n + m],
+        out = Result(self.keys, meta[:2 * m].view(np.int64), meta[2 * n:2 * n + m], meta[3 * n:3 * n + m],
                      meta[4 * n:4 * n + m], meta[5 * n:5 * n + m], [b if len(b) == rows else b[:rows] for b in bufs])
         if rc:
             e = error(rc, _ffi.last_error())
@@ -384,6 +406,31 @@ class Cache(_Engine):
             e.failed = [int(i) for i, c in zip(out.ids, out.errors) if c]
             raise e
         return out
+
+    def _materialize_own(self, step, di):
+        """materialize of step into the CUDA tensors of the last
+        begin_into with them, when the step was begun with them (else None:
+        the step is left unconsumed). One call into the library: the rows
+        are there already, unless they could not move while the engine
+        worked."""
+        tensors, kd, kc, n = di
+        res = _ffi.Result()
+        res.key_data, res.key_cap, res.nkeys = kd, kc, len(tensors)
+        f = _ffi.lib().omnicache_materialize_dev
+        for _ in range(2):  # a second time only if the step has more requests than its plan said
+            meta = np.empty(6 * n, np.int32)
+            a = meta.ctypes.data
+            res.cap_reqs, res.ids, res.prefix, res.tokens, res.errs, res.from_ = (
+                n, a, a + 8 * n, a + 12 * n, a + 16 * n, a + 20 * n)
+            rc = f(self._h, step, ctypes.addressof(res), self._stream(), _ffi.MATERIALIZE_OWN)
+            if rc != ShortBufferError.code:
+                break
+            n = res.n_reqs
+        if rc == OutputsError.code:
+            return None  # not the step's own buffers: nothing consumed
+        if not rc or rc in _PER_REQUEST:
+            self._dev_into = None  # the step is consumed: the tensors are the caller's again
+        return self._result(rc, res, meta, n, tensors)
 
     def lookup(self, hashes):
         """How many leading blocks of hashes (uint64 chained block hashes)

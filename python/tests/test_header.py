@@ -89,10 +89,10 @@ def defines():
 def test_flags_and_versions_match_the_header():
     d = defines()
     for name in ("KEY_OPTIONAL", "KEY_DEFERRED", "DISABLE_DECODE_BUFFER", "DISABLE_PREFETCH", "ALLOC_STAGING_AT_NEW",
-                 "ALLOC_STAGING_AHEAD", "DEVICE_CUDA", "TENSOR_CUDA", "TIER_PUBLISH_BARRIER", "ABI_VERSION"):
+                 "ALLOC_STAGING_AHEAD", "DEVICE_CUDA", "TENSOR_CUDA", "TIER_PUBLISH_BARRIER", "MATERIALIZE_OWN", "ABI_VERSION"):
         assert getattr(_ffi, name) == d[name], name
     assert set(d) == {"KEY_OPTIONAL", "KEY_DEFERRED", "DISABLE_DECODE_BUFFER", "DISABLE_PREFETCH", "ALLOC_STAGING_AT_NEW",
-                      "ALLOC_STAGING_AHEAD", "DEVICE_CUDA", "TENSOR_CUDA", "TIER_PUBLISH_BARRIER", "ABI_VERSION"}, "a flag the package lacks"
+                      "ALLOC_STAGING_AHEAD", "DEVICE_CUDA", "TENSOR_CUDA", "TIER_PUBLISH_BARRIER", "MATERIALIZE_OWN", "ABI_VERSION"}, "a flag the package lacks"
     version = re.search(r'#define OMNICACHE_VERSION_STRING "([^"]+)"', header()).group(1)
     assert oc.__version__ == version
 

@@ -144,7 +144,7 @@ def test_device_result_buffers():
             sid = c.save({"hidden": out, "mm": None})
             out.fill_(9)  # save returned: the rows were copied
         bufs = [torch.empty_like(b) for b in into] if other else into
-        r = c.materialize(sid, alloc=lambda k, rows: bufs[c.keys.index(k)][:rows])
+        r = c.materialize(sid, alloc=lambda k, rows: bufs[c.keys.index(k)])  # whole: 11 rows
         got = r.split("hidden")[0].view(torch.float32)
         assert got.data_ptr() == bufs[0].data_ptr()
         assert torch.equal(got, torch.cat([h1, h]))
@@ -160,4 +160,32 @@ def test_device_result_buffers():
     with pytest.raises(ValueError, match="whole step"):
         c.begin(ids=[1], rows=[0], start=[9], count=[1], table=table)
         c.materialize(c.save({"hidden": h[:1], "mm": None}), reqs=[1], alloc=lambda k, rows: d[c.keys.index(k)][:rows])
+    c.close()
+
+
+def test_materialize_into_the_last_begun_cuda_tensors():
+    """materialize(step) of the step begun last with CUDA tensors returns
+    its rows in them; an earlier step (its tensors not the last) is
+    materialized as without (host rows), its tensors left alone."""
+    c = cache()
+    table = np.arange(32, dtype=np.int32).reshape(2, 16)
+    t1 = [torch.zeros(4, 4, device="cuda"), torch.zeros(4, 2, device="cuda")]
+    h1 = torch.randn(4, 4, device="cuda")
+    c.begin_into(oc.Plan(ids=[1], rows=[0], start=[0], count=[4], table=table, arrivals=[1]), t1)
+    r = c.materialize(c.save({"hidden": h1, "mm": None}))
+    assert r.keys["hidden"] is t1[0] and torch.equal(t1[0], h1)
+    t2 = [torch.zeros(2, 4, device="cuda"), torch.zeros(2, 2, device="cuda")]
+    t3 = [torch.zeros(3, 4, device="cuda"), torch.zeros(3, 2, device="cuda")]
+    h2, h3 = torch.randn(2, 4, device="cuda"), torch.randn(3, 4, device="cuda")
+    c.begin_into(oc.Plan(ids=[1], rows=[0], start=[4], count=[2], table=table), t2)
+    s2 = c.save({"hidden": h2, "mm": None})
+    c.begin_into(oc.Plan(ids=[1], rows=[0], start=[6], count=[3], table=table), t3)
+    s3 = c.save({"hidden": h3, "mm": None})
+    r2 = c.materialize(s2)
+    assert isinstance(r2.keys["hidden"], np.ndarray)
+    assert np.array_equal(r2.keys["hidden"].view(np.float32).reshape(2, 4), h2.cpu().numpy())
+    r3 = c.materialize(s3)
+    assert r3.keys["hidden"] is t3[0] and torch.equal(t3[0], h3)
+    with pytest.raises(oc.UnknownStepError):
+        c.materialize(s3)
     c.close()

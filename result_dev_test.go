@@ -61,8 +61,13 @@ func TestResultDevInPlace(t *testing.T) {
 		before = append(before, bytes.Clone(b.Host[:10*rb]))
 	}
 	require.False(t, unwritten(dev[0].Host[:8*h.Cfg.Keys[0].RowBytes]), "the hit's hidden rows are in the device buffer before MaterializeDev")
+	own, err := h.C.OwnResultDev(sid, dev)
+	require.NoError(t, err)
+	require.True(t, own, "the buffers the step was begun with")
 	used := h.Stats().PrefetchUsed
 	h.Mat(sid)
+	_, err = h.C.OwnResultDev(sid, dev)
+	require.ErrorIs(t, err, omnicache.ErrUnknownStep, "consumed")
 	assert.Equal(t, used+1, h.Stats().PrefetchUsed, "the prefetch served the step")
 	assert.Zero(t, h.DevReady, "nothing copied: ready never ran")
 	for k, b := range dev {
@@ -92,6 +97,9 @@ func TestResultDevOtherBuffers(t *testing.T) {
 	h := cachetest.New(t, cachetest.Config())
 	sid := devHit(h, devBufs(h, 10))
 	other := devBufs(h, 10)
+	own, err := h.C.OwnResultDev(sid, other)
+	require.NoError(t, err)
+	require.False(t, own, "other buffers are not the step's own")
 	var res omnicache.Result
 	ready := 0
 	require.NoError(t, h.C.MaterializeDev(sid, other, &res, func() error { ready++; return nil }))

@@ -33,12 +33,7 @@ func devBufs(h *cachetest.Harness, rows int) []gpu.Buffer {
 // which b arrives hitting them and computes 2, with dev as its ResultDev:
 // the step's Result is b's 8 prefix rows and its 2 own.
 func devHit(h *cachetest.Harness, dev []gpu.Buffer) omnicache.StepID {
-	const a, b = 1, 2
-	h.Assign(a, 1, 2)
-	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
-	h.Assign(b, 1, 2, 3)
-	return h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}},
-		Finished: []int64{a}, ResultDev: dev})
+	return hitStep(h, cachetest.Step{ResultDev: dev})
 }
 
 // unwritten reports whether b is all 0xA5 (devBufs' fill).

@@ -28,12 +28,18 @@ func intoBufs(h *cachetest.Harness, rows int) [][]byte {
 // which b arrives hitting them and computes 2, with into as its
 // ResultInto: the step's Result is b's 8 prefix rows and its 2 own.
 func intoHit(h *cachetest.Harness, into [][]byte) omnicache.StepID {
+	return hitStep(h, cachetest.Step{ResultInto: into})
+}
+
+// hitStep is intoHit with the hit step's result buffers (ResultInto or
+// ResultDev) taken from with.
+func hitStep(h *cachetest.Harness, with cachetest.Step) omnicache.StepID {
 	const a, b = 1, 2
 	h.Assign(a, 1, 2)
 	h.Mat(h.Step(cachetest.Step{Sched: []cachetest.S{{a, 0, 8}}, Arrive: []cachetest.A{{ID: a}}}))
 	h.Assign(b, 1, 2, 3)
 	return h.Step(cachetest.Step{Sched: []cachetest.S{{b, 8, 2}}, Arrive: []cachetest.A{{ID: b, Hit: 8}},
-		Finished: []int64{a}, ResultInto: into})
+		Finished: []int64{a}, ResultInto: with.ResultInto, ResultDev: with.ResultDev})
 }
 
 // The prefetch reads the hit's rows into the engine's buffers during the

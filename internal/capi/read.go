@@ -118,18 +118,17 @@ func ocgo_materialize_dev(h C.uint64_t, step C.uint64_t, cr *C.omnicache_result,
 	if err != nil {
 		return m.fail(err)
 	}
-	if e.dev == nil {
-		return m.fail(fmt.Errorf("%w: device buffers for a cache on the host device (OMNICACHE_DEVICE_CUDA, a cuda build)", errUnsupported))
+	if flags&^C.OMNICACHE_MATERIALIZE_OWN != 0 {
+		return m.fail(fmt.Errorf("%w: unknown materialize flags %#x", errArgument, uint32(flags)))
 	}
-	if cr == nil {
-		return m.fail(fmt.Errorf("%w: NULL result", errArgument))
+	// The result struct and the sizes first (a short buffer consumes
+	// nothing), then the buffers as the device's.
+	if _, _, _, err = e.resultBuffers(step, nil, 0, cr); err != nil {
+		return m.fail(err)
 	}
 	bufs, err := e.devBuffers(cr.key_data, cr.key_cap, cr.nkeys)
 	if err != nil {
 		return m.fail(err)
-	}
-	if flags&^C.OMNICACHE_MATERIALIZE_OWN != 0 {
-		return m.fail(fmt.Errorf("%w: unknown materialize flags %#x", errArgument, uint32(flags)))
 	}
 	if flags&C.OMNICACHE_MATERIALIZE_OWN != 0 {
 		own, err := e.c.OwnResultDev(omnicache.StepID(step), bufs)
@@ -139,9 +138,6 @@ func ocgo_materialize_dev(h C.uint64_t, step C.uint64_t, cr *C.omnicache_result,
 		if !own {
 			return m.fail(fmt.Errorf("%w: step %d: not the device buffers it was begun with (OMNICACHE_MATERIALIZE_OWN; the step stays unconsumed)", omnicache.ErrOutputs, uint64(step)))
 		}
-	}
-	if _, _, _, err = e.resultBuffers(step, nil, 0, cr); err != nil {
-		return m.fail(err)
 	}
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)

@@ -140,7 +140,7 @@ class Cache(_Engine):
         self._kd, self._kc = _ffi.c_ptr * len(self.keys), _ffi.c_i64 * len(self.keys)
         self._plan = None
         self._outs = None
-        self._dev_into = None  # the last begin_into's CUDA tensors, their pointers and sizes
+        self._dev_into = None  # the last begin_into with CUDA tensors: them, their pointers and sizes, its requests
 
     # -- the engine thread --
 
@@ -205,7 +205,7 @@ class Cache(_Engine):
         if devs:
             rc = _ffi.lib().omnicache_discard_begin_dev(self._h, discard, plan._ref, kd, kc, len(keys), self._stream())
             if not rc:
-                # materialize(step) finds the step's rows in them; alloc returning them needs no check again
+                # materialize(step) finds the step's rows in them
                 self._dev_into = (tuple(into), self._kd(*kd), self._kc(*kc), max(plan.n, 1))
         else:
             rc = _ffi.lib().omnicache_discard_begin_into(self._h, discard, plan._ref, kd, kc, len(keys))
@@ -358,20 +358,12 @@ class Cache(_Engine):
             res.cap_reqs, res.ids, res.prefix, res.tokens, res.errs, res.from_ = (
                 n, a, a + 8 * n, a + 12 * n, a + 16 * n, a + 20 * n)
             bufs, devs = [], 0
-            di = self._dev_into
             for i, k in enumerate(keys):
                 if alloc is None:
                     b = np.empty((rows, k.row_bytes), np.uint8)
                     kd[i], kc[i] = b.ctypes.data, b.nbytes
                 else:
                     b = alloc(k, rows)
-                    if di is not None and b is di[0][i]:  # checked by begin_into (kept alive since)
-                        kd[i], kc[i] = di[1][i], di[2][i]
-                        if len(b) < rows:
-                            raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, len(b)))
-                        devs += 1
-                        bufs.append(b)
-                        continue
                     ptr, nbytes, got, b, dev, _ = _rows(b, k.row_bytes, k.name, self.cuda_device)
                     if got < rows:
                         raise ValueError("omnicache: alloc(%r, %d) returned %d rows" % (k.name, rows, got))
